@@ -1,0 +1,157 @@
+// ptrain's command line. Parsing only: every command calls into src/.
+// Exit codes: 0 success, 2 bad input (config, data, flags), 1 anything else.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "data/prepare.h"
+#include "data/synthetic.h"
+#include "train/bench.h"
+#include "train/trainer.h"
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int kExitFailure = 1;
+
+void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
+                       bool& dry_run) {
+  CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML run config");
+  cmd->footer(
+      "Examples:\n"
+      "  ptrain train configs/quickstart.yaml\n"
+      "  ptrain train configs/quickstart.yaml --set training.steps=50 --set run.name=short\n"
+      "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing");
+  cmd->add_option("config", config_path, "YAML run config")->required();
+  cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
+}
+
+void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides) {
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmark training throughput against the machine's sgemm ceiling");
+  cmd->footer(
+      "Measures a 4096^3 sgemm through the same BLAS and thread count, trains the config for\n"
+      "training.steps steps, and prints median ms/step, tokens/s and model FLOP/s over steps 2..N.\n"
+      "Example:\n"
+      "  ptrain bench configs/bench-cpu.yaml");
+  cmd->add_option("config", config_path, "YAML run config")->required();
+  cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+}
+
+struct SynthArgs {
+  std::string out;
+  int vocab = 256, order = 2, branching = 4;
+  int64_t tokens = 1000000, seed = 1;
+  double val_fraction = 0.1;
+};
+
+void add_data_commands(CLI::App& app, SynthArgs& synth, std::vector<std::string>& inputs, std::string& prepare_out,
+                       double& prepare_val_fraction) {
+  CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, byte-level shards");
+  data->require_subcommand(1);
+
+  CLI::App* s = data->add_subcommand("synth", "Write a corpus drawn from a random sparse order-K Markov source");
+  s->footer(
+      "Writes DIR/train_000000.bin, DIR/val_000000.bin (llm.c token shards) and DIR/synthetic.json\n"
+      "with the source's parameters and the oracle loss of the val split: the floor no model can beat.\n"
+      "Example:\n"
+      "  ptrain data synth --out data/markov --vocab 256 --order 2 --tokens 2000000 --seed 7");
+  s->add_option("--out", synth.out, "Output directory")->required();
+  s->add_option("--vocab", synth.vocab, "Vocabulary size V")->capture_default_str();
+  s->add_option("--order", synth.order, "Context length K of the source")->capture_default_str();
+  s->add_option("--branching", synth.branching, "Successor tokens allowed per context")->capture_default_str();
+  s->add_option("--tokens", synth.tokens, "Tokens in total (train + val)")->capture_default_str();
+  s->add_option("--seed", synth.seed, "Seed of the source and the sample")->capture_default_str();
+  s->add_option("--val-fraction", synth.val_fraction, "Share of tokens in the val split")->capture_default_str();
+
+  CLI::App* p = data->add_subcommand("prepare", "Tokenize text files byte by byte (vocab 256) into shards");
+  p->footer(
+      "The last --val-fraction of the concatenated bytes becomes the val split.\n"
+      "Example:\n"
+      "  ptrain data prepare --input book1.txt book2.txt --out data/books --val-fraction 0.05");
+  p->add_option("--input", inputs, "Text files, in order")->required();
+  p->add_option("--out", prepare_out, "Output directory")->required();
+  p->add_option("--val-fraction", prepare_val_fraction, "Share of bytes in the val split")->capture_default_str();
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"ptrain: pre-train GPT-style language models in FP32 (reduced precision in later versions)"};
+  app.set_version_flag("--version", std::string("ptrain ") + PTRAIN_VERSION);
+  app.require_subcommand(1);
+  app.footer(
+      "Examples:\n"
+      "  ptrain train configs/quickstart.yaml\n"
+      "  ptrain data synth --out data/markov --tokens 2000000\n"
+      "  ptrain data prepare --input notes.txt --out data/notes\n"
+      "  ptrain bench configs/bench-cpu.yaml\n"
+      "Run 'ptrain COMMAND --help' for a command's options.");
+
+  std::string config_path;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+  add_train_command(app, config_path, overrides, dry_run);
+  add_bench_command(app, config_path, overrides);
+  SynthArgs synth;
+  std::vector<std::string> inputs;
+  std::string prepare_out;
+  double prepare_val_fraction = 0.1;
+  add_data_commands(app, synth, inputs, prepare_out, prepare_val_fraction);
+
+  // CLI11 reports a mistyped command only as "A subcommand is required": name it instead.
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' && first != "train" && first != "bench" && first != "data") {
+    std::fprintf(stderr, "ptrain: error: unknown command \"%s\"; expected train, bench or data (see ptrain --help)\n",
+                 first.c_str());
+    return kExitBadInput;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitBadInput;
+  }
+
+  if (app.got_subcommand("train")) {
+    const ptrain::Config config = ptrain::load_config(config_path, overrides);
+    ptrain::train(config, ptrain::TrainOptions{dry_run});
+    return 0;
+  }
+  if (app.got_subcommand("bench")) {
+    ptrain::benchmark(ptrain::load_config(config_path, overrides));
+    return 0;
+  }
+  CLI::App* data = app.get_subcommand("data");
+  if (data->got_subcommand("synth")) {
+    const ptrain::SyntheticInfo info = ptrain::generate_synthetic(
+        {synth.vocab, synth.order, synth.branching, synth.tokens, static_cast<uint64_t>(synth.seed), synth.val_fraction},
+        synth.out);
+    std::printf("wrote %lld train + %lld val tokens to %s\noracle loss: train %.6f, val %.6f (ln V = %.6f)\n",
+                static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens), synth.out.c_str(),
+                info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));
+    return 0;
+  }
+  const ptrain::PrepareResult result = ptrain::prepare_bytes(inputs, prepare_out, prepare_val_fraction);
+  std::printf("wrote %lld train + %lld val tokens in %zu shard(s) to %s\n", static_cast<long long>(result.train_tokens),
+              static_cast<long long>(result.val_tokens), result.files.size(), prepare_out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ptrain::UserError& e) {
+    std::fprintf(stderr, "ptrain: error: %s\n", e.what());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ptrain builds and tests with, if any is missing.
+# Runs apt-get only when something is missing, so repeated calls are instant.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libcli11-dev libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev catch2
+  libopenblas-openmp-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing: ${missing[*]}"
+sudo_cmd=""
+[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+$sudo_cmd apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,97 @@
+// The Backend interface: every numeric operation of the model goes through it, so the model
+// is written once (src/model) and runs on the CPU reference or, later, on CUDA.
+//
+// Conventions shared by all ops:
+//  - Shapes use B (batch), T (sequence), C (channels), OC (output channels), NH (heads),
+//    V (real vocabulary) and Vp (padded vocabulary). Ops check dtypes and shapes.
+//  - Linear weights are stored (OC, C) row-major, as in PyTorch and llm.c.
+//  - Backward ops ADD into every gradient output (+=), so parameter gradients accumulate
+//    across micro-batches and the residual stream's gradient accumulates across branches.
+//    Callers zero scratch gradients before use.
+//  - Reductions run in a fixed order that does not depend on the thread count, so results
+//    are bit-identical run to run and across thread counts.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace ptrain {
+
+struct AdamWParams {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  float grad_scale = 1;  // multiplies the gradient first (clipping; later loss-scale removal)
+  int64_t step = 1;      // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+
+  // Memory. allocate() returns zeroed memory aligned to 64 bytes.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  virtual void zero(Tensor t) = 0;
+  // Host float data in and out, converting to/from the tensor's dtype.
+  virtual void upload(Tensor dst, const float* src) = 0;
+  virtual void download(float* dst, Tensor src) = 0;
+  virtual void upload_tokens(Tensor dst, const int32_t* src) = 0;
+
+  // out(B,T,C) = wte[tokens] + wpe[t]; tokens (B,T) i32.
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
+  virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
+
+  // out(N,C) = (inp - mean) * rstd * weight + bias, per row; saves mean(N), rstd(N).
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
+                                 Tensor bias) = 0;
+  virtual void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout,
+                                  Tensor inp, Tensor weight, Tensor mean, Tensor rstd) = 0;
+
+  // out(N,OC) = inp(N,C) weight(OC,C)^T + bias(OC); bias may be empty.
+  virtual void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) = 0;
+  // dbias may be empty.
+  virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                               Tensor weight) = 0;
+
+  // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C);
+  // att (B,NH,T,T) saves the softmax probabilities for the backward pass.
+  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) = 0;
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att,
+                                  int n_head) = 0;
+
+  // GELU, tanh approximation.
+  virtual void gelu_forward(Tensor out, Tensor inp) = 0;
+  virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
+
+  // out = a + b, elementwise.
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;
+
+  // Softmax + cross-entropy over the first `vocab` columns of logits (N, Vp) in one pass:
+  // losses(N) = -log softmax(logits)[target]. With dloss != 0 the logits are overwritten by
+  // their gradient dloss * (softmax - onehot), padded columns zero: no second copy of the
+  // logits is ever kept.
+  virtual void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) = 0;
+
+  // Sum, and sum of squares, of all elements, accumulated in double in a fixed order.
+  virtual double sum(Tensor t) = 0;
+  virtual double sum_squares(Tensor t) = 0;
+  // True if any element is inf or NaN.
+  virtual bool has_nonfinite(Tensor t) = 0;
+
+  // AdamW with decoupled weight decay on FP32 param/m/v, in place.
+  virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) = 0;
+};
+
+// The CPU reference backend (OpenMP + OpenBLAS). `threads` = 0 uses every available core.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace ptrain

@@ -1,0 +1,748 @@
+// YAML run config -> Config. One schema table binds every dotted key to its struct member;
+// parsing, `--set` overrides, unknown-key detection and YAML output all walk that table, so a
+// new key is one line in make_schema(). Problems are collected, never thrown one at a time.
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+
+#include "core/error.h"
+
+namespace ptrain {
+namespace {
+
+// ---- The schema -------------------------------------------------------------------------------
+
+using Target = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+
+// Allowed numeric interval; unbounded sides are infinite.
+struct Range {
+  double lo = -INFINITY;
+  double hi = INFINITY;
+  bool lo_open = false;
+  bool hi_open = false;
+};
+
+Range at_least(double lo) { return {lo, INFINITY, false, false}; }
+Range above(double lo) { return {lo, INFINITY, true, false}; }
+Range between(double lo, double hi, bool lo_open = false, bool hi_open = false) {
+  return {lo, hi, lo_open, hi_open};
+}
+
+// How an empty string appears in YAML: as "" , as null, or not at all (data.train/val).
+enum class Empty { kString, kNull, kOmit };
+
+struct Field {
+  std::string key;  // dotted path, e.g. "precision.fp8.recipe"
+  Target target;
+  std::string help;
+  Range range;                       // numbers only
+  std::vector<std::string> choices;  // strings only; empty = free text
+  Empty empty = Empty::kString;
+  bool required = false;
+};
+
+Field field(std::string key, Target target, std::string help) {
+  Field f;
+  f.key = std::move(key);
+  f.target = target;
+  f.help = std::move(help);
+  return f;
+}
+template <class T>
+Field number(std::string key, T* member, Range range, std::string help) {
+  Field f = field(std::move(key), member, std::move(help));
+  f.range = range;
+  return f;
+}
+Field required(Field f) {
+  f.required = true;
+  return f;
+}
+Field flag(std::string key, bool* member, std::string help) {
+  return field(std::move(key), member, std::move(help));
+}
+Field choice(std::string key, std::string* member, std::vector<std::string> choices,
+             std::string help) {
+  Field f = field(std::move(key), member, std::move(help));
+  f.choices = std::move(choices);
+  return f;
+}
+Field text(std::string key, std::string* member, std::string help, Empty empty = Empty::kString) {
+  Field f = field(std::move(key), member, std::move(help));
+  f.empty = empty;
+  return f;
+}
+
+struct Schema {
+  std::vector<Field> fields;  // in output order; keys of a section are contiguous
+  // Sections whose mere presence is a setting (data.synthetic switches the synthetic corpus on).
+  std::map<std::string, bool*> presence;
+};
+
+// The table binds members of `c`, so it is valid only while `c` lives and is not moved.
+Schema make_schema(Config& c) {
+  RunConfig& r = c.run;
+  ModelConfig& m = c.model;
+  DataConfig& d = c.data;
+  SyntheticDataConfig& s = c.data.synthetic;
+  TrainingConfig& t = c.training;
+  OptimizerConfig& o = c.optimizer;
+  ScheduleConfig& sc = c.schedule;
+  PrecisionConfig& p = c.precision;
+  Fp8Config& f8 = c.precision.fp8;
+  LossScalingConfig& ls = c.precision.loss_scaling;
+  CheckpointConfig& ck = c.checkpoint;
+  Schema schema;
+  schema.fields = {
+      text("run.name", &r.name, "run directory name under out_dir"),
+      text("run.out_dir", &r.out_dir, "parent folder of run directories"),
+      number("run.seed", &r.seed, Range{}, "seed of parameter init and data order"),
+      choice("run.device", &r.device, {"auto", "cpu", "cuda"}, "auto picks cuda when present"),
+      flag("run.overwrite", &r.overwrite, "replace an existing run directory"),
+
+      required(number("model.n_layer", &m.n_layer, at_least(1), "transformer blocks")),
+      required(number("model.n_head", &m.n_head, at_least(1), "attention heads")),
+      required(number("model.n_embd", &m.n_embd, at_least(1), "width; a multiple of n_head")),
+      required(number("model.seq_len", &m.seq_len, at_least(1), "context length")),
+      required(number("model.vocab_size", &m.vocab_size, between(2, 65536),
+                      "tokens (uint16); padded to a multiple of 128 internally")),
+      text("model.init_from", &m.init_from, "model file to start from; null = random init",
+           Empty::kNull),
+      choice("model.attention", &m.attention, {"auto", "cudnn", "fallback"},
+             "attention implementation on GPU"),
+
+      text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
+      text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
+      number("data.synthetic.vocab", &s.vocab, between(2, 65536), "tokens used by the corpus"),
+      number("data.synthetic.order", &s.order, at_least(1), "Markov chain order"),
+      number("data.synthetic.branching", &s.branching, at_least(1),
+             "possible next tokens per context"),
+      number("data.synthetic.tokens", &s.tokens, at_least(1000), "corpus size in tokens"),
+      number("data.synthetic.seed", &s.seed, Range{}, "corpus seed"),
+      number("data.synthetic.val_fraction", &s.val_fraction, between(0, 1, true, true),
+             "share of the corpus held out for validation"),
+
+      number("training.steps", &t.steps, at_least(1), "optimizer steps"),
+      number("training.batch_tokens", &t.batch_tokens, at_least(1),
+             "tokens per step; a multiple of micro_batch * seq_len"),
+      number("training.micro_batch", &t.micro_batch, at_least(1), "sequences per forward pass"),
+      number("training.seq_len", &t.seq_len, at_least(0),
+             "training sequence length; 0 = model.seq_len"),
+      number("training.grad_clip", &t.grad_clip, at_least(0), "max global grad norm; 0 = off"),
+      number("training.eval_every", &t.eval_every, at_least(0),
+             "steps between evaluations; 0 = only at the end"),
+      number("training.eval_batches", &t.eval_batches, at_least(1), "micro-batches per eval"),
+      number("training.threads", &t.threads, at_least(0), "CPU threads; 0 = all available"),
+
+      number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
+      number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),
+      number("optimizer.beta2", &o.beta2, between(0, 1, false, true), "AdamW beta2"),
+      number("optimizer.eps", &o.eps, above(0), "AdamW epsilon"),
+      number("optimizer.weight_decay", &o.weight_decay, at_least(0), "decoupled weight decay"),
+
+      number("schedule.warmup_steps", &sc.warmup_steps, at_least(0), "linear warmup steps"),
+      choice("schedule.decay", &sc.decay, {"cosine", "linear", "constant", "wsd"},
+             "learning-rate decay after warmup"),
+      number("schedule.min_lr_ratio", &sc.min_lr_ratio, between(0, 1), "final lr / peak lr"),
+      number("schedule.wsd_decay_fraction", &sc.wsd_decay_fraction, between(0, 1, true, false),
+             "wsd: share of the steps spent decaying at the end"),
+
+      choice("precision.mode", &p.mode, {"fp32", "bf16", "fp16", "fp8"}, "training precision"),
+      flag("precision.tf32", &p.tf32, "TF32 tensor cores for fp32 GEMMs"),
+      choice("precision.fp8.recipe", &f8.recipe, {"delayed", "current", "block"},
+             "FP8 scaling recipe"),
+      choice("precision.fp8.format", &f8.format, {"hybrid", "e4m3"},
+             "hybrid: e4m3 forward, e5m2 gradients"),
+      number("precision.fp8.margin", &f8.margin, at_least(0), "scale = fp8_max / amax / 2^margin"),
+      number("precision.fp8.amax_history", &f8.amax_history, at_least(1),
+             "delayed scaling: amax history length"),
+      choice("precision.fp8.amax_algo", &f8.amax_algo, {"max", "most_recent"},
+             "delayed scaling: amax from the history"),
+      flag("precision.fp8.bf16_first_last", &f8.bf16_first_last,
+           "keep the first and last blocks in BF16"),
+      flag("precision.fp8.bf16_lm_head", &f8.bf16_lm_head, "keep the LM head in BF16"),
+      choice("precision.loss_scaling.mode", &ls.mode, {"auto", "off", "static", "dynamic"},
+             "auto = dynamic for fp16, off otherwise"),
+      number("precision.loss_scaling.init", &ls.init, above(0), "initial loss scale"),
+      number("precision.loss_scaling.growth_factor", &ls.growth_factor, above(1),
+             "scale multiplier after growth_interval clean steps"),
+      number("precision.loss_scaling.backoff_factor", &ls.backoff_factor, between(0, 1, true, true),
+             "scale multiplier after an overflow"),
+      number("precision.loss_scaling.growth_interval", &ls.growth_interval, at_least(1),
+             "clean steps before growing the scale"),
+      number("precision.loss_scaling.hysteresis", &ls.hysteresis, at_least(1),
+             "overflows tolerated before backing off"),
+      number("precision.loss_scaling.min_scale", &ls.min_scale, above(0), "lowest loss scale"),
+
+      number("checkpoint.every", &ck.every, at_least(0), "steps between checkpoints; 0 = none"),
+      number("checkpoint.keep_last", &ck.keep_last, at_least(1), "checkpoints kept on disk"),
+      text("checkpoint.resume", &ck.resume, "never, auto (latest checkpoint) or a path"),
+      text("checkpoint.dir", &ck.dir, "null = <run dir>/checkpoints", Empty::kNull),
+
+      number("logging.every", &c.logging.every, at_least(1), "steps between log lines"),
+      number("logging.numerics_every", &c.logging.numerics_every, at_least(1),
+             "steps between numerics telemetry records"),
+
+      // Valid ZeRO stages; only 0 is supported so far (checked in validate()).
+      number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),
+             "ZeRO optimizer sharding stage"),
+  };
+  schema.presence = {{"data.synthetic", &d.synthetic_enabled}};
+  return schema;
+}
+
+// ---- Small text helpers -----------------------------------------------------------------------
+
+std::string parent(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
+std::string last_segment(const std::string& key) { return key.substr(key.rfind('.') + 1); }
+
+std::vector<std::string> split(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream in(key);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : sep) + item;
+  return out;
+}
+
+// Shortest text that reads back as exactly `v` (config.yaml must round trip bit for bit).
+std::string format_double(double v) {
+  char buf[32];
+  // Whole numbers as integers: %g would write 1000 as "1e+03".
+  if (v == std::trunc(v) && std::fabs(v) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int digits = 1; digits <= std::numeric_limits<double>::max_digits10; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above_cell = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above_cell;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Null:
+      return "null";
+    default:
+      return node.Tag() == "!" ? "\"" + node.Scalar() + "\"" : node.Scalar();
+  }
+}
+
+bool in_range(const Range& r, double v) {
+  const bool lo_ok = r.lo_open ? v > r.lo : v >= r.lo;
+  const bool hi_ok = r.hi_open ? v < r.hi : v <= r.hi;
+  return lo_ok && hi_ok;  // false for NaN
+}
+
+std::string range_text(const Range& r) {
+  const bool has_lo = std::isfinite(r.lo), has_hi = std::isfinite(r.hi);
+  if (has_lo && has_hi)
+    return std::string(" in ") + (r.lo_open ? "(" : "[") + format_double(r.lo) + ", " +
+           format_double(r.hi) + (r.hi_open ? ")" : "]");
+  if (has_lo) return (r.lo_open ? " > " : " >= ") + format_double(r.lo);
+  if (has_hi) return (r.hi_open ? " < " : " <= ") + format_double(r.hi);
+  return "";
+}
+
+std::string expected_value(const Field& f) {
+  return std::visit(
+      [&](auto* member) -> std::string {
+        using T = std::remove_pointer_t<decltype(member)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return "true or false";
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (!f.choices.empty()) return "one of " + join(f.choices, ", ");
+          return f.empty == Empty::kString ? "a string" : "a string or null";
+        } else {
+          return (std::is_integral_v<T> ? "an integer" : "a number") + range_text(f.range);
+        }
+      },
+      f.target);
+}
+
+// Stores `node` into the field's member; returns what was wrong, or "" when it was stored.
+// Invalid values are not stored, so later checks only ever see valid ones.
+std::string assign(const Field& f, const YAML::Node& node) {
+  auto* text_member = std::get_if<std::string*>(&f.target);
+  if (node.IsNull()) {
+    if (text_member && f.empty != Empty::kString) {
+      (*text_member)->clear();
+      return "";
+    }
+    return "got null";
+  }
+  if (!node.IsScalar()) return "got " + describe(node);
+  const std::string& value = node.Scalar();
+  // yaml-cpp tags quoted scalars "!": those are strings, never numbers or booleans.
+  const bool quoted = node.Tag() == "!";
+  return std::visit(
+      [&](auto* member) -> std::string {
+        using T = std::remove_pointer_t<decltype(member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!f.choices.empty() &&
+              std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end())
+            return describe(node) + " is not a valid choice";
+          *member = value;
+        } else if (quoted) {
+          return describe(node) + " is a quoted string";
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!YAML::convert<bool>::decode(node, *member)) return value + " is not true or false";
+        } else if constexpr (std::is_integral_v<T>) {
+          int64_t v = 0;
+          if (!YAML::convert<int64_t>::decode(node, v)) return value + " is not an integer";
+          if (!in_range(f.range, static_cast<double>(v)) || v < std::numeric_limits<T>::min() ||
+              v > std::numeric_limits<T>::max())
+            return value + " is out of range";
+          *member = static_cast<T>(v);
+        } else {
+          double v = 0;
+          if (!YAML::convert<double>::decode(node, v)) return value + " is not a number";
+          if (!std::isfinite(v) || !in_range(f.range, v)) return value + " is out of range";
+          *member = v;
+        }
+        return "";
+      },
+      f.target);
+}
+
+// "a" when value is below the first multiple of m, else "a or b" (the multiples around value).
+std::string nearest_multiples(int64_t value, int64_t m) {
+  const int64_t below = value / m * m;
+  if (below == 0) return std::to_string(m);
+  return std::to_string(below) + " or " + std::to_string(below + m);
+}
+
+// ---- Loading ----------------------------------------------------------------------------------
+
+// Where a key came from: a file position, or a --set flag (no position).
+struct Location {
+  std::string origin;
+  int line = 0;  // 1-based; 0 = no position
+  int column = 0;
+
+  std::string text() const {
+    return line > 0 ? origin + ":" + std::to_string(line) + ":" + std::to_string(column) : origin;
+  }
+};
+
+// A YAML document being applied: the file, or the value of one --set flag.
+struct Source {
+  std::string origin;
+  bool positions;  // a --set value's own line:column would mean nothing to the user
+
+  Location at(const YAML::Mark& mark) const {
+    if (!positions || mark.is_null()) return {origin};
+    return {origin, mark.line + 1, mark.column + 1};
+  }
+};
+
+class Loader {
+ public:
+  Loader(Config& config, std::string origin)
+      : config_(config), schema_(make_schema(config)), origin_(std::move(origin)) {
+    for (size_t i = 0; i < schema_.fields.size(); ++i) {
+      const std::string& key = schema_.fields[i].key;
+      index_[key] = i;
+      for (std::string p = parent(key); !p.empty(); p = parent(p)) sections_.insert(p);
+    }
+  }
+
+  // Returns false when the text holds no config map at all (then nothing else can be checked).
+  bool load_text(const std::string& yaml_text) {
+    const Source source{origin_, true};
+    YAML::Node root;
+    try {
+      root = YAML::Load(yaml_text);
+    } catch (const YAML::Exception& e) {
+      problems_.push_back(source.at(e.mark).text() + ": malformed YAML: " + e.msg +
+                          "; expected valid YAML syntax");
+      return false;
+    }
+    walk(root, "", source.at(root.Mark()), source);
+    // Without a map at the top nothing was read: cross-key checks would only add noise.
+    return root.IsNull() || root.IsMap();
+  }
+
+  void apply_override(const std::string& flag_text) {
+    const Source source{"--set " + flag_text, false};
+    const Location location{source.origin};
+    const auto eq = flag_text.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      problem(location, flag_text, "not of the form key=value",
+              "section.key=value, e.g. model.n_layer=4");
+      return;
+    }
+    const std::string key = flag_text.substr(0, eq);
+    YAML::Node value;
+    try {
+      value = YAML::Load(flag_text.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      const auto field = index_.find(key);
+      problem(
+          location, key, "the value is not valid YAML (" + e.msg + ")",
+          field == index_.end() ? "a YAML value" : expected_value(schema_.fields[field->second]));
+      return;
+    }
+    visit(key, value, location, source);
+  }
+
+  // Checks that involve several keys, required keys, and features this build lacks.
+  void validate() {
+    const Config& c = config_;
+    for (const Field& f : schema_.fields)
+      if (f.required && !seen_.count(f.key) && !rejected(f.key))
+        problem(where({f.key}), f.key, "required, no default", expected_value(f));
+
+    if (usable({"data.train", "data.val"})) {
+      const bool train = !c.data.train.empty(), val = !c.data.val.empty();
+      const std::string either = "either data.synthetic, or both data.train and data.val";
+      if (c.data.synthetic_enabled && (train || val)) {
+        const std::string key = train ? "data.train" : "data.val";
+        problem(where({key}), key, "cannot be combined with data.synthetic", either);
+      } else if (!c.data.synthetic_enabled && !train && !val) {
+        problem(where({"data"}), "data", "no training data given", either);
+      } else if (train != val) {
+        const std::string given = train ? "data.train" : "data.val";
+        const std::string missing = train ? "data.val" : "data.train";
+        problem(where({given}), missing, "missing while " + given + " is set",
+                "both data.train and data.val (globs of token shards)");
+      }
+    }
+
+    const ModelConfig& m = c.model;
+    if (usable({"model.n_embd", "model.n_head"}) && m.n_embd % m.n_head != 0)
+      problem(where({"model.n_embd", "model.n_head"}), "model.n_embd",
+              std::to_string(m.n_embd) +
+                  " is not divisible by model.n_head = " + std::to_string(m.n_head),
+              "a multiple of model.n_head, e.g. " + nearest_multiples(m.n_embd, m.n_head));
+
+    const TrainingConfig& t = c.training;
+    if (usable({"training.seq_len", "model.seq_len"}) && t.seq_len > m.seq_len)
+      problem(where({"training.seq_len"}), "training.seq_len",
+              std::to_string(t.seq_len) +
+                  " is above the model's context model.seq_len = " + std::to_string(m.seq_len),
+              "at most " + std::to_string(m.seq_len) + ", or 0 for the model's context");
+
+    if (usable({"training.batch_tokens", "training.micro_batch", "training.seq_len",
+                "model.seq_len"})) {
+      const int64_t seq = t.effective_seq_len(m);
+      const int64_t per_micro_batch = int64_t{t.micro_batch} * seq;
+      if (t.batch_tokens % per_micro_batch != 0)
+        problem(where({"training.batch_tokens", "training.micro_batch", "training.seq_len",
+                       "model.seq_len"}),
+                "training.batch_tokens",
+                std::to_string(t.batch_tokens) +
+                    " is not a multiple of training.micro_batch * seq_len = " +
+                    std::to_string(t.micro_batch) + " * " + std::to_string(seq) + " = " +
+                    std::to_string(per_micro_batch),
+                "a multiple of " + std::to_string(per_micro_batch) + ", e.g. " +
+                    nearest_multiples(t.batch_tokens, per_micro_batch));
+    }
+
+    const SyntheticDataConfig& s = c.data.synthetic;
+    if (c.data.synthetic_enabled) {
+      if (usable({"data.synthetic.vocab", "model.vocab_size"}) && s.vocab > m.vocab_size)
+        problem(where({"data.synthetic.vocab", "model.vocab_size"}), "data.synthetic.vocab",
+                std::to_string(s.vocab) +
+                    " is above model.vocab_size = " + std::to_string(m.vocab_size),
+                "at most " + std::to_string(m.vocab_size));
+      if (usable({"data.synthetic.branching", "data.synthetic.vocab"}) && s.branching > s.vocab)
+        problem(where({"data.synthetic.branching", "data.synthetic.vocab"}),
+                "data.synthetic.branching",
+                std::to_string(s.branching) +
+                    " is above data.synthetic.vocab = " + std::to_string(s.vocab),
+                "at most " + std::to_string(s.vocab));
+    }
+
+    // Features whose keys are stable but whose implementation arrives in later changes.
+    const std::string not_yet = " is not supported by this build yet";
+    if (c.precision.mode != "fp32")
+      problem(where({"precision.mode"}), "precision.mode", c.precision.mode + not_yet, "fp32");
+    if (c.run.device == "cuda")
+      problem(where({"run.device"}), "run.device",
+              "cuda is not supported by this build (no CUDA backend yet)", "auto or cpu");
+    if (!m.init_from.empty())
+      problem(where({"model.init_from"}), "model.init_from",
+              "\"" + m.init_from + "\"" + not_yet + " (model import arrives later)", "null");
+    if (c.checkpoint.resume != "never")
+      problem(where({"checkpoint.resume"}), "checkpoint.resume",
+              c.checkpoint.resume + not_yet + " (checkpoints arrive later)", "never");
+    if (c.checkpoint.every > 0)
+      problem(where({"checkpoint.every"}), "checkpoint.every",
+              std::to_string(c.checkpoint.every) + not_yet + " (checkpoints arrive later)", "0");
+    if (c.distributed.zero_stage != 0)
+      problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
+              std::to_string(c.distributed.zero_stage) + not_yet, "0");
+  }
+
+  void throw_if_problems() const {
+    if (!problems_.empty()) throw UserErrors(problems_);
+  }
+
+ private:
+  void problem(const Location& location, const std::string& key, const std::string& what,
+               const std::string& expected) {
+    problems_.push_back(location.text() + ": " + key + ": " + what + "; expected " + expected);
+  }
+
+  // Applies a map (or null: an empty section) found at `path` ("" = the top level).
+  void walk(const YAML::Node& node, const std::string& path, const Location& location,
+            const Source& source) {
+    if (node.IsNull()) return;
+    if (!node.IsMap()) {
+      bad_.insert(path);
+      problem(location, path.empty() ? "top level" : path, "got " + describe(node),
+              "a map with keys " + children_text(path));
+      return;
+    }
+    std::set<std::string> keys_here;
+    for (const auto& entry : node) {
+      const Location key_location = source.at(entry.first.Mark());
+      if (!entry.first.IsScalar()) {
+        problem(key_location, path.empty() ? "top level" : path,
+                "a key is " + describe(entry.first), "plain key names");
+        continue;
+      }
+      const std::string key =
+          path.empty() ? entry.first.Scalar() : path + "." + entry.first.Scalar();
+      if (!keys_here.insert(key).second) {
+        problem(key_location, key, "duplicate key", "each key at most once");
+        continue;
+      }
+      visit(key, entry.second, key_location, source);
+    }
+  }
+
+  void visit(const std::string& key, const YAML::Node& value, const Location& location,
+             const Source& source) {
+    if (const auto field = index_.find(key); field != index_.end()) {
+      set_field(schema_.fields[field->second], value, location);
+    } else if (sections_.count(key)) {
+      mark_present(key, location);
+      walk(value, key, location, source);
+    } else {
+      unknown(key, location);
+    }
+  }
+
+  void set_field(const Field& f, const YAML::Node& value, const Location& location) {
+    seen_[f.key] = location;
+    mark_present(parent(f.key), location);
+    const std::string wrong = assign(f, value);
+    if (wrong.empty()) {
+      bad_.erase(f.key);
+    } else {
+      bad_.insert(f.key);
+      problem(location, f.key, wrong, expected_value(f));
+    }
+  }
+
+  // Records `section` and its parents as present (an override may name a key of a section the
+  // file lacks, e.g. data.synthetic.vocab).
+  void mark_present(const std::string& section, const Location& location) {
+    for (std::string p = section; !p.empty(); p = parent(p)) {
+      seen_.emplace(p, location);
+      if (const auto flag = schema_.presence.find(p); flag != schema_.presence.end())
+        *flag->second = true;
+    }
+  }
+
+  void unknown(const std::string& key, const Location& location) {
+    std::string section = parent(key);
+    while (!section.empty() && !sections_.count(section)) section = parent(section);
+    std::string expected = section.empty() ? "a section: " + children_text("")
+                                           : "a key of " + section + ": " + children_text(section);
+    const std::string hint = suggestion(key);
+    if (!hint.empty()) expected += " (did you mean " + hint + "?)";
+    problem(location, key, "unknown key", expected);
+  }
+
+  // The closest known key at the same depth (typos), else keys with the same last segment in
+  // other sections (a key put in the wrong section).
+  std::string suggestion(const std::string& key) const {
+    const size_t depth = split(key).size();
+    std::string best;
+    size_t best_distance = 3;
+    auto consider = [&](const std::string& known) {
+      if (split(known).size() != depth) return;
+      const size_t distance = edit_distance(key, known);
+      if (distance < best_distance) best_distance = distance, best = known;
+    };
+    for (const Field& f : schema_.fields) consider(f.key);
+    for (const std::string& s : sections_) consider(s);
+    if (!best.empty()) return "\"" + best + "\"";
+    std::vector<std::string> same_name;
+    for (const Field& f : schema_.fields)
+      if (last_segment(f.key) == last_segment(key)) same_name.push_back("\"" + f.key + "\"");
+    return join(same_name, " or ");
+  }
+
+  // The names directly under a section ("" = top level), comma separated, in schema order.
+  std::string children_text(const std::string& section) const {
+    std::vector<std::string> names;
+    for (const Field& f : schema_.fields) {
+      if (section.empty() ? false : f.key.compare(0, section.size() + 1, section + ".") != 0)
+        continue;
+      const std::string rest = section.empty() ? f.key : f.key.substr(section.size() + 1);
+      const std::string name = rest.substr(0, rest.find('.'));
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
+    return join(names, ", ");
+  }
+
+  // The location of the first named key that was given, else of its section, else the file.
+  Location where(std::initializer_list<std::string> keys) const {
+    for (const auto& key : keys)
+      if (const auto it = seen_.find(key); it != seen_.end()) return it->second;
+    for (const auto& key : keys)
+      for (std::string p = parent(key); !p.empty(); p = parent(p))
+        if (const auto it = seen_.find(p); it != seen_.end()) return it->second;
+    return {origin_};
+  }
+
+  // True when the key's value, or its section, was rejected.
+  bool rejected(const std::string& key) const {
+    for (std::string p = key; !p.empty(); p = parent(p))
+      if (bad_.count(p)) return true;
+    return false;
+  }
+
+  // True when none of the keys was rejected and every required one was given.
+  bool usable(std::initializer_list<std::string> keys) const {
+    for (const auto& key : keys) {
+      if (rejected(key)) return false;
+      if (schema_.fields[index_.at(key)].required && !seen_.count(key)) return false;
+    }
+    return true;
+  }
+
+  Config& config_;
+  Schema schema_;
+  std::string origin_;
+  std::map<std::string, size_t> index_;   // key -> schema_.fields
+  std::set<std::string> sections_;        // every proper prefix of a key
+  std::map<std::string, Location> seen_;  // keys and sections given, where last set
+  std::set<std::string> bad_;             // keys and sections whose value was rejected
+  std::vector<std::string> problems_;
+};
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  std::error_code ec;
+  if (!in || std::filesystem::is_directory(path, ec)) {
+    const std::string why = in ? "it is a directory" : std::strerror(errno);
+    throw UserErrors(
+        {path + ": cannot read the config file (" + why + "); expected a readable YAML file"});
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  Config config;
+  Loader loader(config, origin);
+  const bool parsed = loader.load_text(yaml_text);
+  for (const auto& flag_text : overrides) loader.apply_override(flag_text);
+  // Cross-key checks on a half-read file would only add noise to the syntax error.
+  if (parsed) loader.validate();
+  loader.throw_if_problems();
+  return config;
+}
+
+std::string config_to_yaml(const Config& config) {
+  Config copy = config;  // the schema binds mutable members
+  const Schema schema = make_schema(copy);
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  out << YAML::Comment("ptrain run config, resolved: every key, defaults filled in");
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // sections currently open, outermost first
+  for (const Field& f : schema.fields) {
+    const std::string section = parent(f.key);
+    bool absent = false;
+    for (std::string p = section; !p.empty(); p = parent(p))
+      if (const auto flag = schema.presence.find(p); flag != schema.presence.end())
+        absent = absent || !*flag->second;
+    const auto* text_member = std::get_if<std::string*>(&f.target);
+    if (absent || (text_member && f.empty == Empty::kOmit && (*text_member)->empty())) continue;
+
+    const std::vector<std::string> parts = split(f.key);
+    size_t shared = 0;
+    while (shared < open.size() && shared + 1 < parts.size() && open[shared] == parts[shared])
+      ++shared;
+    for (; open.size() > shared; open.pop_back()) out << YAML::EndMap;
+    for (; open.size() + 1 < parts.size(); open.push_back(parts[open.size()]))
+      out << YAML::Key << parts[open.size()] << YAML::Value << YAML::BeginMap;
+
+    out << YAML::Key << parts.back() << YAML::Value;
+    std::visit(
+        [&](auto* member) {
+          using T = std::remove_pointer_t<decltype(member)>;
+          if constexpr (std::is_same_v<T, double>) {
+            out << format_double(*member);
+          } else if constexpr (std::is_same_v<T, std::string>) {
+            if (member->empty() && f.empty == Empty::kNull)
+              out << YAML::Null;
+            else
+              out << *member;
+          } else {
+            out << *member;
+          }
+        },
+        f.target);
+    out << YAML::Comment(f.help);
+  }
+  for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace ptrain

@@ -1,0 +1,85 @@
+// A non-owning view of device or host memory: pointer, dtype, shape. Backends receive these
+// and check dtypes and shapes before touching the memory; the model never dereferences them.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace ptrain {
+
+// f64 exists for the reference backend's gradient checks; the product trains in f32 and below.
+// i32 holds token ids.
+enum class DType { f32, f64, i32 };
+
+inline size_t dtype_size(DType t) { return t == DType::f64 ? 8 : 4; }
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+enum class Device { cpu, cuda };
+
+struct Tensor {
+  static constexpr int kMaxDims = 5;
+
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int ndim = 0;
+  std::array<int64_t, kMaxDims> shape{};
+
+  Tensor() = default;
+  Tensor(void* ptr, DType t, std::initializer_list<int64_t> dims, Device dev = Device::cpu)
+      : data(ptr), dtype(t), device(dev), ndim(static_cast<int>(dims.size())) {
+    PTRAIN_CHECK(dims.size() <= kMaxDims, "too many tensor dimensions");
+    int i = 0;
+    for (int64_t d : dims) shape[i++] = d;
+  }
+
+  Tensor(void* ptr, DType t, const std::vector<int64_t>& dims, Device dev = Device::cpu)
+      : data(ptr), dtype(t), device(dev), ndim(static_cast<int>(dims.size())) {
+    PTRAIN_CHECK(dims.size() <= kMaxDims, "too many tensor dimensions");
+    for (size_t i = 0; i < dims.size(); ++i) shape[i] = dims[i];
+  }
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
+  bool empty() const { return data == nullptr; }
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+
+  // The slice along the first dimension (e.g. one layer of a (L, ...) stacked parameter).
+  Tensor operator[](int64_t i) const {
+    Tensor t;
+    t.dtype = dtype;
+    t.device = device;
+    t.ndim = ndim - 1;
+    for (int d = 1; d < ndim; ++d) t.shape[d - 1] = shape[d];
+    t.data = static_cast<char*>(data) + static_cast<size_t>(i) * t.bytes();
+    return t;
+  }
+
+  std::string shape_string() const {
+    std::string s = "(";
+    for (int i = 0; i < ndim; ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+    return s + ")";
+  }
+};
+
+}  // namespace ptrain

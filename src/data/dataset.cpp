@@ -1,0 +1,99 @@
+#include "data/dataset.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace ptrain {
+
+namespace {
+
+// An out-of-range token would index past the embedding table, so every token is checked
+// once on open rather than trusted on every step.
+void check_vocab(const TokenShard& shard, const std::string& key, int vocab_size) {
+  const uint16_t* tokens = shard.tokens();
+  const uint16_t* bad = std::find_if(tokens, tokens + shard.size(),
+                                     [vocab_size](uint16_t t) { return t >= vocab_size; });
+  if (bad != tokens + shard.size())
+    throw UserError(key + ": token id " + std::to_string(*bad) + " at position " +
+                    std::to_string(bad - tokens) + " of \"" + shard.path() +
+                    "\" is not below model.vocab_size " + std::to_string(vocab_size));
+}
+
+}  // namespace
+
+TokenStream::TokenStream(const std::string& pattern, const std::string& key, int vocab_size)
+    : files_(expand_shard_glob(pattern, key)) {
+  shards_.reserve(files_.size());
+  for (const std::string& file : files_) {
+    try {
+      shards_.emplace_back(file);
+    } catch (const UserError& e) {
+      throw UserError(key + ": " + e.what());
+    }
+    check_vocab(shards_.back(), key, vocab_size);
+    starts_.push_back(total_);
+    total_ += shards_.back().size();
+  }
+}
+
+void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
+  PTRAIN_CHECK(pos >= 0 && n >= 0 && pos + n <= total_, "token range outside the stream");
+  if (n == 0) return;
+  // The last shard starting at or before pos holds it (an empty shard shares the next start).
+  size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin()) - 1;
+  int64_t offset = pos - starts_[s];
+  while (n > 0) {
+    const int64_t take = std::min(n, shards_[s].size() - offset);
+    std::copy(shards_[s].tokens() + offset, shards_[s].tokens() + offset + take, out);
+    out += take;
+    n -= take;
+    offset = 0;
+    ++s;
+  }
+}
+
+TrainSampler::TrainSampler(const TokenStream& stream, uint64_t seed, int seq_len)
+    : stream_(stream), seed_(seed), seq_len_(seq_len) {
+  PTRAIN_CHECK(seq_len > 0, "sequence length must be positive");
+  if (stream.size() < static_cast<int64_t>(seq_len) + 1)
+    throw UserError("the training data has " + std::to_string(stream.size()) +
+                    " tokens, expected at least seq_len + 1 = " + std::to_string(seq_len + 1) +
+                    " for one training window (lower training.seq_len or add data)");
+}
+
+void TrainSampler::fill(int64_t first_sample, int batch, int32_t* inputs, int32_t* targets) const {
+  PTRAIN_CHECK(first_sample >= 0 && batch >= 0, "sample indices must be non-negative");
+  const uint64_t starts = static_cast<uint64_t>(stream_.size() - seq_len_);
+  for (int b = 0; b < batch; ++b) {
+    const uint64_t sample = static_cast<uint64_t>(first_sample + b);
+    const int64_t start = static_cast<int64_t>(hash_combine(seed_, sample) % starts);
+    stream_.copy(start, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_);
+    stream_.copy(start + 1, seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
+  }
+}
+
+ValSampler::ValSampler(const TokenStream& stream, const std::string& key, int batches, int batch,
+                       int seq_len)
+    : stream_(stream), batches_(batches), batch_(batch), seq_len_(seq_len) {
+  PTRAIN_CHECK(batches > 0 && batch > 0 && seq_len > 0, "validation shape must be positive");
+  const int64_t needed = static_cast<int64_t>(batches) * batch * seq_len + 1;
+  if (stream.size() < needed)
+    throw UserError(key + ": the validation data has " + std::to_string(stream.size()) +
+                    " tokens, expected at least " + std::to_string(needed) + " (eval_batches " +
+                    std::to_string(batches) + " x micro_batch " + std::to_string(batch) +
+                    " x seq_len " + std::to_string(seq_len) +
+                    " + 1); lower training.eval_batches or training.micro_batch");
+}
+
+void ValSampler::fill(int batch_index, int32_t* inputs, int32_t* targets) const {
+  PTRAIN_CHECK(batch_index >= 0 && batch_index < batches_, "validation batch index out of range");
+  for (int b = 0; b < batch_; ++b) {
+    const int64_t row = static_cast<int64_t>(batch_index) * batch_ + b;
+    stream_.copy(row * seq_len_, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_);
+    stream_.copy(row * seq_len_ + 1, seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,56 @@
+// Synthetic corpora from a random sparse order-K Markov source with a known entropy floor.
+// Each context (the previous K tokens) allows `branching` successor tokens with random
+// probabilities, both derived from a hash of (seed, context), so the source needs no table.
+// The oracle loss of a split is the mean of -log p_true(token | context) over its tokens: no
+// model can beat it, so "gap to oracle" measures how much a model has left to learn.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ptrain {
+
+struct SyntheticSpec {
+  int vocab = 256;
+  int order = 2;
+  int branching = 4;
+  int64_t tokens = 1000000;  // train + val
+  uint64_t seed = 1;
+  double val_fraction = 0.1;
+};
+
+struct SyntheticInfo {
+  SyntheticSpec spec;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  double oracle_loss_train = 0;
+  double oracle_loss_val = 0;
+};
+
+class MarkovSource {
+ public:
+  explicit MarkovSource(const SyntheticSpec& spec);
+  // Probability of `next` after the K tokens ending at context[K-1].
+  double probability(const uint16_t* context, uint16_t next) const;
+  // Draws the next token after `context` (K tokens) using uniform u in [0, 1).
+  uint16_t sample(const uint16_t* context, double u) const;
+
+ private:
+  struct Row {
+    std::vector<uint16_t> successors;
+    std::vector<double> probs;
+  };
+  Row row(const uint16_t* context) const;
+  SyntheticSpec spec_;
+};
+
+// Generates the corpus (a stream started from a seeded random context) and writes
+// <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json.
+SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir);
+
+// Reads <dir>/synthetic.json if present (the directory of a split's shards).
+std::optional<SyntheticInfo> read_synthetic_info(const std::string& dir);
+
+}  // namespace ptrain

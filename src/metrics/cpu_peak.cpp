@@ -1,0 +1,34 @@
+#include "metrics/cpu_peak.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "core/rng.h"
+
+namespace ptrain {
+
+GemmRate measure_sgemm_rate(int size, int repeats) {
+  const size_t n = static_cast<size_t>(size) * size;
+  std::vector<float> a(n), b(n), c(n);
+  Rng rng(1);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = rng.uniform() - 0.5f;
+    b[i] = rng.uniform() - 0.5f;
+  }
+  std::vector<double> rates;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, a.data(), size, b.data(), size,
+                0.0f, c.data(), size);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) rates.push_back(2.0 * size * static_cast<double>(size) * size / s);  // r = 0 warms up
+  }
+  std::sort(rates.begin(), rates.end());
+  return {size, omp_get_max_threads(), rates[rates.size() / 2]};
+}
+
+}  // namespace ptrain

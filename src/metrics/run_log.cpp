@@ -1,0 +1,90 @@
+#include "metrics/run_log.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace ptrain {
+
+RunLog::RunLog() {
+  logger_ = std::make_shared<spdlog::logger>("ptrain", std::make_shared<spdlog::sinks::stdout_sink_mt>());
+  logger_->set_pattern("%v");
+  logger_->flush_on(spdlog::level::info);
+}
+
+RunLog::RunLog(const std::string& run_dir) : RunLog() {
+  try {
+    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/log.txt", /*truncate=*/false);
+    file->set_pattern("[%Y-%m-%d %H:%M:%S] %v");
+    logger_->sinks().push_back(file);
+  } catch (const spdlog::spdlog_ex& e) {
+    throw UserError("cannot write " + run_dir + "/log.txt: " + e.what());
+  }
+  metrics_.open(run_dir + "/metrics.jsonl", std::ios::app);
+  if (!metrics_) throw UserError("cannot write " + run_dir + "/metrics.jsonl");
+}
+
+RunLog::~RunLog() = default;
+
+void RunLog::info(const std::string& line) { logger_->info(line); }
+void RunLog::warn(const std::string& line) { logger_->warn("warning: " + line); }
+
+void RunLog::metrics(const nlohmann::json& record) {
+  if (!metrics_.is_open()) return;
+  metrics_ << record.dump() << '\n';
+  metrics_.flush();
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
+  return buf;
+}
+
+std::string format_thousands(double value) {
+  std::string digits = std::to_string(static_cast<long long>(std::llround(value)));
+  std::string out;
+  const size_t start = digits[0] == '-' ? 1 : 0;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > start && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string format_mib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+int64_t current_rss_bytes() {
+  long pages_total = 0, pages_resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  const int got = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<int64_t>(pages_resident) * sysconf(_SC_PAGESIZE) : 0;
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,45 @@
+// What a run tells its user: human lines on the console (mirrored to log.txt) and one JSON
+// object per step or evaluation in metrics.jsonl. Lines are complete and self-contained (no
+// carriage-return progress bars), so they stay readable when stdout is a file or a pipe.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace spdlog {
+class logger;
+}
+
+namespace ptrain {
+
+class RunLog {
+ public:
+  // Console only (dry runs, tools).
+  RunLog();
+  // Console plus <run_dir>/log.txt and <run_dir>/metrics.jsonl, appended to if present.
+  explicit RunLog(const std::string& run_dir);
+  ~RunLog();
+
+  void info(const std::string& line);
+  void warn(const std::string& line);
+  void metrics(const nlohmann::json& record);
+
+ private:
+  std::shared_ptr<spdlog::logger> logger_;
+  std::ofstream metrics_;
+};
+
+// Formatting shared by logs and summaries.
+std::string format_duration(double seconds);   // "45s", "3m07s", "2h05m"
+std::string format_thousands(double value);    // "53,780"
+std::string format_mib(int64_t bytes);         // "123.4 MiB"
+
+// Resident memory of this process now and at its peak, in bytes.
+int64_t current_rss_bytes();
+int64_t peak_rss_bytes();
+
+}  // namespace ptrain

@@ -1,0 +1,220 @@
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/rng.h"
+
+namespace ptrain {
+
+std::vector<ParamSpec> gpt_param_specs(const GptShape& s) {
+  const int64_t L = s.n_layer, C = s.n_embd;
+  return {
+      {"wte", {s.padded_vocab, C}, true},
+      {"wpe", {s.max_seq_len, C}, true},
+      {"ln1w", {L, C}, false},
+      {"ln1b", {L, C}, false},
+      {"qkvw", {L, 3 * C, C}, true},
+      {"qkvb", {L, 3 * C}, false},
+      {"attprojw", {L, C, C}, true},
+      {"attprojb", {L, C}, false},
+      {"ln2w", {L, C}, false},
+      {"ln2b", {L, C}, false},
+      {"fcw", {L, 4 * C, C}, true},
+      {"fcb", {L, 4 * C}, false},
+      {"fcprojw", {L, C, 4 * C}, true},
+      {"fcprojb", {L, C}, false},
+      {"lnfw", {C}, false},
+      {"lnfb", {C}, false},
+  };
+}
+
+static int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t gpt_num_params(const GptShape& s) {
+  int64_t n = 0;
+  for (const auto& spec : gpt_param_specs(s)) n += product(spec.shape);
+  return n;
+}
+
+// The activation buffers of one micro-batch, in allocation order. Used both to size the
+// allocation (dry-run estimate) and to carve it.
+namespace {
+struct ActivationPlan {
+  struct Entry {
+    Tensor* slot;
+    std::vector<int64_t> shape;
+    DType dtype;
+  };
+  std::vector<Entry> entries;
+  void add(Tensor* slot, std::vector<int64_t> shape, DType dtype) { entries.push_back({slot, std::move(shape), dtype}); }
+  int64_t bytes() const {
+    int64_t total = 0;
+    for (const auto& e : entries) total += (product(e.shape) * dtype_size(e.dtype) + 63) / 64 * 64;
+    return total;
+  }
+};
+}  // namespace
+
+static ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, DType dt) {
+  const int64_t L = s.n_layer, C = s.n_embd, NH = s.n_head;
+  ActivationPlan p;
+  p.add(&a.tokens, {B, T}, DType::i32);
+  p.add(&a.targets, {B, T}, DType::i32);
+  p.add(&a.encoded, {B, T, C}, dt);
+  p.add(&a.ln1, {L, B, T, C}, dt);
+  p.add(&a.ln1_mean, {L, B, T}, dt);
+  p.add(&a.ln1_rstd, {L, B, T}, dt);
+  p.add(&a.qkv, {L, B, T, 3 * C}, dt);
+  p.add(&a.atty, {L, B, T, C}, dt);
+  p.add(&a.att, {L, B, NH, T, T}, dt);
+  p.add(&a.attproj, {L, B, T, C}, dt);
+  p.add(&a.residual2, {L, B, T, C}, dt);
+  p.add(&a.ln2, {L, B, T, C}, dt);
+  p.add(&a.ln2_mean, {L, B, T}, dt);
+  p.add(&a.ln2_rstd, {L, B, T}, dt);
+  p.add(&a.fch, {L, B, T, 4 * C}, dt);
+  p.add(&a.fch_gelu, {L, B, T, 4 * C}, dt);
+  p.add(&a.fcproj, {L, B, T, C}, dt);
+  p.add(&a.residual3, {L, B, T, C}, dt);
+  p.add(&a.lnf, {B, T, C}, dt);
+  p.add(&a.lnf_mean, {B, T}, dt);
+  p.add(&a.lnf_rstd, {B, T}, dt);
+  p.add(&a.logits, {B, T, s.padded_vocab}, dt);
+  p.add(&a.losses, {B, T}, dt);
+  p.add(&a.dresidual, {B, T, C}, dt);
+  p.add(&a.dln, {B, T, C}, dt);
+  p.add(&a.datty, {B, T, C}, dt);
+  p.add(&a.dfch_gelu, {B, T, 4 * C}, dt);
+  p.add(&a.dfch, {B, T, 4 * C}, dt);
+  p.add(&a.dqkv, {B, T, 3 * C}, dt);
+  return p;
+}
+
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
+  GptActivations unused;
+  return plan_activations(unused, s, B, T, elem == 8 ? DType::f64 : DType::f32).bytes();
+}
+
+Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T)
+    : shape_(shape), backend_(backend), dtype_(dtype), B_(B), T_(T), specs_(gpt_param_specs(shape)) {
+  PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
+  const int64_t n = gpt_num_params(shape);
+  const size_t elem = dtype_size(dtype);
+  params_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
+  grads_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
+  int64_t offset = 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    params_[i] = Tensor(params_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device());
+    grads_[i] = Tensor(grads_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device());
+    offset += product(specs_[i].shape);
+  }
+
+  ActivationPlan plan = plan_activations(a_, shape, B, T, dtype);
+  act_bytes_ = plan.bytes();
+  act_memory_ = backend.allocate(act_bytes_);
+  char* cursor = static_cast<char*>(act_memory_);
+  for (auto& e : plan.entries) {
+    *e.slot = Tensor(cursor, e.dtype, e.shape, backend.device());
+    cursor += (e.slot->bytes() + 63) / 64 * 64;
+  }
+}
+
+Gpt::~Gpt() {
+  backend_.release(act_memory_);
+  backend_.release(grads_flat_.data);
+  backend_.release(params_flat_.data);
+}
+
+void Gpt::init(uint64_t seed) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * shape_.n_layer);
+  for (int i = 0; i < kNumParams; ++i) {
+    const Tensor& t = params_[i];
+    std::vector<float> host(t.numel(), 0.0f);
+    const bool is_layernorm_weight = (i == kLn1w || i == kLn2w || i == kLnfw);
+    if (is_layernorm_weight) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (specs_[i].weight_decay) {  // the 2-D weights
+      const double std = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02;
+      // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
+      const int64_t count = (i == kWte) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
+      Rng rng(seed, static_cast<uint64_t>(i));
+      for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * std);
+    }
+    backend_.upload(t, host.data());
+  }
+}
+
+Tensor Gpt::residual_in(int layer) const {
+  return layer == 0 ? a_.encoded : a_.residual3[layer - 1];
+}
+
+double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  const int L = shape_.n_layer, NH = shape_.n_head;
+  Backend& be = backend_;
+  be.upload_tokens(a_.tokens, inputs);
+  be.upload_tokens(a_.targets, targets);
+
+  be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
+  for (int l = 0; l < L; ++l) {
+    be.layernorm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], residual_in(l), params_[kLn1w][l], params_[kLn1b][l]);
+    be.matmul_forward(a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l]);
+    be.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], NH);
+    be.matmul_forward(a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l]);
+    be.add(a_.residual2[l], residual_in(l), a_.attproj[l]);
+    be.layernorm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.residual2[l], params_[kLn2w][l], params_[kLn2b][l]);
+    be.matmul_forward(a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l]);
+    be.gelu_forward(a_.fch_gelu[l], a_.fch[l]);
+    be.matmul_forward(a_.fcproj[l], a_.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l]);
+    be.add(a_.residual3[l], a_.residual2[l], a_.fcproj[l]);
+  }
+  be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual_in(L), params_[kLnfw], params_[kLnfb]);
+  be.matmul_forward(a_.logits, a_.lnf, params_[kWte], Tensor());
+  be.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
+  grads_ready_ = dloss != 0;
+
+  return be.sum(a_.losses) / static_cast<double>(a_.losses.numel());
+}
+
+void Gpt::backward() {
+  PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
+  grads_ready_ = false;
+  const int L = shape_.n_layer, NH = shape_.n_head;
+  Backend& be = backend_;
+  auto& g = grads_;
+  auto& p = params_;
+
+  // LM head (tied to wte) and the final layernorm; dresidual collects the residual stream's
+  // gradient from here down to the embedding.
+  be.zero(a_.dln);
+  be.matmul_backward(a_.dln, g[kWte], Tensor(), a_.logits, a_.lnf, p[kWte]);
+  be.zero(a_.dresidual);
+  be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
+
+  for (int l = L - 1; l >= 0; --l) {
+    // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+    be.zero(a_.dfch_gelu);
+    be.matmul_backward(a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l], p[kFcprojw][l]);
+    be.zero(a_.dfch);
+    be.gelu_backward(a_.dfch, a_.fch[l], a_.dfch_gelu);
+    be.zero(a_.dln);
+    be.matmul_backward(a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[l], p[kFcw][l]);
+    be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[l], p[kLn2w][l], a_.ln2_mean[l], a_.ln2_rstd[l]);
+    // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
+    be.zero(a_.datty);
+    be.matmul_backward(a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[l], p[kAttprojw][l]);
+    be.zero(a_.dqkv);
+    be.attention_backward(a_.dqkv, a_.datty, a_.qkv[l], a_.att[l], NH);
+    be.zero(a_.dln);
+    be.matmul_backward(a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
+    be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[l], a_.ln1_rstd[l]);
+  }
+  be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);
+}
+
+void Gpt::zero_grad() { backend_.zero(grads_flat_); }
+
+}  // namespace ptrain

@@ -1,0 +1,111 @@
+// GPT-2, written once against the Backend interface: token + learned position embeddings,
+// pre-LayerNorm blocks (causal multi-head attention, GELU MLP), final LayerNorm, LM head tied
+// to the token embedding. Parameters are laid out as in llm.c (each tensor stacked over layers)
+// in one buffer, gradients in a second buffer of the same layout, activations in a third.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ptrain {
+
+struct GptShape {
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int max_seq_len = 0;
+  int vocab = 0;         // real vocabulary
+  int padded_vocab = 0;  // multiple of 128
+};
+
+enum ParamId {
+  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
+  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kNumParams
+};
+
+struct ParamSpec {
+  std::string name;            // llm.c / PyTorch-like name
+  std::vector<int64_t> shape;  // stacked over layers where per-layer
+  bool weight_decay;           // 2-D weights only
+};
+
+std::vector<ParamSpec> gpt_param_specs(const GptShape& s);
+int64_t gpt_num_params(const GptShape& s);  // includes the padded wte rows, as llm.c counts
+// Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
+
+// The activation buffers of one micro-batch (forward results kept for backward, and the
+// backward scratch). One allocation holds them all.
+struct GptActivations {
+  Tensor tokens, targets;            // (B,T) i32
+  Tensor encoded;                    // (B,T,C)
+  Tensor ln1, ln1_mean, ln1_rstd;    // (L,B,T,C), (L,B,T)
+  Tensor qkv;                        // (L,B,T,3C)
+  Tensor atty;                       // (L,B,T,C)
+  Tensor att;                        // (L,B,NH,T,T)
+  Tensor attproj;                    // (L,B,T,C)
+  Tensor residual2;                  // (L,B,T,C)
+  Tensor ln2, ln2_mean, ln2_rstd;    // (L,B,T,C), (L,B,T)
+  Tensor fch, fch_gelu;              // (L,B,T,4C)
+  Tensor fcproj;                     // (L,B,T,C)
+  Tensor residual3;                  // (L,B,T,C)
+  Tensor lnf, lnf_mean, lnf_rstd;    // (B,T,C), (B,T)
+  Tensor logits;                     // (B,T,Vp), gradient in place after forward
+  Tensor losses;                     // (B,T)
+  // Backward scratch, reused by every layer.
+  Tensor dresidual, dln, datty, dfch_gelu, dfch;  // (B,T,C) and (B,T,4C)
+  Tensor dqkv;                                    // (B,T,3C)
+};
+
+class Gpt {
+ public:
+  // Allocates parameters, gradients and activations for micro-batch B x T on the backend.
+  Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T);
+  ~Gpt();
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
+
+  // GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L), biases 0,
+  // layernorm weights 1, padded vocabulary rows 0. Deterministic in `seed`.
+  void init(uint64_t seed);
+
+  // Runs the forward pass on inputs/targets (B*T token ids each) and returns the mean loss.
+  // With dloss != 0 the classifier also leaves d(loss)/d(logits) * dloss in place for
+  // backward(); dloss = 1 / (B*T*accumulation steps) gives the mean over the batch.
+  double forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
+  void backward();
+  void zero_grad();
+
+  const GptShape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  Tensor param(ParamId id) const { return params_[id]; }
+  Tensor grad(ParamId id) const { return grads_[id]; }
+  Tensor params_flat() const { return params_flat_; }
+  Tensor grads_flat() const { return grads_flat_; }
+  int64_t num_params() const { return params_flat_.numel(); }
+  size_t activation_bytes() const { return act_bytes_; }
+
+ private:
+
+  Tensor residual_in(int layer) const;
+
+  GptShape shape_;
+  Backend& backend_;
+  DType dtype_;
+  int B_, T_;
+  std::vector<ParamSpec> specs_;
+  std::array<Tensor, kNumParams> params_, grads_;
+  Tensor params_flat_, grads_flat_;
+  GptActivations a_;
+  size_t act_bytes_ = 0;
+  void* act_memory_ = nullptr;
+  bool grads_ready_ = false;
+};
+
+}  // namespace ptrain

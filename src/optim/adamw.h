@@ -1,0 +1,43 @@
+// AdamW over a model's parameter tensors: FP32 first and second moments, decoupled weight
+// decay on 2-D weights only, and global-norm gradient clipping.
+#pragma once
+
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/gpt.h"
+
+namespace ptrain {
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0 = no clipping
+};
+
+class AdamW {
+ public:
+  AdamW(Gpt& model, Backend& backend, const AdamWConfig& config);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
+  // The global L2 norm of the model's gradients (before clipping).
+  double grad_norm();
+  // One update with learning rate `lr`; `grad_norm` is the value from grad_norm() this step.
+  void step(double lr, double grad_norm);
+
+  int64_t steps_taken() const { return t_; }
+  size_t state_bytes() const { return 2 * m_.bytes(); }
+
+ private:
+  Gpt& model_;
+  Backend& backend_;
+  AdamWConfig config_;
+  Tensor m_, v_;  // same layout as the model's flat parameters
+  int64_t t_ = 0;
+};
+
+}  // namespace ptrain

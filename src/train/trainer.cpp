@@ -1,0 +1,364 @@
+#include "train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/synthetic.h"
+#include "dist/communicator.h"
+#include "metrics/run_log.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "precision/policy.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string fmt(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, value);
+  return buf;
+}
+
+GptShape shape_from(const ModelConfig& m) {
+  return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
+}
+
+
+struct MemoryPlan {
+  int64_t params, grads, optimizer, activations;
+  int64_t total() const { return params + grads + optimizer + activations; }
+};
+
+MemoryPlan plan_memory(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
+  const int64_t n = gpt_num_params(s);
+  return {n * static_cast<int64_t>(dtype_size(policy.compute)), n * static_cast<int64_t>(dtype_size(policy.compute)),
+          2 * n * static_cast<int64_t>(dtype_size(policy.optimizer)),
+          gpt_activation_bytes(s, B, T, dtype_size(policy.compute))};
+}
+
+// Creates <out_dir>/<name>. An existing directory is replaced only with run.overwrite and only
+// if it looks like a ptrain run, so a typo in out_dir can never delete a user's files.
+fs::path create_run_dir(const RunConfig& run) {
+  const fs::path dir = fs::path(run.out_dir) / run.name;
+  if (fs::exists(dir)) {
+    if (!run.overwrite)
+      throw UserError("run directory " + dir.string() +
+                      " already exists; expected a new run.name, or run.overwrite: true to replace it");
+    const bool is_run = fs::exists(dir / "config.yaml") || fs::is_empty(dir);
+    if (!is_run)
+      throw UserError("run.overwrite: " + dir.string() +
+                      " does not look like a ptrain run directory (no config.yaml); refusing to delete it");
+    fs::remove_all(dir);
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError("cannot create run directory " + dir.string() + ": " + ec.message());
+  return dir;
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw UserError("cannot write " + path.string());
+}
+
+struct DataPaths {
+  std::string train, val;
+  std::optional<SyntheticInfo> synthetic;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir)
+      : cfg_(config),
+        policy_(PrecisionPolicy::from_mode(config.precision.mode)),
+        comm_(make_single_process_communicator()),
+        log_(run_dir.string()),
+        shape_(shape_from(config.model)),
+        B_(config.training.micro_batch),
+        T_(config.training.effective_seq_len(config.model)),
+        accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_))),
+        train_stream_(data.train, "data.train", config.model.vocab_size),
+        val_stream_(data.val, "data.val", config.model.vocab_size),
+        train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
+        val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
+        synthetic_(data.synthetic),
+        backend_(make_cpu_backend(config.training.threads)),
+        model_(shape_, *backend_, policy_.compute, B_, T_),
+        optimizer_(model_, *backend_,
+                   AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
+                               config.optimizer.weight_decay, config.training.grad_clip}),
+        inputs_(static_cast<size_t>(B_) * T_),
+        targets_(static_cast<size_t>(B_) * T_) {
+    schedule_.lr = config.optimizer.lr;
+    schedule_.warmup_steps = config.schedule.warmup_steps;
+    schedule_.total_steps = config.training.steps;
+    schedule_.decay = config.schedule.decay;
+    schedule_.min_lr_ratio = config.schedule.min_lr_ratio;
+    schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
+  }
+
+  TrainResult run() {
+    announce();
+    model_.init(static_cast<uint64_t>(cfg_.run.seed));
+    const int64_t steps = cfg_.training.steps;
+    const int64_t eval_every = cfg_.training.eval_every;
+    if (eval_every > 0) evaluate(0);
+
+    const auto run_start = Clock::now();
+    double train_seconds = 0, timed_seconds = 0;
+    int64_t timed_steps = 0;
+    for (int64_t step = 1; step <= steps; ++step) {
+      const auto t0 = Clock::now();
+      const double lr = schedule_.at(step - 1);
+      model_.zero_grad();
+      double loss_sum = 0;
+      const float dloss = 1.0f / static_cast<float>(int64_t{B_} * T_ * accum_);
+      for (int micro = 0; micro < accum_; ++micro) {
+        const int64_t first_sample = ((step - 1) * accum_ + micro) * B_;
+        train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
+        loss_sum += model_.forward(inputs_.data(), targets_.data(), dloss);
+        model_.backward();
+      }
+      const double loss = comm_->all_reduce_sum(loss_sum / accum_) / comm_->world_size();
+      const double norm = optimizer_.grad_norm();
+      optimizer_.step(lr, norm);
+      const double seconds = seconds_since(t0);
+      train_seconds += seconds;
+      result_.step_seconds.push_back(seconds);
+      if (step > 1 || steps == 1) {  // the first step warms caches and thread pools
+        timed_seconds += seconds;
+        ++timed_steps;
+      }
+      log_step(step, loss, norm, lr, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
+      if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
+    }
+    summarize(seconds_since(run_start), train_seconds);
+    result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
+    result_.tokens_per_step = cfg_.training.batch_tokens;
+    result_.final_val_loss = last_val_;
+    return result_;
+  }
+
+ private:
+  void announce() {
+    const double n = static_cast<double>(model_.num_params());
+    log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device cpu (" + std::to_string(omp_get_max_threads()) +
+              " threads, OpenBLAS) | precision " + policy_.label());
+    log_.info("model: GPT-2 L=" + std::to_string(shape_.n_layer) + " H=" + std::to_string(shape_.n_head) +
+              " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
+              " (padded " + std::to_string(shape_.padded_vocab) + ") | " + format_thousands(n) + " parameters");
+    log_.info("batch: " + format_thousands(static_cast<double>(cfg_.training.batch_tokens)) + " tokens/step = " +
+              std::to_string(B_) + " x " + std::to_string(T_) + " x " + std::to_string(accum_) +
+              " accumulation steps | " + std::to_string(cfg_.training.steps) + " steps");
+    log_.info("data: train " + format_thousands(static_cast<double>(train_stream_.size())) + " tokens in " +
+              std::to_string(train_stream_.files().size()) + " shard(s), val " +
+              format_thousands(static_cast<double>(val_stream_.size())) + " tokens; eval on " +
+              std::to_string(val_sampler_.batches()) + " batches");
+    if (synthetic_)
+      log_.info("synthetic source: vocab " + std::to_string(synthetic_->spec.vocab) + ", order " +
+                std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
+                " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
+                fmt("%.4f", std::log(shape_.vocab)));
+    log_.info("memory: " + format_mib(static_cast<int64_t>(model_.params_flat().bytes())) + " params, " +
+              format_mib(static_cast<int64_t>(model_.grads_flat().bytes())) + " grads, " +
+              format_mib(static_cast<int64_t>(optimizer_.state_bytes())) + " AdamW state, " +
+              format_mib(static_cast<int64_t>(model_.activation_bytes())) + " activations");
+  }
+
+  void log_step(int64_t step, double loss, double norm, double lr, double seconds, double mean_seconds) {
+    const double tokens = static_cast<double>(cfg_.training.batch_tokens);
+    const double tok_s = tokens / seconds;
+    const int64_t rss = current_rss_bytes();
+    nlohmann::json record = {{"step", step},
+                             {"tokens", static_cast<int64_t>(tokens) * step},
+                             {"loss", loss},
+                             {"lr", lr},
+                             {"grad_norm", norm},
+                             {"loss_scale", 1.0},
+                             {"skipped", 0},
+                             {"tokens_per_s", tok_s},
+                             {"mfu", nullptr},  // no known peak for a CPU; see scripts/bench-cpu.sh
+                             {"ms", seconds * 1000.0},
+                             {"memory_mib", static_cast<double>(rss) / (1024.0 * 1024.0)}};
+    log_.metrics(record);
+    if (step % cfg_.logging.every != 0 && step != cfg_.training.steps) return;
+    char line[256];
+    const int width = static_cast<int>(std::to_string(cfg_.training.steps).size());
+    std::snprintf(line, sizeof line, "step %*lld/%lld | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %s tok/s | ETA %s | mem %s",
+                  width, static_cast<long long>(step), static_cast<long long>(cfg_.training.steps), loss, norm, lr,
+                  seconds * 1000.0, format_thousands(tok_s).c_str(),
+                  format_duration(mean_seconds * static_cast<double>(cfg_.training.steps - step)).c_str(),
+                  format_mib(rss).c_str());
+    log_.info(line);
+  }
+
+  void evaluate(int64_t step) {
+    double sum = 0;
+    for (int j = 0; j < val_sampler_.batches(); ++j) {
+      val_sampler_.fill(j, inputs_.data(), targets_.data());
+      sum += model_.forward(inputs_.data(), targets_.data(), 0.0f);
+    }
+    const double val_loss = sum / val_sampler_.batches();
+    if (!best_val_ || val_loss < *best_val_) {
+      best_val_ = val_loss;
+      best_val_step_ = step;
+    }
+    last_val_ = val_loss;
+    nlohmann::json record = {{"step", step}, {"tokens", cfg_.training.batch_tokens * step}, {"val_loss", val_loss}};
+    std::string line = "val  step " + std::to_string(step) + " | val_loss " + fmt("%.6f", val_loss);
+    if (synthetic_) {
+      const double gap = val_loss - synthetic_->oracle_loss_val;
+      record["oracle_gap"] = gap;
+      line += " | oracle " + fmt("%.4f", synthetic_->oracle_loss_val) + " | gap " + fmt("%.4f", gap);
+    }
+    log_.metrics(record);
+    log_.info(line);
+  }
+
+  void summarize(double wall_seconds, double train_seconds) {
+    const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
+    nlohmann::json summary = {{"steps", cfg_.training.steps},
+                              {"tokens", static_cast<int64_t>(tokens)},
+                              {"wall_s", wall_seconds},
+                              {"train_s", train_seconds},
+                              {"tokens_per_s", tokens / train_seconds},
+                              {"final_val_loss", last_val_},
+                              {"best_val_loss", best_val_ ? *best_val_ : NAN},
+                              {"best_val_step", best_val_step_},
+                              {"peak_memory_mib", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
+                              {"precision", policy_.label()},
+                              {"num_params", model_.num_params()}};
+    std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
+                       " tokens in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens / train_seconds) +
+                       " tok/s | best val_loss " + fmt("%.4f", summary["best_val_loss"].get<double>()) + " at step " +
+                       std::to_string(best_val_step_);
+    if (synthetic_) {
+      const double oracle = synthetic_->oracle_loss_val;
+      const double start_gap = std::log(shape_.vocab) - oracle;
+      const double gap = *best_val_ - oracle;
+      summary["oracle_loss"] = oracle;
+      summary["oracle_gap"] = gap;
+      line += " | oracle " + fmt("%.4f", oracle) + ", gap " + fmt("%.4f", gap) + " (closed " +
+              fmt("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
+    }
+    log_.info(line);
+    std::ofstream(fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json") << summary.dump(2) << '\n';
+  }
+
+  const Config& cfg_;
+  PrecisionPolicy policy_;
+  std::unique_ptr<Communicator> comm_;
+  RunLog log_;
+  GptShape shape_;
+  int B_, T_, accum_;
+  TokenStream train_stream_, val_stream_;
+  TrainSampler train_sampler_;
+  ValSampler val_sampler_;
+  std::optional<SyntheticInfo> synthetic_;
+  std::unique_ptr<Backend> backend_;
+  Gpt model_;
+  AdamW optimizer_;
+  LrSchedule schedule_;
+  std::vector<int32_t> inputs_, targets_;
+  std::optional<double> best_val_;
+  double last_val_ = NAN;
+  int64_t best_val_step_ = 0;
+  TrainResult result_;
+};
+
+void print_dry_run(const Config& config) {
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(config.precision.mode);
+  const GptShape shape = shape_from(config.model);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  const MemoryPlan mem = plan_memory(shape, policy, B, T);
+  RunLog log;
+  log.info("# resolved config");
+  log.info(config_to_yaml(config));
+  log.info("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
+           std::to_string(shape.padded_vocab) + ")");
+  log.info("training FLOPs per token: " + fmt("%.3g", training_flops_per_token(config.model, T)));
+  log.info("memory estimate: " + format_mib(mem.total()) + " = " + format_mib(mem.params) + " params + " +
+           format_mib(mem.grads) + " grads + " + format_mib(mem.optimizer) + " AdamW state + " +
+           format_mib(mem.activations) + " activations (micro-batch " + std::to_string(B) + " x " + std::to_string(T) + ")");
+  log.info("dry run: nothing written");
+}
+
+// The synthetic corpus is generated inside the run directory, so its split sizes are checked
+// arithmetically (the same split rule as generate_synthetic) before anything is written.
+void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches, int B, int T) {
+  const int64_t train_tokens = std::llround((1.0 - s.val_fraction) * static_cast<double>(s.tokens));
+  const int64_t val_tokens = s.tokens - train_tokens;
+  const int64_t val_needed = int64_t{eval_batches} * B * T + 1;
+  std::vector<std::string> problems;
+  if (train_tokens < T + 1)
+    problems.push_back("data.synthetic.tokens: the train split would hold " + std::to_string(train_tokens) +
+                       " tokens; expected at least " + std::to_string(T + 1) + " (one window of seq_len + 1)");
+  if (val_tokens < val_needed)
+    problems.push_back("data.synthetic: the val split would hold " + std::to_string(val_tokens) +
+                       " tokens; expected at least " + std::to_string(val_needed) +
+                       " (training.eval_batches x micro_batch x seq_len + 1): raise data.synthetic.tokens or "
+                       "val_fraction, or lower training.eval_batches");
+  if (!problems.empty()) throw UserErrors(problems);
+}
+
+}  // namespace
+
+double training_flops_per_token(const ModelConfig& model, int seq_len) {
+  return 6.0 * static_cast<double>(gpt_num_params(shape_from(model))) + 6.0 * model.n_layer * model.n_embd * seq_len;
+}
+
+TrainResult train(const Config& config, const TrainOptions& options) {
+  PrecisionPolicy::from_mode(config.precision.mode);  // refuse unsupported modes before writing
+  if (options.dry_run) {
+    print_dry_run(config);
+    return {};
+  }
+  DataPaths data;
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  if (config.data.synthetic_enabled) {
+    check_synthetic_split_sizes(config.data.synthetic, config.training.eval_batches, B, T);
+  } else {
+    // Open and validate the data before the run directory exists: a bad shard writes nothing.
+    TokenStream train_stream(config.data.train, "data.train", config.model.vocab_size);
+    TrainSampler(train_stream, 0, T);
+    TokenStream val_stream(config.data.val, "data.val", config.model.vocab_size);
+    ValSampler(val_stream, "data.val", config.training.eval_batches, B, T);
+    data.train = config.data.train;
+    data.val = config.data.val;
+    const std::string val_dir = fs::path(expand_shard_glob(config.data.val, "data.val").front()).parent_path().string();
+    data.synthetic = read_synthetic_info(val_dir.empty() ? "." : val_dir);
+  }
+  const fs::path run_dir = create_run_dir(config.run);
+  write_text(run_dir / "config.yaml", config_to_yaml(config));
+  if (config.data.synthetic_enabled) {
+    const auto& s = config.data.synthetic;
+    const fs::path data_dir = run_dir / "data";
+    data.synthetic = generate_synthetic(
+        SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction},
+        data_dir.string());
+    data.train = (data_dir / "train_*.bin").string();
+    data.val = (data_dir / "val_*.bin").string();
+  }
+  return Trainer(config, data, run_dir).run();
+}
+
+}  // namespace ptrain

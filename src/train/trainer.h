@@ -1,0 +1,30 @@
+// `ptrain train`: from a validated config to a finished run directory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+
+namespace ptrain {
+
+struct TrainOptions {
+  bool dry_run = false;  // validate, print the plan, write nothing
+};
+
+struct TrainResult {
+  std::vector<double> step_seconds;  // wall time of each optimizer step
+  double flops_per_token = 0;        // 6N + 6*L*C*T, N including the padded vocabulary
+  int64_t tokens_per_step = 0;
+  double final_val_loss = 0;
+};
+
+// Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is
+// written before the config and the data have been validated.
+TrainResult train(const Config& config, const TrainOptions& options);
+
+// Training FLOPs per token, as llm.c and PaLM count them: 6N for the weights plus the attention
+// score and value matmuls, 6 * L * C * T.
+double training_flops_per_token(const ModelConfig& model, int seq_len);
+
+}  // namespace ptrain

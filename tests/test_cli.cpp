@@ -1,0 +1,181 @@
+// The ptrain binary as a user drives it: every bad input ends with a message naming the
+// key or file and what was expected, exit code 2, and no run directory.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "data/shard.h"
+#include "test_util.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A temp directory with small valid train/val shards and a config pointing at them.
+struct Workspace {
+  fs::path dir = make_temp_dir("cli");
+  Workspace() {
+    fs::create_directories(dir / "data");
+    std::vector<uint16_t> tokens(5000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 64);
+    write_shard((dir / "data/train_000000.bin").string(), tokens);
+    write_shard((dir / "data/val_000000.bin").string(), tokens);
+  }
+  ~Workspace() { fs::remove_all(dir); }
+
+  std::string config(const std::string& extra_model = "", const std::string& extra = "") const {
+    return "run: {name: r, out_dir: runs}\n"
+           "model:\n  n_layer: 1\n  n_head: 2\n  n_embd: 16\n  seq_len: 16\n  vocab_size: 64\n" + extra_model +
+           "data: {train: \"data/train_*.bin\", val: \"data/val_*.bin\"}\n"
+           "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n" + extra;
+  }
+  CommandResult train(const std::string& yaml, const std::string& flags = "") const {
+    write_file(dir / "run.yaml", yaml);
+    return run_ptrain("train run.yaml " + flags, dir);
+  }
+  bool run_dir_exists() const { return fs::exists(dir / "runs/r"); }
+};
+
+void expect_bad_input(const CommandResult& r, std::initializer_list<const char*> fragments) {
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  for (const char* f : fragments) CHECK(r.output.find(f) != std::string::npos);
+}
+
+void corrupt_int(const fs::path& file, int index, int32_t value) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(index * 4);
+  f.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+}  // namespace
+
+TEST_CASE("a valid config trains and writes the run directory", "[cli]") {
+  Workspace ws;
+  const CommandResult r = ws.train(ws.config());
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const char* f : {"config.yaml", "log.txt", "metrics.jsonl", "summary.json"})
+    CHECK(fs::exists(ws.dir / "runs/r" / f));
+  CHECK(r.output.find("step 2/2") != std::string::npos);
+  CHECK(r.output.find("done:") != std::string::npos);
+
+  SECTION("an existing run directory is not overwritten unless asked") {
+    const CommandResult again = ws.train(ws.config());
+    expect_bad_input(again, {"already exists", "run.overwrite"});
+    const CommandResult forced = ws.train(ws.config(), "--set run.overwrite=true");
+    CHECK(forced.exit_code == 0);
+  }
+}
+
+TEST_CASE("dry run validates and writes nothing", "[cli]") {
+  Workspace ws;
+  const CommandResult r = ws.train(ws.config(), "--dry-run");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("parameters:") != std::string::npos);
+  CHECK(r.output.find("memory estimate:") != std::string::npos);
+  CHECK(r.output.find("n_embd: 16") != std::string::npos);
+  CHECK_FALSE(fs::exists(ws.dir / "runs"));
+}
+
+TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
+  Workspace ws;
+  SECTION("unknown key, with a suggestion") {
+    expect_bad_input(ws.train(ws.config("  n_emdb: 16\n")), {"model.n_emdb", "did you mean", "model.n_embd"});
+  }
+  SECTION("wrong type") {
+    expect_bad_input(ws.train(ws.config("", "optimizer: {lr: fast}\n")), {"optimizer.lr", "expected"});
+  }
+  SECTION("n_embd not divisible by n_head") {
+    expect_bad_input(ws.train(ws.config(), "--set model.n_head=3"), {"model.n_embd", "model.n_head"});
+  }
+  SECTION("training seq_len above the model's") {
+    expect_bad_input(ws.train(ws.config(), "--set training.seq_len=32"), {"training.seq_len", "model.seq_len"});
+  }
+  SECTION("batch_tokens not a multiple of micro_batch x seq_len") {
+    expect_bad_input(ws.train(ws.config(), "--set training.batch_tokens=100"), {"training.batch_tokens", "multiple"});
+  }
+  SECTION("malformed YAML reports line and column") {
+    expect_bad_input(ws.train("model:\n  n_layer: [1, 2\n"), {"run.yaml:3:", "malformed YAML"});
+  }
+  SECTION("every problem at once") {
+    const CommandResult r = ws.train(ws.config("  n_emdb: 16\n", "optimizer: {lr: -1, beta1: 2}\n"));
+    expect_bad_input(r, {"3 problems", "model.n_emdb", "optimizer.lr", "optimizer.beta1"});
+  }
+  SECTION("bad --set flag") {
+    expect_bad_input(ws.train(ws.config(), "--set model.n_layer"), {"--set", "="});
+  }
+  SECTION("missing config file") {
+    expect_bad_input(run_ptrain("train nowhere.yaml", ws.dir), {"nowhere.yaml"});
+  }
+  CHECK_FALSE(ws.run_dir_exists());
+}
+
+TEST_CASE("data errors exit 2 and create no run directory", "[cli]") {
+  Workspace ws;
+  const fs::path train = ws.dir / "data/train_000000.bin";
+  SECTION("no file matches the glob") {
+    fs::remove(train);
+    expect_bad_input(ws.train(ws.config()), {"data.train", "train_*.bin"});
+  }
+  SECTION("unreadable file") {
+    fs::remove(train);
+    fs::create_directory(train);  // a directory where a shard should be: it cannot be read
+    expect_bad_input(ws.train(ws.config()), {"data.train", "train_000000.bin"});
+  }
+  SECTION("wrong magic") {
+    corrupt_int(train, 0, 12345);
+    expect_bad_input(ws.train(ws.config()), {"train_000000.bin", "12345", "20240520"});
+  }
+  SECTION("wrong version") {
+    corrupt_int(train, 1, 7);
+    expect_bad_input(ws.train(ws.config()), {"train_000000.bin", "version", "expected"});
+  }
+  SECTION("size does not match the header") {
+    corrupt_int(train, 2, 6000);
+    expect_bad_input(ws.train(ws.config()), {"train_000000.bin", "expected"});
+  }
+  SECTION("token id not below vocab_size") {
+    expect_bad_input(ws.train(ws.config(), "--set model.vocab_size=32"), {"data.train", "token", "vocab_size"});
+  }
+  CHECK_FALSE(ws.run_dir_exists());
+}
+
+TEST_CASE("help and version output and bad flags", "[cli]") {
+  const fs::path cwd = fs::temp_directory_path();
+  const CommandResult version = run_ptrain("--version", cwd);
+  CHECK(version.exit_code == 0);
+  CHECK(version.output.find("ptrain " PTRAIN_VERSION) != std::string::npos);
+  for (const char* cmd : {"--help", "train --help", "data synth --help", "data prepare --help", "bench --help"}) {
+    const CommandResult help = run_ptrain(cmd, cwd);
+    INFO(cmd << "\n" << help.output);
+    CHECK(help.exit_code == 0);
+    CHECK(help.output.find("xample") != std::string::npos);
+  }
+  expect_bad_input(run_ptrain("train", cwd), {"config"});
+  expect_bad_input(run_ptrain("frobnicate", cwd), {"frobnicate"});
+  expect_bad_input(run_ptrain("data synth --out x --vocab", cwd), {"vocab"});
+}
+
+TEST_CASE("data commands write shards a run can train on", "[cli]") {
+  const fs::path dir = make_temp_dir("datacmd");
+  const CommandResult synth = run_ptrain("data synth --out syn --vocab 16 --order 2 --tokens 20000 --seed 3", dir);
+  INFO(synth.output);
+  REQUIRE(synth.exit_code == 0);
+  CHECK(fs::exists(dir / "syn/train_000000.bin"));
+  CHECK(fs::exists(dir / "syn/synthetic.json"));
+  CHECK(synth.output.find("oracle loss") != std::string::npos);
+
+  write_file(dir / "text.txt", std::string(3000, 'a') + "hello world\n");
+  const CommandResult prep = run_ptrain("data prepare --input text.txt --out bytes --val-fraction 0.2", dir);
+  INFO(prep.output);
+  REQUIRE(prep.exit_code == 0);
+  CHECK(fs::exists(dir / "bytes/val_000000.bin"));
+
+  expect_bad_input(run_ptrain("data prepare --input missing.txt --out bytes2", dir), {"missing.txt"});
+  expect_bad_input(run_ptrain("data synth --out s2 --vocab 1", dir), {"vocab"});
+  fs::remove_all(dir);
+}

@@ -1,0 +1,424 @@
+// Token shards, the token stream and its samplers, the synthetic Markov corpus and byte-level
+// text preparation.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/dataset.h"
+#include "data/prepare.h"
+#include "data/shard.h"
+#include "data/synthetic.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it when the test ends.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char name[] = "/tmp/ptrain_data_XXXXXX";
+    REQUIRE(mkdtemp(name) != nullptr);
+    path = name;
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+// The message of the UserError `f` throws (fails the test if it throws nothing or another type).
+template <typename F>
+std::string user_error(F f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  FAIL("expected a UserError");
+  return "";
+}
+
+// A shard file with an arbitrary header and `token_bytes` zero bytes after it.
+void write_raw_shard(const std::string& path, int32_t magic, int32_t version, int32_t count,
+                     size_t token_bytes) {
+  std::vector<int32_t> header(kShardHeaderInts, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = count;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+  out << std::string(token_bytes, '\0');
+}
+
+std::vector<uint16_t> read_tokens(const std::string& path) {
+  TokenShard shard(path);
+  return {shard.tokens(), shard.tokens() + shard.size()};
+}
+
+std::vector<uint16_t> iota_tokens(int64_t begin, int64_t n) {
+  std::vector<uint16_t> tokens;
+  for (int64_t i = 0; i < n; ++i) tokens.push_back(static_cast<uint16_t>(begin + i));
+  return tokens;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("a shard round-trips through write_shard and TokenShard", "[data]") {
+  TempDir dir;
+  const std::string path = dir / "train_000000.bin";
+  const std::vector<uint16_t> tokens = {0, 1, 2, 255, 256, 1000, 65535};
+  write_shard(path, tokens);
+
+  CHECK_FALSE(fs::exists(path + ".tmp"));
+  CHECK(fs::file_size(path) == 1024 + 2 * tokens.size());
+  const std::string bytes = file_bytes(path);
+  std::vector<int32_t> header(kShardHeaderInts);
+  std::memcpy(header.data(), bytes.data(), 1024);
+  CHECK(header[0] == 20240520);
+  CHECK(header[1] == 1);
+  CHECK(header[2] == static_cast<int32_t>(tokens.size()));
+  for (int i = 3; i < kShardHeaderInts; ++i) CHECK(header[i] == 0);
+
+  TokenShard shard(path);
+  CHECK(shard.path() == path);
+  CHECK(read_tokens(path) == tokens);
+
+  TokenShard moved(std::move(shard));
+  CHECK(moved.size() == static_cast<int64_t>(tokens.size()));
+  CHECK(moved.tokens()[6] == 65535);
+}
+
+TEST_CASE("an empty shard is valid", "[data]") {
+  TempDir dir;
+  write_shard(dir / "empty.bin", {});
+  CHECK(TokenShard(dir / "empty.bin").size() == 0);
+}
+
+TEST_CASE("bad shards are user errors naming the file and what was expected", "[data]") {
+  TempDir dir;
+  const std::string path = dir / "bad_000.bin";
+  std::string message;
+  SECTION("wrong magic") {
+    write_raw_shard(path, 12345, 1, 4, 8);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("magic 12345") && Catch::Contains("20240520"));
+  }
+  SECTION("wrong version") {
+    write_raw_shard(path, kShardMagic, 2, 4, 8);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("version 2"));
+  }
+  SECTION("truncated tokens") {
+    write_raw_shard(path, kShardMagic, 1, 4, 7);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("1031 bytes") && Catch::Contains("1032"));
+  }
+  SECTION("extra bytes") {
+    write_raw_shard(path, kShardMagic, 1, 4, 10);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("1034 bytes") && Catch::Contains("1032"));
+  }
+  SECTION("shorter than the header") {
+    std::ofstream(path) << "tiny";
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("4 bytes"));
+  }
+  SECTION("missing") {
+    message = user_error([&] { TokenShard s(dir / "absent.bin"); });
+    CHECK_THAT(message, Catch::Contains("absent.bin") && Catch::Contains("No such file"));
+    return;
+  }
+  CHECK_THAT(message, Catch::Contains("\"" + path + "\"") && Catch::Contains("expected"));
+}
+
+TEST_CASE("a bad shard in a stream is reported with its config key", "[data]") {
+  TempDir dir;
+  write_raw_shard(dir / "train_000.bin", 12345, 1, 0, 0);
+  const std::string message = user_error([&] { TokenStream s(dir / "train_*.bin", "data.train", 256); });
+  CHECK_THAT(message, Catch::StartsWith("data.train: shard \"" + (dir / "train_000.bin") + "\" has magic 12345"));
+}
+
+TEST_CASE("expand_shard_glob sorts matches and names the key when nothing matches", "[data]") {
+  TempDir dir;
+  for (const char* name : {"train_002.bin", "train_000.bin", "train_001.bin", "val_000.bin"})
+    write_shard(dir / name, {1});
+  CHECK(expand_shard_glob(dir / "train_*.bin", "data.train") ==
+        std::vector<std::string>{dir / "train_000.bin", dir / "train_001.bin", dir / "train_002.bin"});
+
+  const std::string pattern = dir / "nothing_*.bin";
+  const std::string message = user_error([&] { expand_shard_glob(pattern, "data.val"); });
+  CHECK_THAT(message, Catch::StartsWith("data.val:") && Catch::Contains("\"" + pattern + "\"") &&
+                          Catch::Contains("expected"));
+}
+
+TEST_CASE("a token outside the vocabulary is a user error with its position", "[data]") {
+  TempDir dir;
+  std::vector<uint16_t> tokens(30, 7);
+  tokens[17] = 300;
+  write_shard(dir / "val_000.bin", iota_tokens(0, 10));
+  write_shard(dir / "val_001.bin", tokens);
+  const std::string message = user_error([&] { TokenStream s(dir / "val_*.bin", "data.val", 256); });
+  CHECK(message == "data.val: token id 300 at position 17 of \"" + (dir / "val_001.bin") +
+                       "\" is not below model.vocab_size 256");
+  CHECK(TokenStream(dir / "val_*.bin", "data.val", 301).size() == 40);
+}
+
+TEST_CASE("TokenStream concatenates shards and copies across boundaries", "[data]") {
+  TempDir dir;
+  write_shard(dir / "s_000.bin", iota_tokens(0, 10));
+  write_shard(dir / "s_001.bin", {});
+  write_shard(dir / "s_002.bin", iota_tokens(10, 5));
+  write_shard(dir / "s_003.bin", iota_tokens(15, 10));
+  TokenStream stream(dir / "s_*.bin", "data.train", 256);
+  CHECK(stream.size() == 25);
+  CHECK(stream.files().size() == 4);
+
+  std::vector<int32_t> out(12, -1);
+  stream.copy(7, 12, out.data());
+  for (int i = 0; i < 12; ++i) CHECK(out[i] == 7 + i);
+  stream.copy(10, 1, out.data());
+  CHECK(out[0] == 10);
+  stream.copy(0, 25, std::vector<int32_t>(25).data());
+  CHECK_THROWS_AS(stream.copy(20, 6, out.data()), std::logic_error);
+}
+
+TEST_CASE("TrainSampler windows are a pure function of seed and sample index", "[data]") {
+  TempDir dir;
+  // Token value = position, so a window's values reveal where it starts.
+  write_shard(dir / "train_000.bin", iota_tokens(0, 3000));
+  write_shard(dir / "train_001.bin", iota_tokens(3000, 2000));
+  TokenStream stream(dir / "train_*.bin", "data.train", 65536);
+  const int B = 8, T = 64;
+  auto windows = [&](uint64_t seed, int64_t first, int batch) {
+    std::vector<int32_t> in(batch * T), tgt(batch * T);
+    TrainSampler(stream, seed, T).fill(first, batch, in.data(), tgt.data());
+    return std::make_pair(in, tgt);
+  };
+
+  const auto a = windows(42, 0, B);
+  CHECK(a == windows(42, 0, B));
+  CHECK(a.first != windows(43, 0, B).first);
+  // Sample i is the same window whichever batch it falls in.
+  const auto tail = windows(42, 5, 3);
+  CHECK(std::vector<int32_t>(a.first.begin() + 5 * T, a.first.end()) == tail.first);
+
+  for (int b = 0; b < B; ++b) {
+    const int32_t start = a.first[b * T];
+    CHECK(start >= 0);
+    CHECK(start < stream.size() - T);
+    for (int t = 0; t < T; ++t) {
+      CHECK(a.first[b * T + t] == start + t);
+      CHECK(a.second[b * T + t] == start + t + 1);
+    }
+  }
+}
+
+TEST_CASE("TrainSampler needs one window of training data", "[data]") {
+  TempDir dir;
+  write_shard(dir / "train_000.bin", iota_tokens(0, 64));
+  TokenStream stream(dir / "train_*.bin", "data.train", 256);
+  const std::string message = user_error([&] { TrainSampler(stream, 1, 64); });
+  CHECK_THAT(message, Catch::Contains("training data has 64 tokens") && Catch::Contains("65"));
+  std::vector<int32_t> in(63), tgt(63);
+  TrainSampler(stream, 1, 63).fill(0, 1, in.data(), tgt.data());
+  CHECK(in[0] == 0);
+  CHECK(tgt[62] == 63);
+}
+
+TEST_CASE("ValSampler takes consecutive windows and needs enough tokens", "[data]") {
+  TempDir dir;
+  write_shard(dir / "val_000.bin", iota_tokens(0, 100));
+  TokenStream stream(dir / "val_*.bin", "data.val", 256);
+
+  ValSampler val(stream, "data.val", 3, 2, 16);  // needs 3*2*16 + 1 = 97 tokens
+  CHECK(val.batches() == 3);
+  std::vector<int32_t> in(32), tgt(32);
+  val.fill(2, in.data(), tgt.data());
+  for (int i = 0; i < 32; ++i) {
+    CHECK(in[i] == 64 + i);
+    CHECK(tgt[i] == 65 + i);
+  }
+
+  const std::string message = user_error([&] { ValSampler(stream, "data.val", 4, 2, 16); });
+  CHECK_THAT(message, Catch::StartsWith("data.val:") && Catch::Contains("100 tokens") &&
+                          Catch::Contains("129") && Catch::Contains("training.eval_batches"));
+}
+
+TEST_CASE("Markov rows have exactly `branching` successors with probabilities summing to 1", "[data]") {
+  SyntheticSpec spec;
+  spec.vocab = 50;
+  spec.order = 2;
+  spec.seed = 7;
+  for (int branching : {1, 5, 50}) {
+    spec.branching = branching;
+    MarkovSource source(spec);
+    for (int c = 0; c < 40; ++c) {
+      const uint16_t context[2] = {static_cast<uint16_t>(c), static_cast<uint16_t>((c * 7) % 50)};
+      double sum = 0;
+      int nonzero = 0;
+      for (int next = 0; next < spec.vocab; ++next) {
+        const double p = source.probability(context, static_cast<uint16_t>(next));
+        sum += p;
+        nonzero += p > 0;
+      }
+      CHECK(std::abs(sum - 1.0) < 1e-12);
+      CHECK(nonzero == branching);
+      for (double u : {0.0, 0.3, 0.999999}) CHECK(source.probability(context, source.sample(context, u)) > 0);
+    }
+  }
+}
+
+TEST_CASE("Markov rows depend on the seed and the context", "[data]") {
+  SyntheticSpec spec;
+  spec.vocab = 1000;
+  spec.order = 2;
+  spec.branching = 3;
+  const uint16_t c1[2] = {1, 2}, c2[2] = {2, 1};
+  MarkovSource a(spec);
+  spec.seed = 2;
+  MarkovSource b(spec);
+  auto successors = [](const MarkovSource& s, const uint16_t* c) {
+    std::vector<int> out;
+    for (int t = 0; t < 1000; ++t)
+      if (s.probability(c, static_cast<uint16_t>(t)) > 0) out.push_back(t);
+    return out;
+  };
+  CHECK(successors(a, c1) != successors(a, c2));
+  CHECK(successors(a, c1) != successors(b, c1));
+}
+
+TEST_CASE("synthetic generation is deterministic and its oracle loss is the true mean NLL", "[data]") {
+  TempDir dir;
+  SyntheticSpec spec;
+  spec.vocab = 64;
+  spec.order = 2;
+  spec.branching = 4;
+  spec.tokens = 20000;
+  spec.seed = 3;
+  spec.val_fraction = 0.25;
+  const SyntheticInfo info = generate_synthetic(spec, dir / "a/b");
+  CHECK(info.train_tokens == 15000);
+  CHECK(info.val_tokens == 5000);
+
+  generate_synthetic(spec, dir / "again");
+  for (const char* f : {"train_000000.bin", "val_000000.bin", "synthetic.json"})
+    CHECK(file_bytes(dir / ("a/b/" + std::string(f))) == file_bytes(dir / ("again/" + std::string(f))));
+  spec.seed = 4;
+  generate_synthetic(spec, dir / "other");
+  CHECK(file_bytes(dir / "a/b/train_000000.bin") != file_bytes(dir / "other/train_000000.bin"));
+  spec.seed = 3;
+
+  std::vector<uint16_t> stream = read_tokens(dir / "a/b/train_000000.bin");
+  const std::vector<uint16_t> val = read_tokens(dir / "a/b/val_000000.bin");
+  REQUIRE(stream.size() == 15000);
+  REQUIRE(val.size() == 5000);
+  stream.insert(stream.end(), val.begin(), val.end());
+
+  MarkovSource source(spec);
+  double nll_train = 0, nll_val = 0;
+  for (size_t p = spec.order; p < stream.size(); ++p) {
+    const double nll = -std::log(source.probability(&stream[p - spec.order], stream[p]));
+    (p < 15000 ? nll_train : nll_val) += nll;
+  }
+  CHECK(std::abs(nll_val / 5000 - info.oracle_loss_val) < 1e-9);
+  CHECK(std::abs(nll_train / (15000 - spec.order) - info.oracle_loss_train) < 1e-9);
+  for (double loss : {info.oracle_loss_train, info.oracle_loss_val}) {
+    CHECK(loss > 0);
+    CHECK(loss < std::log(4.0));
+  }
+
+  const auto read = read_synthetic_info(dir / "a/b");
+  REQUIRE(read.has_value());
+  CHECK(read->spec.vocab == 64);
+  CHECK(read->spec.order == 2);
+  CHECK(read->spec.branching == 4);
+  CHECK(read->spec.tokens == 20000);
+  CHECK(read->spec.seed == 3);
+  CHECK(read->spec.val_fraction == 0.25);
+  CHECK(read->train_tokens == 15000);
+  CHECK(read->val_tokens == 5000);
+  CHECK(read->oracle_loss_train == info.oracle_loss_train);
+  CHECK(read->oracle_loss_val == info.oracle_loss_val);
+}
+
+TEST_CASE("synthetic specs are validated", "[data]") {
+  TempDir dir;
+  SyntheticSpec spec;
+  spec.tokens = 1000;
+  std::string key;
+  SECTION("vocab") { spec.vocab = 1; key = "data.synthetic.vocab"; }
+  SECTION("vocab too large") { spec.vocab = 65537; key = "data.synthetic.vocab"; }
+  SECTION("order") { spec.order = 0; key = "data.synthetic.order"; }
+  SECTION("branching") { spec.branching = 257; key = "data.synthetic.branching"; }
+  SECTION("val_fraction") { spec.val_fraction = 1.0; key = "data.synthetic.val_fraction"; }
+  SECTION("tokens") { spec.tokens = 20; key = "data.synthetic.tokens"; }  // val gets 2 <= order
+  const std::string message = user_error([&] { generate_synthetic(spec, dir / "out"); });
+  CHECK_THAT(message, Catch::Contains(key) && Catch::Contains("expected"));
+  CHECK_FALSE(fs::exists(dir / "out"));
+}
+
+TEST_CASE("read_synthetic_info is empty without the file and rejects a malformed one", "[data]") {
+  TempDir dir;
+  CHECK_FALSE(read_synthetic_info(dir.path.string()).has_value());
+  std::ofstream(dir / "synthetic.json") << "{\"vocab\": 256}";
+  const std::string message = user_error([&] { read_synthetic_info(dir.path.string()); });
+  CHECK_THAT(message, Catch::Contains("synthetic.json") && Catch::Contains("malformed"));
+}
+
+TEST_CASE("prepare_bytes turns text bytes into train and val shards", "[data]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += static_cast<char>((i * 37 + 200) % 256);  // high bytes too
+  std::ofstream(dir / "a.txt", std::ios::binary) << text.substr(0, 60);
+  std::ofstream(dir / "b.txt", std::ios::binary) << text.substr(60);
+
+  const PrepareResult r = prepare_bytes({dir / "a.txt", dir / "b.txt"}, dir / "out/x", 0.1, 32);
+  CHECK(r.train_tokens == 90);
+  CHECK(r.val_tokens == 10);
+  CHECK(r.files == std::vector<std::string>{dir / "out/x/train_000000.bin", dir / "out/x/train_000001.bin",
+                                            dir / "out/x/train_000002.bin", dir / "out/x/val_000000.bin"});
+
+  auto stream_bytes = [&](const std::string& pattern) {
+    TokenStream stream(dir / pattern, "data.train", 256);
+    std::vector<int32_t> tokens(stream.size());
+    stream.copy(0, stream.size(), tokens.data());
+    std::string bytes;
+    for (int32_t t : tokens) bytes += static_cast<char>(t);
+    return bytes;
+  };
+  CHECK(stream_bytes("out/x/train_*.bin") == text.substr(0, 90));
+  CHECK(stream_bytes("out/x/val_*.bin") == text.substr(90));
+  CHECK(TokenShard(dir / "out/x/train_000002.bin").size() == 26);
+}
+
+TEST_CASE("prepare_bytes reports unreadable and too-small inputs", "[data]") {
+  TempDir dir;
+  std::string message = user_error([&] { prepare_bytes({dir / "missing.txt"}, dir / "out", 0.1); });
+  CHECK_THAT(message, Catch::Contains("missing.txt"));
+  message = user_error([&] { prepare_bytes({dir.path.string()}, dir / "out", 0.1); });
+  CHECK_THAT(message, Catch::Contains(dir.path.string()));
+
+  std::ofstream(dir / "small.txt") << "abc";
+  message = user_error([&] { prepare_bytes({dir / "small.txt"}, dir / "out", 0.1); });
+  CHECK_THAT(message, Catch::Contains("3 bytes") && Catch::Contains("at least 2"));
+  std::ofstream(dir / "empty.txt");
+  message = user_error([&] { prepare_bytes({dir / "empty.txt"}, dir / "out", 0.5); });
+  CHECK_THAT(message, Catch::Contains("0 bytes"));
+  message = user_error([&] { prepare_bytes({dir / "small.txt"}, dir / "out", 1.5); });
+  CHECK_THAT(message, Catch::Contains("val_fraction"));
+  CHECK(prepare_bytes({dir / "small.txt", dir / "small.txt"}, dir / "out", 0.5).val_tokens == 3);
+}

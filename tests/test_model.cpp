@@ -1,0 +1,95 @@
+// The whole GPT: every parameter's gradient against central finite differences (in float64,
+// through the same model code and backend templates that train in float32), and the loss at
+// initialisation.
+#include <catch2/catch.hpp>
+
+#include "backend/backend.h"
+#include "model/gpt.h"
+#include "test_util.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+
+namespace {
+
+std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape shape{2, 2, 8, 7, 11, 128};  // L, NH, C, max T, V, Vp
+  const int B = 2, T = 5;
+  Gpt model(shape, *backend, DType::f64, B, T);
+  model.init(42);
+  // Larger weights than GPT-2's 0.02 make every term of the gradient visible above rounding.
+  double* p = model.params_flat().as<double>();
+  Rng rng(7);
+  for (int64_t i = 0; i < model.num_params(); ++i) p[i] += 0.3 * rng.normal();
+  // Keep the padded vocabulary rows at zero, as training does.
+  for (int64_t i = int64_t{shape.vocab} * shape.n_embd; i < int64_t{shape.padded_vocab} * shape.n_embd; ++i) p[i] = 0;
+
+  const auto inputs = random_tokens(B * T, shape.vocab, 1);
+  const auto targets = random_tokens(B * T, shape.vocab, 2);
+  model.zero_grad();
+  model.forward(inputs.data(), targets.data(), 1.0f / (B * T));
+  model.backward();
+
+  const double eps = 1e-5;
+  for (int id = 0; id < kNumParams; ++id) {
+    const Tensor param = model.param(static_cast<ParamId>(id));
+    const Tensor grad = model.grad(static_cast<ParamId>(id));
+    CAPTURE(model.specs()[id].name);
+    std::vector<double> numeric(param.numel()), analytic(grad.as<double>(), grad.as<double>() + grad.numel());
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      double& x = param.as<double>()[i];
+      const double saved = x;
+      x = saved + eps;
+      const double up = model.forward(inputs.data(), targets.data(), 0.0f);
+      x = saved - eps;
+      const double down = model.forward(inputs.data(), targets.data(), 0.0f);
+      x = saved;
+      numeric[i] = (up - down) / (2 * eps);
+    }
+    REQUIRE(norm(numeric) > 0);
+    CHECK(relative_error(analytic, numeric) < 1e-6);
+  }
+}
+
+TEST_CASE("padded vocabulary rows get no gradient", "[model]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape shape{1, 2, 16, 8, 50, 128};
+  Gpt model(shape, *backend, DType::f32, 2, 8);
+  model.init(3);
+  const auto inputs = random_tokens(16, shape.vocab, 4), targets = random_tokens(16, shape.vocab, 5);
+  model.zero_grad();
+  model.forward(inputs.data(), targets.data(), 1.0f / 16);
+  model.backward();
+  const float* dwte = model.grad(kWte).as<float>();
+  for (int64_t i = int64_t{shape.vocab} * shape.n_embd; i < int64_t{shape.padded_vocab} * shape.n_embd; ++i)
+    REQUIRE(dwte[i] == 0.0f);
+}
+
+TEST_CASE("loss at initialisation is close to ln(vocab)", "[model]") {
+  auto backend = make_cpu_backend(0);
+  for (int vocab : {256, 1000}) {
+    CAPTURE(vocab);
+    const GptShape shape{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
+    Gpt model(shape, *backend, DType::f32, 4, 64);
+    model.init(1337);
+    const auto inputs = random_tokens(4 * 64, vocab, 6), targets = random_tokens(4 * 64, vocab, 7);
+    const double loss = model.forward(inputs.data(), targets.data(), 0.0f);
+    CHECK(std::abs(loss - std::log(vocab)) < 0.05);
+  }
+}
+
+TEST_CASE("parameter count matches GPT-2 124M", "[model]") {
+  // llm.c counts 124,475,904 parameters for GPT-2 small with the vocabulary padded to 50304.
+  const GptShape gpt2{12, 12, 768, 1024, 50257, 50304};
+  CHECK(gpt_num_params(gpt2) == 124475904);
+}

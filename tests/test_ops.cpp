@@ -1,0 +1,353 @@
+// Each CPU backend op: the float forward against a float64 reference loop written here, the
+// backward (run in float64 by the same templated code) against central finite differences of
+// sum(out * R) for a random R, and the float backward against the float64 one. Odd sizes.
+#include <catch2/catch.hpp>
+
+#include <functional>
+
+#include "backend/backend.h"
+#include "test_util.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+
+namespace {
+
+constexpr double kFp32Tol = 1e-5;  // DESIGN.md: fp32 ops within 1e-5 relative
+constexpr double kFdTol = 1e-6;    // float64 analytic vs finite-difference gradients
+
+Backend& backend() {
+  static std::unique_ptr<Backend> be = make_cpu_backend(0);
+  return *be;
+}
+
+std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& loss,
+                                      double eps = 1e-5) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double saved = x[i];
+    x[i] = saved + eps;
+    const double up = loss();
+    x[i] = saved - eps;
+    const double down = loss();
+    x[i] = saved;
+    g[i] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <typename T>
+std::vector<T> cast(const std::vector<double>& v) {
+  return std::vector<T>(v.begin(), v.end());
+}
+
+void check_gradient(const std::vector<double>& analytic, const std::vector<double>& numeric) {
+  REQUIRE(norm(numeric) > 0);  // an all-zero gradient could never catch a missing term
+  CHECK(relative_error(analytic, numeric) < kFdTol);
+}
+
+const int kSizes[] = {1, 7, 19, 111};
+
+}  // namespace
+
+TEST_CASE("matmul forward and backward", "[ops]") {
+  for (int N : kSizes)
+    for (int C : {1, 7, 19})
+      for (int OC : {7, 111}) {
+        CAPTURE(N, C, OC);
+        HostBuffer<double> inp({N, C}), w({OC, C}), bias({OC}), out({N, OC}), R({N, OC});
+        fill_normal(inp.data, 1);
+        fill_normal(w.data, 2);
+        fill_normal(bias.data, 3);
+        fill_normal(R.data, 4);
+
+        // Float forward against a float64 loop.
+        std::vector<double> ref(out.size());
+        for (int n = 0; n < N; ++n)
+          for (int o = 0; o < OC; ++o) {
+            double s = bias.data[o];
+            for (int c = 0; c < C; ++c) s += inp.data[n * C + c] * w.data[o * C + c];
+            ref[n * OC + o] = s;
+          }
+        HostBuffer<float> fi({N, C}), fw({OC, C}), fb({OC}), fo({N, OC});
+        fi.data = cast<float>(inp.data);
+        fw.data = cast<float>(w.data);
+        fb.data = cast<float>(bias.data);
+        backend().matmul_forward(fo.view(), fi.view(), fw.view(), fb.view());
+        CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+        // Backward in float64 against finite differences.
+        auto loss = [&] {
+          backend().matmul_forward(out.view(), inp.view(), w.view(), bias.view());
+          return dot(out.data, R.data);
+        };
+        HostBuffer<double> dinp({N, C}), dw({OC, C}), db({OC});
+        backend().matmul_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view());
+        check_gradient(dinp.data, finite_difference(inp.data, loss));
+        check_gradient(dw.data, finite_difference(w.data, loss));
+        check_gradient(db.data, finite_difference(bias.data, loss));
+
+        // Float backward matches float64 backward.
+        HostBuffer<float> fdi({N, C}), fdw({OC, C}), fdb({OC}), fR({N, OC});
+        fR.data = cast<float>(R.data);
+        backend().matmul_backward(fdi.view(), fdw.view(), fdb.view(), fR.view(), fi.view(), fw.view());
+        CHECK(relative_error(fdi.data, dinp.data) < kFp32Tol);
+        CHECK(relative_error(fdw.data, dw.data) < kFp32Tol);
+        CHECK(relative_error(fdb.data, db.data) < kFp32Tol);
+      }
+}
+
+TEST_CASE("backward ops accumulate into their gradient outputs", "[ops]") {
+  HostBuffer<double> inp({3, 5}), w({4, 5}), R({3, 4});
+  fill_normal(inp.data, 1);
+  fill_normal(w.data, 2);
+  fill_normal(R.data, 3);
+  HostBuffer<double> dinp1({3, 5}), dw1({4, 5}), db1({4});
+  backend().matmul_backward(dinp1.view(), dw1.view(), db1.view(), R.view(), inp.view(), w.view());
+  HostBuffer<double> dinp2({3, 5}), dw2({4, 5}), db2({4});
+  backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
+  backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
+  for (auto& x : dw1.data) x *= 2;
+  for (auto& x : db1.data) x *= 2;
+  for (auto& x : dinp1.data) x *= 2;
+  CHECK(relative_error(dw2.data, dw1.data) < 1e-12);
+  CHECK(relative_error(db2.data, db1.data) < 1e-12);
+  CHECK(relative_error(dinp2.data, dinp1.data) < 1e-12);
+}
+
+TEST_CASE("layernorm forward and backward", "[ops]") {
+  for (int N : kSizes)
+    for (int C : {7, 19, 111}) {
+      CAPTURE(N, C);
+      HostBuffer<double> inp({N, C}), w({C}), b({C}), out({N, C}), mean({N}), rstd({N}), R({N, C});
+      fill_normal(inp.data, 5, 2.0);
+      for (auto& x : inp.data) x += 0.5;  // a non-zero mean to remove
+      fill_normal(w.data, 6);
+      fill_normal(b.data, 7);
+      fill_normal(R.data, 8);
+
+      std::vector<double> ref(out.size());
+      for (int n = 0; n < N; ++n) {
+        double m = 0, v = 0;
+        for (int c = 0; c < C; ++c) m += inp.data[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; ++c) v += (inp.data[n * C + c] - m) * (inp.data[n * C + c] - m);
+        v /= C;
+        for (int c = 0; c < C; ++c)
+          ref[n * C + c] = (inp.data[n * C + c] - m) / std::sqrt(v + 1e-5) * w.data[c] + b.data[c];
+      }
+      HostBuffer<float> fi({N, C}), fw({C}), fb({C}), fo({N, C}), fm({N}), fr({N});
+      fi.data = cast<float>(inp.data);
+      fw.data = cast<float>(w.data);
+      fb.data = cast<float>(b.data);
+      backend().layernorm_forward(fo.view(), fm.view(), fr.view(), fi.view(), fw.view(), fb.view());
+      CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+      auto loss = [&] {
+        backend().layernorm_forward(out.view(), mean.view(), rstd.view(), inp.view(), w.view(), b.view());
+        return dot(out.data, R.data);
+      };
+      loss();  // fills mean/rstd at the unperturbed point
+      HostBuffer<double> dinp({N, C}), dw({C}), db({C});
+      backend().layernorm_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view(), mean.view(), rstd.view());
+      const std::vector<double> fd_inp = finite_difference(inp.data, loss);
+      if (C > 1) check_gradient(dinp.data, fd_inp);
+      check_gradient(dw.data, finite_difference(w.data, loss));
+      check_gradient(db.data, finite_difference(b.data, loss));
+    }
+}
+
+TEST_CASE("gelu forward and backward", "[ops]") {
+  for (int n : kSizes) {
+    CAPTURE(n);
+    HostBuffer<double> inp({n}), out({n}), R({n});
+    fill_normal(inp.data, 9, 2.0);
+    fill_normal(R.data, 10);
+    std::vector<double> ref(n);
+    for (int i = 0; i < n; ++i) {
+      const double x = inp.data[i];
+      ref[i] = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+    HostBuffer<float> fi({n}), fo({n});
+    fi.data = cast<float>(inp.data);
+    backend().gelu_forward(fo.view(), fi.view());
+    CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+    auto loss = [&] {
+      backend().gelu_forward(out.view(), inp.view());
+      return dot(out.data, R.data);
+    };
+    HostBuffer<double> dinp({n});
+    backend().gelu_backward(dinp.view(), inp.view(), R.view());
+    check_gradient(dinp.data, finite_difference(inp.data, loss));
+  }
+}
+
+TEST_CASE("causal attention forward and backward", "[ops]") {
+  for (int Tn : {1, 7, 19})
+    for (int NH : {1, 3})
+      for (int hs : {1, 7}) {
+        const int B = 2, C = NH * hs;
+        CAPTURE(Tn, NH, hs);
+        HostBuffer<double> qkv({B, Tn, 3 * C}), out({B, Tn, C}), att({B, NH, Tn, Tn}), R({B, Tn, C});
+        fill_normal(qkv.data, 11);
+        fill_normal(R.data, 12);
+
+        std::vector<double> ref(out.size(), 0.0);
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < NH; ++h)
+            for (int t = 0; t < Tn; ++t) {
+              std::vector<double> s(t + 1);
+              double mx = -INFINITY, sum = 0;
+              for (int u = 0; u <= t; ++u) {
+                double d = 0;
+                for (int i = 0; i < hs; ++i)
+                  d += qkv.data[(b * Tn + t) * 3 * C + h * hs + i] * qkv.data[(b * Tn + u) * 3 * C + C + h * hs + i];
+                s[u] = d / std::sqrt(static_cast<double>(hs));
+                mx = std::max(mx, s[u]);
+              }
+              for (int u = 0; u <= t; ++u) sum += (s[u] = std::exp(s[u] - mx));
+              for (int u = 0; u <= t; ++u)
+                for (int i = 0; i < hs; ++i)
+                  ref[(b * Tn + t) * C + h * hs + i] += s[u] / sum * qkv.data[(b * Tn + u) * 3 * C + 2 * C + h * hs + i];
+            }
+        HostBuffer<float> fq({B, Tn, 3 * C}), fo({B, Tn, C}), fa({B, NH, Tn, Tn});
+        fq.data = cast<float>(qkv.data);
+        backend().attention_forward(fo.view(), fa.view(), fq.view(), NH);
+        CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+        auto loss = [&] {
+          backend().attention_forward(out.view(), att.view(), qkv.view(), NH);
+          return dot(out.data, R.data);
+        };
+        loss();
+        HostBuffer<double> dqkv({B, Tn, 3 * C});
+        backend().attention_backward(dqkv.view(), R.view(), qkv.view(), att.view(), NH);
+        check_gradient(dqkv.data, finite_difference(qkv.data, loss));
+      }
+}
+
+TEST_CASE("embedding forward and backward", "[ops]") {
+  for (int Tn : {1, 7, 19})
+    for (int C : {1, 7, 111}) {
+      const int B = 3, V = 19, maxT = 23;
+      CAPTURE(Tn, C);
+      HostBuffer<double> wte({V, C}), wpe({maxT, C}), out({B, Tn, C}), R({B, Tn, C});
+      HostBuffer<int32_t> tokens({B, Tn});
+      fill_normal(wte.data, 13);
+      fill_normal(wpe.data, 14);
+      fill_normal(R.data, 15);
+      Rng rng(16);
+      for (auto& t : tokens.data) t = static_cast<int32_t>(rng.below(5));  // repeats on purpose
+
+      std::vector<double> ref(out.size());
+      for (int bt = 0; bt < B * Tn; ++bt)
+        for (int c = 0; c < C; ++c) ref[bt * C + c] = wte.data[tokens.data[bt] * C + c] + wpe.data[(bt % Tn) * C + c];
+      HostBuffer<float> fte({V, C}), fpe({maxT, C}), fo({B, Tn, C});
+      fte.data = cast<float>(wte.data);
+      fpe.data = cast<float>(wpe.data);
+      backend().embedding_forward(fo.view(), tokens.view(), fte.view(), fpe.view());
+      CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+      auto loss = [&] {
+        backend().embedding_forward(out.view(), tokens.view(), wte.view(), wpe.view());
+        return dot(out.data, R.data);
+      };
+      HostBuffer<double> dwte({V, C}), dwpe({maxT, C});
+      backend().embedding_backward(dwte.view(), dwpe.view(), R.view(), tokens.view());
+      check_gradient(dwte.data, finite_difference(wte.data, loss));
+      check_gradient(dwpe.data, finite_difference(wpe.data, loss));
+    }
+}
+
+TEST_CASE("fused classifier: loss, in-place gradient, padded vocabulary", "[ops]") {
+  for (int N : kSizes)
+    for (int V : {7, 111}) {
+      const int Vp = 128;
+      CAPTURE(N, V);
+      HostBuffer<double> logits({N, Vp}), losses({N});
+      HostBuffer<int32_t> targets({N});
+      fill_normal(logits.data, 17, 3.0);
+      for (int n = 0; n < N; ++n)
+        for (int i = V; i < Vp; ++i) logits.data[n * Vp + i] = 100.0;  // padding must never win
+      Rng rng(18);
+      for (auto& t : targets.data) t = static_cast<int32_t>(rng.below(V));
+
+      std::vector<double> ref(N);
+      for (int n = 0; n < N; ++n) {
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < V; ++i) mx = std::max(mx, logits.data[n * Vp + i]);
+        for (int i = 0; i < V; ++i) sum += std::exp(logits.data[n * Vp + i] - mx);
+        ref[n] = -(logits.data[n * Vp + targets.data[n]] - mx - std::log(sum));
+      }
+      HostBuffer<float> fl({N, Vp}), flo({N});
+      fl.data = cast<float>(logits.data);
+      backend().classifier(fl.view(), flo.view(), targets.view(), V, 0.0f);
+      CHECK(relative_error(flo.data, ref) < kFp32Tol);
+
+      const double dloss = 1.0 / N;
+      const std::vector<double> original = logits.data;
+      auto loss = [&] {
+        HostBuffer<double> copy({N, Vp});
+        copy.data = logits.data;
+        backend().classifier(copy.view(), losses.view(), targets.view(), V, 0.0f);
+        double s = 0;
+        for (double x : losses.data) s += x * dloss;
+        return s;
+      };
+      const std::vector<double> fd = finite_difference(logits.data, loss);
+      HostBuffer<double> grad({N, Vp});
+      grad.data = original;
+      backend().classifier(grad.view(), losses.view(), targets.view(), V, static_cast<float>(dloss));
+      check_gradient(grad.data, fd);
+      for (int n = 0; n < N; ++n)
+        for (int i = V; i < Vp; ++i) REQUIRE(grad.data[n * Vp + i] == 0.0);
+    }
+}
+
+TEST_CASE("reductions and AdamW", "[ops]") {
+  for (int n : {1, 7, 111, 40000}) {
+    CAPTURE(n);
+    HostBuffer<float> x({n});
+    fill_normal(x.data, 19);
+    double ref = 0;
+    for (float v : x.data) ref += static_cast<double>(v) * v;
+    CHECK(backend().sum_squares(x.view()) == Approx(ref).epsilon(1e-12));
+    double plain = 0;
+    for (float v : x.data) plain += v;
+    CHECK(backend().sum(x.view()) == Approx(plain).epsilon(1e-9).margin(1e-9));
+    CHECK_FALSE(backend().has_nonfinite(x.view()));
+    x.data[n / 2] = NAN;
+    CHECK(backend().has_nonfinite(x.view()));
+    x.data[n / 2] = INFINITY;
+    CHECK(backend().has_nonfinite(x.view()));
+  }
+
+  const int n = 19;
+  HostBuffer<float> p({n}), g({n}), m({n}), v({n});
+  fill_normal(p.data, 20);
+  fill_normal(g.data, 21);
+  std::vector<double> rp(p.data.begin(), p.data.end()), rm(n, 0), rv(n, 0);
+  AdamWParams a;
+  a.lr = 0.01f;
+  a.weight_decay = 0.1f;
+  a.grad_scale = 0.5f;
+  for (int step = 1; step <= 3; ++step) {
+    a.step = step;
+    backend().adamw(p.view(), g.view(), m.view(), v.view(), a);
+    for (int i = 0; i < n; ++i) {
+      const double gi = g.data[i] * 0.5;
+      rm[i] = 0.9 * rm[i] + 0.1 * gi;
+      rv[i] = 0.95 * rv[i] + 0.05 * gi * gi;
+      const double mh = rm[i] / (1 - std::pow(0.9, step)), vh = rv[i] / (1 - std::pow(0.95, step));
+      rp[i] -= 0.01 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * rp[i]);
+    }
+  }
+  CHECK(relative_error(p.data, rp) < kFp32Tol);
+}

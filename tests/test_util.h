@@ -1,0 +1,100 @@
+// Helpers shared by the tests: seeded host buffers viewed as Tensors, error norms that never
+// let NaN pass, temporary directories and running the ptrain binary.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace ptrain::test {
+
+template <typename T>
+struct HostBuffer {
+  std::vector<T> data;
+  std::vector<int64_t> shape;
+  HostBuffer(std::vector<int64_t> dims, T fill = T(0)) : shape(std::move(dims)) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    data.assign(static_cast<size_t>(n), fill);
+  }
+  Tensor view() {
+    DType dt = std::is_same<T, double>::value ? DType::f64 : std::is_same<T, float>::value ? DType::f32 : DType::i32;
+    return Tensor(data.data(), dt, shape);
+  }
+  size_t size() const { return data.size(); }
+};
+
+template <typename T>
+void fill_normal(std::vector<T>& v, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed, 99);
+  for (auto& x : v) x = static_cast<T>(rng.normal() * scale);
+}
+
+// ||a - b|| / ||b||; NaN anywhere gives infinity so a comparison can never pass on NaN.
+template <typename A, typename B>
+double relative_error(const std::vector<A>& a, const std::vector<B>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    if (std::isnan(x) || std::isnan(y)) return INFINITY;
+    diff += (x - y) * (x - y);
+    ref += y * y;
+  }
+  if (ref == 0) return diff == 0 ? 0 : INFINITY;
+  return std::sqrt(diff / ref);
+}
+
+template <typename T>
+double norm(const std::vector<T>& v) {
+  double s = 0;
+  for (T x : v) s += static_cast<double>(x) * static_cast<double>(x);
+  return std::sqrt(s);
+}
+
+inline std::filesystem::path make_temp_dir(const std::string& tag) {
+  std::string pattern = (std::filesystem::temp_directory_path() / ("ptrain-" + tag + "-XXXXXX")).string();
+  char* made = mkdtemp(pattern.data());
+  if (!made) throw std::runtime_error("mkdtemp failed");
+  return made;
+}
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_file(const std::filesystem::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs the ptrain binary with `args` (a shell-quoted string) from directory `cwd`.
+inline CommandResult run_ptrain(const std::string& args, const std::filesystem::path& cwd,
+                                const std::string& env = "") {
+  const std::string cmd = "cd '" + cwd.string() + "' && " + env + " '" PTRAIN_BINARY "' " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace ptrain::test
