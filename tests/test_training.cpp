@@ -42,16 +42,16 @@ TEST_CASE("a tiny model closes 90% of the gap to the oracle loss", "[training]")
   const fs::path dir = make_temp_dir("learn");
   const std::string yaml =
       "run: {name: learn, out_dir: '" + dir.string() + "', seed: 1}\n"
-      "model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64, vocab_size: 32}\n"
-      "data: {synthetic: {vocab: 32, order: 2, branching: 2, tokens: 400000, seed: 3}}\n"
-      "training: {steps: 300, batch_tokens: 1024, micro_batch: 16, eval_every: 0, eval_batches: 8}\n"
-      "optimizer: {lr: 3.0e-3, weight_decay: 0.0}\n"
+      "model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64, vocab_size: 16}\n"
+      "data: {synthetic: {vocab: 16, order: 2, branching: 2, tokens: 400000, seed: 3}}\n"
+      "training: {steps: 400, batch_tokens: 1024, micro_batch: 16, eval_every: 0, eval_batches: 8}\n"
+      "optimizer: {lr: 1.0e-2, weight_decay: 0.0}\n"
       "schedule: {warmup_steps: 20}\n"
       "logging: {every: 50}\n";
   const TrainResult result = train(parse_config(yaml, "learn.yaml"), TrainOptions{});
   const auto summary = nlohmann::json::parse(read_file(dir / "learn/summary.json"));
   const double oracle = summary["oracle_loss"].get<double>();
-  const double start = std::log(32.0);
+  const double start = std::log(16.0);
   const double closed = (start - result.final_val_loss) / (start - oracle);
   INFO("val " << result.final_val_loss << " oracle " << oracle << " closed " << closed);
   CHECK(oracle < start);

@@ -64,6 +64,9 @@ std::vector<std::string> corpus_problems(const SyntheticSpec& spec) {
   return problems;
 }
 
+// Tags the hash stream that picks a row's successors, apart from the one that weights them.
+constexpr uint64_t kSupportStream = 0x5355505030525400ull;
+
 // A 64-bit key for the K tokens of a context: the row's hash stream is keyed by it.
 uint64_t context_key(const uint16_t* context, int order) {
   uint64_t key = 0;
@@ -128,7 +131,11 @@ MarkovSource::MarkovSource(const SyntheticSpec& spec) : spec_(spec) {
 }
 
 MarkovSource::Row MarkovSource::row(const uint16_t* context) const {
-  Rng rng(spec_.seed, context_key(context, spec_.order));
+  // Which tokens may follow depends on the last token only; how likely each is depends on the
+  // whole K-token context. A model first learns the sparse support from the current token
+  // (a quick, visible drop in loss), then needs attention to earlier tokens to reach the floor.
+  Rng rng(spec_.seed, hash_combine(kSupportStream, context[spec_.order - 1]));
+  Rng weights(spec_.seed, context_key(context, spec_.order));
   Row r;
   r.successors.reserve(spec_.branching);
   // Floyd's algorithm: `branching` distinct tokens with one draw each, kept sorted. Every value
@@ -144,7 +151,7 @@ MarkovSource::Row MarkovSource::row(const uint16_t* context) const {
   // Normalised Exp(1) weights are Dirichlet(1): uniform over the probability simplex.
   double sum = 0;
   for (int i = 0; i < spec_.branching; ++i) {
-    r.probs.push_back(-std::log(open_uniform(rng)));
+    r.probs.push_back(-std::log(open_uniform(weights)));
     sum += r.probs.back();
   }
   for (double& p : r.probs) p /= sum;

@@ -1,6 +1,7 @@
 // Synthetic corpora from a random sparse order-K Markov source with a known entropy floor.
-// Each context (the previous K tokens) allows `branching` successor tokens with random
-// probabilities, both derived from a hash of (seed, context), so the source needs no table.
+// Each context (the previous K tokens) allows `branching` successor tokens, chosen by the last
+// token, with random Dirichlet(1) probabilities chosen by the whole context; both derive from
+// hashes of (seed, tokens), so the source needs no table.
 // The oracle loss of a split is the mean of -log p_true(token | context) over its tokens: no
 // model can beat it, so "gap to oracle" measures how much a model has left to learn.
 #pragma once

@@ -181,6 +181,7 @@ void attention_forward_impl(T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
         for (int64_t t2 = 0; t2 <= t; ++t2) {
           const T* k = qkv + (b * Tn + t2) * 3 * C + C + h * hs;
           T dot = 0;
+#pragma omp simd reduction(+ : dot)
           for (int64_t i = 0; i < hs; ++i) dot += q[i] * k[i];
           p[t2] = dot * scale;
           maxv = std::max(maxv, p[t2]);
@@ -221,6 +222,7 @@ void attention_backward_impl(T* dqkv, const T* dout, const T* qkv, const T* att,
           const T* v = qkv + (b * Tn + t2) * 3 * C + 2 * C + h * hs;
           T* dv = dqkv + (b * Tn + t2) * 3 * C + 2 * C + h * hs;
           T dp = 0;
+#pragma omp simd reduction(+ : dp)
           for (int64_t i = 0; i < hs; ++i) {
             dp += d[i] * v[i];
             dv[i] += p[t2] * d[i];
