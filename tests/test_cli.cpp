@@ -108,6 +108,14 @@ TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
   SECTION("bad --set flag") {
     expect_bad_input(ws.train(ws.config(), "--set model.n_layer"), {"--set", "="});
   }
+  SECTION("a synthetic corpus too small for the val batches") {
+    const std::string yaml =
+        "run: {name: r, out_dir: runs}\n"
+        "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 64}\n"
+        "data: {synthetic: {vocab: 64, tokens: 2000}}\n"
+        "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 20}\n";
+    expect_bad_input(ws.train(yaml), {"data.synthetic", "val split", "eval_batches"});
+  }
   SECTION("missing config file") {
     expect_bad_input(run_ptrain("train nowhere.yaml", ws.dir), {"nowhere.yaml"});
   }

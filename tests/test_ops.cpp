@@ -351,3 +351,15 @@ TEST_CASE("reductions and AdamW", "[ops]") {
   }
   CHECK(relative_error(p.data, rp) < kFp32Tol);
 }
+
+TEST_CASE("residual add", "[ops]") {
+  for (int n : kSizes) {
+    HostBuffer<float> a({n}), b({n}), out({n}, NAN);
+    fill_normal(a.data, 22);
+    fill_normal(b.data, 23);
+    backend().add(out.view(), a.view(), b.view());
+    std::vector<double> ref(n);
+    for (int i = 0; i < n; ++i) ref[i] = static_cast<double>(a.data[i]) + b.data[i];
+    CHECK(relative_error(out.data, ref) < kFp32Tol);
+  }
+}

@@ -31,10 +31,12 @@ std::vector<double> numeric_trace(const std::vector<nlohmann::json>& records) {
   return trace;
 }
 
+// Large enough that every CPU op runs multi-threaded (see worth_threads in the CPU backend),
+// so the thread-count comparison below compares real thread splits.
 const char* kTinyRun =
-    "model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 32, vocab_size: 64}\n"
+    "model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64, vocab_size: 64}\n"
     "data: {synthetic: {vocab: 64, order: 1, branching: 3, tokens: 100000, seed: 5}}\n"
-    "training: {steps: 12, batch_tokens: 256, micro_batch: 4, eval_every: 6, eval_batches: 2}\n";
+    "training: {steps: 12, batch_tokens: 1024, micro_batch: 8, eval_every: 6, eval_batches: 2}\n";
 
 }  // namespace
 
@@ -82,13 +84,13 @@ TEST_CASE("same config and seed give identical metrics", "[training]") {
 }
 
 TEST_CASE("gradient accumulation honours batch_tokens", "[training]") {
-  // 256 tokens per step as 4 x 32 x 2 micro-batches or 8 x 32 x 1: the same samples, so the
+  // 1024 tokens per step as 8 x 64 x 2 micro-batches or 16 x 64 x 1: the same samples, so the
   // same losses up to float summation order.
   const fs::path dir = make_temp_dir("accum");
   write_file(dir / "run.yaml", kTinyRun);
   auto losses = [&](const std::string& name, int micro) {
     const CommandResult r = run_ptrain("train run.yaml --set run.name=" + name + " --set training.micro_batch=" +
-                                           std::to_string(micro) + " --set training.batch_tokens=256",
+                                           std::to_string(micro),
                                        dir);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
@@ -97,7 +99,7 @@ TEST_CASE("gradient accumulation honours batch_tokens", "[training]") {
       if (rec.contains("loss")) out.push_back(rec["loss"].get<double>());
     return out;
   };
-  const auto two_micro = losses("m4", 4), one_micro = losses("m8", 8);
+  const auto two_micro = losses("m8", 8), one_micro = losses("m16", 16);
   REQUIRE(two_micro.size() == one_micro.size());
   for (size_t i = 0; i < two_micro.size(); ++i) CHECK(two_micro[i] == Approx(one_micro[i]).epsilon(1e-4));
   fs::remove_all(dir);

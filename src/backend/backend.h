@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,6 +37,10 @@ class Backend {
 
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
+  // One line for the run log: the device, threads, libraries.
+  virtual std::string description() const = 0;
+  // Problems with the environment that cost speed (not correctness), for the run log.
+  virtual std::vector<std::string> performance_warnings() const = 0;
 
   // Memory. allocate() returns zeroed memory aligned to 64 bytes.
   virtual void* allocate(size_t bytes) = 0;

@@ -1,7 +1,5 @@
 #include "train/bench.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -24,9 +22,9 @@ void benchmark(const Config& config) {
     throw UserError("training.steps: " + std::to_string(config.training.steps) +
                     " is too few to benchmark; expected at least 3 (step 1 is warm-up)");
   // The backend sets the OpenMP and OpenBLAS thread counts; measure the ceiling under them.
-  make_cpu_backend(config.training.threads);
+  const std::string device = make_cpu_backend(config.training.threads)->description();
   const GemmRate gemm = measure_sgemm_rate(4096, 5);
-  std::printf("ceiling: sgemm 4096^3 through OpenBLAS, %d threads: median %.1f GFLOP/s over 5 runs\n\n", gemm.threads,
+  std::printf("ceiling: sgemm 4096^3 on %s: median %.1f GFLOP/s over 5 runs\n\n", device.c_str(),
               gemm.median_flops / 1e9);
   std::fflush(stdout);
 

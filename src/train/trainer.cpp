@@ -1,7 +1,5 @@
 #include "train/trainer.h"
 
-#include <omp.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -161,8 +159,9 @@ class Trainer {
  private:
   void announce() {
     const double n = static_cast<double>(model_.num_params());
-    log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device cpu (" + std::to_string(omp_get_max_threads()) +
-              " threads, OpenBLAS) | precision " + policy_.label());
+    log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device " + backend_->description() +
+              " | precision " + policy_.label());
+    for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
     log_.info("model: GPT-2 L=" + std::to_string(shape_.n_layer) + " H=" + std::to_string(shape_.n_head) +
               " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
               " (padded " + std::to_string(shape_.padded_vocab) + ") | " + format_thousands(n) + " parameters");

@@ -19,6 +19,10 @@ namespace {
 constexpr float kLayerNormEps = 1e-5f;
 constexpr int64_t kReduceChunk = 1 << 14;  // fixed chunking: deterministic partial sums
 
+// Below this many elements of work a parallel region costs more than it saves. Whether a loop
+// runs threaded never changes its result: every output element has one owner either way.
+inline bool worth_threads(int64_t work) { return work >= (1 << 15); }
+
 // GEMM on row-major matrices: C(M,N) = alpha * op(A) op(B) + beta * C.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -51,7 +55,7 @@ void expect_same_float_dtype(const char* op, std::initializer_list<const Tensor*
 template <typename T>
 void embedding_forward_impl(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
                             int64_t Tn, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(B * Tn * C))
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
     const T* e = wte + static_cast<int64_t>(tokens[bt]) * C;
     const T* p = wpe + (bt % Tn) * C;
@@ -65,11 +69,11 @@ void embedding_backward_impl(T* dwte, T* dwpe, const T* dout, const int32_t* tok
                              int64_t Tn, int64_t C) {
   // Several positions can share a token: give each thread a range of channels and walk all
   // positions in order, so no two threads write the same element.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(B * Tn * C))
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t bt = 0; bt < B * Tn; ++bt) dwte[static_cast<int64_t>(tokens[bt]) * C + c] += dout[bt * C + c];
   }
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(B * Tn * C))
   for (int64_t t = 0; t < Tn; ++t) {
     for (int64_t b = 0; b < B; ++b) {
       const T* d = dout + (b * Tn + t) * C;
@@ -83,7 +87,7 @@ void embedding_backward_impl(T* dwte, T* dwpe, const T* dout, const int32_t* tok
 template <typename T>
 void layernorm_forward_impl(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b,
                             int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     T m = 0;
@@ -103,7 +107,7 @@ void layernorm_forward_impl(T* out, T* mean, T* rstd, const T* inp, const T* w, 
 template <typename T>
 void layernorm_backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
                              const T* mean, const T* rstd, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C))
   for (int64_t n = 0; n < N; ++n) {
     const T* d = dout + n * C;
     const T* x = inp + n * C;
@@ -125,7 +129,7 @@ void layernorm_backward_impl(T* dinp, T* dw, T* db, const T* dout, const T* inp,
     }
   }
   // Parameter gradients sum over rows: one thread per channel, rows in order.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C))
   for (int64_t c = 0; c < C; ++c) {
     T sw = 0, sb = 0;
     for (int64_t n = 0; n < N; ++n) {
@@ -145,7 +149,7 @@ void matmul_forward_impl(T* out, const T* inp, const T* w, const T* bias, int64_
                          int64_t OC) {
   gemm(false, true, N, OC, C, T(1), inp, C, w, C, T(0), out, OC);
   if (!bias) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * OC))
   for (int64_t n = 0; n < N; ++n)
     for (int64_t o = 0; o < OC; ++o) out[n * OC + o] += bias[o];
 }
@@ -156,7 +160,7 @@ void matmul_backward_impl(T* dinp, T* dw, T* dbias, const T* dout, const T* inp,
   gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);   // dinp += dout w
   gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);    // dw += dout^T inp
   if (!dbias) return;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * OC))
   for (int64_t o = 0; o < OC; ++o) {
     T s = 0;
     for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
@@ -171,7 +175,7 @@ void attention_forward_impl(T* out, T* att, const T* qkv, int64_t B, int64_t Tn,
                             int64_t NH) {
   const int64_t hs = C / NH;
   const T scale = 1 / std::sqrt(static_cast<T>(hs));
-#pragma omp parallel for collapse(3) schedule(static)
+#pragma omp parallel for collapse(3) schedule(static) if (worth_threads(B * Tn * Tn * C))
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       for (int64_t t = 0; t < Tn; ++t) {
@@ -209,7 +213,7 @@ void attention_backward_impl(T* dqkv, const T* dout, const T* qkv, const T* att,
   const int64_t hs = C / NH;
   const T scale = 1 / std::sqrt(static_cast<T>(hs));
   // dk and dv of a position collect from every later query: one thread owns a whole (b, h).
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (worth_threads(B * Tn * Tn * C))
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
       std::vector<T> dpre(Tn);
@@ -255,14 +259,14 @@ inline T gelu_inner(T x) {
 
 template <typename T>
 void gelu_forward_impl(T* out, const T* inp, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(0.5) * inp[i] * (1 + std::tanh(gelu_inner(inp[i])));
 }
 
 template <typename T>
 void gelu_backward_impl(T* dinp, const T* inp, const T* dout, int64_t n) {
   const T kBeta = static_cast<T>(0.7978845608028654);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) {
     T x = inp[i];
     T th = std::tanh(gelu_inner(x));
@@ -274,7 +278,7 @@ void gelu_backward_impl(T* dinp, const T* inp, const T* dout, int64_t n) {
 
 template <typename T>
 void add_impl(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
@@ -283,7 +287,7 @@ void add_impl(T* out, const T* a, const T* b, int64_t n) {
 template <typename T>
 void classifier_impl(T* logits, T* losses, const int32_t* targets, int64_t N, int64_t Vp, int64_t V,
                      T dloss) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * Vp))
   for (int64_t n = 0; n < N; ++n) {
     T* row = logits + n * Vp;
     T maxv = -INFINITY;
@@ -307,7 +311,7 @@ template <typename T, typename F>
 double reduce_impl(const T* x, int64_t n, F f) {
   const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
   std::vector<double> partial(chunks);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     double s = 0;
     for (int64_t i = c * kReduceChunk; i < std::min(n, (c + 1) * kReduceChunk); ++i) s += f(static_cast<double>(x[i]));
@@ -321,7 +325,7 @@ double reduce_impl(const T* x, int64_t n, F f) {
 template <typename T>
 bool has_nonfinite_impl(const T* x, int64_t n) {
   bool bad = false;
-#pragma omp parallel for schedule(static) reduction(|| : bad)
+#pragma omp parallel for schedule(static) reduction(|| : bad) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) bad = bad || !std::isfinite(x[i]);
   return bad;
 }
@@ -333,7 +337,7 @@ void adamw_impl(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWParam
   const T b1 = p.beta1, b2 = p.beta2, lr = p.lr, eps = p.eps, wd = p.weight_decay;
   const T inv_bc1 = static_cast<T>(1.0 / bc1), inv_bc2 = static_cast<T>(1.0 / bc2);
   const T gs = p.grad_scale;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) {
     T g = grad[i] * gs;
     m[i] = b1 * m[i] + (1 - b1) * g;
@@ -365,6 +369,24 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
+
+  std::string description() const override {
+    return "cpu (" + std::to_string(omp_get_max_threads()) + " threads, OpenBLAS " + openblas_get_corename() +
+           " kernels)";
+  }
+
+  std::vector<std::string> performance_warnings() const override {
+    // OpenBLAS falls back to SSE3-era kernels on CPUs newer than its release: GEMMs then run
+    // several times slower than the CPU allows. Only the user can choose to override that.
+    const std::string core = openblas_get_corename();
+    const bool generic = core == "Prescott" || core == "Core2" || core == "Nehalem" || core == "Sandybridge";
+    if (!generic || !__builtin_cpu_supports("avx2")) return {};
+    const char* suggestion = __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
+    return {"OpenBLAS does not recognise this CPU and runs its generic " + core +
+            " kernels although the CPU has AVX2" + (__builtin_cpu_supports("avx512f") ? "/AVX-512" : "") +
+            "; GEMMs may run several times faster with OPENBLAS_CORETYPE=" + suggestion +
+            " in the environment (check the results with ./scripts/test.sh first)"};
+  }
 
   void* allocate(size_t bytes) override {
     size_t rounded = (bytes + 63) / 64 * 64;
