@@ -81,9 +81,9 @@ class Backend {
   virtual void add(Tensor out, Tensor a, Tensor b) = 0;
 
   // Softmax + cross-entropy over the first `vocab` columns of logits (N, Vp) in one pass:
-  // losses(N) = -log softmax(logits)[target]. With dloss != 0 the logits are overwritten by
-  // their gradient dloss * (softmax - onehot), padded columns zero: no second copy of the
-  // logits is ever kept.
+  // losses(N) = -log softmax(logits)[target]. The logits are overwritten by their gradient
+  // dloss * (softmax - onehot), padded columns zero (all zero when dloss = 0): no second copy
+  // of the logits is ever kept.
   virtual void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) = 0;
 
   // Sum, and sum of squares, of all elements, accumulated in double in a fixed order.

@@ -19,13 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A number as a person would write it ("0.1", not std::to_string's "0.100000").
-std::string number_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-
 // A file's bytes. file_size fails on directories and missing files, which an ifstream would
 // open or report less clearly.
 std::vector<uint8_t> read_input(const std::string& path) {
@@ -83,9 +76,7 @@ PrepareResult prepare_bytes(const std::vector<std::string>& inputs, const std::s
                     number_text(val_fraction) + " gives " + std::to_string(result.train_tokens) +
                     " train and " + std::to_string(result.val_tokens) +
                     " val tokens; expected at least 2 in each split (more text, or another val_fraction)");
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec) throw UserError("cannot create directory \"" + out_dir + "\": " + ec.message());
+  make_shard_dir(out_dir);
   write_split(bytes, 0, result.train_tokens, out_dir, "train", shard_tokens, result.files);
   write_split(bytes, result.train_tokens, total, out_dir, "val", shard_tokens, result.files);
   return result;

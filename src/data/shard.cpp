@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
+#include <sstream>
 #include <utility>
 
 #include "core/error.h"
@@ -154,6 +156,18 @@ std::vector<std::string> expand_shard_glob(const std::string& pattern, const std
       throw UserError(key + ": " + quoted(p) + " (matched by " + quoted(pattern) +
                       ") is not readable: " + errno_text());
   return paths;
+}
+
+void make_shard_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw UserError("cannot create directory \"" + dir + "\": " + ec.message());
+}
+
+std::string number_text(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
 }
 
 }  // namespace ptrain

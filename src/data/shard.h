@@ -12,6 +12,12 @@ constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
 constexpr int kShardHeaderInts = 256;
 
+// Creates `dir` and its parents for shards about to be written. Throws UserError on failure.
+void make_shard_dir(const std::string& dir);
+
+// A number as a person would write it in a message ("0.1", not std::to_string's "0.100000").
+std::string number_text(double x);
+
 // Writes a shard atomically (temporary file, fsync, rename). Throws UserError on I/O failure.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 

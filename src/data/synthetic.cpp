@@ -18,13 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A number as a person would write it ("0.1", not std::to_string's "0.100000").
-std::string number_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
-
 // Problems that make the source itself undefined (MarkovSource rejects these too).
 std::vector<std::string> source_problems(const SyntheticSpec& spec) {
   std::vector<std::string> problems;
@@ -77,12 +70,6 @@ uint64_t context_key(const uint16_t* context, int order) {
 // Uniform in (0, 1), never 0, so -log(u) is finite and every successor keeps a positive weight.
 double open_uniform(Rng& rng) {
   return (static_cast<double>(rng.next_u64() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-void make_directory(const std::string& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw UserError("cannot create directory \"" + dir + "\": " + ec.message());
 }
 
 nlohmann::json info_to_json(const SyntheticInfo& info) {
@@ -195,7 +182,7 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   SyntheticInfo info{spec, train, spec.tokens - train, 0, 0};
   info.oracle_loss_train = nll_train / static_cast<double>(train - K);
   info.oracle_loss_val = nll_val / static_cast<double>(info.val_tokens);
-  make_directory(out_dir);
+  make_shard_dir(out_dir);
   const fs::path dir(out_dir);
   write_shard((dir / "train_000000.bin").string(),
               std::vector<uint16_t>(stream.begin(), stream.begin() + train));

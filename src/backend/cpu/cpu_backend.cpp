@@ -292,13 +292,14 @@ void classifier_impl(T* logits, T* losses, const int32_t* targets, int64_t N, in
     T* row = logits + n * Vp;
     T maxv = -INFINITY;
     for (int64_t i = 0; i < V; ++i) maxv = std::max(maxv, row[i]);
-    T sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(row[i] - maxv);
     const int64_t target = targets[n];
-    losses[n] = std::log(sum) - (row[target] - maxv);
-    if (dloss == 0) continue;
-    T inv = 1 / sum;
-    for (int64_t i = 0; i < V; ++i) row[i] = std::exp(row[i] - maxv) * inv * dloss;
+    const T target_logit = row[target];
+    // One exp per element, kept in place: the row becomes the softmax numerators.
+    T sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += (row[i] = std::exp(row[i] - maxv));
+    losses[n] = std::log(sum) - (target_logit - maxv);
+    const T scale = dloss / sum;
+    for (int64_t i = 0; i < V; ++i) row[i] *= scale;
     row[target] -= dloss;
     for (int64_t i = V; i < Vp; ++i) row[i] = 0;
   }
