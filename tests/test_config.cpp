@@ -415,10 +415,33 @@ TEST_CASE("cross-key checks report at the first key named", "[config]") {
   CHECK(contains(branching, "above data.synthetic.vocab = 8; expected at most 8"));
 }
 
+TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[config]") {
+  for (const char* mode : {"fp32", "bf16", "fp16", "fp8"}) {
+    CAPTURE(mode);
+    CHECK(problems_of(kMinimal, {std::string("precision.mode=") + mode}).empty());
+  }
+  const auto odd = only_problem(kMinimal, {"precision.mode=fp8", "model.n_embd=72", "model.n_head=4"});
+  check_shape(odd, "--set model.n_embd=72", "model.n_embd");
+  CHECK(contains(odd, "72 is not a multiple of 16 as precision.mode fp8 needs; expected a multiple of 16"));
+  CHECK(problems_of(kMinimal, {"precision.mode=bf16", "model.n_embd=72"}).empty());
+
+  const auto block = only_problem(kMinimal, {"precision.mode=fp8", "precision.fp8.recipe=block"});
+  check_shape(block, "cfg.yaml:4:3", "model.n_embd");
+  CHECK(contains(block, "64 is not a multiple of 128 as precision.mode fp8 with recipe block needs"));
+  CHECK(problems_of(kMinimal, {"precision.mode=fp8", "precision.fp8.recipe=block", "model.n_embd=128"}).empty());
+
+  const auto size = only_problem(kMinimal, {"precision.fp8.block_size=64"});
+  check_shape(size, "--set precision.fp8.block_size=64", "precision.fp8.block_size");
+  CHECK(contains(size, "expected 128"));
+
+  for (const char* bad : {"precision.fp8.recipe=tensorwise", "precision.fp8.format=e5m2", "precision.fp8.margin=-1",
+                          "precision.fp8.amax_history=0", "precision.fp8.amax_algo=mean"}) {
+    CAPTURE(bad);
+    CHECK(problems_of(kMinimal, {bad}).size() == 1);
+  }
+}
+
 TEST_CASE("features this build lacks are rejected", "[config]") {
-  const auto bf16 = only_problem(std::string(kMinimal) + "precision: {mode: bf16}\n");
-  check_shape(bf16, "cfg.yaml:9:13", "precision.mode");
-  CHECK(contains(bf16, "precision.mode: bf16 is not supported by this build yet; expected fp32"));
 
   const auto cuda = only_problem(kMinimal, {"run.device=cuda"});
   CHECK(contains(cuda,
@@ -452,7 +475,7 @@ TEST_CASE("all problems are reported together", "[config]") {
       "  vocab_size: 1\n"           // out of range
       "  dropout: 0.1\n"            // unknown
       "optimizer: {lr: -1}\n"       // out of range
-      "precision: {mode: fp16}\n";  // not supported yet; and data is missing
+      "precision: {mode: fp8}\n";   // n_embd not a multiple of 16; and data is missing
   const auto problems = problems_of(yaml, {"schedule.decay=exp"});
   INFO(Catch::Detail::stringify(problems));
   REQUIRE(problems.size() == 8);
@@ -463,7 +486,7 @@ TEST_CASE("all problems are reported together", "[config]") {
   CHECK(contains(problems[4], "--set schedule.decay=exp: schedule.decay"));
   CHECK(contains(problems[5], "data: no training data"));
   CHECK(contains(problems[6], "cfg.yaml:4:3: model.n_embd"));
-  CHECK(contains(problems[7], "cfg.yaml:9:13: precision.mode"));
+  CHECK(contains(problems[7], "cfg.yaml:4:3: model.n_embd: 66 is not a multiple of 16"));
 
   try {
     parse_config(yaml, "cfg.yaml");

@@ -340,7 +340,7 @@ TEST_CASE("reductions and AdamW", "[ops]") {
   a.grad_scale = 0.5f;
   for (int step = 1; step <= 3; ++step) {
     a.step = step;
-    backend().adamw(p.view(), g.view(), m.view(), v.view(), a);
+    backend().adamw(p.view(), g.view(), m.view(), v.view(), a, Tensor());
     for (int i = 0; i < n; ++i) {
       const double gi = g.data[i] * 0.5;
       rm[i] = 0.9 * rm[i] + 0.1 * gi;

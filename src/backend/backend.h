@@ -21,6 +21,22 @@
 
 namespace ptrain {
 
+// Gradient values that rounding to a reduced-precision format flushed to zero, counted by the
+// backward ops as they write gradients (telemetry: "how much signal did fp16 lose?").
+struct GradNumerics {
+  int64_t elements = 0;   // gradient elements written in a reduced-precision format
+  int64_t nonzero = 0;    // of those, non-zero before rounding
+  int64_t underflow = 0;  // of those, zero after rounding
+};
+
+// What an FP8 cast did to one tensor.
+struct Fp8CastStats {
+  float amax = 0;         // max |x| before scaling (NaN if any element is NaN)
+  int64_t nonzero = 0;    // non-zero inputs
+  int64_t underflow = 0;  // non-zero inputs that became zero
+  int64_t saturated = 0;  // inputs that landed on +-max of the format (or beyond it)
+};
+
 struct AdamWParams {
   float lr = 0;
   float beta1 = 0.9f;
@@ -42,6 +58,9 @@ class Backend {
   // Problems with the environment that cost speed (not correctness), for the run log.
   virtual std::vector<std::string> performance_warnings() const = 0;
 
+  // Each op writes its outputs rounded to their Tensor::format (ties to even; bf16 and fp16
+  // overflow to inf, which loss scaling detects).
+
   // Memory. allocate() returns zeroed memory aligned to 64 bytes.
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* ptr) = 0;
@@ -50,6 +69,8 @@ class Backend {
   virtual void upload(Tensor dst, const float* src) = 0;
   virtual void download(float* dst, Tensor src) = 0;
   virtual void upload_tokens(Tensor dst, const int32_t* src) = 0;
+  // dst = src rounded to dst.format (e.g. the bf16 copy of FP32 master weights).
+  virtual void copy(Tensor dst, Tensor src) = 0;
 
   // out(B,T,C) = wte[tokens] + wpe[t]; tokens (B,T) i32.
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
@@ -66,6 +87,8 @@ class Backend {
   // dbias may be empty.
   virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                                Tensor weight) = 0;
+  // dbias(OC) += column sums of dout(N, OC).
+  virtual void bias_backward(Tensor dbias, Tensor dout) = 0;
 
   // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C);
   // att (B,NH,T,T) saves the softmax probabilities for the backward pass.
@@ -91,9 +114,24 @@ class Backend {
   virtual double sum_squares(Tensor t) = 0;
   // True if any element is inf or NaN.
   virtual bool has_nonfinite(Tensor t) = 0;
+  // max |x| (NaN if any element is NaN).
+  virtual float amax(Tensor t) = 0;
 
-  // AdamW with decoupled weight decay on FP32 param/m/v, in place.
-  virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) = 0;
+  // FP8 casts. `out` receives the dequantised values fp8(in * scale) / scale (saturating), which
+  // is what a GEMM with scale_inv pointers computes with; in and out have the same shape.
+  virtual Fp8CastStats fp8_cast(Tensor out, Tensor in, Format format, float scale) = 0;
+  // Block scaling: `in` viewed as rows x cols (cols = last dimension) in blocks of
+  // block_rows x block_cols (1x128 tiles, 128x128 blocks), each with scale fp8_max / amax(block).
+  virtual Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows,
+                                       int block_cols) = 0;
+
+  // AdamW with decoupled weight decay on FP32 param/m/v, in place. If `param_copy` is not
+  // empty it receives the updated parameters rounded to its format (the low-precision copy).
+  virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                     Tensor param_copy) = 0;
+
+  // Returns the gradient-rounding counters since the last call and resets them.
+  virtual GradNumerics take_grad_numerics() = 0;
 };
 
 // The CPU reference backend (OpenMP + OpenBLAS). `threads` = 0 uses every available core.

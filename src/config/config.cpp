@@ -177,6 +177,8 @@ Schema make_schema(Config& c) {
       flag("precision.fp8.bf16_first_last", &f8.bf16_first_last,
            "keep the first and last blocks in BF16"),
       flag("precision.fp8.bf16_lm_head", &f8.bf16_lm_head, "keep the LM head in BF16"),
+      number("precision.fp8.block_size", &f8.block_size, at_least(1),
+             "block recipe: 1 x block_size tiles, block_size^2 weight blocks (128 only)"),
       choice("precision.loss_scaling.mode", &ls.mode, {"auto", "off", "static", "dynamic"},
              "auto = dynamic for fp16, off otherwise"),
       number("precision.loss_scaling.init", &ls.init, above(0), "initial loss scale"),
@@ -498,10 +500,24 @@ class Loader {
                 "at most " + std::to_string(s.vocab));
     }
 
+    // FP8 GEMMs need 16-element-aligned dimensions (cuBLASLt's FP8 rule, kept on every backend
+    // so a config that trains on the CPU also trains on a GPU); block scaling needs whole
+    // 128-wide blocks.
+    const Fp8Config& f8 = c.precision.fp8;
+    if (c.precision.mode == "fp8" && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
+      const int multiple = f8.recipe == "block" ? 128 : 16;
+      if (m.n_embd % multiple != 0)
+        problem(where({"model.n_embd", "precision.mode"}), "model.n_embd",
+                std::to_string(m.n_embd) + " is not a multiple of " + std::to_string(multiple) +
+                    " as precision.mode fp8" + (f8.recipe == "block" ? " with recipe block" : "") + " needs",
+                "a multiple of " + std::to_string(multiple) + ", e.g. " + nearest_multiples(m.n_embd, multiple));
+    }
+    if (usable({"precision.fp8.block_size"}) && f8.block_size != 128)
+      problem(where({"precision.fp8.block_size"}), "precision.fp8.block_size",
+              std::to_string(f8.block_size) + " is not a supported block size", "128 (1x128 tiles, 128x128 weight blocks)");
+
     // Features whose keys are stable but whose implementation arrives in later changes.
     const std::string not_yet = " is not supported by this build yet";
-    if (c.precision.mode != "fp32")
-      problem(where({"precision.mode"}), "precision.mode", c.precision.mode + not_yet, "fp32");
     if (c.run.device == "cuda")
       problem(where({"run.device"}), "run.device",
               "cuda is not supported by this build (no CUDA backend yet)", "auto or cpu");

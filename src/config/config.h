@@ -81,6 +81,7 @@ struct Fp8Config {
   std::string amax_algo = "max";  // max | most_recent
   bool bf16_first_last = false;
   bool bf16_lm_head = true;
+  int block_size = 128;  // block recipe: 1 x 128 tiles, 128 x 128 weight blocks
 };
 
 struct LossScalingConfig {

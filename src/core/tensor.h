@@ -1,5 +1,7 @@
-// A non-owning view of device or host memory: pointer, dtype, shape. Backends receive these
-// and check dtypes and shapes before touching the memory; the model never dereferences them.
+// A non-owning view of device or host memory: pointer, dtype, shape, and the number format its
+// values lie on. Backends receive these and check dtypes and shapes before touching the memory;
+// the model never dereferences them. The CPU backend emulates reduced precision by storing
+// floats rounded to `format`'s grid; a GPU backend stores the format itself.
 #pragma once
 
 #include <array>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "precision/formats.h"
 
 namespace ptrain {
 
@@ -37,6 +40,7 @@ struct Tensor {
   Device device = Device::cpu;
   int ndim = 0;
   std::array<int64_t, kMaxDims> shape{};
+  Format format = Format::fp32;  // the grid an op rounds this tensor's values to when writing it
 
   Tensor() = default;
   Tensor(void* ptr, DType t, std::initializer_list<int64_t> dims, Device dev = Device::cpu)
@@ -69,9 +73,16 @@ struct Tensor {
     Tensor t;
     t.dtype = dtype;
     t.device = device;
+    t.format = format;
     t.ndim = ndim - 1;
     for (int d = 1; d < ndim; ++d) t.shape[d - 1] = shape[d];
     t.data = static_cast<char*>(data) + static_cast<size_t>(i) * t.bytes();
+    return t;
+  }
+
+  Tensor with_format(Format f) const {
+    Tensor t = *this;
+    t.format = f;
     return t;
   }
 

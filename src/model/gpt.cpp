@@ -99,17 +99,20 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
   return plan_activations(unused, s, B, T, elem == 8 ? DType::f64 : DType::f32).bytes();
 }
 
-Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T)
+Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy)
     : shape_(shape), backend_(backend), dtype_(dtype), B_(B), T_(T), specs_(gpt_param_specs(shape)) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
   const size_t elem = dtype_size(dtype);
-  params_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
-  grads_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
+  params_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device()).with_format(policy.weights);
+  grads_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device()).with_format(policy.grads);
+  if (policy.has_master_weights()) master_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
-    params_[i] = Tensor(params_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device());
-    grads_[i] = Tensor(grads_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device());
+    params_[i] = Tensor(params_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device())
+                     .with_format(policy.weights);
+    grads_[i] = Tensor(grads_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device())
+                    .with_format(policy.grads);
     offset += product(specs_[i].shape);
   }
 
@@ -121,12 +124,71 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T)
     *e.slot = Tensor(cursor, e.dtype, e.shape, backend.device());
     cursor += (e.slot->bytes() + 63) / 64 * 64;
   }
+  // Activations and their gradients take the policy's formats; layernorm statistics and the
+  // per-token losses stay FP32, as in every mixed-precision recipe.
+  for (Tensor* t : {&a_.encoded, &a_.ln1, &a_.qkv, &a_.atty, &a_.att, &a_.attproj, &a_.residual2, &a_.ln2, &a_.fch,
+                    &a_.fch_gelu, &a_.fcproj, &a_.residual3, &a_.lnf})
+    t->format = policy.activations;
+  for (Tensor* t : {&a_.logits, &a_.dresidual, &a_.dln, &a_.datty, &a_.dfch_gelu, &a_.dfch, &a_.dqkv})
+    t->format = policy.grads;
+
+  // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
+  const int64_t rows = int64_t{B} * T, C = shape.n_embd;
+  const int64_t linear_shapes[kLinearsPerBlock][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
+  const char* linear_names[kLinearsPerBlock] = {"qkv", "attproj", "fc", "fcproj"};
+  if (policy.fp8.enabled) {
+    for (int l = 0; l < shape.n_layer; ++l)
+      for (int k = 0; k < kLinearsPerBlock; ++k)
+        fp8_.push_back(policy.fp8_block(l, shape.n_layer)
+                           ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
+                                                         backend, rows, linear_shapes[k][0], linear_shapes[k][1])
+                           : nullptr);
+    fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
+                                           : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend, rows, C,
+                                                                         shape.padded_vocab));
+  }
 }
 
 Gpt::~Gpt() {
   backend_.release(act_memory_);
   backend_.release(grads_flat_.data);
   backend_.release(params_flat_.data);
+  if (!master_flat_.empty()) backend_.release(master_flat_.data);
+}
+
+Fp8Linear* Gpt::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
+
+Fp8Linear* Gpt::fp8_linear(int layer, LinearId which) const {
+  if (fp8_.empty()) return nullptr;
+  return fp8_[static_cast<size_t>(layer) * kLinearsPerBlock + which].get();
+}
+
+void Gpt::linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
+  if (fp8)
+    fp8->forward(out, inp, weight, bias, training);
+  else
+    backend_.matmul_forward(out, inp, weight, bias);
+}
+
+void Gpt::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                          Tensor weight) {
+  if (fp8)
+    fp8->backward(dinp, dweight, dbias, dout);
+  else
+    backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight);
+}
+
+void Gpt::end_step() {
+  for (auto& f : fp8_)
+    if (f) f->end_step();
+}
+
+std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
+  std::vector<Fp8TensorState*> all;
+  for (auto& f : fp8_)
+    if (f)
+      for (Fp8TensorState* t : f->tensors()) all.push_back(t);
+  return all;
 }
 
 void Gpt::init(uint64_t seed) {
@@ -144,7 +206,15 @@ void Gpt::init(uint64_t seed) {
       Rng rng(seed, static_cast<uint64_t>(i));
       for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * std);
     }
-    backend_.upload(t, host.data());
+    // The master weights hold the values; the GEMMs' copy is them rounded to its format.
+    if (master_flat_.empty()) {
+      backend_.upload(t, host.data());
+    } else {
+      const int64_t offset = (static_cast<char*>(t.data) - params_flat_.as<char>()) / static_cast<int64_t>(dtype_size(dtype_));
+      Tensor master(master_flat_.as<char>() + offset * dtype_size(dtype_), dtype_, specs_[i].shape, t.device);
+      backend_.upload(master, host.data());
+      backend_.copy(t, master);
+    }
   }
 }
 
@@ -154,6 +224,7 @@ Tensor Gpt::residual_in(int layer) const {
 
 double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int L = shape_.n_layer, NH = shape_.n_head;
+  const bool training = dloss != 0;
   Backend& be = backend_;
   be.upload_tokens(a_.tokens, inputs);
   be.upload_tokens(a_.targets, targets);
@@ -161,18 +232,18 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) 
   be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
   for (int l = 0; l < L; ++l) {
     be.layernorm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], residual_in(l), params_[kLn1w][l], params_[kLn1b][l]);
-    be.matmul_forward(a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l]);
+    linear_forward(fp8_linear(l, kQkv), a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l], training);
     be.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], NH);
-    be.matmul_forward(a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l]);
+    linear_forward(fp8_linear(l, kAttproj), a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], training);
     be.add(a_.residual2[l], residual_in(l), a_.attproj[l]);
     be.layernorm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.residual2[l], params_[kLn2w][l], params_[kLn2b][l]);
-    be.matmul_forward(a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l]);
+    linear_forward(fp8_linear(l, kFc), a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l], training);
     be.gelu_forward(a_.fch_gelu[l], a_.fch[l]);
-    be.matmul_forward(a_.fcproj[l], a_.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l]);
+    linear_forward(fp8_linear(l, kFcproj), a_.fcproj[l], a_.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l], training);
     be.add(a_.residual3[l], a_.residual2[l], a_.fcproj[l]);
   }
   be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual_in(L), params_[kLnfw], params_[kLnfb]);
-  be.matmul_forward(a_.logits, a_.lnf, params_[kWte], Tensor());
+  linear_forward(lm_head_fp8(), a_.logits, a_.lnf, params_[kWte], Tensor(), training);
   be.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
   grads_ready_ = dloss != 0;
 
@@ -190,26 +261,28 @@ void Gpt::backward() {
   // LM head (tied to wte) and the final layernorm; dresidual collects the residual stream's
   // gradient from here down to the embedding.
   be.zero(a_.dln);
-  be.matmul_backward(a_.dln, g[kWte], Tensor(), a_.logits, a_.lnf, p[kWte]);
+  linear_backward(lm_head_fp8(), a_.dln, g[kWte], Tensor(), a_.logits, a_.lnf, p[kWte]);
   be.zero(a_.dresidual);
   be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
 
   for (int l = L - 1; l >= 0; --l) {
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     be.zero(a_.dfch_gelu);
-    be.matmul_backward(a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l], p[kFcprojw][l]);
+    linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l],
+                    p[kFcprojw][l]);
     be.zero(a_.dfch);
     be.gelu_backward(a_.dfch, a_.fch[l], a_.dfch_gelu);
     be.zero(a_.dln);
-    be.matmul_backward(a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[l], p[kFcw][l]);
+    linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[l], p[kFcw][l]);
     be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[l], p[kLn2w][l], a_.ln2_mean[l], a_.ln2_rstd[l]);
     // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
     be.zero(a_.datty);
-    be.matmul_backward(a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[l], p[kAttprojw][l]);
+    linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[l],
+                    p[kAttprojw][l]);
     be.zero(a_.dqkv);
     be.attention_backward(a_.dqkv, a_.datty, a_.qkv[l], a_.att[l], NH);
     be.zero(a_.dln);
-    be.matmul_backward(a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
+    linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
     be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[l], a_.ln1_rstd[l]);
   }
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);

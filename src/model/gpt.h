@@ -5,11 +5,14 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/fp8_linear.h"
+#include "precision/policy.h"
 
 namespace ptrain {
 
@@ -38,6 +41,9 @@ int64_t gpt_num_params(const GptShape& s);  // includes the padded wte rows, as 
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
 
+// The linear layers of a block, in order: what FP8 telemetry calls them.
+enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };
+
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
 struct GptActivations {
@@ -63,8 +69,10 @@ struct GptActivations {
 
 class Gpt {
  public:
-  // Allocates parameters, gradients and activations for micro-batch B x T on the backend.
-  Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T);
+  // Allocates parameters, gradients and activations for micro-batch B x T on the backend, in
+  // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format).
+  Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T,
+      const PrecisionPolicy& policy = PrecisionPolicy{});
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -80,6 +88,10 @@ class Gpt {
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
   void backward();
   void zero_grad();
+  // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
+  void end_step();
+  // The FP8-cast tensors (empty unless the policy runs FP8 GEMMs).
+  std::vector<Fp8TensorState*> fp8_tensors();
 
   const GptShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
@@ -87,6 +99,8 @@ class Gpt {
   Tensor param(ParamId id) const { return params_[id]; }
   Tensor grad(ParamId id) const { return grads_[id]; }
   Tensor params_flat() const { return params_flat_; }
+  // What the optimizer updates: the FP32 master weights, or the parameters themselves in FP32.
+  Tensor master_flat() const { return master_flat_.empty() ? params_flat_ : master_flat_; }
   Tensor grads_flat() const { return grads_flat_; }
   int64_t num_params() const { return params_flat_.numel(); }
   size_t activation_bytes() const { return act_bytes_; }
@@ -94,6 +108,11 @@ class Gpt {
  private:
 
   Tensor residual_in(int layer) const;
+  Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
+  Fp8Linear* lm_head_fp8() const;
+  void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
+  void linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+                       Tensor weight);
 
   GptShape shape_;
   Backend& backend_;
@@ -101,7 +120,8 @@ class Gpt {
   int B_, T_;
   std::vector<ParamSpec> specs_;
   std::array<Tensor, kNumParams> params_, grads_;
-  Tensor params_flat_, grads_flat_;
+  Tensor params_flat_, grads_flat_, master_flat_;
+  std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   GptActivations a_;
   size_t act_bytes_ = 0;
   void* act_memory_ = nullptr;

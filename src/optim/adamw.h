@@ -1,5 +1,6 @@
-// AdamW over a model's parameter tensors: FP32 first and second moments, decoupled weight
-// decay on 2-D weights only, and global-norm gradient clipping.
+// AdamW over a model's parameter tensors: FP32 first and second moments and master weights,
+// decoupled weight decay on 2-D weights only, and global-norm gradient clipping. After each
+// update the low-precision copy the GEMMs read is refreshed from the master weights.
 #pragma once
 
 #include <vector>
@@ -24,10 +25,11 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // The global L2 norm of the model's gradients (before clipping).
+  // The global L2 norm of the model's gradients as stored (before clipping and unscaling).
   double grad_norm();
-  // One update with learning rate `lr`; `grad_norm` is the value from grad_norm() this step.
-  void step(double lr, double grad_norm);
+  // One update with learning rate `lr`. `grad_norm` is the true gradient norm (after removing
+  // the loss scale) and `loss_scale` the factor the stored gradients still carry.
+  void step(double lr, double grad_norm, double loss_scale = 1.0);
 
   int64_t steps_taken() const { return t_; }
   size_t state_bytes() const { return 2 * m_.bytes(); }

@@ -4,10 +4,45 @@
 
 namespace ptrain {
 
-PrecisionPolicy PrecisionPolicy::from_mode(const std::string& mode) {
-  if (mode != "fp32")
-    throw UserError("precision.mode: " + mode + " is not supported by this build yet; expected fp32");
-  return PrecisionPolicy{};
+static Fp8Recipe recipe_from(const std::string& name) {
+  if (name == "current") return Fp8Recipe::current;
+  if (name == "block") return Fp8Recipe::block;
+  PTRAIN_CHECK(name == "delayed", "unknown fp8 recipe " + name);  // the config validated it
+  return Fp8Recipe::delayed;
+}
+
+PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& config) {
+  PrecisionPolicy p;
+  p.mode = config.mode;
+  const Format low = config.mode == "fp16" ? Format::fp16 : config.mode == "fp32" ? Format::fp32 : Format::bf16;
+  p.weights = p.activations = p.grads = low;
+  if (config.mode == "fp8") {
+    const Fp8Config& f = config.fp8;
+    p.fp8.enabled = true;
+    p.fp8.recipe = recipe_from(f.recipe);
+    // Block scaling is E4M3 throughout (DeepSeek-V3, TransformerEngine Float8BlockScaling).
+    p.fp8.backward = (f.format == "e4m3" || p.fp8.recipe == Fp8Recipe::block) ? Format::e4m3 : Format::e5m2;
+    p.fp8.margin = f.margin;
+    p.fp8.amax_history = f.amax_history;
+    p.fp8.amax_algo = f.amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max;
+    p.fp8.bf16_first_last = f.bf16_first_last;
+    p.fp8.bf16_lm_head = f.bf16_lm_head;
+  }
+  const LossScalingConfig& ls = config.loss_scaling;
+  p.loss_scaling.mode = ls.mode == "auto" ? (config.mode == "fp16" ? "dynamic" : "off") : ls.mode;
+  p.loss_scaling.init = ls.init;
+  p.loss_scaling.growth_factor = ls.growth_factor;
+  p.loss_scaling.backoff_factor = ls.backoff_factor;
+  p.loss_scaling.growth_interval = ls.growth_interval;
+  p.loss_scaling.hysteresis = ls.hysteresis;
+  p.loss_scaling.min_scale = ls.min_scale;
+  return p;
+}
+
+std::string PrecisionPolicy::label() const {
+  if (!fp8.enabled) return mode;
+  const char* recipe = fp8.recipe == Fp8Recipe::delayed ? "delayed" : fp8.recipe == Fp8Recipe::current ? "current" : "block";
+  return mode + ":" + recipe;
 }
 
 }  // namespace ptrain

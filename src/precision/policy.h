@@ -1,24 +1,57 @@
-// Which dtype each class of tensor uses under a precision mode (DESIGN.md section 4). The
-// model and trainer ask the policy instead of testing the mode string, so new modes change
-// this object, not the training code. This build supports fp32 only.
+// Which format each class of tensor uses under a precision mode (DESIGN.md section 4), which
+// layers run their GEMMs in FP8 and how they are scaled, and how the loss is scaled. The model
+// and trainer ask the policy instead of testing mode strings.
+//
+// | mode | master | weights | activations | grads | FP8 GEMMs            |
+// | fp32 | fp32   | fp32    | fp32        | fp32  | -                    |
+// | bf16 | fp32   | bf16    | bf16        | bf16  | -                    |
+// | fp16 | fp32   | fp16    | fp16        | fp16  | -                    |
+// | fp8  | fp32   | bf16    | bf16        | bf16  | the 4 block linears  |
+// Layernorm statistics, softmax/cross-entropy, reductions, accumulation and AdamW state stay FP32.
 #pragma once
 
 #include <string>
 
-#include "core/tensor.h"
+#include "config/config.h"
+#include "precision/formats.h"
+#include "precision/fp8_scaling.h"
+#include "precision/loss_scaler.h"
 
 namespace ptrain {
 
+enum class Fp8Recipe { delayed, current, block };
+
+struct Fp8Policy {
+  bool enabled = false;
+  Fp8Recipe recipe = Fp8Recipe::delayed;
+  Format forward = Format::e4m3;   // inputs and weights
+  Format backward = Format::e5m2;  // output gradients (hybrid); e4m3 with format: e4m3
+  int margin = 0;
+  int amax_history = 16;
+  AmaxAlgo amax_algo = AmaxAlgo::max;
+  bool bf16_first_last = false;  // keep the first and last block's linears in bf16
+  bool bf16_lm_head = true;      // keep the LM head in bf16
+  static constexpr int kBlock = 128;  // 1x128 tiles, 128x128 weight blocks
+};
+
 struct PrecisionPolicy {
   std::string mode = "fp32";
-  DType master = DType::f32;      // master weights
-  DType compute = DType::f32;     // weights, activations and gradients the ops see
-  DType optimizer = DType::f32;   // AdamW moments
+  Format weights = Format::fp32;      // the copy the GEMMs read
+  Format activations = Format::fp32;
+  Format grads = Format::fp32;
+  Fp8Policy fp8;
+  LossScalerConfig loss_scaling;      // "auto" resolved: dynamic for fp16, off otherwise
 
-  // Throws UserError for a mode this build cannot train.
-  static PrecisionPolicy from_mode(const std::string& mode);
-  // Label for logs and MFU ("fp32" ...).
-  const std::string& label() const { return mode; }
+  static PrecisionPolicy from_config(const PrecisionConfig& config);
+
+  // FP32 master weights are kept apart from the weights the GEMMs read.
+  bool has_master_weights() const { return weights != Format::fp32; }
+  // Whether block `layer` of `n_layer` runs its linears in FP8.
+  bool fp8_block(int layer, int n_layer) const {
+    return fp8.enabled && !(fp8.bf16_first_last && (layer == 0 || layer == n_layer - 1));
+  }
+  // "fp8:delayed", "bf16", ... for logs.
+  std::string label() const;
 };
 
 }  // namespace ptrain

@@ -16,6 +16,7 @@
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
+#include "precision/loss_scaler.h"
 #include "precision/policy.h"
 
 namespace fs = std::filesystem;
@@ -40,16 +41,15 @@ GptShape shape_from(const ModelConfig& m) {
 }
 
 
+// What the CPU backend allocates: every format is emulated in float storage.
 struct MemoryPlan {
-  int64_t params, grads, optimizer, activations;
-  int64_t total() const { return params + grads + optimizer + activations; }
+  int64_t params, master, grads, optimizer, activations;
+  int64_t total() const { return params + master + grads + optimizer + activations; }
 };
 
 MemoryPlan plan_memory(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
-  const int64_t n = gpt_num_params(s);
-  return {n * static_cast<int64_t>(dtype_size(policy.compute)), n * static_cast<int64_t>(dtype_size(policy.compute)),
-          2 * n * static_cast<int64_t>(dtype_size(policy.optimizer)),
-          gpt_activation_bytes(s, B, T, dtype_size(policy.compute))};
+  const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
+  return {n, policy.has_master_weights() ? n : 0, n, 2 * n, gpt_activation_bytes(s, B, T, sizeof(float))};
 }
 
 // Creates <out_dir>/<name>. An existing directory is replaced only with run.overwrite and only
@@ -87,7 +87,7 @@ class Trainer {
  public:
   Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir)
       : cfg_(config),
-        policy_(PrecisionPolicy::from_mode(config.precision.mode)),
+        policy_(PrecisionPolicy::from_config(config.precision)),
         comm_(make_single_process_communicator()),
         log_(run_dir.string()),
         shape_(shape_from(config.model)),
@@ -100,10 +100,11 @@ class Trainer {
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
         synthetic_(data.synthetic),
         backend_(make_cpu_backend(config.training.threads)),
-        model_(shape_, *backend_, policy_.compute, B_, T_),
+        model_(shape_, *backend_, DType::f32, B_, T_, policy_),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
                                config.optimizer.weight_decay, config.training.grad_clip}),
+        scaler_(policy_.loss_scaling),
         inputs_(static_cast<size_t>(B_) * T_),
         targets_(static_cast<size_t>(B_) * T_) {
     schedule_.lr = config.optimizer.lr;
@@ -129,7 +130,10 @@ class Trainer {
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
       double loss_sum = 0;
-      const float dloss = 1.0f / static_cast<float>(int64_t{B_} * T_ * accum_);
+      // The loss is multiplied by the loss scale (1 unless loss scaling is on) so that small
+      // gradients survive fp16; the optimizer divides it out again.
+      const double loss_scale = scaler_.scale();
+      const float dloss = static_cast<float>(loss_scale / static_cast<double>(int64_t{B_} * T_ * accum_));
       for (int micro = 0; micro < accum_; ++micro) {
         const int64_t first_sample = ((step - 1) * accum_ + micro) * B_;
         train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
@@ -137,8 +141,10 @@ class Trainer {
         model_.backward();
       }
       const double loss = comm_->all_reduce_sum(loss_sum / accum_) / comm_->world_size();
-      const double norm = optimizer_.grad_norm();
-      optimizer_.step(lr, norm);
+      const bool nonfinite = backend_->has_nonfinite(model_.grads_flat());
+      const double norm = nonfinite ? INFINITY : optimizer_.grad_norm() / loss_scale;
+      if (!scaler_.update(nonfinite)) optimizer_.step(lr, norm, loss_scale);
+      model_.end_step();
       const double seconds = seconds_since(t0);
       train_seconds += seconds;
       result_.step_seconds.push_back(seconds);
@@ -146,7 +152,8 @@ class Trainer {
         timed_seconds += seconds;
         ++timed_steps;
       }
-      log_step(step, loss, norm, lr, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
+      log_step(step, loss, norm, lr, loss_scale, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
+      if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
     }
     summarize(seconds_since(run_start), train_seconds);
@@ -183,7 +190,8 @@ class Trainer {
               format_mib(static_cast<int64_t>(model_.activation_bytes())) + " activations");
   }
 
-  void log_step(int64_t step, double loss, double norm, double lr, double seconds, double mean_seconds) {
+  void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
+                double mean_seconds) {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens);
     const double tok_s = tokens / seconds;
     const int64_t rss = current_rss_bytes();
@@ -192,8 +200,8 @@ class Trainer {
                              {"loss", loss},
                              {"lr", lr},
                              {"grad_norm", norm},
-                             {"loss_scale", 1.0},
-                             {"skipped", 0},
+                             {"loss_scale", loss_scale},
+                             {"skipped", scaler_.skipped_steps()},
                              {"tokens_per_s", tok_s},
                              {"mfu", nullptr},  // no known peak for a CPU; see scripts/bench-cpu.sh
                              {"ms", seconds * 1000.0},
@@ -207,6 +215,50 @@ class Trainer {
                   seconds * 1000.0, format_thousands(tok_s).c_str(),
                   format_duration(mean_seconds * static_cast<double>(cfg_.training.steps - step)).c_str(),
                   format_mib(rss).c_str());
+    std::string text = line;
+    // Megatron's convention: loss scale and skipped steps appear when loss scaling is on.
+    if (policy_.loss_scaling.mode != "off")
+      text += " | loss scale " + fmt("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
+    log_.info(text);
+  }
+
+  // What reduced precision did to the numbers since the last report: gradient values that
+  // rounding flushed to zero, and per FP8 tensor its amax, scale, underflow and saturation.
+  void log_numerics(int64_t step) {
+    const GradNumerics g = backend_->take_grad_numerics();
+    const std::vector<Fp8TensorState*> fp8 = model_.fp8_tensors();
+    if (g.elements == 0 && fp8.empty()) return;  // nothing reduced-precision to report
+    auto fraction = [](int64_t part, int64_t whole) { return whole ? static_cast<double>(part) / whole : 0.0; };
+    const double grad_underflow = fraction(g.underflow, g.nonzero);
+    nlohmann::json record = {{"step", step},
+                             {"numerics", {{"grad_format", format_name(policy_.grads)}, {"grad_underflow", grad_underflow}}}};
+    std::string line = "numerics step " + std::to_string(step) + " | " + format_name(policy_.grads) +
+                       " grad underflow " + fmt("%.4f%%", 100.0 * grad_underflow);
+    const Fp8TensorState* worst_underflow = nullptr;
+    const Fp8TensorState* worst_saturation = nullptr;
+    for (const Fp8TensorState* t : fp8) {
+      const double under = fraction(t->stats.underflow, t->stats.nonzero);
+      const double sat = fraction(t->stats.saturated, t->stats.nonzero);
+      record["numerics"]["fp8"].push_back({{"tensor", t->name},
+                                           {"format", format_name(t->format)},
+                                           {"amax", t->stats.amax},
+                                           {"scale", t->scale},
+                                           {"underflow", under},
+                                           {"saturated", sat}});
+      if (!worst_underflow || under > fraction(worst_underflow->stats.underflow, worst_underflow->stats.nonzero))
+        worst_underflow = t;
+      if (!worst_saturation || sat > fraction(worst_saturation->stats.saturated, worst_saturation->stats.nonzero))
+        worst_saturation = t;
+    }
+    if (worst_underflow) {
+      line += " | fp8 worst underflow " +
+              fmt("%.3f%%", 100.0 * fraction(worst_underflow->stats.underflow, worst_underflow->stats.nonzero)) + " (" +
+              worst_underflow->name + "), worst saturation " +
+              fmt("%.3f%%", 100.0 * fraction(worst_saturation->stats.saturated, worst_saturation->stats.nonzero)) +
+              " (" + worst_saturation->name + ")";
+    }
+    for (Fp8TensorState* t : fp8) t->reset_stats();
+    log_.metrics(record);
     log_.info(line);
   }
 
@@ -245,6 +297,7 @@ class Trainer {
                               {"best_val_step", best_val_step_},
                               {"peak_memory_mib", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                               {"precision", policy_.label()},
+                              {"skipped_steps", scaler_.skipped_steps()},
                               {"num_params", model_.num_params()}};
     std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
                        " tokens in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens / train_seconds) +
@@ -276,6 +329,7 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   Gpt model_;
   AdamW optimizer_;
+  LossScaler scaler_;
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
   std::optional<double> best_val_;
@@ -285,7 +339,7 @@ class Trainer {
 };
 
 void print_dry_run(const Config& config) {
-  const PrecisionPolicy policy = PrecisionPolicy::from_mode(config.precision.mode);
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
   const GptShape shape = shape_from(config.model);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   const MemoryPlan mem = plan_memory(shape, policy, B, T);
@@ -295,7 +349,11 @@ void print_dry_run(const Config& config) {
   log.info("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
            std::to_string(shape.padded_vocab) + ")");
   log.info("training FLOPs per token: " + fmt("%.3g", training_flops_per_token(config.model, T)));
+  log.info("precision: " + policy.label() + " (weights " + format_name(policy.weights) + ", activations " +
+           format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
+           policy.loss_scaling.mode + ")");
   log.info("memory estimate: " + format_mib(mem.total()) + " = " + format_mib(mem.params) + " params + " +
+           (mem.master ? format_mib(mem.master) + " FP32 master weights + " : std::string()) +
            format_mib(mem.grads) + " grads + " + format_mib(mem.optimizer) + " AdamW state + " +
            format_mib(mem.activations) + " activations (micro-batch " + std::to_string(B) + " x " + std::to_string(T) + ")");
   log.info("dry run: nothing written");
@@ -326,7 +384,6 @@ double training_flops_per_token(const ModelConfig& model, int seq_len) {
 }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
-  PrecisionPolicy::from_mode(config.precision.mode);  // refuse unsupported modes before writing
   if (options.dry_run) {
     print_dry_run(config);
     return {};

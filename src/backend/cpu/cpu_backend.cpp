@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "precision/fp8_scaling.h"
+#include "precision/formats.h"
 
 namespace ptrain {
 namespace {
@@ -22,6 +24,29 @@ constexpr int64_t kReduceChunk = 1 << 14;  // fixed chunking: deterministic part
 // Below this many elements of work a parallel region costs more than it saves. Whether a loop
 // runs threaded never changes its result: every output element has one owner either way.
 inline bool worth_threads(int64_t work) { return work >= (1 << 15); }
+
+// Rounds an op's output to its format's grid. With `counters`, also counts gradient values that
+// the rounding flushed to zero. Only float storage can hold reduced-precision values.
+void round_output(const Tensor& t, GradNumerics* counters = nullptr) {
+  if (t.format == Format::fp32 || t.empty()) return;
+  PTRAIN_CHECK(t.dtype == DType::f32, "reduced-precision values need f32 storage on the CPU");
+  float* x = t.as<float>();
+  const int64_t n = t.numel();
+  const Format f = t.format;
+  int64_t nonzero = 0, underflow = 0;
+#pragma omp parallel for schedule(static) reduction(+ : nonzero, underflow) if (worth_threads(n))
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = round_to_format(x[i], f, /*saturate=*/false);
+    nonzero += x[i] != 0.0f;
+    underflow += x[i] != 0.0f && r == 0.0f;
+    x[i] = r;
+  }
+  if (counters) {
+    counters->elements += n;
+    counters->nonzero += nonzero;
+    counters->underflow += underflow;
+  }
+}
 
 // GEMM on row-major matrices: C(M,N) = alpha * op(A) op(B) + beta * C.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -155,17 +180,21 @@ void matmul_forward_impl(T* out, const T* inp, const T* w, const T* bias, int64_
 }
 
 template <typename T>
-void matmul_backward_impl(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
-                          int64_t N, int64_t C, int64_t OC) {
-  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);   // dinp += dout w
-  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);    // dw += dout^T inp
-  if (!dbias) return;
+void bias_backward_impl(T* dbias, const T* dout, int64_t N, int64_t OC) {
 #pragma omp parallel for schedule(static) if (worth_threads(N * OC))
   for (int64_t o = 0; o < OC; ++o) {
     T s = 0;
     for (int64_t n = 0; n < N; ++n) s += dout[n * OC + o];
     dbias[o] += s;
   }
+}
+
+template <typename T>
+void matmul_backward_impl(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
+                          int64_t N, int64_t C, int64_t OC) {
+  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);   // dinp += dout w
+  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);    // dw += dout^T inp
+  if (dbias) bias_backward_impl(dbias, dout, N, OC);
 }
 
 // ---------------------------------------------------------------------------- attention
@@ -349,6 +378,40 @@ void adamw_impl(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWParam
   }
 }
 
+// ---------------------------------------------------------------------------- fp8 casts
+
+float amax_impl(const float* x, int64_t n) {
+  float m = 0;
+  bool nan = false;
+#pragma omp parallel for schedule(static) reduction(max : m) reduction(|| : nan) if (worth_threads(n))
+  for (int64_t i = 0; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    m = std::max(m, std::fabs(x[i]));
+  }
+  return nan ? NAN : m;
+}
+
+// Casts one run of elements with one scale; adds to `stats` (amax is the caller's).
+void fp8_cast_run(float* out, const float* in, int64_t n, int64_t stride, Format f, float scale,
+                  Fp8CastStats& stats) {
+  const float inv = 1.0f / scale;
+  const float max = format_max(f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i * stride];
+    const float q = round_to_format(x * scale, f, /*saturate=*/true);
+    stats.nonzero += x != 0.0f;
+    stats.underflow += x != 0.0f && q == 0.0f;
+    stats.saturated += std::fabs(q) == max;
+    out[i * stride] = q * inv;
+  }
+}
+
+void add_counts(Fp8CastStats& into, const Fp8CastStats& s) {
+  into.nonzero += s.nonzero;
+  into.underflow += s.underflow;
+  into.saturated += s.saturated;
+}
+
 // ---------------------------------------------------------------------------- the backend
 
 // Calls fn with the element type of `t` (float or double).
@@ -417,6 +480,13 @@ class CpuBackend final : public Backend {
     std::copy(src, src + dst.numel(), dst.as<int32_t>());
   }
 
+  void copy(Tensor dst, Tensor src) override {
+    expect_same_float_dtype("copy", {&dst, &src});
+    expect(dst.numel() == src.numel(), "copy", "shape mismatch");
+    std::memcpy(dst.data, src.data, dst.bytes());
+    round_output(dst);
+  }
+
   void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override {
     expect_same_float_dtype("embedding_forward", {&out, &wte, &wpe});
     const int64_t B = out.dim(0), Tn = out.dim(1), C = out.dim(2);
@@ -427,6 +497,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       embedding_forward_impl<T>(out.as<T>(), tokens.as<int32_t>(), wte.as<T>(), wpe.as<T>(), B, Tn, C);
     });
+    round_output(out);
   }
 
   void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override {
@@ -438,6 +509,8 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       embedding_backward_impl<T>(dwte.as<T>(), dwpe.as<T>(), dout.as<T>(), tokens.as<int32_t>(), B, Tn, C);
     });
+    round_output(dwte, &grad_numerics_);
+    round_output(dwpe, &grad_numerics_);
   }
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
@@ -452,6 +525,7 @@ class CpuBackend final : public Backend {
       layernorm_forward_impl<T>(out.as<T>(), mean.as<T>(), rstd.as<T>(), inp.as<T>(), weight.as<T>(),
                                 bias.as<T>(), N, C);
     });
+    round_output(out);
   }
 
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -466,6 +540,9 @@ class CpuBackend final : public Backend {
       layernorm_backward_impl<T>(dinp.as<T>(), dweight.as<T>(), dbias.as<T>(), dout.as<T>(), inp.as<T>(),
                                  weight.as<T>(), mean.as<T>(), rstd.as<T>(), N, C);
     });
+    round_output(dinp, &grad_numerics_);
+    round_output(dweight, &grad_numerics_);
+    round_output(dbias, &grad_numerics_);
   }
 
   void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) override {
@@ -477,6 +554,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       matmul_forward_impl<T>(out.as<T>(), inp.as<T>(), weight.as<T>(), bias.empty() ? nullptr : bias.as<T>(), N, C, OC);
     });
+    round_output(out);
   }
 
   void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
@@ -491,6 +569,20 @@ class CpuBackend final : public Backend {
       matmul_backward_impl<T>(dinp.as<T>(), dweight.as<T>(), dbias.empty() ? nullptr : dbias.as<T>(),
                               dout.as<T>(), inp.as<T>(), weight.as<T>(), N, C, OC);
     });
+    round_output(dinp, &grad_numerics_);
+    round_output(dweight, &grad_numerics_);
+    round_output(dbias, &grad_numerics_);
+  }
+
+  void bias_backward(Tensor dbias, Tensor dout) override {
+    expect_same_float_dtype("bias_backward", {&dbias, &dout});
+    const int64_t OC = dbias.numel(), N = dout.numel() / OC;
+    expect(dout.dim(-1) == OC, "bias_backward", "shape mismatch");
+    dispatch(dout, [&](auto z) {
+      using T = decltype(z);
+      bias_backward_impl<T>(dbias.as<T>(), dout.as<T>(), N, OC);
+    });
+    round_output(dbias, &grad_numerics_);
   }
 
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override {
@@ -503,6 +595,8 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       attention_forward_impl<T>(out.as<T>(), att.as<T>(), qkv.as<T>(), B, Tn, C, n_head);
     });
+    round_output(out);
+    round_output(att);
   }
 
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int n_head) override {
@@ -515,6 +609,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       attention_backward_impl<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), att.as<T>(), B, Tn, C, n_head);
     });
+    round_output(dqkv, &grad_numerics_);
   }
 
   void gelu_forward(Tensor out, Tensor inp) override {
@@ -524,6 +619,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       gelu_forward_impl<T>(out.as<T>(), inp.as<T>(), inp.numel());
     });
+    round_output(out);
   }
 
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
@@ -533,6 +629,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       gelu_backward_impl<T>(dinp.as<T>(), inp.as<T>(), dout.as<T>(), inp.numel());
     });
+    round_output(dinp, &grad_numerics_);
   }
 
   void add(Tensor out, Tensor a, Tensor b) override {
@@ -542,6 +639,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       add_impl<T>(out.as<T>(), a.as<T>(), b.as<T>(), out.numel());
     });
+    round_output(out);
   }
 
   void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) override {
@@ -553,6 +651,7 @@ class CpuBackend final : public Backend {
       using T = decltype(z);
       classifier_impl<T>(logits.as<T>(), losses.as<T>(), targets.as<int32_t>(), N, Vp, vocab, static_cast<T>(dloss));
     });
+    if (dloss != 0) round_output(logits, &grad_numerics_);
   }
 
   double sum(Tensor t) override {
@@ -582,15 +681,73 @@ class CpuBackend final : public Backend {
     return result;
   }
 
-  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) override {
-    expect_same_float_dtype("adamw", {&param, &grad, &m, &v});
-    expect(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel(),
+  float amax(Tensor t) override {
+    expect(t.dtype == DType::f32, "amax", "f32 storage expected");
+    return amax_impl(t.as<float>(), t.numel());
+  }
+
+  Fp8CastStats fp8_cast(Tensor out, Tensor in, Format format, float scale) override {
+    expect(in.dtype == DType::f32 && out.dtype == DType::f32 && out.numel() == in.numel() && is_fp8(format),
+           "fp8_cast", "f32 storage of equal size and an fp8 format expected");
+    const int64_t n = in.numel();
+    const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+    std::vector<Fp8CastStats> partial(chunks);
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t begin = c * kReduceChunk, count = std::min(n, begin + kReduceChunk) - begin;
+      fp8_cast_run(out.as<float>() + begin, in.as<float>() + begin, count, 1, format, scale, partial[c]);
+    }
+    Fp8CastStats stats;
+    for (const auto& p : partial) add_counts(stats, p);
+    stats.amax = amax_impl(in.as<float>(), n);
+    return stats;
+  }
+
+  Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows, int block_cols) override {
+    expect(in.dtype == DType::f32 && out.dtype == DType::f32 && out.numel() == in.numel() && is_fp8(format),
+           "fp8_cast_blocks", "f32 storage of equal size and an fp8 format expected");
+    const int64_t cols = in.dim(-1), rows = in.numel() / cols;
+    const int64_t brows = (rows + block_rows - 1) / block_rows, bcols = (cols + block_cols - 1) / block_cols;
+    std::vector<Fp8CastStats> partial(brows * bcols);
+    const float* x = in.as<float>();
+    float* y = out.as<float>();
+#pragma omp parallel for collapse(2) schedule(static) if (worth_threads(rows * cols))
+    for (int64_t br = 0; br < brows; ++br)
+      for (int64_t bc = 0; bc < bcols; ++bc) {
+        const int64_t r0 = br * block_rows, r1 = std::min(rows, r0 + block_rows);
+        const int64_t c0 = bc * block_cols, c1 = std::min(cols, c0 + block_cols);
+        float block_amax = 0;
+        for (int64_t r = r0; r < r1; ++r) block_amax = std::max(block_amax, amax_impl(x + r * cols + c0, c1 - c0));
+        const float scale = current_scale(block_amax, format_max(format));
+        Fp8CastStats& st = partial[br * bcols + bc];
+        for (int64_t r = r0; r < r1; ++r) fp8_cast_run(y + r * cols + c0, x + r * cols + c0, c1 - c0, 1, format, scale, st);
+      }
+    Fp8CastStats stats;
+    for (const auto& p : partial) add_counts(stats, p);
+    stats.amax = amax_impl(x, in.numel());
+    return stats;
+  }
+
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p, Tensor param_copy) override {
+    expect_same_float_dtype("adamw", {&param, &grad, &m, &v, &param_copy});
+    expect(grad.numel() == param.numel() && m.numel() == param.numel() && v.numel() == param.numel() &&
+               (param_copy.empty() || param_copy.numel() == param.numel()),
            "adamw", "shape mismatch");
     dispatch(param, [&](auto z) {
       using T = decltype(z);
       adamw_impl<T>(param.as<T>(), grad.as<T>(), m.as<T>(), v.as<T>(), param.numel(), p);
     });
+    if (!param_copy.empty()) copy(param_copy, param);
   }
+
+  GradNumerics take_grad_numerics() override {
+    GradNumerics taken = grad_numerics_;
+    grad_numerics_ = GradNumerics{};
+    return taken;
+  }
+
+ private:
+  GradNumerics grad_numerics_;
 };
 
 }  // namespace

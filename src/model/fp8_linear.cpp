@@ -1,0 +1,82 @@
+#include "model/fp8_linear.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ptrain {
+
+static Fp8TensorState make_state(const std::string& name, Format format, const Fp8Policy& p) {
+  return Fp8TensorState{name, format, DelayedScaling(p.amax_history, p.amax_algo, format_max(format), p.margin)};
+}
+
+Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
+                     int64_t OC)
+    : policy_(policy),
+      backend_(backend),
+      input_(make_state(name + ".input", policy.forward, policy)),
+      weight_(make_state(name + ".weight", policy.forward, policy)),
+      grad_(make_state(name + ".grad", policy.backward, policy)) {
+  allocate_like(input_q_, {rows, C});
+  allocate_like(weight_q_, {OC, C});
+  allocate_like(grad_q_, {rows, OC});
+}
+
+Fp8Linear::~Fp8Linear() {
+  for (void* p : memory_) backend_.release(p);
+}
+
+void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  void* p = backend_.allocate(static_cast<size_t>(n) * sizeof(float));
+  memory_.push_back(p);
+  slot = Tensor(p, DType::f32, shape, backend_.device());
+  return p;
+}
+
+void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, bool training) {
+  Fp8CastStats s;
+  switch (policy_.recipe) {
+    case Fp8Recipe::delayed:
+      state.scale = state.delayed.scale();
+      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      if (training) state.delayed.record(s.amax);
+      break;
+    case Fp8Recipe::current:
+      state.scale = current_scale(backend_.amax(in), format_max(state.format));
+      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      break;
+    case Fp8Recipe::block:
+      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, Fp8Policy::kBlock);
+      break;
+  }
+  if (!training) return;
+  Fp8CastStats& acc = state.stats;
+  acc.amax = std::isnan(s.amax) || std::isnan(acc.amax) ? NAN : std::max(acc.amax, s.amax);
+  acc.nonzero += s.nonzero;
+  acc.underflow += s.underflow;
+  acc.saturated += s.saturated;
+}
+
+void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
+  if (!weight_cast_) {
+    cast(weight_, weight_q_, weight, Fp8Policy::kBlock, training);  // 128x128 blocks for the block recipe
+    weight_cast_ = training;  // an evaluation's cast is not the training step's
+  }
+  cast(input_, input_q_, inp, 1, training);  // 1x128 tiles
+  backend_.matmul_forward(out, input_q_, weight_q_, bias);
+}
+
+void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {
+  cast(grad_, grad_q_, dout, 1, /*training=*/true);
+  backend_.matmul_backward(dinp, dweight, Tensor(), grad_q_, input_q_, weight_q_);
+  if (!dbias.empty()) backend_.bias_backward(dbias, dout);
+}
+
+void Fp8Linear::end_step() {
+  if (policy_.recipe == Fp8Recipe::delayed)
+    for (Fp8TensorState* s : tensors()) s->delayed.end_step();
+  weight_cast_ = false;
+}
+
+}  // namespace ptrain

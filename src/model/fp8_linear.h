@@ -1,0 +1,61 @@
+// The FP8 path of one linear layer, TransformerEngine style: the input and the weight are cast
+// to the forward format (E4M3), the output gradient to the backward format (E5M2 for hybrid),
+// each with its own scale from the recipe; the GEMMs then run on the cast values with FP32
+// accumulation. The weight is cast once per optimizer step and reused by every micro-batch;
+// the cast input is kept for the weight-gradient GEMM; the bias gradient is taken from the
+// unquantised output gradient.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "precision/fp8_scaling.h"
+#include "precision/policy.h"
+
+namespace ptrain {
+
+// One FP8-cast tensor's scaling state and what its casts did since telemetry last read it.
+struct Fp8TensorState {
+  std::string name;  // e.g. "h3.fc.input"
+  Format format;
+  DelayedScaling delayed;
+  float scale = 1;         // scale of the latest cast (per-tensor recipes)
+  Fp8CastStats stats;      // amax is the max over the casts since the last reset
+  void reset_stats() { stats = Fp8CastStats{}; }
+};
+
+class Fp8Linear {
+ public:
+  // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs.
+  Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
+            int64_t OC);
+  ~Fp8Linear();
+  Fp8Linear(const Fp8Linear&) = delete;
+  Fp8Linear& operator=(const Fp8Linear&) = delete;
+
+  // out(rows, OC) = fp8(inp) fp8(weight)^T + bias (bias may be empty). `training` false (an
+  // evaluation) leaves the scaling state and telemetry untouched.
+  void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
+  // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
+  // fp8(inp); dbias += column sums of dout.
+  void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout);
+  // After each optimizer step: delayed scales move on, the weight is cast afresh next step.
+  void end_step();
+
+  std::vector<Fp8TensorState*> tensors() { return {&input_, &weight_, &grad_}; }
+
+ private:
+  void cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, bool training);
+  void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
+
+  Fp8Policy policy_;
+  Backend& backend_;
+  Fp8TensorState input_, weight_, grad_;
+  Tensor input_q_, weight_q_, grad_q_;  // dequantised FP8 values, (rows, C), (OC, C), (rows, OC)
+  std::vector<void*> memory_;
+  bool weight_cast_ = false;
+};
+
+}  // namespace ptrain

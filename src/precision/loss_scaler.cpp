@@ -1,0 +1,42 @@
+#include "precision/loss_scaler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace ptrain {
+
+LossScaler::LossScaler(const LossScalerConfig& config)
+    : config_(config),
+      scale_(config.mode == "off" ? 1.0 : config.init),
+      hysteresis_left_(config.hysteresis) {
+  PTRAIN_CHECK(config.mode == "off" || config.mode == "static" || config.mode == "dynamic",
+               "unknown loss-scaler mode '" + config.mode + "'");
+}
+
+bool LossScaler::update(bool found_nonfinite) {
+  if (found_nonfinite) ++skipped_;  // counted in every mode: the optimizer step is skipped
+  if (config_.mode != "dynamic") return found_nonfinite;
+
+  if (found_nonfinite) {
+    growth_tracker_ = 0;
+    // As Megatron: the counter keeps falling below 0, so every further non-finite step backs
+    // off until a growth refills it.
+    --hysteresis_left_;
+    if (hysteresis_left_ <= 0) scale_ = std::max(scale_ * config_.backoff_factor, config_.min_scale);
+  } else if (++growth_tracker_ >= config_.growth_interval) {
+    growth_tracker_ = 0;
+    hysteresis_left_ = config_.hysteresis;
+    scale_ *= config_.growth_factor;
+  }
+  return found_nonfinite;
+}
+
+void LossScaler::restore(const State& s) {
+  scale_ = s.scale;
+  growth_tracker_ = s.growth_tracker;
+  hysteresis_left_ = s.hysteresis_left;
+  skipped_ = s.skipped;
+}
+
+}  // namespace ptrain
