@@ -126,6 +126,8 @@ Schema make_schema(Config& c) {
            Empty::kNull),
       choice("model.attention", &m.attention, {"auto", "cudnn", "fallback"},
              "attention implementation on GPU"),
+      number("model.init_std", &m.init_std, above(0),
+             "std of the initial weights (residual projections: / sqrt(2 n_layer))"),
 
       text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
@@ -149,6 +151,8 @@ Schema make_schema(Config& c) {
              "steps between evaluations; 0 = only at the end"),
       number("training.eval_batches", &t.eval_batches, at_least(1), "micro-batches per eval"),
       number("training.threads", &t.threads, at_least(0), "CPU threads; 0 = all available"),
+      number("training.loss_weight", &t.loss_weight, above(0),
+             "multiplies the loss and so every gradient (the logged loss is unweighted)"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),

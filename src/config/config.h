@@ -24,6 +24,7 @@ struct ModelConfig {
   int vocab_size = 0;  // required
   std::string init_from;  // empty = null
   std::string attention = "auto";  // auto | cudnn | fallback
+  double init_std = 0.02;  // GPT-2 initialisation (Megatron's --init-method-std)
 
   // Vocabulary padded to a multiple of 128 (the padded logits never win, never get gradient).
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
@@ -54,6 +55,7 @@ struct TrainingConfig {
   int64_t eval_every = 100;  // 0 = only at the end
   int eval_batches = 20;
   int threads = 0;  // CPU threads; 0 = all available
+  double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
 };

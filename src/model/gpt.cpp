@@ -191,8 +191,8 @@ std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
   return all;
 }
 
-void Gpt::init(uint64_t seed) {
-  const double residual_std = 0.02 / std::sqrt(2.0 * shape_.n_layer);
+void Gpt::init(uint64_t seed, double std) {
+  const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
   for (int i = 0; i < kNumParams; ++i) {
     const Tensor& t = params_[i];
     std::vector<float> host(t.numel(), 0.0f);
@@ -200,11 +200,11 @@ void Gpt::init(uint64_t seed) {
     if (is_layernorm_weight) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else if (specs_[i].weight_decay) {  // the 2-D weights
-      const double std = (i == kAttprojw || i == kFcprojw) ? residual_std : 0.02;
+      const double tensor_std = (i == kAttprojw || i == kFcprojw) ? residual_std : std;
       // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
       const int64_t count = (i == kWte) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
       Rng rng(seed, static_cast<uint64_t>(i));
-      for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * std);
+      for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
     }
     // The master weights hold the values; the GEMMs' copy is them rounded to its format.
     if (master_flat_.empty()) {

@@ -77,9 +77,9 @@ class Gpt {
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
-  // GPT-2 initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2L), biases 0,
-  // layernorm weights 1, padded vocabulary rows 0. Deterministic in `seed`.
-  void init(uint64_t seed);
+  // GPT-2 initialisation: N(0, std) with std 0.02 by default, residual projections scaled by
+  // 1/sqrt(2L), biases 0, layernorm weights 1, padded vocabulary rows 0. Deterministic in `seed`.
+  void init(uint64_t seed, double std = 0.02);
 
   // Runs the forward pass on inputs/targets (B*T token ids each) and returns the mean loss.
   // With dloss != 0 the classifier also leaves d(loss)/d(logits) * dloss in place for

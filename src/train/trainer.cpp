@@ -117,7 +117,7 @@ class Trainer {
 
   TrainResult run() {
     announce();
-    model_.init(static_cast<uint64_t>(cfg_.run.seed));
+    model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
     const int64_t steps = cfg_.training.steps;
     const int64_t eval_every = cfg_.training.eval_every;
     if (eval_every > 0) evaluate(0);
@@ -133,7 +133,8 @@ class Trainer {
       // The loss is multiplied by the loss scale (1 unless loss scaling is on) so that small
       // gradients survive fp16; the optimizer divides it out again.
       const double loss_scale = scaler_.scale();
-      const float dloss = static_cast<float>(loss_scale / static_cast<double>(int64_t{B_} * T_ * accum_));
+      const float dloss = static_cast<float>(loss_scale * cfg_.training.loss_weight /
+                                             static_cast<double>(int64_t{B_} * T_ * accum_));
       for (int micro = 0; micro < accum_; ++micro) {
         const int64_t first_sample = ((step - 1) * accum_ + micro) * B_;
         train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
