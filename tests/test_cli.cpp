@@ -116,6 +116,13 @@ TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
         "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 20}\n";
     expect_bad_input(ws.train(yaml), {"data.synthetic", "val split", "eval_batches"});
   }
+  SECTION("fp8 block scaling with a model too narrow for 128-wide blocks") {
+    expect_bad_input(ws.train(ws.config(), "--set precision.mode=fp8 --set precision.fp8.recipe=block"),
+                     {"model.n_embd", "multiple of 128"});
+  }
+  SECTION("an unknown fp8 recipe") {
+    expect_bad_input(ws.train(ws.config(), "--set precision.fp8.recipe=tensorwise"), {"precision.fp8.recipe", "delayed"});
+  }
   SECTION("missing config file") {
     expect_bad_input(run_ptrain("train nowhere.yaml", ws.dir), {"nowhere.yaml"});
   }
