@@ -81,7 +81,7 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, std::vector<std::string>
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"ptrain: pre-train GPT-style language models in FP32 (reduced precision in later versions)"};
+  CLI::App app{"ptrain: pre-train GPT-style language models in FP32, BF16, FP16 with loss scaling, or FP8"};
   app.set_version_flag("--version", std::string("ptrain ") + PTRAIN_VERSION);
   app.require_subcommand(1);
   app.footer(

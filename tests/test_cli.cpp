@@ -68,6 +68,17 @@ TEST_CASE("a valid config trains and writes the run directory", "[cli]") {
     const CommandResult forced = ws.train(ws.config(), "--set run.overwrite=true");
     CHECK(forced.exit_code == 0);
   }
+  SECTION("overwrite never deletes a directory ptrain did not make") {
+    fs::create_directories(ws.dir / "runs/mine");
+    write_file(ws.dir / "runs/mine/config.yaml", "a user's own file\n");
+    const CommandResult r2 = ws.train(ws.config(), "--set run.name=mine --set run.overwrite=true");
+    expect_bad_input(r2, {"not made by ptrain", "runs/mine"});
+    CHECK(read_file(ws.dir / "runs/mine/config.yaml") == "a user's own file\n");
+  }
+  SECTION("a run name that is a path is refused") {
+    expect_bad_input(ws.train(ws.config(), "--set run.name=../elsewhere"), {"run.name", "plain directory name"});
+    expect_bad_input(ws.train(ws.config(), "--set run.name=.."), {"run.name"});
+  }
 }
 
 TEST_CASE("dry run validates and writes nothing", "[cli]") {
@@ -120,8 +131,15 @@ TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
     expect_bad_input(ws.train(ws.config(), "--set precision.mode=fp8 --set precision.fp8.recipe=block"),
                      {"model.n_embd", "multiple of 128"});
   }
-  SECTION("an unknown fp8 recipe") {
+  SECTION("bad fp8 settings") {
     expect_bad_input(ws.train(ws.config(), "--set precision.fp8.recipe=tensorwise"), {"precision.fp8.recipe", "delayed"});
+    expect_bad_input(ws.train(ws.config(), "--set precision.fp8.format=e5m2"), {"precision.fp8.format", "hybrid"});
+    expect_bad_input(ws.train(ws.config(), "--set precision.fp8.margin=-1"), {"precision.fp8.margin", "expected"});
+    expect_bad_input(ws.train(ws.config(), "--set precision.fp8.amax_history=0"),
+                     {"precision.fp8.amax_history", "expected"});
+    expect_bad_input(ws.train(ws.config(), "--set precision.fp8.block_size=64"), {"precision.fp8.block_size", "128"});
+    expect_bad_input(ws.train(ws.config(), "--set precision.mode=fp8 --set training.micro_batch=1 --set training.batch_tokens=16 --set training.seq_len=8"),
+                     {"training.micro_batch", "multiple of 16"});
   }
   SECTION("missing config file") {
     expect_bad_input(run_ptrain("train nowhere.yaml", ws.dir), {"nowhere.yaml"});

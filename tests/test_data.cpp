@@ -232,7 +232,7 @@ TEST_CASE("TrainSampler needs one window of training data", "[data]") {
   write_shard(dir / "train_000.bin", iota_tokens(0, 64));
   TokenStream stream(dir / "train_*.bin", "data.train", 256);
   const std::string message = user_error([&] { TrainSampler(stream, 1, 64); });
-  CHECK_THAT(message, Catch::Contains("training data has 64 tokens") && Catch::Contains("65"));
+  CHECK_THAT(message, Catch::Contains("data.train: the training data has 64 tokens") && Catch::Contains("65"));
   std::vector<int32_t> in(63), tgt(63);
   TrainSampler(stream, 1, 63).fill(0, 1, in.data(), tgt.data());
   CHECK(in[0] == 0);

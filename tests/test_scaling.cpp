@@ -18,8 +18,8 @@ namespace {
 const bool OK = false;
 const bool INF = true;
 
-LossScalerConfig dynamic_config(int hysteresis) {
-  LossScalerConfig c;
+LossScalingConfig dynamic_config(int hysteresis) {
+  LossScalingConfig c;
   c.mode = "dynamic";
   c.init = 8.0;
   c.growth_factor = 2.0;
@@ -94,7 +94,7 @@ TEST_CASE("dynamic loss scaler with hysteresis 2", "[scaling]") {
 }
 
 TEST_CASE("static and off loss scalers never change scale but skip", "[scaling]") {
-  LossScalerConfig c = dynamic_config(1);
+  LossScalingConfig c = dynamic_config(1);
   c.mode = "static";
   LossScaler st(c);
   CHECK(st.scale() == 8.0);
@@ -107,7 +107,7 @@ TEST_CASE("static and off loss scalers never change scale but skip", "[scaling]"
 }
 
 TEST_CASE("loss scaler rejects an unknown mode", "[scaling]") {
-  LossScalerConfig c;
+  LossScalingConfig c;
   c.mode = "auto";  // must be resolved before reaching the scaler
   CHECK_THROWS_AS(LossScaler(c), std::logic_error);
 }

@@ -25,8 +25,8 @@ namespace ptrain {
 // backward ops as they write gradients (telemetry: "how much signal did fp16 lose?").
 struct GradNumerics {
   int64_t elements = 0;   // gradient elements written in a reduced-precision format
-  int64_t nonzero = 0;    // of those, non-zero before rounding
-  int64_t underflow = 0;  // of those, zero after rounding
+  int64_t nonzero = 0;    // of those, non-zero values the rounding changed (not already on the grid)
+  int64_t underflow = 0;  // of those, the ones rounded to zero
 };
 
 // What an FP8 cast did to one tensor.
@@ -34,7 +34,7 @@ struct Fp8CastStats {
   float amax = 0;         // max |x| before scaling (NaN if any element is NaN)
   int64_t nonzero = 0;    // non-zero inputs
   int64_t underflow = 0;  // non-zero inputs that became zero
-  int64_t saturated = 0;  // inputs that landed on +-max of the format (or beyond it)
+  int64_t saturated = 0;  // inputs whose scaled value lay beyond the format's max and was clipped
 };
 
 struct AdamWParams {
@@ -84,7 +84,7 @@ class Backend {
 
   // out(N,OC) = inp(N,C) weight(OC,C)^T + bias(OC); bias may be empty.
   virtual void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) = 0;
-  // dbias may be empty.
+  // Any of dinp, dweight, dbias may be empty (that gradient is not computed).
   virtual void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                                Tensor weight) = 0;
   // dbias(OC) += column sums of dout(N, OC).
@@ -109,11 +109,11 @@ class Backend {
   // of the logits is ever kept.
   virtual void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) = 0;
 
-  // Sum, and sum of squares, of all elements, accumulated in double in a fixed order.
+  // Sum, and sum of squares, of all elements, accumulated in double in a fixed order. For f32
+  // storage the sum of squares is finite exactly when every element is (no float squares to
+  // inf in double): loss scaling's overflow check.
   virtual double sum(Tensor t) = 0;
   virtual double sum_squares(Tensor t) = 0;
-  // True if any element is inf or NaN.
-  virtual bool has_nonfinite(Tensor t) = 0;
   // max |x| (NaN if any element is NaN).
   virtual float amax(Tensor t) = 0;
 

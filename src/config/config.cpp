@@ -443,6 +443,13 @@ class Loader {
       if (f.required && !seen_.count(f.key) && !rejected(f.key))
         problem(where({f.key}), f.key, "required, no default", expected_value(f));
 
+    // The run directory is <out_dir>/<name>: a name that is a path could land anywhere.
+    const std::string& name = c.run.name;
+    if (usable({"run.name"}) &&
+        (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos))
+      problem(where({"run.name"}), "run.name", "\"" + name + "\" is not a plain directory name",
+              "a non-empty name without '/' (not . or ..); put the parent folder in run.out_dir");
+
     if (usable({"data.train", "data.val"})) {
       const bool train = !c.data.train.empty(), val = !c.data.val.empty();
       const std::string either = "either data.synthetic, or both data.train and data.val";
@@ -510,11 +517,21 @@ class Loader {
     const Fp8Config& f8 = c.precision.fp8;
     if (c.precision.mode == "fp8" && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
       const int multiple = f8.recipe == "block" ? 128 : 16;
+      const std::string needs = " as precision.mode fp8" +
+                                std::string(f8.recipe == "block" ? " with recipe block" : "") + " needs";
       if (m.n_embd % multiple != 0)
         problem(where({"model.n_embd", "precision.mode"}), "model.n_embd",
-                std::to_string(m.n_embd) + " is not a multiple of " + std::to_string(multiple) +
-                    " as precision.mode fp8" + (f8.recipe == "block" ? " with recipe block" : "") + " needs",
+                std::to_string(m.n_embd) + " is not a multiple of " + std::to_string(multiple) + needs,
                 "a multiple of " + std::to_string(multiple) + ", e.g. " + nearest_multiples(m.n_embd, multiple));
+      // The weight-gradient GEMM contracts over the micro-batch's tokens.
+      if (usable({"training.micro_batch", "training.seq_len", "model.seq_len"})) {
+        const int64_t tokens = int64_t{t.micro_batch} * t.effective_seq_len(m);
+        if (tokens % multiple != 0)
+          problem(where({"training.micro_batch", "precision.mode"}), "training.micro_batch",
+                  "micro_batch * seq_len = " + std::to_string(tokens) + " is not a multiple of " +
+                      std::to_string(multiple) + needs + " (the weight-gradient GEMM runs over these tokens)",
+                  "micro_batch * seq_len a multiple of " + std::to_string(multiple));
+      }
     }
     if (usable({"precision.fp8.block_size"}) && f8.block_size != 128)
       problem(where({"precision.fp8.block_size"}), "precision.fp8.block_size",

@@ -58,7 +58,7 @@ TrainSampler::TrainSampler(const TokenStream& stream, uint64_t seed, int seq_len
     : stream_(stream), seed_(seed), seq_len_(seq_len) {
   PTRAIN_CHECK(seq_len > 0, "sequence length must be positive");
   if (stream.size() < static_cast<int64_t>(seq_len) + 1)
-    throw UserError("the training data has " + std::to_string(stream.size()) +
+    throw UserError("data.train: the training data has " + std::to_string(stream.size()) +
                     " tokens, expected at least seq_len + 1 = " + std::to_string(seq_len + 1) +
                     " for one training window (lower training.seq_len or add data)");
 }

@@ -19,6 +19,16 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});
   allocate_like(grad_q_, {rows, OC});
+  if (policy.recipe == Fp8Recipe::block) {
+    allocate_like(input_qt_, {rows, C});
+    allocate_like(grad_qt_, {rows, OC});
+  }
+}
+
+int64_t Fp8Linear::buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
+  const int64_t per_copy = rows * C + rows * OC;  // input and gradient
+  const int64_t copies = policy.recipe == Fp8Recipe::block ? 2 : 1;
+  return static_cast<int64_t>(sizeof(float)) * (copies * per_copy + OC * C);
 }
 
 Fp8Linear::~Fp8Linear() {
@@ -34,7 +44,7 @@ void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) 
   return p;
 }
 
-void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, bool training) {
+void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, int block_cols, bool training) {
   Fp8CastStats s;
   switch (policy_.recipe) {
     case Fp8Recipe::delayed:
@@ -47,7 +57,8 @@ void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_row
       s = backend_.fp8_cast(out, in, state.format, state.scale);
       break;
     case Fp8Recipe::block:
-      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, Fp8Policy::kBlock);
+      state.scale = NAN;  // one scale per block: no single scale to report
+      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
       break;
   }
   if (!training) return;
@@ -59,17 +70,26 @@ void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_row
 }
 
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
+  const int block = policy_.block;
   if (!weight_cast_) {
-    cast(weight_, weight_q_, weight, Fp8Policy::kBlock, training);  // 128x128 blocks for the block recipe
+    cast(weight_, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
-  cast(input_, input_q_, inp, 1, training);  // 1x128 tiles
+  cast(input_, input_q_, inp, 1, block, training);
+  if (training && !input_qt_.empty()) cast(input_, input_qt_, inp, block, 1, training);
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {
-  cast(grad_, grad_q_, dout, 1, /*training=*/true);
-  backend_.matmul_backward(dinp, dweight, Tensor(), grad_q_, input_q_, weight_q_);
+  const int block = policy_.block;
+  cast(grad_, grad_q_, dout, 1, block, /*training=*/true);
+  if (grad_qt_.empty()) {
+    backend_.matmul_backward(dinp, dweight, Tensor(), grad_q_, input_q_, weight_q_);
+  } else {
+    cast(grad_, grad_qt_, dout, block, 1, /*training=*/true);
+    backend_.matmul_backward(dinp, Tensor(), Tensor(), grad_q_, input_q_, weight_q_);
+    backend_.matmul_backward(Tensor(), dweight, Tensor(), grad_qt_, input_qt_, weight_q_);
+  }
   if (!dbias.empty()) backend_.bias_backward(dbias, dout);
 }
 

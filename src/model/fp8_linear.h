@@ -3,7 +3,9 @@
 // each with its own scale from the recipe; the GEMMs then run on the cast values with FP32
 // accumulation. The weight is cast once per optimizer step and reused by every micro-batch;
 // the cast input is kept for the weight-gradient GEMM; the bias gradient is taken from the
-// unquantised output gradient.
+// unquantised output gradient. Block scaling tiles along each GEMM's contraction dimension, as
+// Hopper's block-scaled GEMMs need: 1x128 tiles of input and gradient for fprop and dgrad,
+// 128x1 tiles of both for wgrad (which contracts over tokens), 128x128 blocks of the weight.
 #pragma once
 
 #include <memory>
@@ -46,14 +48,18 @@ class Fp8Linear {
 
   std::vector<Fp8TensorState*> tensors() { return {&input_, &weight_, &grad_}; }
 
+  // Bytes of the cast copies one such layer allocates.
+  static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC);
+
  private:
-  void cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, bool training);
+  void cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, int block_cols, bool training);
   void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
 
   Fp8Policy policy_;
   Backend& backend_;
   Fp8TensorState input_, weight_, grad_;
   Tensor input_q_, weight_q_, grad_q_;  // dequantised FP8 values, (rows, C), (OC, C), (rows, OC)
+  Tensor input_qt_, grad_qt_;           // block recipe: 128x1 tiles for wgrad, (rows, C), (rows, OC)
   std::vector<void*> memory_;
   bool weight_cast_ = false;
 };

@@ -99,6 +99,23 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
   return plan_activations(unused, s, B, T, elem == 8 ? DType::f64 : DType::f32).bytes();
 }
 
+// (C, OC) of the four linears of a block, in LinearId order.
+static std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const GptShape& s) {
+  const int64_t C = s.n_embd;
+  return {{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}};
+}
+
+int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
+  if (!policy.fp8.enabled) return 0;
+  const int64_t rows = int64_t{B} * T;
+  int64_t bytes = 0;
+  for (int l = 0; l < s.n_layer; ++l)
+    if (policy.fp8_block(l, s.n_layer))
+      for (const auto& [C, OC] : block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
+  if (!policy.fp8.bf16_lm_head) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
+  return bytes;
+}
+
 Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy)
     : shape_(shape), backend_(backend), dtype_(dtype), B_(B), T_(T), specs_(gpt_param_specs(shape)) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
@@ -133,8 +150,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
     t->format = policy.grads;
 
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
-  const int64_t rows = int64_t{B} * T, C = shape.n_embd;
-  const int64_t linear_shapes[kLinearsPerBlock][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
+  const int64_t rows = int64_t{B} * T;
+  const auto linear_shapes = block_linear_shapes(shape);
   const char* linear_names[kLinearsPerBlock] = {"qkv", "attproj", "fc", "fcproj"};
   if (policy.fp8.enabled) {
     for (int l = 0; l < shape.n_layer; ++l)
@@ -144,8 +161,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
                                                          backend, rows, linear_shapes[k][0], linear_shapes[k][1])
                            : nullptr);
     fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
-                                           : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend, rows, C,
-                                                                         shape.padded_vocab));
+                                           : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend, rows,
+                                                                         shape.n_embd, shape.padded_vocab));
   }
 }
 

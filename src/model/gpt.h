@@ -44,6 +44,9 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
 // The linear layers of a block, in order: what FP8 telemetry calls them.
 enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };
 
+// Bytes of the FP8 cast copies a model allocates under `policy` (0 without FP8).
+int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, int B, int T);
+
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
 struct GptActivations {

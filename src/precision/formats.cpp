@@ -27,16 +27,6 @@ const char* format_name(Format f) {
   return "?";
 }
 
-bool parse_format(const std::string& name, Format* out) {
-  for (Format f : {Format::fp32, Format::bf16, Format::fp16, Format::e4m3, Format::e5m2}) {
-    if (name == format_name(f)) {
-      *out = f;
-      return true;
-    }
-  }
-  return false;
-}
-
 float format_max(Format f) {
   switch (f) {
     case Format::fp32: return FLT_MAX;

@@ -4,15 +4,12 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 namespace ptrain {
 
 enum class Format { fp32, bf16, fp16, e4m3, e5m2 };
 
 const char* format_name(Format f);  // "fp32", "bf16", "fp16", "e4m3", "e5m2"
-// Parses a name as written by format_name; returns false if unknown.
-bool parse_format(const std::string& name, Format* out);
 
 // Largest finite magnitude: FLT_MAX, 0x7F7F bf16 (3.3895e38), 65504, 448, 57344.
 float format_max(Format f);

@@ -6,7 +6,7 @@
 
 namespace ptrain {
 
-LossScaler::LossScaler(const LossScalerConfig& config)
+LossScaler::LossScaler(const LossScalingConfig& config)
     : config_(config),
       scale_(config.mode == "off" ? 1.0 : config.init),
       hysteresis_left_(config.hysteresis) {

@@ -5,23 +5,15 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "config/config.h"
 
 namespace ptrain {
 
-struct LossScalerConfig {
-  std::string mode = "off";  // off | static | dynamic (the config's "auto" is resolved before)
-  double init = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  int hysteresis = 1;
-  double min_scale = 1.0;
-};
-
 class LossScaler {
  public:
-  explicit LossScaler(const LossScalerConfig& config);
+  // config.mode must be resolved to off, static or dynamic (PrecisionPolicy resolves "auto").
+  explicit LossScaler(const LossScalingConfig& config);
 
   // The factor the loss is multiplied by this step (1 when mode is off).
   double scale() const { return scale_; }
@@ -48,7 +40,7 @@ class LossScaler {
   void restore(const State& s);
 
  private:
-  LossScalerConfig config_;
+  LossScalingConfig config_;
   double scale_;
   int64_t growth_tracker_ = 0;
   int hysteresis_left_;

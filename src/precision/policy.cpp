@@ -27,15 +27,10 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& config) {
     p.fp8.amax_algo = f.amax_algo == "most_recent" ? AmaxAlgo::most_recent : AmaxAlgo::max;
     p.fp8.bf16_first_last = f.bf16_first_last;
     p.fp8.bf16_lm_head = f.bf16_lm_head;
+    p.fp8.block = f.block_size;
   }
-  const LossScalingConfig& ls = config.loss_scaling;
-  p.loss_scaling.mode = ls.mode == "auto" ? (config.mode == "fp16" ? "dynamic" : "off") : ls.mode;
-  p.loss_scaling.init = ls.init;
-  p.loss_scaling.growth_factor = ls.growth_factor;
-  p.loss_scaling.backoff_factor = ls.backoff_factor;
-  p.loss_scaling.growth_interval = ls.growth_interval;
-  p.loss_scaling.hysteresis = ls.hysteresis;
-  p.loss_scaling.min_scale = ls.min_scale;
+  p.loss_scaling = config.loss_scaling;
+  if (p.loss_scaling.mode == "auto") p.loss_scaling.mode = config.mode == "fp16" ? "dynamic" : "off";
   return p;
 }
 

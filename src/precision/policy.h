@@ -31,7 +31,7 @@ struct Fp8Policy {
   AmaxAlgo amax_algo = AmaxAlgo::max;
   bool bf16_first_last = false;  // keep the first and last block's linears in bf16
   bool bf16_lm_head = true;      // keep the LM head in bf16
-  static constexpr int kBlock = 128;  // 1x128 tiles, 128x128 weight blocks
+  int block = 128;               // block recipe: 1 x block tiles, block x block weight blocks
 };
 
 struct PrecisionPolicy {
@@ -40,7 +40,12 @@ struct PrecisionPolicy {
   Format activations = Format::fp32;
   Format grads = Format::fp32;
   Fp8Policy fp8;
-  LossScalerConfig loss_scaling;      // "auto" resolved: dynamic for fp16, off otherwise
+  // Mode resolved from the config's "auto": dynamic for fp16, off otherwise.
+  LossScalingConfig loss_scaling = [] {
+    LossScalingConfig off;
+    off.mode = "off";
+    return off;
+  }();
 
   static PrecisionPolicy from_config(const PrecisionConfig& config);
 

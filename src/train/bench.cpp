@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "metrics/cpu_peak.h"
+#include "precision/policy.h"
 #include "train/trainer.h"
 
 namespace ptrain {
@@ -33,7 +34,8 @@ void benchmark(const Config& config) {
   const double step_s = median(timed);
   const double tokens_per_s = static_cast<double>(result.tokens_per_step) / step_s;
   const double model_flops = result.flops_per_token * tokens_per_s;
-  std::printf("\nbenchmark: %s, fp32, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(), gemm.threads,
+  std::printf("\nbenchmark: %s, %s, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
+              PrecisionPolicy::from_config(config.precision).label().c_str(), gemm.threads,
               result.step_seconds.size(), timed.size());
   std::printf("  median step            %10.1f ms\n", step_s * 1e3);
   std::printf("  tokens/s               %10.0f\n", tokens_per_s);

@@ -43,32 +43,42 @@ GptShape shape_from(const ModelConfig& m) {
 
 // What the CPU backend allocates: every format is emulated in float storage.
 struct MemoryPlan {
-  int64_t params, master, grads, optimizer, activations;
-  int64_t total() const { return params + master + grads + optimizer + activations; }
+  int64_t params, master, grads, optimizer, activations, fp8;
+  int64_t total() const { return params + master + grads + optimizer + activations + fp8; }
+  std::string describe() const {
+    return format_mib(total()) + " = " + format_mib(params) + " params + " +
+           (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
+           " grads + " + format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
+           (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
+  }
 };
 
 MemoryPlan plan_memory(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
   const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
-  return {n, policy.has_master_weights() ? n : 0, n, 2 * n, gpt_activation_bytes(s, B, T, sizeof(float))};
+  return {n, policy.has_master_weights() ? n : 0, n, 2 * n, gpt_activation_bytes(s, B, T, sizeof(float)),
+          gpt_fp8_buffer_bytes(s, policy, B, T)};
 }
 
+// Marks a directory as a ptrain run directory, the only kind run.overwrite may delete.
+constexpr const char* kRunMarker = ".ptrain-run";
+
 // Creates <out_dir>/<name>. An existing directory is replaced only with run.overwrite and only
-// if it looks like a ptrain run, so a typo in out_dir can never delete a user's files.
+// if ptrain made it (it holds the marker) or it is empty, so a typo can never delete user files.
 fs::path create_run_dir(const RunConfig& run) {
   const fs::path dir = fs::path(run.out_dir) / run.name;
   if (fs::exists(dir)) {
     if (!run.overwrite)
       throw UserError("run directory " + dir.string() +
                       " already exists; expected a new run.name, or run.overwrite: true to replace it");
-    const bool is_run = fs::exists(dir / "config.yaml") || fs::is_empty(dir);
-    if (!is_run)
-      throw UserError("run.overwrite: " + dir.string() +
-                      " does not look like a ptrain run directory (no config.yaml); refusing to delete it");
+    if (!fs::is_directory(dir) || !(fs::exists(dir / kRunMarker) || fs::is_empty(dir)))
+      throw UserError("run.overwrite: " + dir.string() + " was not made by ptrain (no " + kRunMarker +
+                      " marker); refusing to delete it; expected a ptrain run directory or a new run.name");
     fs::remove_all(dir);
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw UserError("cannot create run directory " + dir.string() + ": " + ec.message());
+  std::ofstream(dir / kRunMarker) << "made by ptrain " PTRAIN_VERSION "\n";
   return dir;
 }
 
@@ -142,8 +152,10 @@ class Trainer {
         model_.backward();
       }
       const double loss = comm_->all_reduce_sum(loss_sum / accum_) / comm_->world_size();
-      const bool nonfinite = backend_->has_nonfinite(model_.grads_flat());
-      const double norm = nonfinite ? INFINITY : optimizer_.grad_norm() / loss_scale;
+      // The squares are summed in double, where no float gradient overflows: the norm is finite
+      // exactly when every gradient is, so one pass serves clipping and overflow detection.
+      const double norm = optimizer_.grad_norm() / loss_scale;
+      const bool nonfinite = !std::isfinite(norm);
       if (!scaler_.update(nonfinite)) optimizer_.step(lr, norm, loss_scale);
       model_.end_step();
       const double seconds = seconds_since(t0);
@@ -185,10 +197,7 @@ class Trainer {
                 std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
                 " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
                 fmt("%.4f", std::log(shape_.vocab)));
-    log_.info("memory: " + format_mib(static_cast<int64_t>(model_.params_flat().bytes())) + " params, " +
-              format_mib(static_cast<int64_t>(model_.grads_flat().bytes())) + " grads, " +
-              format_mib(static_cast<int64_t>(optimizer_.state_bytes())) + " AdamW state, " +
-              format_mib(static_cast<int64_t>(model_.activation_bytes())) + " activations");
+    log_.info("memory: " + plan_memory(shape_, policy_, B_, T_).describe());
   }
 
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
@@ -353,10 +362,8 @@ void print_dry_run(const Config& config) {
   log.info("precision: " + policy.label() + " (weights " + format_name(policy.weights) + ", activations " +
            format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
            policy.loss_scaling.mode + ")");
-  log.info("memory estimate: " + format_mib(mem.total()) + " = " + format_mib(mem.params) + " params + " +
-           (mem.master ? format_mib(mem.master) + " FP32 master weights + " : std::string()) +
-           format_mib(mem.grads) + " grads + " + format_mib(mem.optimizer) + " AdamW state + " +
-           format_mib(mem.activations) + " activations (micro-batch " + std::to_string(B) + " x " + std::to_string(T) + ")");
+  log.info("memory estimate: " + mem.describe() + " (micro-batch " + std::to_string(B) + " x " + std::to_string(T) +
+           ")");
   log.info("dry run: nothing written");
 }
 

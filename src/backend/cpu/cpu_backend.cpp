@@ -37,7 +37,8 @@ void round_output(const Tensor& t, GradNumerics* counters = nullptr) {
 #pragma omp parallel for schedule(static) reduction(+ : nonzero, underflow) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) {
     const float r = round_to_format(x[i], f, /*saturate=*/false);
-    nonzero += x[i] != 0.0f;
+    // Values already on the grid (untouched rows of an accumulating gradient) are not counted.
+    nonzero += x[i] != 0.0f && r != x[i];
     underflow += x[i] != 0.0f && r == 0.0f;
     x[i] = r;
   }
@@ -192,8 +193,8 @@ void bias_backward_impl(T* dbias, const T* dout, int64_t N, int64_t OC) {
 template <typename T>
 void matmul_backward_impl(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w,
                           int64_t N, int64_t C, int64_t OC) {
-  gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);   // dinp += dout w
-  gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);    // dw += dout^T inp
+  if (dinp) gemm(false, false, N, C, OC, T(1), dout, OC, w, C, T(1), dinp, C);  // dinp += dout w
+  if (dw) gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dw, C);     // dw += dout^T inp
   if (dbias) bias_backward_impl(dbias, dout, N, OC);
 }
 
@@ -353,14 +354,6 @@ double reduce_impl(const T* x, int64_t n, F f) {
 }
 
 template <typename T>
-bool has_nonfinite_impl(const T* x, int64_t n) {
-  bool bad = false;
-#pragma omp parallel for schedule(static) reduction(|| : bad) if (worth_threads(n))
-  for (int64_t i = 0; i < n; ++i) bad = bad || !std::isfinite(x[i]);
-  return bad;
-}
-
-template <typename T>
 void adamw_impl(T* param, const T* grad, T* m, T* v, int64_t n, const AdamWParams& p) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
@@ -401,7 +394,7 @@ void fp8_cast_run(float* out, const float* in, int64_t n, int64_t stride, Format
     const float q = round_to_format(x * scale, f, /*saturate=*/true);
     stats.nonzero += x != 0.0f;
     stats.underflow += x != 0.0f && q == 0.0f;
-    stats.saturated += std::fabs(q) == max;
+    stats.saturated += std::fabs(x * scale) > max;  // clipped by the saturating cast
     out[i * stride] = q * inv;
   }
 }
@@ -561,13 +554,14 @@ class CpuBackend final : public Backend {
                        Tensor weight) override {
     expect_same_float_dtype("matmul_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight});
     const int64_t OC = weight.dim(0), C = weight.dim(1), N = inp.numel() / C;
-    expect(dinp.numel() == N * C && dout.numel() == N * OC && dweight.numel() == OC * C &&
-               (dbias.empty() || dbias.numel() == OC),
+    expect((dinp.empty() || dinp.numel() == N * C) && dout.numel() == N * OC &&
+               (dweight.empty() || dweight.numel() == OC * C) && (dbias.empty() || dbias.numel() == OC),
            "matmul_backward", "shape mismatch");
+    auto ptr = [](const Tensor& t, auto z) { return t.empty() ? nullptr : t.as<decltype(z)>(); };
     dispatch(inp, [&](auto z) {
       using T = decltype(z);
-      matmul_backward_impl<T>(dinp.as<T>(), dweight.as<T>(), dbias.empty() ? nullptr : dbias.as<T>(),
-                              dout.as<T>(), inp.as<T>(), weight.as<T>(), N, C, OC);
+      matmul_backward_impl<T>(ptr(dinp, z), ptr(dweight, z), ptr(dbias, z), dout.as<T>(), inp.as<T>(),
+                              weight.as<T>(), N, C, OC);
     });
     round_output(dinp, &grad_numerics_);
     round_output(dweight, &grad_numerics_);
@@ -672,14 +666,6 @@ class CpuBackend final : public Backend {
     return result;
   }
 
-  bool has_nonfinite(Tensor t) override {
-    bool result = false;
-    dispatch(t, [&](auto z) {
-      using T = decltype(z);
-      result = has_nonfinite_impl<T>(t.as<T>(), t.numel());
-    });
-    return result;
-  }
 
   float amax(Tensor t) override {
     expect(t.dtype == DType::f32, "amax", "f32 storage expected");

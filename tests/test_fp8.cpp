@@ -1,0 +1,165 @@
+// The FP8 path piece by piece: casts against round(x * scale) / scale with exact counts, a
+// linear layer against a hand-quantised reference, the weight cast once per step, the delayed
+// history fed once per micro-batch, and which layers a policy puts in FP8.
+#include <catch2/catch.hpp>
+
+#include "backend/backend.h"
+#include "model/fp8_linear.h"
+#include "model/gpt.h"
+#include "test_util.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+
+namespace {
+
+Backend& backend() {
+  static std::unique_ptr<Backend> be = make_cpu_backend(0);
+  return *be;
+}
+
+// Per-tensor fake quantisation as the reference: round(x * scale) to the format, times 1/scale.
+std::vector<double> quantise(const std::vector<float>& x, Format f, float scale) {
+  std::vector<double> q(x.size());
+  for (size_t i = 0; i < x.size(); ++i) q[i] = round_to_format(x[i] * scale, f, true) * (1.0f / scale);
+  return q;
+}
+
+float amax_of(const std::vector<float>& x) {
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+Fp8Policy policy(Fp8Recipe recipe) {
+  Fp8Policy p;
+  p.enabled = true;
+  p.recipe = recipe;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("an fp8 cast equals round(x times scale) over scale and counts exactly", "[fp8]") {
+  // 1e-6 underflows at scale 1; 500 and -1000 saturate E4M3 (max 448); 0 is not counted.
+  HostBuffer<float> x({6}), out({6}, NAN);
+  x.data = {1.0f, 1e-6f, 500.0f, -1000.0f, 0.0f, 3.3f};
+  const Fp8CastStats s = backend().fp8_cast(out.view(), x.view(), Format::e4m3, 1.0f);
+  CHECK(out.data == std::vector<float>({1.0f, 0.0f, 448.0f, -448.0f, 0.0f, 3.25f}));
+  CHECK(s.amax == 1000.0f);
+  CHECK(s.nonzero == 5);
+  CHECK(s.underflow == 1);
+  CHECK(s.saturated == 2);
+
+  HostBuffer<float> y({1000}), q({1000});
+  fill_normal(y.data, 41, 3.0);
+  for (Format f : {Format::e4m3, Format::e5m2}) {
+    const float scale = 37.5f;
+    backend().fp8_cast(q.view(), y.view(), f, scale);
+    CHECK(std::vector<double>(q.data.begin(), q.data.end()) == quantise(y.data, f, scale));
+  }
+}
+
+TEST_CASE("block casts scale each tile by its own amax", "[fp8]") {
+  const int rows = 3, cols = 256;
+  HostBuffer<float> x({rows, cols}), out({rows, cols});
+  fill_normal(x.data, 42);
+  for (int c = 128; c < 256; ++c) x.data[c] *= 1000.0f;  // row 0, second tile: large values
+  backend().fp8_cast_blocks(out.view(), x.view(), Format::e4m3, 1, 128);
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < 2; ++t) {
+      std::vector<float> tile(x.data.begin() + r * cols + t * 128, x.data.begin() + r * cols + t * 128 + 128);
+      const auto ref = quantise(tile, Format::e4m3, current_scale(amax_of(tile), 448.0f));
+      for (int i = 0; i < 128; ++i) REQUIRE(out.data[r * cols + t * 128 + i] == static_cast<float>(ref[i]));
+    }
+}
+
+TEST_CASE("an fp8 linear layer matches a hand-quantised reference", "[fp8]") {
+  const int N = 19, C = 32, OC = 48;
+  HostBuffer<float> inp({N, C}), w({OC, C}), bias({OC}), out({N, OC}), dout({N, OC});
+  fill_normal(inp.data, 43);
+  fill_normal(w.data, 44, 0.1);
+  fill_normal(bias.data, 45);
+  fill_normal(dout.data, 46, 1e-3);
+
+  Fp8Linear layer("test", policy(Fp8Recipe::current), backend(), N, C, OC);
+  layer.forward(out.view(), inp.view(), w.view(), bias.view(), true);
+  const auto qi = quantise(inp.data, Format::e4m3, current_scale(amax_of(inp.data), 448.0f));
+  const auto qw = quantise(w.data, Format::e4m3, current_scale(amax_of(w.data), 448.0f));
+  const auto qg = quantise(dout.data, Format::e5m2, current_scale(amax_of(dout.data), 57344.0f));
+  std::vector<double> ref(N * OC);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      double s = bias.data[o];
+      for (int c = 0; c < C; ++c) s += qi[n * C + c] * qw[o * C + c];
+      ref[n * OC + o] = s;
+    }
+  CHECK(relative_error(out.data, ref) < 1e-5);
+
+  HostBuffer<float> dinp({N, C}), dw({OC, C}), db({OC});
+  layer.backward(dinp.view(), dw.view(), db.view(), dout.view());
+  std::vector<double> rdinp(N * C, 0.0), rdw(OC * C, 0.0), rdb(OC, 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < OC; ++o) {
+      rdb[o] += dout.data[n * OC + o];  // the bias gradient is not quantised
+      for (int c = 0; c < C; ++c) {
+        rdinp[n * C + c] += qg[n * OC + o] * qw[o * C + c];
+        rdw[o * C + c] += qg[n * OC + o] * qi[n * C + c];
+      }
+    }
+  CHECK(relative_error(dinp.data, rdinp) < 1e-5);  // E5M2 gradients: E4M3 would miss by ~1e-2
+  CHECK(relative_error(dw.data, rdw) < 1e-5);
+  CHECK(relative_error(db.data, rdb) < 1e-5);
+}
+
+TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per micro-batch", "[fp8]") {
+  const int N = 4, C = 16, OC = 16;
+  Fp8Linear layer("test", policy(Fp8Recipe::delayed), backend(), N, C, OC);
+  HostBuffer<float> w1({OC, C}, 0.5f), w2({OC, C}, 0.25f), inp({N, C}, 2.0f), out1({N, OC}), out2({N, OC});
+  layer.forward(out1.view(), inp.view(), w1.view(), Tensor(), true);
+  for (auto& v : inp.data) v = 4.0f;  // a second micro-batch with a larger amax
+  layer.forward(out2.view(), inp.view(), w2.view(), Tensor(), true);
+  // The second micro-batch still uses the first weight's cast: 16 * 4 * 0.5.
+  CHECK(out2.data[0] == 32.0f);
+
+  const auto states = layer.tensors();
+  CHECK(states[0]->delayed.history()[0] == 4.0f);   // input: max over both micro-batches
+  CHECK(states[1]->delayed.history()[0] == 0.5f);   // weight: cast once
+  CHECK(states[0]->scale == 1.0f);                  // this step used the initial scale
+  layer.end_step();
+  CHECK(states[0]->delayed.scale() == 448.0f / 4.0f);  // from the finished step only
+  CHECK(states[1]->delayed.scale() == 448.0f / 0.5f);
+  layer.forward(out1.view(), inp.view(), w2.view(), Tensor(), true);
+  CHECK(out1.data[0] == 16.0f);  // a new step casts the new weight: 16 * 4 * 0.25
+}
+
+TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[fp8]") {
+  const GptShape shape{3, 2, 32, 16, 64, 128};
+  auto fp8_names = [&](const std::vector<std::string>& overrides) {
+    PrecisionConfig pc;
+    pc.mode = "fp8";
+    for (const auto& o : overrides) {
+      if (o == "first_last") pc.fp8.bf16_first_last = true;
+      if (o == "lm_head") pc.fp8.bf16_lm_head = false;
+      if (o == "e4m3") pc.fp8.format = "e4m3";
+    }
+    Gpt model(shape, backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
+    std::vector<std::pair<std::string, Format>> names;
+    for (const Fp8TensorState* t : model.fp8_tensors()) names.emplace_back(t->name, t->format);
+    return names;
+  };
+  const auto all = fp8_names({});
+  REQUIRE(all.size() == 3 * 4 * 3);  // 3 layers x 4 linears x (input, weight, grad)
+  CHECK(all.front() == std::make_pair(std::string("h0.qkv.input"), Format::e4m3));
+  CHECK(all[2] == std::make_pair(std::string("h0.qkv.grad"), Format::e5m2));
+
+  const auto middle = fp8_names({"first_last"});
+  REQUIRE(middle.size() == 4 * 3);
+  CHECK(middle.front().first == "h1.qkv.input");
+
+  const auto head = fp8_names({"lm_head"});
+  REQUIRE(head.size() == 3 * 4 * 3 + 3);
+  CHECK(head.back().first == "lm_head.grad");
+
+  for (const auto& [name, format] : fp8_names({"e4m3"})) CHECK(format == Format::e4m3);
+}
