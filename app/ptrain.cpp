@@ -2,6 +2,7 @@
 // Exit codes: 0 success, 2 bad input (config, data, flags), 1 anything else.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "data/prepare.h"
 #include "data/synthetic.h"
 #include "train/bench.h"
+#include "train/tools.h"
 #include "train/trainer.h"
 
 namespace {
@@ -21,16 +23,21 @@ constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
 
 void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
-                       bool& dry_run) {
+                       bool& dry_run, int64_t& stop_at) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML run config");
   cmd->footer(
       "Examples:\n"
       "  ptrain train configs/quickstart.yaml\n"
       "  ptrain train configs/quickstart.yaml --set training.steps=50 --set run.name=short\n"
-      "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing");
+      "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing\n"
+      "  ptrain train run.yaml --set checkpoint.resume=auto   # continue from the newest checkpoint\n"
+      "Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0;\n"
+      "a second signal exits at once (earlier checkpoints stay valid).");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
+  cmd->add_option("--stop-at", stop_at,
+                  "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)");
 }
 
 void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides) {
@@ -42,6 +49,46 @@ void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std:
       "  ptrain bench configs/bench-cpu.yaml");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+}
+
+struct CheckpointArgs {
+  std::string path;  // inspect
+  std::string out, format = "llmc", dtype = "fp32";  // export
+  ptrain::SampleOptions sample;
+};
+
+void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
+                             CheckpointArgs& a) {
+  CLI::App* eval = app.add_subcommand("eval", "Validation loss of a checkpoint on a config's val data");
+  eval->footer("Example:\n  ptrain eval configs/quickstart.yaml --checkpoint runs/quickstart/checkpoints/step_00000150");
+  eval->add_option("config", config_path, "YAML run config (its data and eval batches)")->required();
+  eval->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
+  eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+
+  CLI::App* sample = app.add_subcommand("sample", "Generate text (byte vocabulary) or token ids from a checkpoint");
+  sample->footer(
+      "Deterministic for a given --seed. For a vocabulary other than 256 bytes, --prompt is\n"
+      "space-separated token ids and the output is token ids.\n"
+      "Example:\n  ptrain sample --checkpoint runs/quickstart/checkpoints/step_00000150 --prompt \"ab\" --tokens 64");
+  sample->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
+  sample->add_option("--prompt", a.sample.prompt, "Text to continue");
+  sample->add_option("--tokens", a.sample.tokens, "Tokens to generate")->capture_default_str();
+  sample->add_option("--temperature", a.sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
+  sample->add_option("--top-k", a.sample.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
+  sample->add_option("--seed", a.sample.seed, "Seed of the draws")->capture_default_str();
+
+  CLI::App* inspect = app.add_subcommand("inspect", "Show what a checkpoint, safetensors or llm.c model file holds");
+  inspect->footer("Example:\n  ptrain inspect runs/quickstart/checkpoints/step_00000150");
+  inspect->add_option("path", a.path, "Checkpoint directory or file")->required();
+
+  CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as an llm.c model file");
+  exp->footer("Example:\n  ptrain export --checkpoint runs/quickstart/checkpoints/step_00000150 --format llmc --out model.bin");
+  exp->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
+  exp->add_option("--format", a.format, "Output format")->check(CLI::IsMember({"llmc"}))->capture_default_str();
+  exp->add_option("--out", a.out, "Output file")->required();
+  exp->add_option("--dtype", a.dtype, "fp32 (version 3) or bf16 (version 5)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
 }
 
 struct SynthArgs {
@@ -95,8 +142,11 @@ int run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   bool dry_run = false;
-  add_train_command(app, config_path, overrides, dry_run);
+  int64_t stop_at = 0;
+  add_train_command(app, config_path, overrides, dry_run, stop_at);
   add_bench_command(app, config_path, overrides);
+  CheckpointArgs ckpt;
+  add_checkpoint_commands(app, config_path, overrides, ckpt);
   SynthArgs synth;
   std::vector<std::string> inputs;
   std::string prepare_out;
@@ -105,8 +155,11 @@ int run(int argc, char** argv) {
 
   // CLI11 reports a mistyped command only as "A subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
-  if (!first.empty() && first[0] != '-' && first != "train" && first != "bench" && first != "data") {
-    std::fprintf(stderr, "ptrain: error: unknown command \"%s\"; expected train, bench or data (see ptrain --help)\n",
+  const std::vector<std::string> commands = {"train", "eval", "sample", "inspect", "export", "bench", "data"};
+  if (!first.empty() && first[0] != '-' && std::find(commands.begin(), commands.end(), first) == commands.end()) {
+    std::fprintf(stderr,
+                 "ptrain: error: unknown command \"%s\"; expected train, eval, sample, inspect, export, bench or data "
+                 "(see ptrain --help)\n",
                  first.c_str());
     return kExitBadInput;
   }
@@ -119,7 +172,23 @@ int run(int argc, char** argv) {
 
   if (app.got_subcommand("train")) {
     const ptrain::Config config = ptrain::load_config(config_path, overrides);
-    ptrain::train(config, ptrain::TrainOptions{dry_run});
+    ptrain::train(config, ptrain::TrainOptions{dry_run, stop_at});
+    return 0;
+  }
+  if (app.got_subcommand("eval")) {
+    ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint);
+    return 0;
+  }
+  if (app.got_subcommand("sample")) {
+    ptrain::sample(ckpt.sample);
+    return 0;
+  }
+  if (app.got_subcommand("inspect")) {
+    ptrain::inspect(ckpt.path);
+    return 0;
+  }
+  if (app.got_subcommand("export")) {
+    ptrain::export_llmc(ckpt.sample.checkpoint, ckpt.out, ckpt.dtype);
     return 0;
   }
   if (app.got_subcommand("bench")) {
@@ -150,6 +219,9 @@ int main(int argc, char** argv) {
   } catch (const ptrain::UserError& e) {
     std::fprintf(stderr, "ptrain: error: %s\n", e.what());
     return kExitBadInput;
+  } catch (const ptrain::EnvironmentError& e) {
+    std::fprintf(stderr, "ptrain: error: %s\n", e.what());
+    return kExitFailure;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());
     return kExitFailure;

@@ -448,17 +448,9 @@ TEST_CASE("features this build lacks are rejected", "[config]") {
                  "run.device: cuda is not supported by this build (no CUDA backend yet); "
                  "expected auto or cpu"));
 
-  const auto init = only_problem(kMinimal, {"model.init_from=gpt2.bin"});
-  check_shape(init, "--set model.init_from=gpt2.bin", "model.init_from");
-  CHECK(contains(init, "not supported"));
+  CHECK(problems_of(kMinimal, {"model.init_from=gpt2.bin"}).empty());  // the file is checked when training starts
 
-  const auto resume = only_problem(kMinimal, {"checkpoint.resume=auto"});
-  check_shape(resume, "--set checkpoint.resume=auto", "checkpoint.resume");
-  CHECK(contains(resume, "expected never"));
-
-  const auto every = only_problem(kMinimal, {"checkpoint.every=100"});
-  check_shape(every, "--set checkpoint.every=100", "checkpoint.every");
-  CHECK(contains(every, "expected 0"));
+  CHECK(problems_of(kMinimal, {"checkpoint.resume=auto", "checkpoint.every=100"}).empty());
 
   const auto zero = only_problem(kMinimal, {"distributed.zero_stage=1"});
   check_shape(zero, "--set distributed.zero_stage=1", "distributed.zero_stage");

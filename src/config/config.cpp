@@ -200,6 +200,9 @@ Schema make_schema(Config& c) {
       number("checkpoint.keep_last", &ck.keep_last, at_least(1), "checkpoints kept on disk"),
       text("checkpoint.resume", &ck.resume, "never, auto (latest checkpoint) or a path"),
       text("checkpoint.dir", &ck.dir, "null = <run dir>/checkpoints", Empty::kNull),
+      flag("checkpoint.save_final", &ck.save_final, "save a checkpoint after the last step"),
+      choice("checkpoint.on_save_error", &ck.on_save_error, {"stop", "continue"},
+             "a failed save (full disk): stop the run (exit 1) or warn and train on"),
 
       number("logging.every", &c.logging.every, at_least(1), "steps between log lines"),
       number("logging.numerics_every", &c.logging.numerics_every, at_least(1),
@@ -542,15 +545,6 @@ class Loader {
     if (c.run.device == "cuda")
       problem(where({"run.device"}), "run.device",
               "cuda is not supported by this build (no CUDA backend yet)", "auto or cpu");
-    if (!m.init_from.empty())
-      problem(where({"model.init_from"}), "model.init_from",
-              "\"" + m.init_from + "\"" + not_yet + " (model import arrives later)", "null");
-    if (c.checkpoint.resume != "never")
-      problem(where({"checkpoint.resume"}), "checkpoint.resume",
-              c.checkpoint.resume + not_yet + " (checkpoints arrive later)", "never");
-    if (c.checkpoint.every > 0)
-      problem(where({"checkpoint.every"}), "checkpoint.every",
-              std::to_string(c.checkpoint.every) + not_yet + " (checkpoints arrive later)", "0");
     if (c.distributed.zero_stage != 0)
       problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
               std::to_string(c.distributed.zero_stage) + not_yet, "0");

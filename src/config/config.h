@@ -108,6 +108,8 @@ struct CheckpointConfig {
   int keep_last = 3;
   std::string resume = "never";  // never | auto | PATH
   std::string dir;  // empty = <run dir>/checkpoints
+  bool save_final = true;  // save a checkpoint after the last step
+  std::string on_save_error = "stop";  // stop | continue: what a failed save (full disk) does
 };
 
 struct LoggingConfig {

@@ -24,6 +24,13 @@ class UserErrors : public UserError {
   std::vector<std::string> problems_;
 };
 
+// The machine failed a run the user set up correctly (a full disk, a failed write): reported
+// without "internal error", exit code 1.
+class EnvironmentError : public std::runtime_error {
+ public:
+  explicit EnvironmentError(const std::string& message) : std::runtime_error(message) {}
+};
+
 // Internal invariant violated: a bug in ptrain, not in the user's input.
 #define PTRAIN_CHECK(cond, msg)                                                              \
   do {                                                                                       \

@@ -173,6 +173,19 @@ Gpt::~Gpt() {
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
 
+Tensor Gpt::master(ParamId id) const {
+  if (master_flat_.empty()) return params_[id];
+  const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>());
+  Tensor t = params_[id];
+  t.data = master_flat_.as<char>() + offset;
+  t.format = Format::fp32;
+  return t;
+}
+
+void Gpt::sync_params_from_master() {
+  if (!master_flat_.empty()) backend_.copy(params_flat_, master_flat_);
+}
+
 Fp8Linear* Gpt::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
 
 Fp8Linear* Gpt::fp8_linear(int layer, LinearId which) const {
@@ -223,16 +236,10 @@ void Gpt::init(uint64_t seed, double std) {
       Rng rng(seed, static_cast<uint64_t>(i));
       for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
     }
-    // The master weights hold the values; the GEMMs' copy is them rounded to its format.
-    if (master_flat_.empty()) {
-      backend_.upload(t, host.data());
-    } else {
-      const int64_t offset = (static_cast<char*>(t.data) - params_flat_.as<char>()) / static_cast<int64_t>(dtype_size(dtype_));
-      Tensor master(master_flat_.as<char>() + offset * dtype_size(dtype_), dtype_, specs_[i].shape, t.device);
-      backend_.upload(master, host.data());
-      backend_.copy(t, master);
-    }
+    backend_.upload(master(static_cast<ParamId>(i)), host.data());
   }
+  // The master weights hold the values; the GEMMs' copy is them rounded to its format.
+  sync_params_from_master();
 }
 
 Tensor Gpt::residual_in(int layer) const {
@@ -240,11 +247,27 @@ Tensor Gpt::residual_in(int layer) const {
 }
 
 double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
-  const int L = shape_.n_layer, NH = shape_.n_head;
   const bool training = dloss != 0;
+  forward_logits(inputs, training);
+  backend_.upload_tokens(a_.targets, targets);
+  backend_.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
+  grads_ready_ = training;
+  return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
+}
+
+std::vector<float> Gpt::next_token_logits(const int32_t* inputs, int position) {
+  PTRAIN_CHECK(position >= 0 && position < T_, "position outside the sequence");
+  forward_logits(inputs, /*training=*/false);
+  std::vector<float> row(static_cast<size_t>(shape_.padded_vocab));
+  backend_.download(row.data(), a_.logits[0][position]);  // batch row 0
+  row.resize(static_cast<size_t>(shape_.vocab));
+  return row;
+}
+
+void Gpt::forward_logits(const int32_t* inputs, bool training) {
+  const int L = shape_.n_layer, NH = shape_.n_head;
   Backend& be = backend_;
   be.upload_tokens(a_.tokens, inputs);
-  be.upload_tokens(a_.targets, targets);
 
   be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
   for (int l = 0; l < L; ++l) {
@@ -261,10 +284,6 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) 
   }
   be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual_in(L), params_[kLnfw], params_[kLnfb]);
   linear_forward(lm_head_fp8(), a_.logits, a_.lnf, params_[kWte], Tensor(), training);
-  be.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
-  grads_ready_ = dloss != 0;
-
-  return be.sum(a_.losses) / static_cast<double>(a_.losses.numel());
 }
 
 void Gpt::backward() {

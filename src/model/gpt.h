@@ -88,6 +88,9 @@ class Gpt {
   // With dloss != 0 the classifier also leaves d(loss)/d(logits) * dloss in place for
   // backward(); dloss = 1 / (B*T*accumulation steps) gives the mean over the batch.
   double forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // The logits (real vocabulary) at `position` of the first sequence of `inputs` (B*T tokens):
+  // what sampling draws the next token from.
+  std::vector<float> next_token_logits(const int32_t* inputs, int position);
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
   void backward();
   void zero_grad();
@@ -104,6 +107,9 @@ class Gpt {
   Tensor params_flat() const { return params_flat_; }
   // What the optimizer updates: the FP32 master weights, or the parameters themselves in FP32.
   Tensor master_flat() const { return master_flat_.empty() ? params_flat_ : master_flat_; }
+  Tensor master(ParamId id) const;
+  // After the master weights were overwritten (resume): refresh the copy the GEMMs read.
+  void sync_params_from_master();
   Tensor grads_flat() const { return grads_flat_; }
   int64_t num_params() const { return params_flat_.numel(); }
   size_t activation_bytes() const { return act_bytes_; }
@@ -111,6 +117,7 @@ class Gpt {
  private:
 
   Tensor residual_in(int layer) const;
+  void forward_logits(const int32_t* inputs, bool training);
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
   void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);

@@ -32,6 +32,9 @@ class AdamW {
   void step(double lr, double grad_norm, double loss_scale = 1.0);
 
   int64_t steps_taken() const { return t_; }
+  Tensor first_moment() const { return m_; }
+  Tensor second_moment() const { return v_; }
+  void restore_steps(int64_t t) { t_ = t; }  // resuming: bias correction continues from t
   size_t state_bytes() const { return 2 * m_.bytes(); }
 
  private:

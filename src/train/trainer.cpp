@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +9,8 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/llmc.h"
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
@@ -28,6 +31,34 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// SIGINT/SIGTERM: the first asks the loop to finish its step, save and exit; the second
+// (the handler is then back to the default) ends the process at once. Checkpoints are written
+// atomically, so neither can leave a damaged one behind.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
+
+struct StopSignalScope {
+  StopSignalScope() {
+    g_stop_signal = 0;
+    std::signal(SIGINT, on_stop_signal);
+    std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignalScope() {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+};
+
+// The model keys a checkpoint must agree on to be resumed.
+nlohmann::json model_json(const ModelConfig& m) {
+  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
+          {"vocab_size", m.vocab_size}};
 }
 
 std::string fmt(const char* format, double value) {
@@ -64,8 +95,9 @@ constexpr const char* kRunMarker = ".ptrain-run";
 
 // Creates <out_dir>/<name>. An existing directory is replaced only with run.overwrite and only
 // if ptrain made it (it holds the marker) or it is empty, so a typo can never delete user files.
-fs::path create_run_dir(const RunConfig& run) {
+fs::path create_run_dir(const RunConfig& run, bool resuming) {
   const fs::path dir = fs::path(run.out_dir) / run.name;
+  if (resuming && fs::exists(dir / kRunMarker)) return dir;  // a resumed run continues its directory
   if (fs::exists(dir)) {
     if (!run.overwrite)
       throw UserError("run directory " + dir.string() +
@@ -95,8 +127,11 @@ struct DataPaths {
 
 class Trainer {
  public:
-  Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir)
+  Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
+          const TrainOptions& options)
       : cfg_(config),
+        options_(options),
+        checkpoint_dir_(checkpoint_dir),
         policy_(PrecisionPolicy::from_config(config.precision)),
         comm_(make_single_process_communicator()),
         log_(run_dir.string()),
@@ -125,17 +160,27 @@ class Trainer {
     schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
   }
 
-  TrainResult run() {
+  TrainResult run(const std::optional<LoadedCheckpoint>& resume_from, const std::optional<LlmcModel>& init_from) {
     announce();
     model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
+    if (init_from && !resume_from) {
+      // llm.c's parameter order and layout are ptrain's: the file fills the master weights.
+      backend_->upload(model_.master_flat(), init_from->params.data());
+      model_.sync_params_from_master();
+      log_.info("initialised from " + cfg_.model.init_from + " (llm.c model file, version " +
+                std::to_string(init_from->version) + ")");
+    }
+    int64_t first_step = 1;
+    if (resume_from) first_step = resume(*resume_from) + 1;
     const int64_t steps = cfg_.training.steps;
     const int64_t eval_every = cfg_.training.eval_every;
-    if (eval_every > 0) evaluate(0);
+    if (eval_every > 0 && first_step == 1) evaluate(0);
 
+    StopSignalScope signals;
     const auto run_start = Clock::now();
     double train_seconds = 0, timed_seconds = 0;
     int64_t timed_steps = 0;
-    for (int64_t step = 1; step <= steps; ++step) {
+    for (int64_t step = first_step; step <= steps; ++step) {
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
@@ -168,12 +213,79 @@ class Trainer {
       log_step(step, loss, norm, lr, loss_scale, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
       if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
+
+      const bool stop = g_stop_signal != 0 || step == options_.stop_at;
+      const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
+      if (stop || periodic || (step == steps && cfg_.checkpoint.save_final)) save(step);
+      if (stop && step < steps) {
+        log_.info(std::string(g_stop_signal ? "stopped by signal" : "stopped as asked (--stop-at)") + " after step " +
+                  std::to_string(step) + "; checkpoint " + result_.last_checkpoint +
+                  "\nresume with: ptrain train CONFIG --set checkpoint.resume=auto (same run.name)");
+        result_.interrupted = true;
+        break;
+      }
     }
-    summarize(seconds_since(run_start), train_seconds);
+    if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds);
     result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
     return result_;
+  }
+
+  void warn(const std::string& message) { log_.warn(message); }
+
+  // Restores a checkpoint's tensors and state; returns the step it was taken after.
+  int64_t resume(const LoadedCheckpoint& ckpt) {
+    const CheckpointState& st = ckpt.state;
+    restore_tensors(ckpt, model_, optimizer_);
+    scaler_.restore(st.scaler);
+    for (Fp8TensorState* t : model_.fp8_tensors())
+      for (const Fp8ScalingState& saved : st.fp8)
+        if (saved.name == t->name) t->delayed.restore(saved.history, saved.scale);
+    if (st.data_seed != static_cast<uint64_t>(cfg_.run.seed) || st.next_sample != st.step * accum_ * B_)
+      log_.warn("the data order differs from the saved run's (run.seed or the batch shape changed): the resumed run "
+                "continues training but is not the continuation of the original");
+    if (st.best_val_step >= 0) {
+      best_val_ = st.best_val_loss;
+      best_val_step_ = st.best_val_step;
+    }
+    log_.metrics({{"resume", {{"from", ckpt.path}, {"step", st.step}, {"precision", policy_.label()},
+                              {"saved_precision", st.precision}}}});
+    log_.info("resumed from " + ckpt.path + " after step " + std::to_string(st.step) +
+              (st.precision != policy_.label() ? " (saved under precision " + st.precision + ", now " + policy_.label() +
+                                                      "; the FP32 master weights carry over)"
+                                                : std::string()));
+    return st.step;
+  }
+
+  void save(int64_t step) {
+    CheckpointState st;
+    st.step = step;
+    st.tokens = step * cfg_.training.batch_tokens;
+    st.optimizer_steps = optimizer_.steps_taken();
+    st.scaler = scaler_.state();
+    for (const Fp8TensorState* t : model_.fp8_tensors()) st.fp8.push_back({t->name, t->delayed.history(), t->delayed.scale()});
+    if (best_val_) {
+      st.best_val_loss = *best_val_;
+      st.best_val_step = best_val_step_;
+    }
+    st.precision = policy_.label();
+    st.model = model_json(cfg_.model);
+    st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
+    st.next_sample = step * accum_ * B_;
+    try {
+      result_.last_checkpoint = save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_, cfg_.checkpoint.keep_last);
+    } catch (const UserError& e) {
+      // The earlier checkpoints and `latest` are untouched; the training state is in memory.
+      const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
+      if (cfg_.checkpoint.on_save_error == "continue") {
+        log_.warn(what + "; training continues (checkpoint.on_save_error: continue)");
+        return;
+      }
+      throw EnvironmentError(what + "; the run stops (checkpoint.on_save_error: stop); earlier checkpoints are intact");
+    }
+    log_.metrics({{"checkpoint", {{"step", step}, {"path", result_.last_checkpoint}}}});
+    log_.info("checkpoint step " + std::to_string(step) + " -> " + result_.last_checkpoint);
   }
 
  private:
@@ -327,6 +439,8 @@ class Trainer {
   }
 
   const Config& cfg_;
+  TrainOptions options_;
+  fs::path checkpoint_dir_;
   PrecisionPolicy policy_;
   std::unique_ptr<Communicator> comm_;
   RunLog log_;
@@ -411,8 +525,48 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     const std::string val_dir = fs::path(expand_shard_glob(config.data.val, "data.val").front()).parent_path().string();
     data.synthetic = read_synthetic_info(val_dir.empty() ? "." : val_dir);
   }
-  const fs::path run_dir = create_run_dir(config.run);
+  // Which checkpoint to resume from, decided (and an explicit one verified) before anything is
+  // written: a bad checkpoint path changes nothing on disk.
+  const fs::path run_path = fs::path(config.run.out_dir) / config.run.name;
+  const fs::path checkpoint_dir = config.checkpoint.dir.empty() ? run_path / "checkpoints" : fs::path(config.checkpoint.dir);
+  std::optional<LoadedCheckpoint> resume_from;
+  std::vector<std::string> resume_warnings;
+  if (config.checkpoint.resume == "auto") {
+    resume_from = find_latest_checkpoint(checkpoint_dir.string(), [&](const std::string& w) { resume_warnings.push_back(w); });
+  } else if (config.checkpoint.resume != "never") {
+    try {
+      resume_from = load_checkpoint(config.checkpoint.resume);
+    } catch (const UserError& e) {
+      throw UserError(std::string("checkpoint.resume: ") + e.what());
+    }
+  }
+  if (resume_from) {
+    const auto differences = model_differences(resume_from->state.model, model_json(config.model));
+    if (!differences.empty()) {
+      std::vector<std::string> problems;
+      for (const auto& d : differences)
+        problems.push_back("checkpoint.resume: " + resume_from->path + " has another model shape: " + d);
+      throw UserErrors(problems);
+    }
+  }
+
+  std::optional<LlmcModel> init_from;
+  if (!config.model.init_from.empty() && !resume_from) {
+    init_from = read_llmc(config.model.init_from);
+    const auto mismatches = llmc_mismatches(*init_from, config.model);
+    if (!mismatches.empty()) {
+      std::vector<std::string> problems;
+      for (const auto& m : mismatches) problems.push_back("model.init_from: \"" + config.model.init_from + "\": " + m);
+      throw UserErrors(problems);
+    }
+  }
+
+  const fs::path run_dir = create_run_dir(config.run, resume_from.has_value());
   write_text(run_dir / "config.yaml", config_to_yaml(config));
+  // Find out now, not after hours of training, if checkpoints cannot be written there.
+  std::error_code ec;
+  fs::create_directories(checkpoint_dir, ec);
+  if (ec) throw UserError("checkpoint.dir: cannot create \"" + checkpoint_dir.string() + "\": " + ec.message());
   if (config.data.synthetic_enabled) {
     const auto& s = config.data.synthetic;
     const fs::path data_dir = run_dir / "data";
@@ -422,7 +576,9 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     data.train = (data_dir / "train_*.bin").string();
     data.val = (data_dir / "val_*.bin").string();
   }
-  return Trainer(config, data, run_dir).run();
+  Trainer trainer(config, data, run_dir, checkpoint_dir, options);
+  for (const auto& w : resume_warnings) trainer.warn(w);
+  return trainer.run(resume_from, init_from);
 }
 
 }  // namespace ptrain

@@ -10,6 +10,7 @@ namespace ptrain {
 
 struct TrainOptions {
   bool dry_run = false;  // validate, print the plan, write nothing
+  int64_t stop_at = 0;   // > 0: after this step, save a checkpoint and stop as if interrupted
 };
 
 struct TrainResult {
@@ -17,6 +18,8 @@ struct TrainResult {
   double flops_per_token = 0;        // 6N + 6*L*C*T, N including the padded vocabulary
   int64_t tokens_per_step = 0;
   double final_val_loss = 0;
+  bool interrupted = false;        // stopped by a signal or stop_at before training.steps
+  std::string last_checkpoint;     // path of the newest checkpoint written, if any
 };
 
 // Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is

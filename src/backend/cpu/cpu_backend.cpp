@@ -385,17 +385,16 @@ float amax_impl(const float* x, int64_t n) {
 }
 
 // Casts one run of elements with one scale; adds to `stats` (amax is the caller's).
-void fp8_cast_run(float* out, const float* in, int64_t n, int64_t stride, Format f, float scale,
-                  Fp8CastStats& stats) {
+void fp8_cast_run(float* out, const float* in, int64_t n, Format f, float scale, Fp8CastStats& stats) {
   const float inv = 1.0f / scale;
   const float max = format_max(f);
   for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i * stride];
+    const float x = in[i];
     const float q = round_to_format(x * scale, f, /*saturate=*/true);
     stats.nonzero += x != 0.0f;
     stats.underflow += x != 0.0f && q == 0.0f;
     stats.saturated += std::fabs(x * scale) > max;  // clipped by the saturating cast
-    out[i * stride] = q * inv;
+    out[i] = q * inv;
   }
 }
 
@@ -681,7 +680,7 @@ class CpuBackend final : public Backend {
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t begin = c * kReduceChunk, count = std::min(n, begin + kReduceChunk) - begin;
-      fp8_cast_run(out.as<float>() + begin, in.as<float>() + begin, count, 1, format, scale, partial[c]);
+      fp8_cast_run(out.as<float>() + begin, in.as<float>() + begin, count, format, scale, partial[c]);
     }
     Fp8CastStats stats;
     for (const auto& p : partial) add_counts(stats, p);
@@ -693,21 +692,29 @@ class CpuBackend final : public Backend {
     expect(in.dtype == DType::f32 && out.dtype == DType::f32 && out.numel() == in.numel() && is_fp8(format),
            "fp8_cast_blocks", "f32 storage of equal size and an fp8 format expected");
     const int64_t cols = in.dim(-1), rows = in.numel() / cols;
-    const int64_t brows = (rows + block_rows - 1) / block_rows, bcols = (cols + block_cols - 1) / block_cols;
-    std::vector<Fp8CastStats> partial(brows * bcols);
+    const int64_t bands = (rows + block_rows - 1) / block_rows, bcols = (cols + block_cols - 1) / block_cols;
+    const float max = format_max(format);
+    std::vector<Fp8CastStats> partial(bands);
     const float* x = in.as<float>();
     float* y = out.as<float>();
-#pragma omp parallel for collapse(2) schedule(static) if (worth_threads(rows * cols))
-    for (int64_t br = 0; br < brows; ++br)
-      for (int64_t bc = 0; bc < bcols; ++bc) {
-        const int64_t r0 = br * block_rows, r1 = std::min(rows, r0 + block_rows);
-        const int64_t c0 = bc * block_cols, c1 = std::min(cols, c0 + block_cols);
-        float block_amax = 0;
-        for (int64_t r = r0; r < r1; ++r) block_amax = std::max(block_amax, amax_impl(x + r * cols + c0, c1 - c0));
-        const float scale = current_scale(block_amax, format_max(format));
-        Fp8CastStats& st = partial[br * bcols + bc];
-        for (int64_t r = r0; r < r1; ++r) fp8_cast_run(y + r * cols + c0, x + r * cols + c0, c1 - c0, 1, format, scale, st);
-      }
+    // One band of block_rows rows at a time, read row by row (contiguous) whatever the block
+    // shape: first each block's amax, then the cast with each element's block scale.
+#pragma omp parallel for schedule(static) if (worth_threads(rows * cols))
+    for (int64_t band = 0; band < bands; ++band) {
+      const int64_t r0 = band * block_rows, r1 = std::min(rows, r0 + block_rows);
+      std::vector<float> block_amax(bcols, 0.0f);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          float& a = block_amax[c / block_cols];
+          a = std::max(a, std::fabs(x[r * cols + c]));
+        }
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t b = 0; b < bcols; ++b) {
+          const int64_t c0 = b * block_cols, n = std::min(cols, c0 + block_cols) - c0;
+          fp8_cast_run(y + r * cols + c0, x + r * cols + c0, n, format, current_scale(block_amax[b], max),
+                       partial[band]);
+        }
+    }
     Fp8CastStats stats;
     for (const auto& p : partial) add_counts(stats, p);
     stats.amax = amax_impl(x, in.numel());

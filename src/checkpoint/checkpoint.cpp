@@ -1,0 +1,245 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/sha256.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+constexpr const char* kWeightsFile = "weights.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kLatestFile = "latest";
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// fsync a file or directory so a rename that follows is durable.
+void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UserError("cannot open \"" + p.string() + "\" to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw UserError("cannot sync \"" + p.string() + "\": " + std::strerror(errno));
+}
+
+void write_text_synced(const fs::path& p, const std::string& text) {
+  {
+    std::ofstream out(p, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw UserError("cannot write \"" + p.string() + "\"");
+  }
+  sync_path(p);
+}
+
+// The master weights (or the FP32 parameters) of one parameter tensor, as a host view.
+std::vector<SafetensorView> weight_views(Gpt& model) {
+  std::vector<SafetensorView> views;
+  for (int i = 0; i < kNumParams; ++i) {
+    const Tensor t = model.master(static_cast<ParamId>(i));
+    views.push_back({model.specs()[i].name, model.specs()[i].shape, t.as<float>()});
+  }
+  return views;
+}
+
+std::vector<SafetensorView> moment_views(Gpt& model, AdamW& optimizer) {
+  std::vector<SafetensorView> views;
+  int64_t offset = 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    const auto& spec = model.specs()[i];
+    views.push_back({"m." + spec.name, spec.shape, optimizer.first_moment().as<float>() + offset});
+    views.push_back({"v." + spec.name, spec.shape, optimizer.second_moment().as<float>() + offset});
+    offset += model.param(static_cast<ParamId>(i)).numel();
+  }
+  return views;
+}
+
+nlohmann::json state_to_json(const CheckpointState& s) {
+  nlohmann::json fp8 = nlohmann::json::array();
+  for (const auto& f : s.fp8) fp8.push_back({{"name", f.name}, {"history", f.history}, {"scale", f.scale}});
+  return {{"format", "ptrain checkpoint 1"},
+          {"step", s.step},
+          {"tokens", s.tokens},
+          {"optimizer_steps", s.optimizer_steps},
+          // The only random state after initialisation: the counter-based training sampler.
+          {"rng", {{"data_sampler", {{"seed", s.data_seed}, {"next_sample", s.next_sample}}}}},
+          {"loss_scaler",
+           {{"scale", s.scaler.scale},
+            {"growth_tracker", s.scaler.growth_tracker},
+            {"hysteresis_left", s.scaler.hysteresis_left},
+            {"skipped", s.scaler.skipped}}},
+          {"fp8", fp8},
+          {"best_val_loss", s.best_val_loss},
+          {"best_val_step", s.best_val_step},
+          {"precision", s.precision},
+          {"model", s.model}};
+}
+
+CheckpointState state_from_json(const nlohmann::json& j) {
+  CheckpointState s;
+  j.at("step").get_to(s.step);
+  j.at("tokens").get_to(s.tokens);
+  j.at("optimizer_steps").get_to(s.optimizer_steps);
+  j.at("rng").at("data_sampler").at("seed").get_to(s.data_seed);
+  j.at("rng").at("data_sampler").at("next_sample").get_to(s.next_sample);
+  const auto& ls = j.at("loss_scaler");
+  ls.at("scale").get_to(s.scaler.scale);
+  ls.at("growth_tracker").get_to(s.scaler.growth_tracker);
+  ls.at("hysteresis_left").get_to(s.scaler.hysteresis_left);
+  ls.at("skipped").get_to(s.scaler.skipped);
+  for (const auto& f : j.at("fp8"))
+    s.fp8.push_back({f.at("name").get<std::string>(), f.at("history").get<std::vector<float>>(), f.at("scale").get<float>()});
+  if (j.at("best_val_loss").is_number()) j.at("best_val_loss").get_to(s.best_val_loss);
+  j.at("best_val_step").get_to(s.best_val_step);
+  j.at("precision").get_to(s.precision);
+  s.model = j.at("model");
+  return s;
+}
+
+int64_t step_of(const std::string& name) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoll(name.substr(5));
+}
+
+// Checkpoint directories under `dir`, newest first (temporary ones are not checkpoints).
+std::vector<fs::path> checkpoint_dirs(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory() && step_of(entry.path().filename().string()) >= 0)
+      found.emplace_back(step_of(entry.path().filename().string()), entry.path());
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Gpt& model, AdamW& optimizer,
+                            int keep_last) {
+  const fs::path root(dir);
+  const fs::path final_dir = root / step_dir_name(state.step);
+  const fs::path tmp_dir = root / ("." + step_dir_name(state.step) + ".tmp");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) throw UserError("checkpoint.dir: cannot create \"" + root.string() + "\": " + ec.message());
+  fs::remove_all(tmp_dir, ec);  // the leftover of an interrupted save of this step
+  if (!fs::create_directory(tmp_dir, ec) || ec)
+    throw UserError("checkpoint.dir: cannot create \"" + tmp_dir.string() + "\": " + ec.message());
+
+  try {
+    write_safetensors((tmp_dir / kWeightsFile).string(), weight_views(model), {{"format", "pt"}, {"producer", "ptrain"}});
+    write_safetensors((tmp_dir / kOptimizerFile).string(), moment_views(model, optimizer), {{"producer", "ptrain"}});
+    nlohmann::json j = state_to_json(state);
+    for (const char* f : {kWeightsFile, kOptimizerFile}) j["sha256"][f] = sha256_file((tmp_dir / f).string());
+    write_text_synced(tmp_dir / kStateFile, j.dump(2) + "\n");
+    sync_path(tmp_dir);
+    fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt
+    fs::rename(tmp_dir, final_dir);
+    sync_path(root);
+    const fs::path latest_tmp = root / (std::string(kLatestFile) + ".tmp");
+    write_text_synced(latest_tmp, final_dir.filename().string() + "\n");
+    fs::rename(latest_tmp, root / kLatestFile);
+    sync_path(root);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp_dir, ec);
+    throw UserError(std::string("cannot save checkpoint: ") + e.what());
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+
+  // Keep the newest keep_last checkpoints; the one just written is the newest.
+  const auto all = checkpoint_dirs(root);
+  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) fs::remove_all(all[i], ec);
+  return final_dir.string();
+}
+
+LoadedCheckpoint load_checkpoint(const std::string& path) {
+  const fs::path dir(path);
+  auto invalid = [&](const std::string& what) {
+    return UserError("checkpoint \"" + path + "\" is not usable: " + what);
+  };
+  if (!fs::is_directory(dir)) throw invalid("not a directory");
+  if (!fs::exists(dir / kStateFile)) throw invalid(std::string("no ") + kStateFile + " (an incomplete save?)");
+  nlohmann::json j;
+  try {
+    std::ifstream in(dir / kStateFile);
+    j = nlohmann::json::parse(in);
+    if (j.value("format", "") != "ptrain checkpoint 1") throw invalid("state.json is not a ptrain checkpoint state");
+    for (const char* f : {kWeightsFile, kOptimizerFile}) {
+      const std::string expected = j.at("sha256").at(f).get<std::string>();
+      if (!fs::exists(dir / f)) throw invalid(std::string(f) + " is missing");
+      if (sha256_file((dir / f).string()) != expected)
+        throw invalid(std::string(f) + " does not match its SHA-256 in state.json (truncated or corrupted)");
+    }
+    CheckpointState state = state_from_json(j);
+    return {path, std::move(state), SafetensorsFile((dir / kWeightsFile).string()),
+            SafetensorsFile((dir / kOptimizerFile).string())};
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid(std::string("state.json is malformed (") + e.what() + ")");
+  }
+}
+
+std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
+                                                       const std::function<void(const std::string&)>& warn) {
+  for (const fs::path& candidate : checkpoint_dirs(dir)) {
+    try {
+      return load_checkpoint(candidate.string());
+    } catch (const UserError& e) {
+      warn(std::string(e.what()) + "; trying the previous checkpoint");
+    }
+  }
+  return std::nullopt;
+}
+
+void load_weights(const SafetensorsFile& weights, Gpt& model) {
+  for (int i = 0; i < kNumParams; ++i) {
+    const auto id = static_cast<ParamId>(i);
+    weights.copy_to(model.specs()[i].name, model.master(id).as<float>(), model.param(id).numel());
+  }
+  model.sync_params_from_master();
+}
+
+void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer) {
+  load_weights(checkpoint.weights, model);
+  int64_t offset = 0;
+  for (int i = 0; i < kNumParams; ++i) {
+    const std::string& name = model.specs()[i].name;
+    const int64_t n = model.param(static_cast<ParamId>(i)).numel();
+    checkpoint.optimizer.copy_to("m." + name, optimizer.first_moment().as<float>() + offset, n);
+    checkpoint.optimizer.copy_to("v." + name, optimizer.second_moment().as<float>() + offset, n);
+    offset += n;
+  }
+  optimizer.restore_steps(checkpoint.state.optimizer_steps);
+}
+
+std::vector<std::string> model_differences(const nlohmann::json& saved, const nlohmann::json& current) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : current.items())
+    if (!saved.contains(key) || saved[key] != value)
+      out.push_back("model." + key + " " + (saved.contains(key) ? saved[key].dump() : "absent") + " in the checkpoint vs " +
+                    value.dump() + " now");
+  return out;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,111 @@
+#include "checkpoint/llmc.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "model/gpt.h"
+#include "precision/formats.h"
+
+namespace ptrain {
+namespace {
+
+constexpr int kHeaderInts = 256;
+
+GptShape shape_of(const LlmcModel& m) {
+  return GptShape{m.n_layer, m.n_head, m.n_embd, m.max_seq_len, m.vocab_size, m.padded_vocab};
+}
+
+}  // namespace
+
+LlmcModel read_llmc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw UserError("model.init_from: cannot read \"" + path + "\"");
+  const auto size = static_cast<int64_t>(in.tellg());
+  in.seekg(0);
+  auto bad = [&](const std::string& what) { return UserError("\"" + path + "\" is not a usable llm.c model file: " + what); };
+  int32_t header[kHeaderInts];
+  if (size < static_cast<int64_t>(sizeof header) || !in.read(reinterpret_cast<char*>(header), sizeof header))
+    throw bad("shorter than the 1024-byte header");
+  if (header[0] != kLlmcMagic)
+    throw bad("magic " + std::to_string(header[0]) + ", expected " + std::to_string(kLlmcMagic));
+  LlmcModel m;
+  m.version = header[1];
+  if (m.version != 3 && m.version != 5)
+    throw bad("version " + std::to_string(m.version) + ", expected 3 (fp32) or 5 (bf16)");
+  m.max_seq_len = header[2];
+  m.vocab_size = header[3];
+  m.n_layer = header[4];
+  m.n_head = header[5];
+  m.n_embd = header[6];
+  m.padded_vocab = header[7];
+  if (m.max_seq_len < 1 || m.vocab_size < 1 || m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 ||
+      m.n_embd % m.n_head != 0 || m.padded_vocab < m.vocab_size)
+    throw bad("inconsistent header (max_seq_len " + std::to_string(m.max_seq_len) + ", vocab_size " +
+              std::to_string(m.vocab_size) + ", n_layer " + std::to_string(m.n_layer) + ", n_head " +
+              std::to_string(m.n_head) + ", n_embd " + std::to_string(m.n_embd) + ", padded_vocab_size " +
+              std::to_string(m.padded_vocab) + ")");
+  const int64_t count = gpt_num_params(shape_of(m));
+  const int64_t elem = m.version == 3 ? 4 : 2;
+  if (size != static_cast<int64_t>(sizeof header) + count * elem)
+    throw bad("file size " + std::to_string(size) + " bytes, expected " +
+              std::to_string(sizeof header + count * elem) + " for the header's shape");
+  m.params.resize(static_cast<size_t>(count));
+  if (m.version == 3) {
+    in.read(reinterpret_cast<char*>(m.params.data()), count * 4);
+  } else {
+    std::vector<uint16_t> bits(static_cast<size_t>(count));
+    in.read(reinterpret_cast<char*>(bits.data()), count * 2);
+    for (int64_t i = 0; i < count; ++i) m.params[i] = bf16_value(bits[i]);
+  }
+  if (!in) throw bad("read failed");
+  return m;
+}
+
+std::vector<std::string> llmc_mismatches(const LlmcModel& file, const ModelConfig& model) {
+  std::vector<std::string> out;
+  auto check = [&](const char* field, int in_file, const char* key, int in_config) {
+    if (in_file != in_config)
+      out.push_back(std::string(field) + " " + std::to_string(in_file) + " in the file vs " + std::to_string(in_config) +
+                    " in " + key);
+  };
+  check("max_seq_len", file.max_seq_len, "model.seq_len", model.seq_len);
+  check("vocab_size", file.vocab_size, "model.vocab_size", model.vocab_size);
+  check("n_layer", file.n_layer, "model.n_layer", model.n_layer);
+  check("n_head", file.n_head, "model.n_head", model.n_head);
+  check("n_embd", file.n_embd, "model.n_embd", model.n_embd);
+  check("padded_vocab_size", file.padded_vocab, "the padded model.vocab_size", model.padded_vocab());
+  return out;
+}
+
+void write_llmc(const std::string& path, const LlmcModel& m) {
+  int32_t header[kHeaderInts] = {};
+  header[0] = kLlmcMagic;
+  header[1] = m.version;
+  header[2] = m.max_seq_len;
+  header[3] = m.vocab_size;
+  header[4] = m.n_layer;
+  header[5] = m.n_head;
+  header[6] = m.n_embd;
+  header[7] = m.padded_vocab;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    if (m.version == 3) {
+      out.write(reinterpret_cast<const char*>(m.params.data()), static_cast<std::streamsize>(m.params.size() * 4));
+    } else {
+      std::vector<uint16_t> bits(m.params.size());
+      for (size_t i = 0; i < bits.size(); ++i) bits[i] = bf16_bits(m.params[i]);
+      out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
+    }
+    out.flush();
+    if (!out) throw UserError("cannot write \"" + tmp + "\"");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw UserError("cannot write \"" + path + "\": " + ec.message());
+}
+
+}  // namespace ptrain

@@ -1,0 +1,227 @@
+#include "train/tools.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/llmc.h"
+#include "checkpoint/sha256.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/dataset.h"
+#include "data/synthetic.h"
+#include "model/gpt.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+ModelConfig model_from_state(const nlohmann::json& m) {
+  ModelConfig c;
+  m.at("n_layer").get_to(c.n_layer);
+  m.at("n_head").get_to(c.n_head);
+  m.at("n_embd").get_to(c.n_embd);
+  m.at("seq_len").get_to(c.seq_len);
+  m.at("vocab_size").get_to(c.vocab_size);
+  return c;
+}
+
+GptShape shape_of(const ModelConfig& m) {
+  return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
+}
+
+// A model holding a checkpoint's weights, in FP32.
+struct LoadedModel {
+  std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  std::unique_ptr<Gpt> model;
+};
+
+LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B, int T) {
+  LoadedModel out;
+  out.model = std::make_unique<Gpt>(shape_of(m), *out.backend, DType::f32, B, T);
+  load_weights(ckpt.weights, *out.model);
+  return out;
+}
+
+std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
+  std::vector<int32_t> ids;
+  if (vocab == 256) {
+    for (unsigned char c : prompt) ids.push_back(c);
+    return ids;
+  }
+  std::istringstream in(prompt);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    const long id = std::strtol(word.c_str(), &end, 10);
+    if (*end != '\0' || id < 0 || id >= vocab)
+      throw UserError("--prompt: \"" + word + "\" is not a token id below " + std::to_string(vocab) +
+                      "; expected space-separated token ids (the model's vocabulary is not bytes)");
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng) {
+  const int V = static_cast<int>(logits.size());
+  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int> order(V);
+  for (int i = 0; i < V; ++i) order[i] = i;
+  const int k = top_k > 0 ? std::min(top_k, V) : V;
+  // Ties broken by token id, so the draw is a pure function of the seed.
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  std::vector<double> p(k);
+  double sum = 0;
+  for (int i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);
+  double u = rng.uniform_double() * sum;
+  for (int i = 0; i < k; ++i)
+    if ((u -= p[i]) < 0) return order[i];
+  return order[k - 1];
+}
+
+}  // namespace
+
+void eval_checkpoint(const Config& config, const std::string& checkpoint) {
+  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
+  const auto differences = model_differences(ckpt.state.model, nlohmann::json{{"n_layer", config.model.n_layer},
+                                                                               {"n_head", config.model.n_head},
+                                                                               {"n_embd", config.model.n_embd},
+                                                                               {"seq_len", config.model.seq_len},
+                                                                               {"vocab_size", config.model.vocab_size}});
+  if (!differences.empty()) throw UserError("--checkpoint " + checkpoint + " has another model shape: " + differences[0]);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  std::string val = config.data.val;
+  if (config.data.synthetic_enabled)  // the corpus a training run generated into its directory
+    val = (fs::path(config.run.out_dir) / config.run.name / "data" / "val_*.bin").string();
+  const TokenStream stream(val, "data.val", config.model.vocab_size);
+  const ValSampler sampler(stream, "data.val", config.training.eval_batches, B, T);
+  LoadedModel lm = load_model(ckpt, config.model, B, T);
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  double sum = 0;
+  for (int j = 0; j < sampler.batches(); ++j) {
+    sampler.fill(j, inputs.data(), targets.data());
+    sum += lm.model->forward(inputs.data(), targets.data(), 0.0f);
+  }
+  const double loss = sum / sampler.batches();
+  std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),
+              static_cast<long long>(ckpt.state.step), loss, sampler.batches(), B, T);
+  const auto info = read_synthetic_info(fs::path(stream.files().front()).parent_path().string());
+  if (info)
+    std::printf("oracle loss %.6f, gap %.6f\n", info->oracle_loss_val, loss - info->oracle_loss_val);
+}
+
+void sample(const SampleOptions& o) {
+  if (o.tokens < 1) throw UserError("--tokens: " + std::to_string(o.tokens) + "; expected at least 1");
+  if (o.temperature < 0) throw UserError("--temperature: expected 0 (greedy) or more");
+  if (o.top_k < 0) throw UserError("--top-k: expected 0 (no limit) or more");
+  const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
+  const ModelConfig m = model_from_state(ckpt.state.model);
+  LoadedModel lm = load_model(ckpt, m, 1, m.seq_len);
+  std::vector<int32_t> tokens = encode_prompt(o.prompt, m.vocab_size);
+  if (tokens.empty()) tokens.push_back(0);  // an empty prompt starts from token 0
+  const bool bytes = m.vocab_size == 256;
+  if (bytes)
+    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  Rng rng(o.seed, 0x5A4D504C45ull);
+  std::vector<int32_t> window(static_cast<size_t>(m.seq_len), 0);
+  for (int i = 0; i < o.tokens; ++i) {
+    // The last seq_len tokens; positions after the context are ignored by causal attention.
+    const size_t start = tokens.size() > window.size() ? tokens.size() - window.size() : 0;
+    std::fill(window.begin(), window.end(), 0);
+    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end(), window.begin());
+    const int position = static_cast<int>(tokens.size() - start) - 1;
+    const int32_t next = draw(lm.model->next_token_logits(window.data(), position), o.temperature, o.top_k, rng);
+    tokens.push_back(next);
+    if (bytes)
+      std::fputc(static_cast<unsigned char>(next), stdout);
+    else
+      std::printf("%s%d", i ? " " : "", next);
+  }
+  std::printf("\n");
+}
+
+void inspect(const std::string& path) {
+  const fs::path p(path);
+  if (fs::is_directory(p) && fs::exists(p / "state.json")) {
+    std::ifstream in(p / "state.json");
+    nlohmann::json state;
+    try {
+      state = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError("\"" + path + "/state.json\" is not JSON: " + e.what());
+    }
+    std::printf("checkpoint %s\n  step %s, tokens %s, precision %s\n  model %s\n", path.c_str(),
+                state.value("step", nlohmann::json()).dump().c_str(), state.value("tokens", nlohmann::json()).dump().c_str(),
+                state.value("precision", nlohmann::json()).dump().c_str(),
+                state.value("model", nlohmann::json()).dump().c_str());
+    if (state.contains("loss_scaler")) std::printf("  loss scaler %s\n", state["loss_scaler"].dump().c_str());
+    if (state.contains("fp8")) std::printf("  fp8 tensors with scaling state: %zu\n", state["fp8"].size());
+    bool all_valid = true;
+    const nlohmann::json checksums = state.value("sha256", nlohmann::json::object());
+    for (const auto& [file, expected] : checksums.items()) {
+      const bool present = fs::exists(p / file);
+      const bool valid = present && sha256_file((p / file).string()) == expected.get<std::string>();
+      all_valid = all_valid && valid;
+      std::printf("  %-22s %s\n", file.c_str(), !present ? "MISSING" : valid ? "sha256 ok" : "sha256 MISMATCH");
+      if (valid) {
+        const SafetensorsFile st((p / file).string());
+        for (const auto& name : st.names()) {
+          std::string shape;
+          for (int64_t d : st.shape(name)) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+          std::printf("    %-16s F32 (%s)\n", name.c_str(), shape.c_str());
+        }
+      }
+    }
+    std::printf("  %s\n", all_valid ? "valid" : "NOT valid: resume would skip this checkpoint");
+    return;
+  }
+  if (p.extension() == ".safetensors") {
+    const SafetensorsFile st(path);
+    std::printf("safetensors %s\n", path.c_str());
+    for (const auto& name : st.names()) {
+      std::string shape;
+      for (int64_t d : st.shape(name)) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+      std::printf("  %-16s F32 (%s)\n", name.c_str(), shape.c_str());
+    }
+    return;
+  }
+  const LlmcModel m = read_llmc(path);
+  std::printf("llm.c model file %s\n  version %d (%s), max_seq_len %d, vocab_size %d (padded %d), n_layer %d, n_head %d, "
+              "n_embd %d\n  %zu parameters\n",
+              path.c_str(), m.version, m.version == 3 ? "fp32" : "bf16", m.max_seq_len, m.vocab_size, m.padded_vocab,
+              m.n_layer, m.n_head, m.n_embd, m.params.size());
+}
+
+void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16") throw UserError("--dtype: \"" + dtype + "\"; expected fp32 or bf16");
+  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
+  const ModelConfig m = model_from_state(ckpt.state.model);
+  LlmcModel file;
+  file.version = dtype == "fp32" ? 3 : 5;
+  file.max_seq_len = m.seq_len;
+  file.vocab_size = m.vocab_size;
+  file.n_layer = m.n_layer;
+  file.n_head = m.n_head;
+  file.n_embd = m.n_embd;
+  file.padded_vocab = m.padded_vocab();
+  for (const ParamSpec& spec : gpt_param_specs(shape_of(m))) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    const size_t at = file.params.size();
+    file.params.resize(at + static_cast<size_t>(n));
+    ckpt.weights.copy_to(spec.name, file.params.data() + at, n);
+  }
+  write_llmc(out, file);
+  std::printf("wrote %s: llm.c model file version %d (%s), %zu parameters\n", out.c_str(), file.version, dtype.c_str(),
+              file.params.size());
+}
+
+}  // namespace ptrain

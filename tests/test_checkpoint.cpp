@@ -1,0 +1,307 @@
+// Checkpoints as a user meets them: the files follow the published safetensors layout, a run
+// stopped and resumed equals an uninterrupted one bit for bit in every precision, corrupt or
+// incomplete checkpoints are caught, and Ctrl-C saves before exiting.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/sha256.h"
+#include "core/error.h"
+#include "test_util.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kRun =
+    "run: {name: r, out_dir: runs}\n"
+    "model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16, vocab_size: 64}\n"
+    "data: {synthetic: {vocab: 64, order: 2, branching: 3, tokens: 50000, seed: 5}}\n"
+    "training: {steps: 8, batch_tokens: 256, micro_batch: 8, eval_every: 4, eval_batches: 2}\n"
+    "optimizer: {lr: 3.0e-3}\n"
+    "schedule: {warmup_steps: 2}\n"
+    "logging: {numerics_every: 3}\n";
+
+std::vector<nlohmann::json> read_metrics(const fs::path& file) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+// (step, loss) and (step, val_loss) pairs: what must match between a resumed and a straight run.
+std::vector<std::pair<int64_t, double>> loss_trace(const fs::path& file) {
+  std::vector<std::pair<int64_t, double>> out;
+  for (const auto& r : read_metrics(file)) {
+    if (r.contains("loss")) out.emplace_back(r["step"].get<int64_t>(), r["loss"].get<double>());
+    if (r.contains("val_loss")) out.emplace_back(-r["step"].get<int64_t>(), r["val_loss"].get<double>());
+  }
+  return out;
+}
+
+std::string bytes_of(const fs::path& p) { return read_file(p); }
+
+void flip_a_bit(const fs::path& p, size_t offset) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c;
+  f.read(&c, 1);
+  c ^= 0x10;
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+struct Workspace {
+  fs::path dir = make_temp_dir("ckpt");
+  Workspace() { write_file(dir / "run.yaml", kRun); }
+  ~Workspace() { fs::remove_all(dir); }
+  CommandResult train(const std::string& flags) const { return run_ptrain("train run.yaml " + flags, dir); }
+  fs::path run(const std::string& name) const { return dir / "runs" / name; }
+};
+
+}  // namespace
+
+TEST_CASE("sha256 matches the FIPS 180-4 test vectors", "[checkpoint]") {
+  auto hex = [](const std::string& s) {
+    Sha256 h;
+    h.update(s.data(), s.size());
+    return h.hex_digest();
+  };
+  CHECK(hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  CHECK(hex(std::string(1000000, 'a')) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST_CASE("safetensors files follow the published layout", "[checkpoint]") {
+  const fs::path dir = make_temp_dir("st");
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {-1.5f};
+  write_safetensors((dir / "x.safetensors").string(), {{"a", {2, 3}, a.data()}, {"b.bias", {1}, b.data()}},
+                    {{"producer", "ptrain"}});
+  const std::string raw = read_file(dir / "x.safetensors");
+  // 8-byte little-endian header length, a JSON header, then the tensors' bytes.
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(raw[i])} << (8 * i);
+  REQUIRE(n % 8 == 0);
+  REQUIRE(8 + n + 7 * sizeof(float) == raw.size());
+  const auto header = nlohmann::json::parse(raw.substr(8, n));
+  CHECK(header["__metadata__"]["producer"] == "ptrain");
+  CHECK(header["a"]["dtype"] == "F32");
+  CHECK(header["a"]["shape"] == nlohmann::json::array({2, 3}));
+  CHECK(header["a"]["data_offsets"] == nlohmann::json::array({0, 24}));
+  CHECK(header["b.bias"]["data_offsets"] == nlohmann::json::array({24, 28}));
+  float first;
+  std::memcpy(&first, raw.data() + 8 + n, sizeof first);
+  CHECK(first == 1.0f);
+
+  const SafetensorsFile file((dir / "x.safetensors").string());
+  std::vector<float> back(6);
+  file.copy_to("a", back.data(), 6);
+  CHECK(back == a);
+  CHECK_THROWS_AS(file.copy_to("a", back.data(), 5), UserError);
+
+  // A truncated file is refused, naming it.
+  fs::resize_file(dir / "x.safetensors", raw.size() - 2);
+  CHECK_THROWS_WITH(SafetensorsFile((dir / "x.safetensors").string()), Catch::Contains("x.safetensors"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[checkpoint]") {
+  const std::vector<std::pair<std::string, std::string>> modes = {
+      {"fp32", ""},
+      {"bf16", "--set precision.mode=bf16"},
+      // A short growth interval makes the loss scale change across the resume point.
+      {"fp16", "--set precision.mode=fp16 --set precision.loss_scaling.growth_interval=3"},
+      {"fp8", "--set precision.mode=fp8 --set precision.fp8.recipe=delayed --set precision.fp8.amax_history=4"},
+  };
+  Workspace ws;
+  for (const auto& [mode, flags] : modes) {
+    CAPTURE(mode);
+    const CommandResult straight = ws.train("--set run.name=" + mode + "-straight " + flags);
+    INFO(straight.output);
+    REQUIRE(straight.exit_code == 0);
+    const CommandResult first = ws.train("--set run.name=" + mode + "-resumed --stop-at 3 " + flags);
+    INFO(first.output);
+    REQUIRE(first.exit_code == 0);
+    CHECK(first.output.find("resume with") != std::string::npos);
+    const CommandResult second = ws.train("--set run.name=" + mode + "-resumed --set checkpoint.resume=auto " + flags);
+    INFO(second.output);
+    REQUIRE(second.exit_code == 0);
+    CHECK(second.output.find("resumed from") != std::string::npos);
+
+    const auto a = loss_trace(ws.run(mode + "-straight") / "metrics.jsonl");
+    const auto b = loss_trace(ws.run(mode + "-resumed") / "metrics.jsonl");
+    REQUIRE(a.size() == 8 + 3);  // 8 steps, val at 0, 4, 8
+    CHECK(b == a);
+    for (const char* file : {"weights.safetensors", "optimizer.safetensors"})
+      CHECK(bytes_of(ws.run(mode + "-straight") / "checkpoints/step_00000008" / file) ==
+            bytes_of(ws.run(mode + "-resumed") / "checkpoints/step_00000008" / file));
+  }
+}
+
+TEST_CASE("resume auto skips a corrupt newest checkpoint and keep_last prunes", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--set checkpoint.every=1 --set checkpoint.keep_last=3 --set training.steps=5").exit_code == 0);
+  const fs::path ckpts = ws.run("r") / "checkpoints";
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(ckpts))
+    if (e.is_directory()) kept.push_back(e.path().filename().string());
+  std::sort(kept.begin(), kept.end());
+  CHECK(kept == std::vector<std::string>({"step_00000003", "step_00000004", "step_00000005"}));
+  CHECK(read_file(ckpts / "latest") == "step_00000005\n");
+
+  flip_a_bit(ckpts / "step_00000005/weights.safetensors", 200);
+  fs::remove(ckpts / "step_00000004/state.json");  // an incomplete save
+  const CommandResult r = ws.train("--set checkpoint.resume=auto --set training.steps=6");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("step_00000005") != std::string::npos);
+  CHECK(r.output.find("SHA-256") != std::string::npos);
+  CHECK(r.output.find("no state.json") != std::string::npos);
+  CHECK(r.output.find("resumed from runs/r/checkpoints/step_00000003") != std::string::npos);
+}
+
+TEST_CASE("bad checkpoints to resume from exit 2 and change nothing", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--set training.steps=2").exit_code == 0);
+  const fs::path ckpt = ws.run("r") / "checkpoints/step_00000002";
+  const std::string before = read_file(ws.run("r") / "metrics.jsonl");
+  auto expect_refused = [&](const std::string& flags, std::initializer_list<const char*> fragments) {
+    const CommandResult r = ws.train(flags);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    for (const char* f : fragments) CHECK(r.output.find(f) != std::string::npos);
+    CHECK(read_file(ws.run("r") / "metrics.jsonl") == before);
+  };
+  SECTION("a path that is no checkpoint") {
+    expect_refused("--set checkpoint.resume=nowhere", {"checkpoint.resume", "nowhere", "not a directory"});
+  }
+  SECTION("another model shape, naming the keys") {
+    expect_refused("--set checkpoint.resume=" + ckpt.string() + " --set model.n_layer=3",
+                   {"model.n_layer 2 in the checkpoint vs 3 now"});
+  }
+  SECTION("a truncated weight file") {
+    fs::resize_file(ckpt / "weights.safetensors", 100);
+    expect_refused("--set checkpoint.resume=" + ckpt.string(), {"weights.safetensors", "SHA-256"});
+  }
+  SECTION("a foreign state.json") {
+    write_file(ckpt / "state.json", "{\"hello\": 1}\n");
+    expect_refused("--set checkpoint.resume=" + ckpt.string(), {"state.json", "not a ptrain checkpoint"});
+  }
+}
+
+TEST_CASE("a checkpoint directory that cannot be written is reported before training", "[checkpoint]") {
+  Workspace ws;
+  const CommandResult r = ws.train("--set checkpoint.dir=/proc/ptrain-checkpoints");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("checkpoint.dir") != std::string::npos);
+  CHECK(r.output.find("/proc/ptrain-checkpoints") != std::string::npos);
+  CHECK(r.output.find("step 1/") == std::string::npos);
+}
+
+// Runs a shell script (in the workspace) and returns what it printed.
+std::string shell(const Workspace& ws, const std::string& script) {
+  FILE* pipe = popen(("cd '" + ws.dir.string() + "' && (" + script + ") 2>&1").c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  pclose(pipe);
+  return out;
+}
+
+TEST_CASE("a failed save keeps the earlier checkpoints and stops or continues as configured", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--set training.steps=2").exit_code == 0);
+  const fs::path ckpts = ws.run("r") / "checkpoints";
+  const std::string weights_before = read_file(ckpts / "step_00000002/weights.safetensors");
+  // A file-size limit makes writing the 240 KB optimizer file fail with EFBIG, as a full disk
+  // would fail it with ENOSPC; SIGXFSZ is ignored so the write returns the error.
+  const std::string limited = "trap '' XFSZ; ulimit -f 200; '" PTRAIN_BINARY
+                              "' train run.yaml --set checkpoint.resume=auto --set training.steps=4 "
+                              "--set checkpoint.every=1 ";
+  SECTION("stop") {
+    const std::string out = shell(ws, limited + "; echo rc=$?");
+    INFO(out);
+    CHECK(out.find("rc=1") != std::string::npos);
+    CHECK(out.find("checkpoint at step 3 failed") != std::string::npos);
+    CHECK(out.find("earlier checkpoints are intact") != std::string::npos);
+  }
+  SECTION("continue") {
+    const std::string out = shell(ws, limited + "--set checkpoint.on_save_error=continue; echo rc=$?");
+    INFO(out);
+    CHECK(out.find("rc=0") != std::string::npos);
+    CHECK(out.find("training continues") != std::string::npos);
+    CHECK(out.find("step 4/4") != std::string::npos);
+  }
+  CHECK(read_file(ckpts / "latest") == "step_00000002\n");
+  CHECK(read_file(ckpts / "step_00000002/weights.safetensors") == weights_before);
+  CHECK_FALSE(fs::exists(ckpts / "step_00000003"));
+  CHECK_FALSE(fs::exists(ckpts / ".step_00000003.tmp"));
+  CHECK(ws.train("--set checkpoint.resume=auto --set training.steps=3").exit_code == 0);
+}
+
+TEST_CASE("kill -9 at any moment leaves a checkpoint that resume auto takes", "[checkpoint]") {
+  Workspace ws;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    CAPTURE(attempt);
+    // A checkpoint every step makes most kills land inside a save.
+    const std::string out = shell(
+        ws, "'" PTRAIN_BINARY "' train run.yaml --set training.steps=100000 --set checkpoint.every=1 "
+            "--set checkpoint.resume=auto > /dev/null 2>&1 & pid=$!; "
+            "while [ ! -f runs/r/checkpoints/latest ]; do sleep 0.01; done; "
+            "sleep 0.0" + std::to_string(3 + 2 * attempt) + "; kill -9 $pid; wait $pid; echo killed rc=$?");
+    INFO(out);
+    REQUIRE(out.find("killed rc=137") != std::string::npos);
+    const std::string latest = read_file(ws.run("r") / "checkpoints/latest");
+    REQUIRE(latest.size() == 14);
+    const int64_t step = std::stoll(latest.substr(5, 8));
+    const CommandResult resumed =
+        ws.train("--set training.steps=100000 --set checkpoint.every=1 --set checkpoint.resume=auto --stop-at " +
+                 std::to_string(step + 1));
+    INFO(resumed.output);
+    REQUIRE(resumed.exit_code == 0);
+    CHECK(resumed.output.find("resumed from") != std::string::npos);
+  }
+}
+
+TEST_CASE("a resumed run may change precision and logs it", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--stop-at 2").exit_code == 0);
+  const CommandResult r = ws.train("--set checkpoint.resume=auto --set precision.mode=bf16");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("saved under precision fp32, now bf16") != std::string::npos);
+  bool marked = false;
+  for (const auto& m : read_metrics(ws.run("r") / "metrics.jsonl"))
+    if (m.contains("resume")) marked = m["resume"]["saved_precision"] == "fp32";
+  CHECK(marked);
+}
+
+TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoint]") {
+  Workspace ws;
+  // Long enough that the signal arrives mid-run; the script waits for the first step's metrics.
+  const std::string script = "cd '" + ws.dir.string() + "' && ('" PTRAIN_BINARY
+                             "' train run.yaml --set training.steps=100000 > out.txt 2>&1 & pid=$!; "
+                             "while ! grep -q '\"loss\"' runs/r/metrics.jsonl 2>/dev/null; do sleep 0.05; done; "
+                             "kill -INT $pid; wait $pid; echo rc=$?)";
+  FILE* pipe = popen(script.c_str(), "r");
+  REQUIRE(pipe);
+  char buf[256] = {0};
+  std::string out;
+  while (fgets(buf, sizeof buf, pipe)) out += buf;
+  pclose(pipe);
+  const std::string log = read_file(ws.dir / "out.txt");
+  INFO(out << log);
+  CHECK(out.find("rc=0") != std::string::npos);
+  CHECK(log.find("stopped by signal") != std::string::npos);
+  CHECK(log.find("checkpoint.resume=auto") != std::string::npos);
+  CHECK(fs::exists(ws.run("r") / "checkpoints/latest"));
+}
