@@ -9,6 +9,11 @@ packages=(
   libopenblas-openmp-dev
 )
 
+# NVIDIA's format headers come with the CUDA toolkit, not with Debian's main archive.
+if [ ! -f /usr/local/cuda/include/cuda_fp8.h ] && [ ! -f /usr/include/cuda_fp8.h ]; then
+  echo "note: cuda_fp8.h not found; the build needs the CUDA toolkit's headers (/usr/local/cuda/include)" >&2
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -41,13 +41,14 @@ Fp8Policy policy(Fp8Recipe recipe) {
 }  // namespace
 
 TEST_CASE("an fp8 cast equals round(x times scale) over scale and counts exactly", "[fp8]") {
-  // 1e-6 underflows at scale 1; 500 and -1000 saturate E4M3 (max 448); 0 is not counted.
-  HostBuffer<float> x({6}), out({6}, NAN);
-  x.data = {1.0f, 1e-6f, 500.0f, -1000.0f, 0.0f, 3.3f};
+  // 1e-6 underflows at scale 1; 500 and -1000 saturate E4M3 (max 448); 450 merely rounds down
+  // to 448 (round to nearest, no clipping); 0 is not counted.
+  HostBuffer<float> x({7}), out({7}, NAN);
+  x.data = {1.0f, 1e-6f, 500.0f, -1000.0f, 0.0f, 3.3f, 450.0f};
   const Fp8CastStats s = backend().fp8_cast(out.view(), x.view(), Format::e4m3, 1.0f);
-  CHECK(out.data == std::vector<float>({1.0f, 0.0f, 448.0f, -448.0f, 0.0f, 3.25f}));
+  CHECK(out.data == std::vector<float>({1.0f, 0.0f, 448.0f, -448.0f, 0.0f, 3.25f, 448.0f}));
   CHECK(s.amax == 1000.0f);
-  CHECK(s.nonzero == 5);
+  CHECK(s.nonzero == 6);
   CHECK(s.underflow == 1);
   CHECK(s.saturated == 2);
 

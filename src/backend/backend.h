@@ -34,7 +34,7 @@ struct Fp8CastStats {
   float amax = 0;         // max |x| before scaling (NaN if any element is NaN)
   int64_t nonzero = 0;    // non-zero inputs
   int64_t underflow = 0;  // non-zero inputs that became zero
-  int64_t saturated = 0;  // inputs whose scaled value lay beyond the format's max and was clipped
+  int64_t saturated = 0;  // inputs whose scaled value overflowed the format and was clipped to max
 };
 
 struct AdamWParams {

@@ -393,7 +393,8 @@ void fp8_cast_run(float* out, const float* in, int64_t n, Format f, float scale,
     const float q = round_to_format(x * scale, f, /*saturate=*/true);
     stats.nonzero += x != 0.0f;
     stats.underflow += x != 0.0f && q == 0.0f;
-    stats.saturated += std::fabs(x * scale) > max;  // clipped by the saturating cast
+    // Clipped: beyond max, and beyond what round-to-nearest would still bring back to max.
+    stats.saturated += std::fabs(x * scale) > max && !std::isfinite(round_to_format(x * scale, f, false));
     out[i] = q * inv;
   }
 }
