@@ -25,14 +25,6 @@ const char* kRun =
     "schedule: {warmup_steps: 2}\n"
     "logging: {numerics_every: 3}\n";
 
-std::vector<nlohmann::json> read_metrics(const fs::path& file) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
-
 // (step, loss) and (step, val_loss) pairs: what must match between a resumed and a straight run.
 std::vector<std::pair<int64_t, double>> loss_trace(const fs::path& file) {
   std::vector<std::pair<int64_t, double>> out;

@@ -35,11 +35,7 @@ Run train_run(const fs::path& dir, const std::string& name, const std::vector<st
   std::vector<std::string> all = {"run.name=" + name, "run.out_dir=" + dir.string()};
   all.insert(all.end(), overrides.begin(), overrides.end());
   const TrainResult result = train(parse_config(kRun, "precision-test.yaml", all), TrainOptions{});
-  Run run{result.final_val_loss, {}};
-  std::ifstream in(dir / name / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) run.metrics.push_back(nlohmann::json::parse(line));
-  return run;
+  return Run{result.final_val_loss, read_metrics(dir / name / "metrics.jsonl")};
 }
 
 // The numerics records of a run (logged every logging.numerics_every steps).

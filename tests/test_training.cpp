@@ -14,14 +14,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<nlohmann::json> read_metrics(const fs::path& file) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
-
 // The fields that must be identical between two runs of one config (times and memory may differ).
 std::vector<double> numeric_trace(const std::vector<nlohmann::json>& records) {
   std::vector<double> trace;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -77,6 +78,15 @@ inline std::string read_file(const std::filesystem::path& p) {
 }
 
 inline void write_file(const std::filesystem::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+// One JSON object per line of a run's metrics.jsonl.
+inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& file) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
 
 struct CommandResult {
   int exit_code;

@@ -233,6 +233,21 @@ void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& opti
   optimizer.restore_steps(checkpoint.state.optimizer_steps);
 }
 
+nlohmann::json model_json(const ModelConfig& m) {
+  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
+          {"vocab_size", m.vocab_size}};
+}
+
+ModelConfig model_from_json(const nlohmann::json& j) {
+  ModelConfig m;
+  j.at("n_layer").get_to(m.n_layer);
+  j.at("n_head").get_to(m.n_head);
+  j.at("n_embd").get_to(m.n_embd);
+  j.at("seq_len").get_to(m.seq_len);
+  j.at("vocab_size").get_to(m.vocab_size);
+  return m;
+}
+
 std::vector<std::string> model_differences(const nlohmann::json& saved, const nlohmann::json& current) {
   std::vector<std::string> out;
   for (const auto& [key, value] : current.items())

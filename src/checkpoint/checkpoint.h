@@ -70,6 +70,10 @@ void load_weights(const SafetensorsFile& weights, Gpt& model);
 // copy) and the optimizer. The model config must match (checked by the caller).
 void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer);
 
+// The model keys a checkpoint records and a resume must agree on, and back.
+nlohmann::json model_json(const ModelConfig& model);
+ModelConfig model_from_json(const nlohmann::json& model);
+
 // The model-config keys whose values differ between two model sections ("model.n_embd 128 vs 256").
 std::vector<std::string> model_differences(const nlohmann::json& saved, const nlohmann::json& current);
 

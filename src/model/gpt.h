@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/config.h"
 #include "model/fp8_linear.h"
 #include "precision/policy.h"
 
@@ -23,6 +24,10 @@ struct GptShape {
   int max_seq_len = 0;
   int vocab = 0;         // real vocabulary
   int padded_vocab = 0;  // multiple of 128
+
+  static GptShape of(const ModelConfig& m) {
+    return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
+  }
 };
 
 enum ParamId {

@@ -22,20 +22,6 @@ namespace fs = std::filesystem;
 namespace ptrain {
 namespace {
 
-ModelConfig model_from_state(const nlohmann::json& m) {
-  ModelConfig c;
-  m.at("n_layer").get_to(c.n_layer);
-  m.at("n_head").get_to(c.n_head);
-  m.at("n_embd").get_to(c.n_embd);
-  m.at("seq_len").get_to(c.seq_len);
-  m.at("vocab_size").get_to(c.vocab_size);
-  return c;
-}
-
-GptShape shape_of(const ModelConfig& m) {
-  return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
-}
-
 // A model holding a checkpoint's weights, in FP32.
 struct LoadedModel {
   std::unique_ptr<Backend> backend = make_cpu_backend(0);
@@ -44,7 +30,7 @@ struct LoadedModel {
 
 LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B, int T) {
   LoadedModel out;
-  out.model = std::make_unique<Gpt>(shape_of(m), *out.backend, DType::f32, B, T);
+  out.model = std::make_unique<Gpt>(GptShape::of(m), *out.backend, DType::f32, B, T);
   load_weights(ckpt.weights, *out.model);
   return out;
 }
@@ -91,11 +77,7 @@ int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng)
 
 void eval_checkpoint(const Config& config, const std::string& checkpoint) {
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
-  const auto differences = model_differences(ckpt.state.model, nlohmann::json{{"n_layer", config.model.n_layer},
-                                                                               {"n_head", config.model.n_head},
-                                                                               {"n_embd", config.model.n_embd},
-                                                                               {"seq_len", config.model.seq_len},
-                                                                               {"vocab_size", config.model.vocab_size}});
+  const auto differences = model_differences(ckpt.state.model, model_json(config.model));
   if (!differences.empty()) throw UserError("--checkpoint " + checkpoint + " has another model shape: " + differences[0]);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   std::string val = config.data.val;
@@ -123,7 +105,7 @@ void sample(const SampleOptions& o) {
   if (o.temperature < 0) throw UserError("--temperature: expected 0 (greedy) or more");
   if (o.top_k < 0) throw UserError("--top-k: expected 0 (no limit) or more");
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
-  const ModelConfig m = model_from_state(ckpt.state.model);
+  const ModelConfig m = model_from_json(ckpt.state.model);
   LoadedModel lm = load_model(ckpt, m, 1, m.seq_len);
   std::vector<int32_t> tokens = encode_prompt(o.prompt, m.vocab_size);
   if (tokens.empty()) tokens.push_back(0);  // an empty prompt starts from token 0
@@ -203,7 +185,7 @@ void inspect(const std::string& path) {
 void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype) {
   if (dtype != "fp32" && dtype != "bf16") throw UserError("--dtype: \"" + dtype + "\"; expected fp32 or bf16");
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
-  const ModelConfig m = model_from_state(ckpt.state.model);
+  const ModelConfig m = model_from_json(ckpt.state.model);
   LlmcModel file;
   file.version = dtype == "fp32" ? 3 : 5;
   file.max_seq_len = m.seq_len;
@@ -212,7 +194,7 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   file.n_head = m.n_head;
   file.n_embd = m.n_embd;
   file.padded_vocab = m.padded_vocab();
-  for (const ParamSpec& spec : gpt_param_specs(shape_of(m))) {
+  for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
     int64_t n = 1;
     for (int64_t d : spec.shape) n *= d;
     const size_t at = file.params.size();

@@ -55,20 +55,10 @@ struct StopSignalScope {
   }
 };
 
-// The model keys a checkpoint must agree on to be resumed.
-nlohmann::json model_json(const ModelConfig& m) {
-  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
-          {"vocab_size", m.vocab_size}};
-}
-
 std::string fmt(const char* format, double value) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, value);
   return buf;
-}
-
-GptShape shape_from(const ModelConfig& m) {
-  return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
 }
 
 
@@ -135,7 +125,7 @@ class Trainer {
         policy_(PrecisionPolicy::from_config(config.precision)),
         comm_(make_single_process_communicator()),
         log_(run_dir.string()),
-        shape_(shape_from(config.model)),
+        shape_(GptShape::of(config.model)),
         B_(config.training.micro_batch),
         T_(config.training.effective_seq_len(config.model)),
         accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_))),
@@ -464,7 +454,7 @@ class Trainer {
 
 void print_dry_run(const Config& config) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  const GptShape shape = shape_from(config.model);
+  const GptShape shape = GptShape::of(config.model);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   const MemoryPlan mem = plan_memory(shape, policy, B, T);
   RunLog log;
@@ -502,7 +492,7 @@ void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches,
 }  // namespace
 
 double training_flops_per_token(const ModelConfig& model, int seq_len) {
-  return 6.0 * static_cast<double>(gpt_num_params(shape_from(model))) + 6.0 * model.n_layer * model.n_embd * seq_len;
+  return 6.0 * static_cast<double>(gpt_num_params(GptShape::of(model))) + 6.0 * model.n_layer * model.n_embd * seq_len;
 }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
