@@ -277,6 +277,27 @@ TEST_CASE("a resumed run may change precision and logs it", "[checkpoint]") {
   CHECK(marked);
 }
 
+TEST_CASE("a second SIGINT exits at once and damages nothing", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--set training.steps=2").exit_code == 0);  // an earlier checkpoint to protect
+  const std::string out = shell(
+      ws, "'" PTRAIN_BINARY "' train run.yaml --set training.steps=100000 --set checkpoint.resume=auto "
+          "--set checkpoint.every=1 > out.txt 2>&1 & pid=$!; "
+          "while ! grep -q 'resumed from' out.txt 2>/dev/null; do sleep 0.01; done; sleep 0.05; "
+          "kill -INT $pid; kill -INT $pid; wait $pid; echo rc=$?");
+  INFO(out << read_file(ws.dir / "out.txt"));
+  // Either the second signal ended the process (128 + SIGINT) or the first one's save finished first.
+  CHECK((out.find("rc=130") != std::string::npos || out.find("rc=0") != std::string::npos));
+  const std::string latest = read_file(ws.run("r") / "checkpoints/latest");
+  REQUIRE(latest.size() == 14);
+  const int64_t step = std::stoll(latest.substr(5, 8));
+  const CommandResult resumed = ws.train("--set training.steps=100000 --set checkpoint.resume=auto --stop-at " +
+                                         std::to_string(step + 1));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from") != std::string::npos);
+}
+
 TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoint]") {
   Workspace ws;
   // Long enough that the signal arrives mid-run; the script waits for the first step's metrics.

@@ -70,6 +70,14 @@ std::vector<SafetensorView> moment_views(Gpt& model, AdamW& optimizer) {
   return views;
 }
 
+// A short fingerprint of the model-relevant config, for tools that compare checkpoints.
+std::string model_hash(const nlohmann::json& model) {
+  const std::string text = model.dump();
+  Sha256 h;
+  h.update(text.data(), text.size());
+  return h.hex_digest().substr(0, 16);
+}
+
 nlohmann::json state_to_json(const CheckpointState& s) {
   nlohmann::json fp8 = nlohmann::json::array();
   for (const auto& f : s.fp8) fp8.push_back({{"name", f.name}, {"history", f.history}, {"scale", f.scale}});
@@ -88,7 +96,8 @@ nlohmann::json state_to_json(const CheckpointState& s) {
           {"best_val_loss", s.best_val_loss},
           {"best_val_step", s.best_val_step},
           {"precision", s.precision},
-          {"model", s.model}};
+          {"model", s.model},
+          {"model_hash", model_hash(s.model)}};
 }
 
 CheckpointState state_from_json(const nlohmann::json& j) {
