@@ -209,6 +209,18 @@ std::string shell(const Workspace& ws, const std::string& script) {
   return out;
 }
 
+// Resumes the workspace's run from the checkpoint `latest` names and trains one more step.
+void resume_one_step(const Workspace& ws) {
+  const std::string latest = read_file(ws.run("r") / "checkpoints/latest");
+  REQUIRE(latest.size() == 14);  // "step_NNNNNNNN\n"
+  const int64_t step = std::stoll(latest.substr(5, 8));
+  const CommandResult resumed =
+      ws.train("--set training.steps=100000 --set checkpoint.resume=auto --stop-at " + std::to_string(step + 1));
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from") != std::string::npos);
+}
+
 TEST_CASE("a failed save keeps the earlier checkpoints and stops or continues as configured", "[checkpoint]") {
   Workspace ws;
   REQUIRE(ws.train("--set training.steps=2").exit_code == 0);
@@ -252,15 +264,7 @@ TEST_CASE("kill -9 at any moment leaves a checkpoint that resume auto takes", "[
             "sleep 0.0" + std::to_string(3 + 2 * attempt) + "; kill -9 $pid; wait $pid; echo killed rc=$?");
     INFO(out);
     REQUIRE(out.find("killed rc=137") != std::string::npos);
-    const std::string latest = read_file(ws.run("r") / "checkpoints/latest");
-    REQUIRE(latest.size() == 14);
-    const int64_t step = std::stoll(latest.substr(5, 8));
-    const CommandResult resumed =
-        ws.train("--set training.steps=100000 --set checkpoint.every=1 --set checkpoint.resume=auto --stop-at " +
-                 std::to_string(step + 1));
-    INFO(resumed.output);
-    REQUIRE(resumed.exit_code == 0);
-    CHECK(resumed.output.find("resumed from") != std::string::npos);
+    resume_one_step(ws);
   }
 }
 
@@ -288,14 +292,7 @@ TEST_CASE("a second SIGINT exits at once and damages nothing", "[checkpoint]") {
   INFO(out << read_file(ws.dir / "out.txt"));
   // Either the second signal ended the process (128 + SIGINT) or the first one's save finished first.
   CHECK((out.find("rc=130") != std::string::npos || out.find("rc=0") != std::string::npos));
-  const std::string latest = read_file(ws.run("r") / "checkpoints/latest");
-  REQUIRE(latest.size() == 14);
-  const int64_t step = std::stoll(latest.substr(5, 8));
-  const CommandResult resumed = ws.train("--set training.steps=100000 --set checkpoint.resume=auto --stop-at " +
-                                         std::to_string(step + 1));
-  INFO(resumed.output);
-  CHECK(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resumed from") != std::string::npos);
+  resume_one_step(ws);
 }
 
 TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoint]") {
