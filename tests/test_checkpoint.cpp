@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sha256.h"
 #include "core/error.h"
@@ -107,8 +109,11 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
   const std::vector<std::pair<std::string, std::string>> modes = {
       {"fp32", ""},
       {"bf16", "--set precision.mode=bf16"},
-      // A short growth interval makes the loss scale change across the resume point.
-      {"fp16", "--set precision.mode=fp16 --set precision.loss_scaling.growth_interval=3"},
+      // An initial scale too large for fp16 makes steps 1-3 overflow: skips, hysteresis and
+      // back-off happen before the stop, and growth (every 2 clean steps) across it.
+      {"fp16", "--set precision.mode=fp16 --set precision.loss_scaling.init=1e6 "
+               "--set precision.loss_scaling.hysteresis=2 --set precision.loss_scaling.growth_interval=2"},
+      // A history of 4 is full at the stop after step 4.
       {"fp8", "--set precision.mode=fp8 --set precision.fp8.recipe=delayed --set precision.fp8.amax_history=4"},
   };
   Workspace ws;
@@ -117,7 +122,7 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
     const CommandResult straight = ws.train("--set run.name=" + mode + "-straight " + flags);
     INFO(straight.output);
     REQUIRE(straight.exit_code == 0);
-    const CommandResult first = ws.train("--set run.name=" + mode + "-resumed --stop-at 3 " + flags);
+    const CommandResult first = ws.train("--set run.name=" + mode + "-resumed --stop-at 4 " + flags);
     INFO(first.output);
     REQUIRE(first.exit_code == 0);
     CHECK(first.output.find("resume with") != std::string::npos);
@@ -130,6 +135,14 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
     const auto b = loss_trace(ws.run(mode + "-resumed") / "metrics.jsonl");
     REQUIRE(a.size() == 8 + 3);  // 8 steps, val at 0, 4, 8
     CHECK(b == a);
+    const auto scaler_trace = [&](const std::string& run) {
+      std::vector<std::pair<double, int64_t>> out;
+      for (const auto& r : read_metrics(ws.run(run) / "metrics.jsonl"))
+        if (r.contains("loss")) out.emplace_back(r["loss_scale"].get<double>(), r["skipped"].get<int64_t>());
+      return out;
+    };
+    CHECK(scaler_trace(mode + "-resumed") == scaler_trace(mode + "-straight"));
+    if (mode == "fp16") CHECK(scaler_trace(mode + "-straight").back().second >= 3);
     for (const char* file : {"weights.safetensors", "optimizer.safetensors"})
       CHECK(bytes_of(ws.run(mode + "-straight") / "checkpoints/step_00000008" / file) ==
             bytes_of(ws.run(mode + "-resumed") / "checkpoints/step_00000008" / file));
@@ -268,6 +281,16 @@ TEST_CASE("kill -9 at any moment leaves a checkpoint that resume auto takes", "[
   }
 }
 
+TEST_CASE("resume auto in a run directory without checkpoints starts afresh in place", "[checkpoint]") {
+  Workspace ws;
+  REQUIRE(ws.train("--set training.steps=2 --set checkpoint.save_final=false").exit_code == 0);
+  const CommandResult r = ws.train("--set training.steps=2 --set checkpoint.resume=auto");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("no valid checkpoint") != std::string::npos);
+  CHECK(fs::exists(ws.run("r") / "checkpoints/step_00000002"));
+}
+
 TEST_CASE("a resumed run may change precision and logs it", "[checkpoint]") {
   Workspace ws;
   REQUIRE(ws.train("--stop-at 2").exit_code == 0);
@@ -314,4 +337,29 @@ TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoin
   CHECK(log.find("stopped by signal") != std::string::npos);
   CHECK(log.find("checkpoint.resume=auto") != std::string::npos);
   CHECK(fs::exists(ws.run("r") / "checkpoints/latest"));
+}
+
+TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "[checkpoint]") {
+  const fs::path dir = make_temp_dir("nan");
+  auto backend = make_cpu_backend(0);
+  Gpt model(GptShape{1, 2, 16, 8, 32, 128}, *backend, DType::f32, 1, 8);
+  model.init(1);
+  AdamW optimizer(model, *backend, AdamWConfig{});
+  CheckpointState state;
+  state.step = 7;
+  state.fp8.push_back({"h0.qkv.grad", {NAN, INFINITY, 0.5f, -0.0f}, 3.5f});
+  state.fp8.push_back({"h0.qkv.input", {1.0f}, NAN});
+  state.model = model_json(ModelConfig{});
+  state.schedule = nlohmann::json::object();
+  const std::string path = save_checkpoint(dir.string(), state, model, optimizer, 3);
+  const LoadedCheckpoint loaded = load_checkpoint(path);
+  REQUIRE(loaded.state.fp8.size() == 2);
+  const auto& h = loaded.state.fp8[0].history;
+  CHECK(std::isnan(h[0]));
+  CHECK(h[1] == INFINITY);
+  CHECK(h[2] == 0.5f);
+  CHECK(std::signbit(h[3]));
+  CHECK(loaded.state.fp8[0].scale == 3.5f);
+  CHECK(std::isnan(loaded.state.fp8[1].scale));
+  fs::remove_all(dir);
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
@@ -16,18 +17,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* kRun =
-    "run: {name: r, out_dir: runs}\n"
-    "model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16, vocab_size: 256}\n"
-    "data: {synthetic: {vocab: 256, order: 1, branching: 3, tokens: 50000, seed: 5}}\n"
-    "training: {steps: 6, batch_tokens: 128, micro_batch: 8, eval_every: 0, eval_batches: 2}\n";
+std::string run_yaml(int vocab) {
+  const std::string v = std::to_string(vocab);
+  return "run: {name: r, out_dir: runs}\n"
+         "model: {n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16, vocab_size: " + v + "}\n"
+         "data: {synthetic: {vocab: " + v + ", order: 1, branching: 3, tokens: 50000, seed: 5}}\n"
+         "training: {steps: 6, batch_tokens: 128, micro_batch: 8, eval_every: 0, eval_batches: 2}\n";
+}
 
-// One trained run shared by the tests below.
+// A trained run to work on: vocabulary 200 (56 padded rows) unless bytes are asked for.
 struct Trained {
   fs::path dir = make_temp_dir("tools");
   fs::path checkpoint;
-  Trained() {
-    write_file(dir / "run.yaml", kRun);
+  explicit Trained(int vocab = 200) {
+    write_file(dir / "run.yaml", run_yaml(vocab));
     const CommandResult r = run_ptrain("train run.yaml", dir);
     if (r.exit_code != 0) throw std::runtime_error(r.output);
     checkpoint = dir / "runs/r/checkpoints/step_00000006";
@@ -56,18 +59,34 @@ TEST_CASE("llm.c export and re-import give identical logits", "[tools]") {
 
   const LlmcModel file = read_llmc((t.dir / "m.bin").string());
   CHECK(file.version == 3);
+  CHECK(file.vocab_size == 200);
   CHECK(file.padded_vocab == 256);
   CHECK(file.n_layer == 2);
 
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 32, 16, 256, 256};
+  const GptShape shape{2, 2, 32, 16, 200, 256};  // 56 padded vocabulary rows
   Gpt from_checkpoint(shape, *backend, DType::f32, 1, 16), from_file(shape, *backend, DType::f32, 1, 16);
   load_weights(load_checkpoint(t.checkpoint.string()).weights, from_checkpoint);
   backend->upload(from_file.master_flat(), file.params.data());
   std::vector<int32_t> tokens(16);
-  for (int i = 0; i < 16; ++i) tokens[i] = (i * 37) % 256;
+  for (int i = 0; i < 16; ++i) tokens[i] = (i * 37) % 200;
   for (int pos : {0, 7, 15}) CHECK(from_checkpoint.next_token_logits(tokens.data(), pos) == from_file.next_token_logits(tokens.data(), pos));
 
+  SECTION("a vocabulary other than bytes samples token ids") {
+    const CommandResult ids = run_ptrain("sample --checkpoint " + t.checkpoint.string() + " --prompt '1 2' --tokens 5", t.dir);
+    INFO(ids.output);
+    REQUIRE(ids.exit_code == 0);
+    std::istringstream in(ids.output);
+    int id, count = 0;
+    while (in >> id) {
+      CHECK(id < 200);
+      ++count;
+    }
+    CHECK(count == 5);
+    const CommandResult bad = run_ptrain("sample --checkpoint " + t.checkpoint.string() + " --prompt 300", t.dir);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find("--prompt") != std::string::npos);
+  }
   SECTION("bf16 files hold the weights rounded to bf16") {
     REQUIRE(run_ptrain("export --checkpoint " + t.checkpoint.string() + " --out b.bin --dtype bf16", t.dir).exit_code == 0);
     const LlmcModel bf16 = read_llmc((t.dir / "b.bin").string());
@@ -121,7 +140,7 @@ TEST_CASE("foreign and mismatched llm.c files are refused", "[tools]") {
 }
 
 TEST_CASE("eval sample and inspect read a checkpoint", "[tools]") {
-  Trained t;
+  Trained t(256);  // bytes: sample prints text
   const std::string ck = t.checkpoint.string();
 
   const CommandResult eval = run_ptrain("eval run.yaml --checkpoint " + ck, t.dir);
@@ -155,4 +174,8 @@ TEST_CASE("eval sample and inspect read a checkpoint", "[tools]") {
   const CommandResult broken = run_ptrain("inspect " + ck, t.dir);
   CHECK(broken.output.find("sha256 MISMATCH") != std::string::npos);
   CHECK(broken.output.find("NOT valid") != std::string::npos);
+  fs::remove(t.checkpoint / "state.json");
+  const CommandResult incomplete = run_ptrain("inspect " + ck, t.dir);
+  CHECK(incomplete.exit_code == 2);
+  CHECK(incomplete.output.find("without state.json") != std::string::npos);
 }

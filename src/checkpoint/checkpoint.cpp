@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -78,9 +79,27 @@ std::string model_hash(const nlohmann::json& model) {
   return h.hex_digest().substr(0, 16);
 }
 
+// FP8 histories may hold NaN or inf (an overflowed step), which JSON cannot: they are stored as
+// the floats' bit patterns, exact whatever the value.
+std::vector<uint32_t> float_bits(const std::vector<float>& values) {
+  std::vector<uint32_t> bits(values.size());
+  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
+  return bits;
+}
+
+std::vector<float> bits_float(const std::vector<uint32_t>& bits) {
+  std::vector<float> values(bits.size());
+  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
+  return values;
+}
+
 nlohmann::json state_to_json(const CheckpointState& s) {
   nlohmann::json fp8 = nlohmann::json::array();
-  for (const auto& f : s.fp8) fp8.push_back({{"name", f.name}, {"history", f.history}, {"scale", f.scale}});
+  for (const auto& f : s.fp8)
+    fp8.push_back({{"name", f.name},
+                   {"history_bits", float_bits(f.history)},
+                   {"scale_bits", float_bits({f.scale})[0]},
+                   {"scale", std::isfinite(f.scale) ? nlohmann::json(f.scale) : nlohmann::json()}});  // for people
   return {{"format", "ptrain checkpoint 1"},
           {"step", s.step},
           {"tokens", s.tokens},
@@ -88,7 +107,8 @@ nlohmann::json state_to_json(const CheckpointState& s) {
           // The only random state after initialisation: the counter-based training sampler.
           {"rng", {{"data_sampler", {{"seed", s.data_seed}, {"next_sample", s.next_sample}}}}},
           {"loss_scaler",
-           {{"scale", s.scaler.scale},
+           {{"mode", s.scaler_mode},
+            {"scale", s.scaler.scale},
             {"growth_tracker", s.scaler.growth_tracker},
             {"hysteresis_left", s.scaler.hysteresis_left},
             {"skipped", s.scaler.skipped}}},
@@ -97,7 +117,8 @@ nlohmann::json state_to_json(const CheckpointState& s) {
           {"best_val_step", s.best_val_step},
           {"precision", s.precision},
           {"model", s.model},
-          {"model_hash", model_hash(s.model)}};
+          {"model_hash", model_hash(s.model)},
+          {"schedule", s.schedule}};
 }
 
 CheckpointState state_from_json(const nlohmann::json& j) {
@@ -108,16 +129,19 @@ CheckpointState state_from_json(const nlohmann::json& j) {
   j.at("rng").at("data_sampler").at("seed").get_to(s.data_seed);
   j.at("rng").at("data_sampler").at("next_sample").get_to(s.next_sample);
   const auto& ls = j.at("loss_scaler");
+  ls.at("mode").get_to(s.scaler_mode);
   ls.at("scale").get_to(s.scaler.scale);
   ls.at("growth_tracker").get_to(s.scaler.growth_tracker);
   ls.at("hysteresis_left").get_to(s.scaler.hysteresis_left);
   ls.at("skipped").get_to(s.scaler.skipped);
   for (const auto& f : j.at("fp8"))
-    s.fp8.push_back({f.at("name").get<std::string>(), f.at("history").get<std::vector<float>>(), f.at("scale").get<float>()});
+    s.fp8.push_back({f.at("name").get<std::string>(), bits_float(f.at("history_bits").get<std::vector<uint32_t>>()),
+                     bits_float({f.at("scale_bits").get<uint32_t>()})[0]});
   if (j.at("best_val_loss").is_number()) j.at("best_val_loss").get_to(s.best_val_loss);
   j.at("best_val_step").get_to(s.best_val_step);
   j.at("precision").get_to(s.precision);
   s.model = j.at("model");
+  s.schedule = j.at("schedule");
   return s;
 }
 
@@ -177,9 +201,11 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     throw;
   }
 
-  // Keep the newest keep_last checkpoints; the one just written is the newest.
-  const auto all = checkpoint_dirs(root);
-  for (size_t i = static_cast<size_t>(std::max(keep_last, 1)); i < all.size(); ++i) fs::remove_all(all[i], ec);
+  // Keep the newest keep_last checkpoints up to this one (later steps were set aside at resume).
+  size_t kept = 0;
+  for (const fs::path& p : checkpoint_dirs(root))
+    if (step_of(p.filename().string()) <= state.step && ++kept > static_cast<size_t>(std::max(keep_last, 1)))
+      fs::remove_all(p, ec);
   return final_dir.string();
 }
 
@@ -207,6 +233,20 @@ LoadedCheckpoint load_checkpoint(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     throw invalid(std::string("state.json is malformed (") + e.what() + ")");
   }
+}
+
+std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int64_t step) {
+  std::vector<std::string> moved;
+  for (const fs::path& p : checkpoint_dirs(dir)) {
+    if (step_of(p.filename().string()) <= step) continue;
+    const fs::path aside = p.string() + ".superseded";
+    std::error_code ec;
+    fs::remove_all(aside, ec);
+    fs::rename(p, aside, ec);
+    if (ec) throw EnvironmentError("cannot set aside \"" + p.string() + "\": " + ec.message());
+    moved.push_back(aside.string());
+  }
+  return moved;
 }
 
 std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,

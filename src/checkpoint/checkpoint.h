@@ -32,6 +32,7 @@ struct CheckpointState {
   int64_t tokens = 0;           // training tokens consumed
   int64_t optimizer_steps = 0;  // AdamW updates applied (for bias correction)
   LossScaler::State scaler{1.0, 0, 1, 0};
+  std::string scaler_mode = "off";  // restored only into a run with the same loss-scaling mode
   std::vector<Fp8ScalingState> fp8;
   double best_val_loss = 0;
   int64_t best_val_step = -1;  // -1: no evaluation yet
@@ -39,6 +40,7 @@ struct CheckpointState {
   int64_t next_sample = 0;     // the next training window's index
   std::string precision;       // the mode label at save time
   nlohmann::json model;        // the model config section: resume refuses another shape
+  nlohmann::json schedule;     // keys that shape the rest of the run: resume warns when they change
 };
 
 struct LoadedCheckpoint {
@@ -62,6 +64,10 @@ LoadedCheckpoint load_checkpoint(const std::string& path);
 // through `warn` and skipped. nullopt when there is none.
 std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
                                                        const std::function<void(const std::string&)>& warn);
+
+// Renames checkpoints of steps after `step` to <name>.superseded, so that a run resumed from an
+// earlier checkpoint never later resumes from the abandoned branch. Returns the new names.
+std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int64_t step);
 
 // Copies checkpoint weights into the model's master weights and refreshes its GEMM copy.
 void load_weights(const SafetensorsFile& weights, Gpt& model);

@@ -1,5 +1,9 @@
 #include "checkpoint/llmc.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,23 +93,42 @@ void write_llmc(const std::string& path, const LlmcModel& m) {
   header[5] = m.n_head;
   header[6] = m.n_embd;
   header[7] = m.padded_vocab;
+  // Written under a temporary name, synced, then renamed: a failed export never leaves a
+  // half-written model file under the name asked for.
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(header), sizeof header);
-    if (m.version == 3) {
-      out.write(reinterpret_cast<const char*>(m.params.data()), static_cast<std::streamsize>(m.params.size() * 4));
-    } else {
-      std::vector<uint16_t> bits(m.params.size());
-      for (size_t i = 0; i < bits.size(); ++i) bits[i] = bf16_bits(m.params[i]);
-      out.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
-    }
-    out.flush();
-    if (!out) throw UserError("cannot write \"" + tmp + "\"");
+  std::vector<char> bytes(sizeof header);
+  std::memcpy(bytes.data(), header, sizeof header);
+  if (m.version == 3) {
+    const auto* p = reinterpret_cast<const char*>(m.params.data());
+    bytes.insert(bytes.end(), p, p + m.params.size() * 4);
+  } else {
+    std::vector<uint16_t> bits(m.params.size());
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = bf16_bits(m.params[i]);
+    const auto* p = reinterpret_cast<const char*>(bits.data());
+    bytes.insert(bytes.end(), p, p + bits.size() * 2);
   }
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw EnvironmentError("cannot create \"" + tmp + "\": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    done += static_cast<size_t>(n);
+  }
+  const int write_errno = errno;
+  const bool ok = done == bytes.size() && ::fsync(fd) == 0;
+  ::close(fd);
   std::error_code ec;
+  if (!ok) {
+    std::filesystem::remove(tmp, ec);
+    throw EnvironmentError("cannot write \"" + tmp + "\": " + std::strerror(write_errno));
+  }
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw UserError("cannot write \"" + path + "\": " + ec.message());
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    throw EnvironmentError("cannot write \"" + path + "\": " + ec.message());
+  }
 }
 
 }  // namespace ptrain

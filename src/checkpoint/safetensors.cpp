@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -90,7 +91,6 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     throw bad(std::string("header is not JSON (") + e.what() + ")");
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
-  size_t covered = 0;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       for (const auto& [k, v] : entry.items())
@@ -101,16 +101,25 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       if (entry.at("dtype").get<std::string>() != "F32") throw bad("tensor " + name + " is not F32");
       Entry e{entry.at("shape").get<std::vector<int64_t>>(), entry.at("data_offsets").at(0).get<size_t>(),
               entry.at("data_offsets").at(1).get<size_t>()};
-      if (e.begin > e.end || e.end > data_.size() ||
+      const bool negative = std::any_of(e.shape.begin(), e.shape.end(), [](int64_t d) { return d < 0; });
+      if (negative || e.begin > e.end || e.end > data_.size() ||
           e.end - e.begin != static_cast<size_t>(product(e.shape)) * sizeof(float))
         throw bad("tensor " + name + " has offsets that do not match its shape or the file");
-      covered += e.end - e.begin;
       entries_[name] = std::move(e);
     } catch (const nlohmann::json::exception& ex) {
       throw bad("entry " + name + " is malformed (" + ex.what() + ")");
     }
   }
-  if (covered != data_.size()) throw bad("tensor data does not cover the byte buffer exactly");
+  // The spec: tensors tile the byte buffer exactly, no holes and no overlaps.
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (const auto& [name, e] : entries_) spans.emplace_back(e.begin, e.end);
+  std::sort(spans.begin(), spans.end());
+  size_t at = 0;
+  for (const auto& [begin, end] : spans) {
+    if (begin != at) throw bad("tensor data has a hole or an overlap at byte " + std::to_string(at));
+    at = end;
+  }
+  if (at != data_.size()) throw bad("tensor data does not cover the byte buffer exactly");
 }
 
 const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) const {

@@ -21,9 +21,9 @@ RunLog::RunLog() {
 
 RunLog::RunLog(const std::string& run_dir) : RunLog() {
   try {
-    auto file = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/log.txt", /*truncate=*/false);
-    file->set_pattern("[%Y-%m-%d %H:%M:%S] %v");
-    logger_->sinks().push_back(file);
+    file_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/log.txt", /*truncate=*/false);
+    file_->set_pattern("[%Y-%m-%d %H:%M:%S] %v");
+    logger_->sinks().push_back(file_);
   } catch (const spdlog::spdlog_ex& e) {
     throw UserError("cannot write " + run_dir + "/log.txt: " + e.what());
   }
@@ -35,6 +35,11 @@ RunLog::~RunLog() = default;
 
 void RunLog::info(const std::string& line) { logger_->info(line); }
 void RunLog::warn(const std::string& line) { logger_->warn("warning: " + line); }
+
+void RunLog::file_only(const std::string& line) {
+  if (file_) file_->log(spdlog::details::log_msg(logger_->name(), spdlog::level::info, line));
+  if (file_) file_->flush();
+}
 
 void RunLog::metrics(const nlohmann::json& record) {
   if (!metrics_.is_open()) return;

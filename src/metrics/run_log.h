@@ -12,6 +12,9 @@
 
 namespace spdlog {
 class logger;
+namespace sinks {
+class sink;
+}
 }
 
 namespace ptrain {
@@ -26,10 +29,13 @@ class RunLog {
 
   void info(const std::string& line);
   void warn(const std::string& line);
+  // To log.txt only (for lines the console has already shown).
+  void file_only(const std::string& line);
   void metrics(const nlohmann::json& record);
 
  private:
   std::shared_ptr<spdlog::logger> logger_;
+  std::shared_ptr<spdlog::sinks::sink> file_;  // log.txt, when the run has a directory
   std::ofstream metrics_;
 };
 

@@ -78,7 +78,11 @@ int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng)
 void eval_checkpoint(const Config& config, const std::string& checkpoint) {
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const auto differences = model_differences(ckpt.state.model, model_json(config.model));
-  if (!differences.empty()) throw UserError("--checkpoint " + checkpoint + " has another model shape: " + differences[0]);
+  if (!differences.empty()) {
+    std::vector<std::string> problems;
+    for (const auto& d : differences) problems.push_back("--checkpoint " + checkpoint + " has another model shape: " + d);
+    throw UserErrors(problems);
+  }
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   std::string val = config.data.val;
   if (config.data.synthetic_enabled)  // the corpus a training run generated into its directory
@@ -132,11 +136,16 @@ void sample(const SampleOptions& o) {
 
 void inspect(const std::string& path) {
   const fs::path p(path);
-  if (fs::is_directory(p) && fs::exists(p / "state.json")) {
+  if (fs::is_directory(p) && !fs::exists(p / "state.json"))
+    throw UserError("\"" + path + "\" is a directory without state.json: not a checkpoint, or an incomplete save "
+                    "(NOT valid: resume would skip it)");
+  if (fs::is_directory(p)) {
     std::ifstream in(p / "state.json");
     nlohmann::json state;
     try {
       state = nlohmann::json::parse(in);
+      if (!state.is_object() || !state.value("sha256", nlohmann::json::object()).is_object())
+        throw UserError("\"" + path + "/state.json\" is not a ptrain checkpoint state");
     } catch (const nlohmann::json::exception& e) {
       throw UserError("\"" + path + "/state.json\" is not JSON: " + e.what());
     }
@@ -150,7 +159,7 @@ void inspect(const std::string& path) {
     const nlohmann::json checksums = state.value("sha256", nlohmann::json::object());
     for (const auto& [file, expected] : checksums.items()) {
       const bool present = fs::exists(p / file);
-      const bool valid = present && sha256_file((p / file).string()) == expected.get<std::string>();
+      const bool valid = present && expected.is_string() && sha256_file((p / file).string()) == expected.get<std::string>();
       all_valid = all_valid && valid;
       std::printf("  %-22s %s\n", file.c_str(), !present ? "MISSING" : valid ? "sha256 ok" : "sha256 MISMATCH");
       if (valid) {

@@ -55,6 +55,19 @@ struct StopSignalScope {
   }
 };
 
+// The keys that shape the rest of a run: a resume with other values continues, with a warning.
+nlohmann::json schedule_json(const Config& c) {
+  return {{"training.steps", c.training.steps},
+          {"training.batch_tokens", c.training.batch_tokens},
+          {"training.micro_batch", c.training.micro_batch},
+          {"training.seq_len", c.training.effective_seq_len(c.model)},
+          {"run.seed", c.run.seed},
+          {"optimizer.lr", c.optimizer.lr},
+          {"schedule.warmup_steps", c.schedule.warmup_steps},
+          {"schedule.decay", c.schedule.decay},
+          {"schedule.min_lr_ratio", c.schedule.min_lr_ratio}};
+}
+
 std::string fmt(const char* format, double value) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, value);
@@ -163,6 +176,11 @@ class Trainer {
     int64_t first_step = 1;
     if (resume_from) first_step = resume(*resume_from) + 1;
     const int64_t steps = cfg_.training.steps;
+    if (first_step > steps) {
+      log_.info("nothing to train: the checkpoint is at step " + std::to_string(first_step - 1) +
+                ", training.steps is " + std::to_string(steps) + " (raise training.steps to train further)");
+      return result_;
+    }
     const int64_t eval_every = cfg_.training.eval_every;
     if (eval_every > 0 && first_step == 1) evaluate(0);
 
@@ -204,9 +222,13 @@ class Trainer {
       if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
 
-      const bool stop = g_stop_signal != 0 || step == options_.stop_at;
+      const bool stop = g_stop_signal != 0 || (options_.stop_at > 0 && step >= options_.stop_at);
       const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
-      if (stop || periodic || (step == steps && cfg_.checkpoint.save_final)) save(step);
+      const bool saved = (stop || periodic || (step == steps && cfg_.checkpoint.save_final)) && save(step);
+      if (stop && !saved)
+        throw EnvironmentError("stopped after step " + std::to_string(step) +
+                               " without a checkpoint of it (the save failed); the newest checkpoint is " +
+                               (result_.last_checkpoint.empty() ? std::string("an earlier one") : result_.last_checkpoint));
       if (stop && step < steps) {
         log_.info(std::string(g_stop_signal ? "stopped by signal" : "stopped as asked (--stop-at)") + " after step " +
                   std::to_string(step) + "; checkpoint " + result_.last_checkpoint +
@@ -215,7 +237,7 @@ class Trainer {
         break;
       }
     }
-    if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds);
+    if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps - first_step + 1);
     result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
@@ -223,18 +245,36 @@ class Trainer {
   }
 
   void warn(const std::string& message) { log_.warn(message); }
+  void log_only(const std::string& message) { log_.file_only("warning: " + message); }
 
   // Restores a checkpoint's tensors and state; returns the step it was taken after.
   int64_t resume(const LoadedCheckpoint& ckpt) {
     const CheckpointState& st = ckpt.state;
     restore_tensors(ckpt, model_, optimizer_);
-    scaler_.restore(st.scaler);
+    if (st.scaler_mode == policy_.loss_scaling.mode)
+      scaler_.restore(st.scaler);
+    else
+      log_.warn("loss scaling was " + st.scaler_mode + " in the checkpoint and is " + policy_.loss_scaling.mode +
+                " now: the loss scaler starts afresh");
+    int64_t restored = 0;
     for (Fp8TensorState* t : model_.fp8_tensors())
       for (const Fp8ScalingState& saved : st.fp8)
-        if (saved.name == t->name) t->delayed.restore(saved.history, saved.scale);
-    if (st.data_seed != static_cast<uint64_t>(cfg_.run.seed) || st.next_sample != st.step * accum_ * B_)
-      log_.warn("the data order differs from the saved run's (run.seed or the batch shape changed): the resumed run "
-                "continues training but is not the continuation of the original");
+        if (saved.name == t->name && saved.history.size() == t->delayed.history().size()) {
+          t->delayed.restore(saved.history, saved.scale);
+          ++restored;
+        }
+    if (restored != static_cast<int64_t>(model_.fp8_tensors().size()) && policy_.fp8.recipe == Fp8Recipe::delayed &&
+        policy_.fp8.enabled)
+      log_.warn(std::to_string(model_.fp8_tensors().size() - restored) +
+                " FP8 tensors start with fresh delayed-scaling state (not in the checkpoint, or another "
+                "precision.fp8.amax_history)");
+    // The LR schedule and the data order are functions of these keys and the step.
+    const nlohmann::json now = schedule_json(cfg_);
+    for (const auto& [key, value] : now.items())
+      if (!st.schedule.contains(key) || st.schedule[key] != value)
+        log_.warn(key + " is " + value.dump() + " now and was " +
+                  (st.schedule.contains(key) ? st.schedule[key].dump() : "absent") +
+                  " in the checkpoint: the resumed run continues, but not as the original would have");
     if (st.best_val_step >= 0) {
       best_val_ = st.best_val_loss;
       best_val_step_ = st.best_val_step;
@@ -248,12 +288,15 @@ class Trainer {
     return st.step;
   }
 
-  void save(int64_t step) {
+  // Returns false when the save failed and checkpoint.on_save_error let training continue.
+  bool save(int64_t step) {
     CheckpointState st;
     st.step = step;
     st.tokens = step * cfg_.training.batch_tokens;
     st.optimizer_steps = optimizer_.steps_taken();
     st.scaler = scaler_.state();
+    st.scaler_mode = policy_.loss_scaling.mode;
+    st.schedule = schedule_json(cfg_);
     for (const Fp8TensorState* t : model_.fp8_tensors()) st.fp8.push_back({t->name, t->delayed.history(), t->delayed.scale()});
     if (best_val_) {
       st.best_val_loss = *best_val_;
@@ -270,12 +313,13 @@ class Trainer {
       const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
       if (cfg_.checkpoint.on_save_error == "continue") {
         log_.warn(what + "; training continues (checkpoint.on_save_error: continue)");
-        return;
+        return false;
       }
       throw EnvironmentError(what + "; the run stops (checkpoint.on_save_error: stop); earlier checkpoints are intact");
     }
     log_.metrics({{"checkpoint", {{"step", step}, {"path", result_.last_checkpoint}}}});
     log_.info("checkpoint step " + std::to_string(step) + " -> " + result_.last_checkpoint);
+    return true;
   }
 
  private:
@@ -397,13 +441,17 @@ class Trainer {
     log_.info(line);
   }
 
-  void summarize(double wall_seconds, double train_seconds) {
+  // `steps_here`: the steps this invocation trained (fewer than training.steps after a resume);
+  // throughput and times are this invocation's.
+  void summarize(double wall_seconds, double train_seconds, int64_t steps_here) {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
+    const double tokens_here = static_cast<double>(cfg_.training.batch_tokens * steps_here);
     nlohmann::json summary = {{"steps", cfg_.training.steps},
                               {"tokens", static_cast<int64_t>(tokens)},
+                              {"steps_this_run", steps_here},
                               {"wall_s", wall_seconds},
                               {"train_s", train_seconds},
-                              {"tokens_per_s", tokens / train_seconds},
+                              {"tokens_per_s", tokens_here / train_seconds},
                               {"final_val_loss", last_val_},
                               {"best_val_loss", best_val_ ? *best_val_ : NAN},
                               {"best_val_step", best_val_step_},
@@ -412,7 +460,8 @@ class Trainer {
                               {"skipped_steps", scaler_.skipped_steps()},
                               {"num_params", model_.num_params()}};
     std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
-                       " tokens in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens / train_seconds) +
+                       " tokens" + (steps_here < cfg_.training.steps ? " (" + std::to_string(steps_here) + " steps in this run)" : "") +
+                       " in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens_here / train_seconds) +
                        " tok/s | best val_loss " + fmt("%.4f", summary["best_val_loss"].get<double>()) + " at step " +
                        std::to_string(best_val_step_);
     if (synthetic_) {
@@ -522,7 +571,12 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   std::optional<LoadedCheckpoint> resume_from;
   std::vector<std::string> resume_warnings;
   if (config.checkpoint.resume == "auto") {
-    resume_from = find_latest_checkpoint(checkpoint_dir.string(), [&](const std::string& w) { resume_warnings.push_back(w); });
+    // Shown at once: if the run cannot start, the user still learns why no checkpoint was taken.
+    RunLog console;
+    resume_from = find_latest_checkpoint(checkpoint_dir.string(), [&](const std::string& w) {
+      console.warn(w);
+      resume_warnings.push_back(w);
+    });
   } else if (config.checkpoint.resume != "never") {
     try {
       resume_from = load_checkpoint(config.checkpoint.resume);
@@ -551,7 +605,10 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     }
   }
 
-  const fs::path run_dir = create_run_dir(config.run, resume_from.has_value());
+  // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
+  // (a job preempted before its first save starts again in place): always launching with auto works.
+  const bool continue_dir = resume_from.has_value() || config.checkpoint.resume == "auto";
+  const fs::path run_dir = create_run_dir(config.run, continue_dir);
   write_text(run_dir / "config.yaml", config_to_yaml(config));
   // Find out now, not after hours of training, if checkpoints cannot be written there.
   std::error_code ec;
@@ -566,8 +623,14 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     data.train = (data_dir / "train_*.bin").string();
     data.val = (data_dir / "val_*.bin").string();
   }
+  std::vector<std::string> set_aside;
+  if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
   Trainer trainer(config, data, run_dir, checkpoint_dir, options);
-  for (const auto& w : resume_warnings) trainer.warn(w);
+  for (const auto& w : resume_warnings) trainer.log_only(w);
+  for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
+  if (!resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))
+    trainer.warn("no valid checkpoint in " + checkpoint_dir.string() + ": training starts from step 0 in " +
+                 run_dir.string());
   return trainer.run(resume_from, init_from);
 }
 
