@@ -1,0 +1,137 @@
+// What every kernel test shares. A kernel runs under the SIMT emulator on host memory holding
+// its storage type (float, bf16, fp16), and its result is compared with the CPU backend's op on
+// the same values (inputs are drawn on the format's grid, so both see identical numbers).
+//
+// Rules the helpers enforce: every kernel runs under every thread order of thread_orders();
+// outputs are poisoned with NaN before each launch (poison()); NaN never passes expect_close;
+// tolerances depend on the format (DESIGN.md section 6).
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common.cuh"
+#include "precision/formats.h"
+#include "simt.h"
+#include "test_util.h"
+
+namespace ptrain::test {
+
+using kernels::bf16;
+using kernels::fp16;
+
+// Ascending, descending and two seeded random orders: a fixed order hides missing barriers.
+inline std::vector<simt::Options> thread_orders() {
+  return {{simt::Order::ascending, 0}, {simt::Order::descending, 0}, {simt::Order::random, 1}, {simt::Order::random, 2}};
+}
+
+// Odd sizes catch tail bugs that powers of two hide.
+inline const std::vector<int>& odd_sizes() {
+  static const std::vector<int> sizes{1, 7, 19, 111, 769};
+  return sizes;
+}
+
+template <typename T>
+constexpr Format format_of() {
+  if constexpr (std::is_same<T, bf16>::value) return Format::bf16;
+  else if constexpr (std::is_same<T, fp16>::value) return Format::fp16;
+  else return Format::fp32;
+}
+
+// ||got - ref|| / ||ref|| allowed per storage format: FP32 arithmetic differs from the reference
+// only in summation order; reduced formats may land one unit in the last place away.
+inline double tolerance(Format f) {
+  switch (f) {
+    case Format::fp32: return 1e-5;
+    case Format::fp16: return 2e-3;
+    default: return 1e-2;
+  }
+}
+
+// Normal(0, scale) values rounded to format f: the kernel's storage and the CPU reference's
+// floats then hold exactly the same numbers.
+inline std::vector<float> random_on_grid(size_t n, uint64_t seed, float scale, Format f) {
+  std::vector<float> v(n);
+  Rng rng(seed, 0x6b65726e);
+  for (auto& x : v) x = round_to_format(static_cast<float>(rng.normal() * scale), f, false);
+  return v;
+}
+
+template <typename T>
+std::vector<T> to_storage(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = kernels::from_float<T>(v[i]);
+  return out;
+}
+
+template <typename T>
+std::vector<float> to_floats(const std::vector<T>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = kernels::to_float(v[i]);
+  return out;
+}
+
+// 0xFF bytes: NaN in float, bf16, fp16, e4m3 and e5m2 alike.
+template <typename T>
+void poison(std::vector<T>& v) {
+  std::memset(static_cast<void*>(v.data()), 0xFF, v.size() * sizeof(T));
+}
+template <typename T>
+std::vector<T> poisoned(size_t n) {
+  std::vector<T> v(n);
+  poison(v);
+  return v;
+}
+
+// The CPU backend as the reference, single-threaded (its results do not depend on threads).
+struct CpuReference {
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  Backend* operator->() { return backend.get(); }
+  // Views host floats as a tensor on format f's grid.
+  static Tensor view(std::vector<float>& v, std::vector<int64_t> shape, Format f = Format::fp32) {
+    Tensor t(v.data(), DType::f32, shape);
+    t.format = f;
+    return t;
+  }
+  static Tensor tokens(std::vector<int32_t>& v, std::vector<int64_t> shape) { return Tensor(v.data(), DType::i32, shape); }
+};
+
+// Appends "kernel<TAB>format<TAB>relative error" to the file named by PTRAIN_KERNEL_ERRORS,
+// from which scripts/kernel-report.sh builds the worst error per kernel and precision.
+inline void record_error(const std::string& what, Format f, double err) {
+  const char* path = std::getenv("PTRAIN_KERNEL_ERRORS");
+  if (!path || !*path) return;
+  if (FILE* out = std::fopen(path, "a")) {
+    std::fprintf(out, "%s\t%s\t%.3e\n", what.c_str(), format_name(f), err);
+    std::fclose(out);
+  }
+}
+
+// Checks a kernel's output against the reference within the format's tolerance.
+inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& ref, Format f,
+                         double tol = -1) {
+  const double err = relative_error(got, ref);
+  record_error(what, f, err);
+  INFO(what << " (" << format_name(f) << "): relative error " << err);
+  CHECK(err <= (tol < 0 ? tolerance(f) : tol));
+}
+
+// Checks bit-for-bit equality (casts, codes, scales); NaN equals only the same NaN bits.
+template <typename T>
+void expect_identical(const std::string& what, const std::vector<T>& got, const std::vector<T>& ref) {
+  REQUIRE(got.size() == ref.size());
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &ref[i], sizeof(T)) != 0 && mismatches++ == 0) first = i;
+  INFO(what << ": " << mismatches << " of " << got.size() << " elements differ, first at " << first);
+  CHECK(mismatches == 0);
+}
+
+}  // namespace ptrain::test
