@@ -6,12 +6,15 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev catch2
-  libopenblas-openmp-dev
+  libopenblas-openmp-dev libboost-context-dev
 )
 
-# NVIDIA's format headers come with the CUDA toolkit, not with Debian's main archive.
+# NVIDIA's format headers and nvcc come with the CUDA toolkit, not with Debian's main archive.
 if [ ! -f /usr/local/cuda/include/cuda_fp8.h ] && [ ! -f /usr/include/cuda_fp8.h ]; then
   echo "note: cuda_fp8.h not found; the build needs the CUDA toolkit's headers (/usr/local/cuda/include)" >&2
+fi
+if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "note: nvcc not found; the CUDA kernels will not be compiled for the GPU (CPU build and emulator tests still run)" >&2
 fi
 
 missing=()

@@ -75,9 +75,18 @@ thread_local Options g_options;
 thread_local Block* g_block = nullptr;
 std::atomic<uint64_t> g_launches{0};
 
+// Launches come from one OS thread at a time (the tests are single-threaded). Neither object
+// below is ever destroyed, so LeakSanitizer sees abandoned fibers' memory as reachable.
 ctx::pooled_fixedsize_stack& stacks() {
-  thread_local ctx::pooled_fixedsize_stack pool(kFiberStack);
-  return pool;
+  static auto* pool = new ctx::pooled_fixedsize_stack(kFiberStack);
+  return *pool;
+}
+// Fibers of a block that failed are parked here, never resumed or destroyed: destroying a
+// suspended fiber unwinds its frames on the fiber's stack, which AddressSanitizer mistakes for
+// stack corruption.
+std::vector<ctx::fiber>& abandoned_fibers() {
+  static auto* fibers = new std::vector<ctx::fiber>;
+  return *fibers;
 }
 
 std::string dims(uint3 d) {
@@ -119,13 +128,15 @@ void yield_to_scheduler() {
   b.scheduler = std::move(b.scheduler).resume();
 }
 
-// Called on a fiber: records a fault and never returns (the scheduler throws and unwinds).
-[[noreturn]] void fault(const std::string& message) {
+// Called on a fiber: records a fault and yields for good (the scheduler throws and parks the
+// fiber). Not [[noreturn]]: AddressSanitizer mishandles noreturn calls on fiber stacks, so
+// callers `return fault(...)`.
+uint64_t fault(const std::string& message) {
   Block& b = *g_block;
   const Thread& t = b.threads[b.current];
   b.error = b.where + ", thread " + dims(t.idx) + ": " + message;
   yield_to_scheduler();
-  std::abort();  // unreachable: a faulted fiber is never resumed, only unwound
+  return 0;
 }
 
 void set_builtins(const Block& b, int i) { threadIdx = b.threads[i].idx; }
@@ -161,7 +172,7 @@ uint64_t collective_result(Block& b, int base, unsigned mask, int l) {
   }
   if (src < 0 || src >= 32 || !((mask >> src) & 1u)) {
     b.current = base + l;
-    fault(std::string(t.what) + " at " + t.file + ":" + std::to_string(t.line) + ": lane " + std::to_string(l) +
+    return fault(std::string(t.what) + " at " + t.file + ":" + std::to_string(t.line) + ": lane " + std::to_string(l) +
           " reads lane " + std::to_string(src) + ", which is not in the mask " + hex(mask) + " (undefined on a GPU)");
   }
   return b.threads[base + src].payload;
@@ -228,8 +239,6 @@ void run_block(Block& b, const std::function<void()>& body, uint64_t block_linea
       b.scheduler = std::move(scheduler);
       try {
         body();
-      } catch (const ctx::detail::forced_unwind&) {
-        throw;  // the fiber is being destroyed: let Boost unwind it
       } catch (...) {
         b.exception = std::current_exception();
       }
@@ -306,7 +315,8 @@ void launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, const char* kern
     try {
       run_block(b, body, static_cast<uint64_t>(linear));
     } catch (...) {
-      b.threads.clear();  // unwinds the suspended fibers while g_block is still valid
+      for (Thread& t : b.threads)
+        if (t.fiber) abandoned_fibers().push_back(std::move(t.fiber));
       g_block = nullptr;
       throw;
     }
@@ -339,12 +349,12 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t payload, Shuff
   const int warp_threads = std::min(32, static_cast<int>(b.threads.size()) - base);
   const unsigned existing = warp_threads == 32 ? 0xffffffffu : (1u << warp_threads) - 1;
   const std::string here = std::string(what) + " at " + file + ":" + std::to_string(line);
-  if (!((mask >> lane) & 1u)) fault(here + ": the mask " + hex(mask) + " leaves out the calling lane " + std::to_string(lane));
+  if (!((mask >> lane) & 1u)) return fault(here + ": the mask " + hex(mask) + " leaves out the calling lane " + std::to_string(lane));
   if (mask & ~existing)
-    fault(here + ": the mask " + hex(mask) + " names lanes that do not exist (this warp has " +
+    return fault(here + ": the mask " + hex(mask) + " names lanes that do not exist (this warp has " +
           std::to_string(warp_threads) + " threads)");
   if (kind == Collective::shuffle && (width < 1 || width > 32 || (width & (width - 1)) != 0))
-    fault(here + ": width " + std::to_string(width) + " is not a power of two up to 32");
+    return fault(here + ": width " + std::to_string(width) + " is not a power of two up to 32");
 
   Thread& t = b.threads[me];
   t.collective = kind;
@@ -364,7 +374,7 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t payload, Shuff
     it = pending.end() - 1;
   } else if (it->mask != mask || it->kind != kind) {
     const int other = base + __builtin_ctz(it->arrived);
-    fault(here + " with mask " + hex(mask) + " meets lane " + std::to_string(other % 32) + " waiting in " +
+    return fault(here + " with mask " + hex(mask) + " meets lane " + std::to_string(other % 32) + " waiting in " +
           site(b.threads[other]) + " with mask " + hex(it->mask) + ": lanes of one warp disagree");
   }
   it->arrived |= 1u << lane;

@@ -1,0 +1,215 @@
+// Attention's fallback path, used where cuDNN SDPA is not: the kernels around its cuBLASLt
+// batched GEMMs (the GEMMs themselves live with the cuBLASLt wrappers). Forward:
+//   qkv -> attention_permute -> q, k, v;  preatt = q k^T;  att = softmax_causal_forward(preatt);
+//   y = att v;  attention_unpermute(y) -> out.
+// Backward runs the same chain in reverse; only attention_permute_backward adds (+=) into
+// dqkv, like every backward op, because the other gradients here are scratch.
+//
+// Why this shape: a GEMM wants each head's rows contiguous, (B, NH, T, HS), while the model keeps
+// tokens contiguous, (B, T, 3, NH, HS) for qkv and (B, T, NH, HS) for out. The permutes move
+// 16-byte chunks of a head's HS elements, one chunk per thread, bit for bit. The causal softmax
+// gives one warp to each row: a lane keeps a running max and a sum rescaled to it while it reads
+// its chunks of the visible part (j <= t), so the row is read once for the statistics and once
+// to write, and the masked part (j > t) is written as zeros that the next GEMM can read.
+#pragma once
+
+#include "common.cuh"
+
+namespace ptrain::kernels {
+
+constexpr int kAttentionThreads = 256;  // 8 warps: 8 softmax rows, or 256 permute chunks, per block
+
+// A thread's chunk of one head row: `head` is the row's offset in the per-head layout
+// (B, NH, T, HS), `token` the same row's offset in a token layout (B, T, token_heads, HS), and
+// `i` the chunk's first element within HS.
+struct HeadChunk {
+  bool valid;
+  int i;
+  size_t head;
+  size_t token;
+};
+
+template <typename T>
+__device__ __forceinline__ HeadChunk head_chunk(int B, int Tn, int NH, int HS, int token_heads) {
+  constexpr int V = Packed128<T>::size;
+  const int chunks = ceil_div(HS, V);
+  const int idx = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int row = idx / chunks;  // (b, h, t)
+  const int t = row % Tn, h = (row / Tn) % NH, b = row / Tn / NH;
+  return {idx < B * NH * Tn * chunks, (idx % chunks) * V, static_cast<size_t>(row) * HS,
+          ((static_cast<size_t>(b) * Tn + t) * token_heads + h) * HS};
+}
+
+// Copies elements [i, min(i + size, n)) of a row without converting them: exact for any bits.
+template <typename T>
+__device__ __forceinline__ void copy_chunk(T* dst, const T* src, int i, int n) {
+  constexpr int V = Packed128<T>::size;
+  if (i + V <= n && aligned16(src + i) && aligned16(dst + i)) {
+    store128(dst + i, load128(src + i));
+  } else {
+    for (int k = 0; k < V && i + k < n; ++k) dst[i + k] = src[i + k];
+  }
+}
+
+// dst += src over elements [i, min(i + size, n)) of a row: one FP32 addition, rounded once.
+template <typename T>
+__device__ __forceinline__ void add_chunk(T* dst, const T* src, int i, int n) {
+  constexpr int V = Packed128<T>::size;
+  float acc[V], x[V];
+  load_chunk(acc, dst, i, n);
+  load_chunk(x, src, i, n);
+  for (int k = 0; k < V; ++k) acc[k] += x[k];
+  store_chunk(dst, i, n, acc);
+}
+
+// qkv (B, T, 3, NH, HS) -> q, k, v, each (B, NH, T, HS).
+template <typename T>
+__global__ void attention_permute_kernel(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int HS) {
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, 3 * NH);
+  if (!c.valid) return;
+  const size_t C = static_cast<size_t>(NH) * HS;
+  copy_chunk(q + c.head, qkv + c.token, c.i, HS);
+  copy_chunk(k + c.head, qkv + c.token + C, c.i, HS);
+  copy_chunk(v + c.head, qkv + c.token + 2 * C, c.i, HS);
+}
+
+// dqkv (B, T, 3, NH, HS) += dq, dk, dv, each (B, NH, T, HS).
+template <typename T>
+__global__ void attention_permute_backward_kernel(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int NH,
+                                                  int HS) {
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, 3 * NH);
+  if (!c.valid) return;
+  const size_t C = static_cast<size_t>(NH) * HS;
+  add_chunk(dqkv + c.token, dq + c.head, c.i, HS);
+  add_chunk(dqkv + c.token + C, dk + c.head, c.i, HS);
+  add_chunk(dqkv + c.token + 2 * C, dv + c.head, c.i, HS);
+}
+
+// y (B, NH, T, HS) -> out (B, T, NH, HS), i.e. (B, T, C).
+template <typename T>
+__global__ void attention_unpermute_kernel(T* out, const T* y, int B, int Tn, int NH, int HS) {
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, NH);
+  if (c.valid) copy_chunk(out + c.token, y + c.head, c.i, HS);
+}
+
+// dout (B, T, C) -> dy (B, NH, T, HS).
+template <typename T>
+__global__ void attention_unpermute_backward_kernel(T* dy, const T* dout, int B, int Tn, int NH, int HS) {
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, NH);
+  if (c.valid) copy_chunk(dy + c.head, dout + c.token, c.i, HS);
+}
+
+// One warp per row (b, h, t) of preatt (B*NH*T, T): att[t, j] = softmax over j <= t of
+// scale * preatt[t, j], and 0 for j > t. att may alias preatt: a lane rewrites only what it read.
+template <typename T>
+__global__ void softmax_causal_forward_kernel(T* att, const T* preatt, float scale, int rows, int Tn) {
+  constexpr int V = Packed128<T>::size;
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (row >= rows) return;  // no block barriers here: a spare warp may leave
+  const int n = row % Tn + 1;  // query t sees keys 0..t
+  const T* in = preatt + static_cast<size_t>(row) * Tn;
+  T* out = att + static_cast<size_t>(row) * Tn;
+  // This lane's running max m and sum s of exp(x - m), rescaled whenever m grows.
+  float m = -INFINITY, s = 0.0f;
+  for (int i = lane * V; i < n; i += kWarpSize * V) {
+    float x[V];
+    load_chunk(x, in, i, n);
+    float chunk_max = m;
+    for (int k = 0; k < V && i + k < n; ++k) chunk_max = fmaxf(chunk_max, scale * x[k]);
+    s *= expf(m - chunk_max);
+    for (int k = 0; k < V && i + k < n; ++k) s += expf(scale * x[k] - chunk_max);
+    m = chunk_max;
+  }
+  const float row_max = warp_max(m);
+  // A lane that saw no element has s = 0 and m = -inf: it adds 0 * exp(-inf) = 0.
+  const float inv_sum = 1.0f / warp_sum(s * expf(m - row_max));
+  for (int i = lane * V; i < Tn; i += kWarpSize * V) {
+    float x[V], p[V];
+    load_chunk(x, in, i, n);
+    for (int k = 0; k < V; ++k) p[k] = i + k < n ? expf(scale * x[k] - row_max) * inv_sum : 0.0f;
+    store_chunk(out, i, Tn, p);
+  }
+}
+
+// One warp per row: dpreatt[t, j] = scale * att[t, j] * (datt[t, j] - sum_{k<=t} att[t, k] datt[t, k])
+// for j <= t, 0 above. Written, not added: dpreatt is scratch. It may alias datt.
+template <typename T>
+__global__ void softmax_causal_backward_kernel(T* dpreatt, const T* datt, const T* att, float scale, int rows, int Tn) {
+  constexpr int V = Packed128<T>::size;
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (row >= rows) return;
+  const int n = row % Tn + 1;
+  const size_t offset = static_cast<size_t>(row) * Tn;
+  float dot = 0.0f;
+  for (int i = lane * V; i < n; i += kWarpSize * V) {
+    float a[V], d[V];
+    load_chunk(a, att + offset, i, n);
+    load_chunk(d, datt + offset, i, n);
+    for (int k = 0; k < V; ++k) dot += a[k] * d[k];  // elements past n read as 0
+  }
+  const float total = warp_sum(dot);
+  for (int i = lane * V; i < Tn; i += kWarpSize * V) {
+    float a[V], d[V], g[V];
+    load_chunk(a, att + offset, i, n);
+    load_chunk(d, datt + offset, i, n);
+    for (int k = 0; k < V; ++k) g[k] = i + k < n ? scale * a[k] * (d[k] - total) : 0.0f;
+    store_chunk(dpreatt + offset, i, Tn, g);
+  }
+}
+
+// ---------------------------------------------------------------------------- launchers
+
+template <typename T>
+inline int attention_permute_blocks(int B, int Tn, int NH, int HS) {
+  return ceil_div(B * NH * Tn * ceil_div(HS, Packed128<T>::size), kAttentionThreads);
+}
+
+// qkv (B, T, 3C) with C = NH * HS -> q, k, v (B, NH, T, HS).
+template <typename T>
+void attention_permute(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int HS, cudaStream_t stream) {
+  PTRAIN_LAUNCH(attention_permute_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0, stream, q,
+                k, v, qkv, B, Tn, NH, HS);
+}
+
+// y (B, NH, T, HS) -> out (B, T, C).
+template <typename T>
+void attention_unpermute(T* out, const T* y, int B, int Tn, int NH, int HS, cudaStream_t stream) {
+  PTRAIN_LAUNCH(attention_unpermute_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0, stream,
+                out, y, B, Tn, NH, HS);
+}
+
+// Writes dy (B, NH, T, HS) from dout (B, T, C).
+template <typename T>
+void attention_unpermute_backward(T* dy, const T* dout, int B, int Tn, int NH, int HS, cudaStream_t stream) {
+  PTRAIN_LAUNCH(attention_unpermute_backward_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0,
+                stream, dy, dout, B, Tn, NH, HS);
+}
+
+// Adds dq, dk, dv (B, NH, T, HS) into dqkv (B, T, 3C).
+template <typename T>
+void attention_permute_backward(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int NH, int HS,
+                                cudaStream_t stream) {
+  PTRAIN_LAUNCH(attention_permute_backward_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0,
+                stream, dqkv, dq, dk, dv, B, Tn, NH, HS);
+}
+
+// att, preatt (BNH, T, T) with BNH = B * NH.
+template <typename T>
+void softmax_causal_forward(T* att, const T* preatt, float scale, int BNH, int Tn, cudaStream_t stream) {
+  const int rows = BNH * Tn, rows_per_block = kAttentionThreads / kWarpSize;
+  PTRAIN_LAUNCH(softmax_causal_forward_kernel<T>, ceil_div(rows, rows_per_block), kAttentionThreads, 0, stream, att,
+                preatt, scale, rows, Tn);
+}
+
+// dpreatt, datt, att (BNH, T, T); dpreatt is written, not added.
+template <typename T>
+void softmax_causal_backward(T* dpreatt, const T* datt, const T* att, float scale, int BNH, int Tn,
+                             cudaStream_t stream) {
+  const int rows = BNH * Tn, rows_per_block = kAttentionThreads / kWarpSize;
+  PTRAIN_LAUNCH(softmax_causal_backward_kernel<T>, ceil_div(rows, rows_per_block), kAttentionThreads, 0, stream,
+                dpreatt, datt, att, scale, rows, Tn);
+}
+
+}  // namespace ptrain::kernels

@@ -1,0 +1,149 @@
+// Token + position embedding ("encoder"): forward and a deterministic backward.
+//
+// Why this shape: the forward gathers two rows per position and is memory-bound, so each thread
+// moves one 16-byte chunk of a row. The backward scatters: many positions may share a token, and
+// float atomics would make dwte depend on timing. So the host sorts positions by token (a stable
+// counting sort, bucket_tokens) and one thread owns each (token, chunk of channels), adding its
+// positions' gradient rows in ascending order into the old value and rounding once. That is the
+// CPU backend's order, so results are bit-identical to it. dwpe sums over the batch in order,
+// one thread per (position, chunk).
+#pragma once
+
+#include <vector>
+
+#include "common.cuh"
+
+namespace ptrain::kernels {
+
+constexpr int kEncoderThreads = 256;
+
+// out(N, C) = wte[tokens[bt]] + wpe[bt % Tn], one rounding per element.
+template <typename T>
+__global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, const T* wpe, int N, int Tn, int C) {
+  constexpr int V = Packed128<T>::size;
+  const size_t chunks = static_cast<size_t>(ceil_div(C, V));
+  const size_t total = static_cast<size_t>(N) * chunks;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int bt = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
+    float e[V], p[V], o[V];
+    load_chunk(e, wte + static_cast<size_t>(tokens[bt]) * C, i, C);
+    load_chunk(p, wpe + static_cast<size_t>(bt % Tn) * C, i, C);
+    for (int k = 0; k < V; ++k) o[k] = e[k] + p[k];
+    store_chunk(out + static_cast<size_t>(bt) * C, i, C, o);
+  }
+}
+
+// dwpe(t, :) += dout(b, t, :) for b ascending, one thread per (t, chunk).
+template <typename T>
+__global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int Tn, int C) {
+  constexpr int V = Packed128<T>::size;
+  const size_t chunks = static_cast<size_t>(ceil_div(C, V));
+  const size_t total = static_cast<size_t>(Tn) * chunks;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int t = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
+    T* row = dwpe + static_cast<size_t>(t) * C;
+    float acc[V];
+    load_chunk(acc, row, i, C);
+    for (int b = 0; b < B; ++b) {
+      float d[V];
+      load_chunk(d, dout + (static_cast<size_t>(b) * Tn + t) * C, i, C);
+      for (int k = 0; k < V; ++k) acc[k] += d[k];
+    }
+    store_chunk(row, i, C, acc);
+  }
+}
+
+// dwte(id, :) += dout rows of the bucket's positions in ascending order, one thread per
+// (bucket, chunk). Buckets own distinct rows, so no two threads write the same element.
+template <typename T>
+__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int* bucket_ids, const int* bucket_starts,
+                                            const int* bucket_positions, int n_buckets, int C) {
+  constexpr int V = Packed128<T>::size;
+  const size_t chunks = static_cast<size_t>(ceil_div(C, V));
+  const size_t total = static_cast<size_t>(n_buckets) * chunks;
+  for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int bucket = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
+    T* row = dwte + static_cast<size_t>(bucket_ids[bucket]) * C;
+    float acc[V];
+    load_chunk(acc, row, i, C);
+    const int end = bucket_starts[bucket + 1];
+    for (int j = bucket_starts[bucket]; j < end; ++j) {
+      float d[V];
+      load_chunk(d, dout + static_cast<size_t>(bucket_positions[j]) * C, i, C);
+      for (int k = 0; k < V; ++k) acc[k] += d[k];
+    }
+    store_chunk(row, i, C, acc);
+  }
+}
+
+// ---------------------------------------------------------------------------- host side
+
+// Positions grouped by token id, for the deterministic backward.
+struct TokenBuckets {
+  std::vector<int> ids;        // distinct token ids that occur, ascending
+  std::vector<int> starts;     // ids.size() + 1 offsets into positions; bucket k is [starts[k], starts[k+1])
+  std::vector<int> positions;  // every position once, ascending within each bucket
+};
+
+// Stable counting sort of positions 0..n-1 by tokens[position].
+inline TokenBuckets bucket_tokens(const int* tokens, int n) {
+  int max_id = -1;
+  for (int i = 0; i < n; ++i) {
+    if (tokens[i] < 0)
+      throw std::invalid_argument("bucket_tokens: token " + std::to_string(tokens[i]) + " at position " +
+                                  std::to_string(i) + " is negative");
+    max_id = tokens[i] > max_id ? tokens[i] : max_id;
+  }
+  std::vector<int> count(static_cast<size_t>(max_id + 1), 0);
+  for (int i = 0; i < n; ++i) ++count[tokens[i]];
+  TokenBuckets out;
+  std::vector<int> next(count.size());  // where the next position of each id goes
+  int offset = 0;
+  for (int id = 0; id <= max_id; ++id) {
+    next[id] = offset;
+    if (count[id] == 0) continue;
+    out.ids.push_back(id);
+    out.starts.push_back(offset);
+    offset += count[id];
+  }
+  out.starts.push_back(offset);
+  out.positions.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) out.positions[next[tokens[i]]++] = i;
+  return out;
+}
+
+// Blocks for `work` threads; the grid-stride loops cover any excess.
+inline int encoder_blocks(size_t work) {
+  constexpr size_t kMaxBlocks = 1 << 16;
+  const size_t blocks = ceil_div(work, static_cast<size_t>(kEncoderThreads));
+  return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+// out(B, Tn, C) = wte[tokens] + wpe[t]; tokens (B, Tn) in device memory.
+template <typename T>
+void encoder_forward(T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C, cudaStream_t stream) {
+  const size_t work = static_cast<size_t>(B) * Tn * ceil_div(C, Packed128<T>::size);
+  if (work == 0) return;
+  PTRAIN_LAUNCH(encoder_forward_kernel<T>, encoder_blocks(work), kEncoderThreads, 0, stream, out, tokens, wte, wpe,
+                B * Tn, Tn, C);
+}
+
+// Adds into dwte (V, C) and dwpe (Tn, C). The bucket arrays are a TokenBuckets of the step's
+// tokens (bucket_tokens(tokens, B * Tn)) copied to the device; n_buckets = ids.size().
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int* bucket_ids, const int* bucket_starts,
+                      const int* bucket_positions, int n_buckets, int B, int Tn, int C, cudaStream_t stream) {
+  const size_t chunks = static_cast<size_t>(ceil_div(C, Packed128<T>::size));
+  const size_t wpe_work = static_cast<size_t>(Tn) * chunks, wte_work = static_cast<size_t>(n_buckets) * chunks;
+  if (wpe_work > 0)
+    PTRAIN_LAUNCH(encoder_backward_wpe_kernel<T>, encoder_blocks(wpe_work), kEncoderThreads, 0, stream, dwpe, dout, B,
+                  Tn, C);
+  if (wte_work > 0)
+    PTRAIN_LAUNCH(encoder_backward_wte_kernel<T>, encoder_blocks(wte_work), kEncoderThreads, 0, stream, dwte, dout,
+                  bucket_ids, bucket_starts, bucket_positions, n_buckets, C);
+}
+
+}  // namespace ptrain::kernels
