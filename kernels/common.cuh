@@ -112,7 +112,7 @@ __device__ __forceinline__ Packed128<T> load128(const T* p) {  // p 16-byte alig
   const int4 bits = *reinterpret_cast<const int4*>(p);
   memcpy(&r, &bits, 16);
 #else
-  std::memcpy(&r, p, 16);
+  std::memcpy(static_cast<void*>(&r), p, 16);
 #endif
   return r;
 }
@@ -124,7 +124,7 @@ __device__ __forceinline__ void store128(T* p, const Packed128<T>& value) {  // 
   memcpy(&bits, &value, 16);
   *reinterpret_cast<int4*>(p) = bits;
 #else
-  std::memcpy(p, &value, 16);
+  std::memcpy(static_cast<void*>(p), &value, 16);
 #endif
 }
 

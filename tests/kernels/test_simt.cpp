@@ -97,6 +97,15 @@ __global__ void syncwarp_publish_kernel(float* out) {
   }
 }
 
+// Reverses each block's slice through a static __shared__ array.
+__global__ void reverse_static_shared_kernel(float* out, const float* in) {
+  __shared__ float tile[64];
+  const int t = threadIdx.x, base = blockIdx.x * 64;
+  tile[t] = in[base + t];
+  __syncthreads();
+  out[base + t] = tile[63 - t];
+}
+
 __global__ void count_blocks_kernel(int* counter) {
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) atomicAdd(counter, 1);
 }
@@ -223,6 +232,17 @@ TEST_CASE("simt: grids, atomics and poisoned shared memory", "[simt]") {
   std::vector<float> out(32, 0.0f);
   PTRAIN_LAUNCH(read_shared_unwritten_kernel, 1, 32, 32 * sizeof(float), nullptr, out.data());
   for (float x : out) CHECK(std::isnan(x));
+}
+
+TEST_CASE("simt: static __shared__ memory is one array per block", "[simt]") {
+  const std::vector<float> in = iota_floats(256);
+  for (const auto& order : thread_orders()) {
+    simt::ScopedOptions use(order);
+    INFO(order.name());
+    std::vector<float> out = poisoned<float>(256);
+    PTRAIN_LAUNCH(reverse_static_shared_kernel, 4, 64, 0, nullptr, out.data(), in.data());
+    for (int i = 0; i < 256; ++i) CHECK(out[i] == in[i / 64 * 64 + 63 - i % 64]);
+  }
 }
 
 TEST_CASE("simt: launches a GPU would refuse are refused", "[simt]") {
