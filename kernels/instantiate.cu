@@ -5,7 +5,9 @@
 #include "classifier.cuh"
 #include "elementwise.cuh"
 #include "encoder.cuh"
+#include "fp8.cuh"
 #include "layernorm.cuh"
+#include "optimizer.cuh"
 
 namespace ptrain::kernels {
 
@@ -28,10 +30,22 @@ void instantiate_launchers_for() {
   (void)&softmax_causal_forward<T>;
   (void)&softmax_causal_backward<T>;
   (void)&fused_classifier<T>;
+  (void)&adamw_update<T>;
+  (void)&grad_norm_squared<T>;
+  (void)&grad_unscale<T>;
+  (void)&fp8_cast<T>;
+  (void)&amax<T>;
+  (void)&fp8_quantize_blocks<T>;
 }
 
 template void instantiate_launchers_for<float>();
 template void instantiate_launchers_for<bf16>();
 template void instantiate_launchers_for<fp16>();
+
+// Launchers without a storage type.
+void instantiate_untyped_launchers() {
+  (void)&current_scale_from_amax;
+  (void)&delayed_scaling_update;
+}
 
 }  // namespace ptrain::kernels

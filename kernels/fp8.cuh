@@ -1,0 +1,422 @@
+// FP8 casts and scaling factors: the per-tensor cast (optionally writing, in the same pass, the
+// transpose that the weight-gradient GEMM reads), amax for current scaling, 1x128 / 128x128
+// block quantisation, and one launch that updates every tensor's delayed-scaling state.
+//
+// Why this shape: codes come from float_to_fp8, the same NVIDIA conversion the CPU backend's
+// emulation calls, and scales repeat ptrain::current_scale / scale_from_amax operation for
+// operation, so every result here is bit-identical to the reference. Each cast also records its
+// telemetry (amax, non-zero, underflow and saturated counts, with the CPU's definitions). These
+// are combined with integer atomics, which commute, so the totals do not depend on timing: amax
+// through atomicMax on the bits of |x| (non-negative floats order like their bit patterns, and
+// every NaN is recorded as 0x7FC00000, above infinity, so a NaN anywhere gives a NaN amax). To
+// keep the atomics few, grids are capped and stride over the tensor, and each block reduces its
+// share first and issues one atomic per quantity.
+#pragma once
+
+#include <cfloat>
+
+#include "common.cuh"
+
+namespace ptrain::kernels {
+
+// What the casts of one tensor did, in device memory; the caller zeroes it (and the amax).
+struct Fp8Counts {
+  unsigned long long nonzero;    // non-zero inputs
+  unsigned long long underflow;  // non-zero inputs whose code decodes to zero
+  unsigned long long saturated;  // inputs whose scaled value was clipped to the format's max
+};
+
+constexpr int kFp8Threads = 256;
+constexpr int kFp8MaxBlocks = 1024;  // about one wave on an H100/H200; grids stride beyond it
+constexpr int kFp8Tile = 32;         // transposing cast: 32 x 32 tiles
+constexpr int kFp8TallyWords = 4 * kWarpSize;
+constexpr unsigned kCanonicalNanBits = 0x7FC00000u;
+
+// ---------------------------------------------------------------------------- device helpers
+
+// Bits of |x|, with every NaN as the canonical quiet NaN (what the CPU's amax returns).
+__device__ __forceinline__ unsigned abs_bits(float x) {
+  return is_nan(x) ? kCanonicalNanBits : (__float_as_uint(x) & 0x7FFFFFFFu);
+}
+
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+__device__ __forceinline__ unsigned warp_sum_u32(unsigned v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Max over the block (1-D, a multiple of 32 threads), returned to every thread. `scratch` is 32
+// words of shared memory, free again when this returns.
+__device__ __forceinline__ unsigned block_max_u32(unsigned v, unsigned* scratch) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  v = warp_max_u32(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0u;
+  v = warp_max_u32(v);
+  __syncthreads();
+  return v;
+}
+
+// ptrain::current_scale: fp8_max / amax, 1 for an amax that is 0 or not finite, never infinite.
+__device__ __forceinline__ float fp8_current_scale(float amax, float max_value) {
+  if (!(is_finite(amax) && amax > 0.0f)) return 1.0f;
+  const float scale = max_value / amax;
+  return is_finite(scale) ? scale : FLT_MAX;
+}
+
+// ptrain::scale_from_amax: fp8_max / amax / 2^margin, `previous` for an amax that is 0 or not
+// finite, never infinite.
+__device__ __forceinline__ float fp8_delayed_scale(float amax, float max_value, int margin, float previous) {
+  if (!(is_finite(amax) && amax > 0.0f)) return previous;
+  const float scale = ldexpf(max_value / amax, -margin);
+  return is_finite(scale) ? scale : FLT_MAX;
+}
+
+// V codes stored with one 4- or 8-byte write.
+template <int V>
+struct alignas(V) Fp8Vec {
+  fp8 v[V];
+};
+
+// Writes codes [0, count) at p: one store when the chunk is whole and aligned, else byte by byte.
+template <int V>
+__device__ __forceinline__ void store_codes(fp8* p, const Fp8Vec<V>& codes, int count) {
+  if (count == V && reinterpret_cast<uintptr_t>(p) % V == 0) {
+#ifdef __CUDACC__
+    *reinterpret_cast<Fp8Vec<V>*>(p) = codes;
+#else
+    std::memcpy(p, &codes, V);
+#endif
+  } else {
+    for (int k = 0; k < count; ++k) p[k] = codes.v[k];
+  }
+}
+
+// Elements in the chunk of V that starts at `base` of a flat buffer of n.
+__host__ __device__ __forceinline__ int fp8_chunk_len(size_t n, size_t base, int V) {
+  return n - base < static_cast<size_t>(V) ? static_cast<int>(n - base) : V;
+}
+
+// One thread's share of a cast's telemetry, and the cast itself.
+struct Fp8Tally {
+  unsigned amax_bits = 0, nonzero = 0, underflow = 0, saturated = 0;
+
+  // The code of x * scale (saturating), counted with the CPU backend's definitions
+  // (cpu_backend.cpp, fp8_cast_run).
+  __device__ __forceinline__ fp8 cast(float x, float scale, __nv_fp8_interpretation_t format) {
+    const unsigned a = abs_bits(x);
+    amax_bits = a > amax_bits ? a : amax_bits;
+    const float y = x * scale;
+    const fp8 code = float_to_fp8(y, format);
+    if (x != 0.0f) {
+      ++nonzero;
+      if (fp8_to_float(code, format) == 0.0f) ++underflow;
+    }
+    // Clipped: beyond max, and beyond what round-to-nearest would still bring back to max.
+    if (fabsf(y) > fp8_max(format) && !is_finite(fp8_to_float(__nv_cvt_float_to_fp8(y, __NV_NOSAT, format), format)))
+      ++saturated;
+    return code;
+  }
+
+  // Adds the block's tallies to the tensor's amax and counts: warp reductions, then thread 0
+  // combines the warps and issues one atomic per quantity. Every thread of the block must call
+  // it; `scratch` is kFp8TallyWords words of shared memory.
+  __device__ __forceinline__ void commit(unsigned* scratch, float* amax, Fp8Counts* counts) const {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const unsigned a = warp_max_u32(amax_bits), nz = warp_sum_u32(nonzero), uf = warp_sum_u32(underflow),
+                   sat = warp_sum_u32(saturated);
+    if (lane == 0) {
+      scratch[warp] = a;
+      scratch[kWarpSize + warp] = nz;
+      scratch[2 * kWarpSize + warp] = uf;
+      scratch[3 * kWarpSize + warp] = sat;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int warps = blockDim.x / kWarpSize;
+      unsigned block_amax = 0;
+      unsigned long long block_nz = 0, block_uf = 0, block_sat = 0;
+      for (int w = 0; w < warps; ++w) {
+        block_amax = scratch[w] > block_amax ? scratch[w] : block_amax;
+        block_nz += scratch[kWarpSize + w];
+        block_uf += scratch[2 * kWarpSize + w];
+        block_sat += scratch[3 * kWarpSize + w];
+      }
+      atomicMax(reinterpret_cast<unsigned*>(amax), block_amax);
+      if (block_nz) atomicAdd(&counts->nonzero, block_nz);
+      if (block_uf) atomicAdd(&counts->underflow, block_uf);
+      if (block_sat) atomicAdd(&counts->saturated, block_sat);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------- kernels
+
+// Flat cast: each thread casts chunks of 16 / sizeof(T) elements, grid-stride.
+template <typename T>
+__global__ void fp8_cast_kernel(fp8* out, float* amax, Fp8Counts* counts, const T* in, size_t n, const float* scale,
+                                __nv_fp8_interpretation_t format) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords
+  constexpr int V = Packed128<T>::size;
+  const float s = *scale;
+  const size_t chunks = ceil_div(n, static_cast<size_t>(V));
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  Fp8Tally tally;
+  for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    const size_t base = c * V;
+    const int count = fp8_chunk_len(n, base, V);
+    float x[V];
+    load_chunk(x, in + base, 0, count);
+    Fp8Vec<V> codes{};
+    for (int k = 0; k < count; ++k) codes.v[k] = tally.cast(x[k], s, format);
+    store_codes(out + base, codes, count);
+  }
+  tally.commit(scratch, amax, counts);
+}
+
+// Cast writing both (rows, cols) codes and their (cols, rows) transpose. A block takes 32 x 32
+// tiles in turn: each warp reads rows of the tile (coalesced), writes their codes and parks them
+// in shared memory; after a barrier each warp writes a column of the tile as a row of the
+// transpose (coalesced too). The tile is padded to 33 words a row so a column read hits 32
+// different banks.
+template <typename T>
+__global__ void fp8_cast_transpose_kernel(fp8* out, fp8* out_t, float* amax, Fp8Counts* counts, const T* in, int rows,
+                                          int cols, const float* scale, __nv_fp8_interpretation_t format) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, shared);
+  unsigned* tile = shared;                                  // kFp8Tile x (kFp8Tile + 1) codes
+  unsigned* scratch = shared + kFp8Tile * (kFp8Tile + 1);  // kFp8TallyWords
+  const int tx = threadIdx.x % kFp8Tile, ty = threadIdx.x / kFp8Tile;
+  const int row_step = blockDim.x / kFp8Tile;
+  const int tile_cols = ceil_div(cols, kFp8Tile);
+  const int tiles = ceil_div(rows, kFp8Tile) * tile_cols;
+  const float s = *scale;
+  Fp8Tally tally;
+  for (int t = blockIdx.x; t < tiles; t += static_cast<int>(gridDim.x)) {  // uniform over the block
+    const int r0 = (t / tile_cols) * kFp8Tile, c0 = (t % tile_cols) * kFp8Tile;
+    for (int j = ty; j < kFp8Tile; j += row_step) {
+      const int r = r0 + j, c = c0 + tx;
+      if (r < rows && c < cols) {
+        const size_t i = static_cast<size_t>(r) * cols + c;
+        const fp8 code = tally.cast(to_float(in[i]), s, format);
+        out[i] = code;
+        tile[j * (kFp8Tile + 1) + tx] = code;
+      }
+    }
+    __syncthreads();
+    for (int j = ty; j < kFp8Tile; j += row_step) {
+      const int c = c0 + j, r = r0 + tx;
+      if (r < rows && c < cols) out_t[static_cast<size_t>(c) * rows + r] = static_cast<fp8>(tile[tx * (kFp8Tile + 1) + j]);
+    }
+    __syncthreads();  // the next tile overwrites this one
+  }
+  tally.commit(scratch, amax, counts);
+}
+
+// *amax = max(*amax, max |x|), NaN if any x is NaN.
+template <typename T>
+__global__ void amax_kernel(float* amax, const T* in, size_t n) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // 32 words
+  constexpr int V = Packed128<T>::size;
+  const size_t chunks = ceil_div(n, static_cast<size_t>(V));
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  unsigned bits = 0;
+  for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+    float x[V];
+    load_chunk(x, in + c * V, 0, fp8_chunk_len(n, c * V, V));
+    for (int k = 0; k < V; ++k) {  // missing elements read as 0
+      const unsigned a = abs_bits(x[k]);
+      bits = a > bits ? a : bits;
+    }
+  }
+  bits = block_max_u32(bits, scratch);
+  if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), bits);
+}
+
+// A template only so that several translation units may include this header: a template kernel
+// is emitted once per program, a plain one would be defined in each.
+template <int = 0>
+__global__ void current_scale_kernel(float* scale, float* scale_inv, const float* amax, float max_value) {
+  if (threadIdx.x == 0) {
+    const float s = fp8_current_scale(*amax, max_value);
+    *scale = s;
+    *scale_inv = 1.0f / s;
+  }
+}
+
+// Block quantisation. A tile of block_rows x block_cols is handled by one warp (kWarpPerTile,
+// for 1 x block_cols tiles: a block takes 8 tiles at once) or by the whole block (its warps take
+// the tile's rows in turn). Two passes over the tile: its amax, then the cast with its scale
+// (the second read mostly hits cache).
+template <typename T, bool kWarpPerTile>
+__global__ void fp8_quantize_blocks_kernel(fp8* out, float* scale_inv, float* amax, Fp8Counts* counts, const T* in,
+                                           int rows, int cols, int block_rows, int block_cols,
+                                           __nv_fp8_interpretation_t format) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords (its first 32 also serve block_max_u32)
+  constexpr int V = Packed128<T>::size;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int tiles_per_block = kWarpPerTile ? warps : 1;
+  const int row_step = kWarpPerTile ? 1 : warps;
+  const int row_offset = kWarpPerTile ? 0 : warp;
+  const int tile_cols = ceil_div(cols, block_cols);
+  const int tiles = ceil_div(rows, block_rows) * tile_cols;
+  const float max_value = fp8_max(format);
+  Fp8Tally tally;
+  // Whole-block tiles: t is the same for every thread, so every thread meets every barrier.
+  for (int t = static_cast<int>(blockIdx.x) * tiles_per_block + (kWarpPerTile ? warp : 0); t < tiles;
+       t += static_cast<int>(gridDim.x) * tiles_per_block) {
+    const int r0 = (t / tile_cols) * block_rows, c0 = (t % tile_cols) * block_cols;
+    const int r1 = rows - r0 < block_rows ? rows : r0 + block_rows;
+    const int width = cols - c0 < block_cols ? cols - c0 : block_cols;
+    // The tile's amax. fmaxf skips NaN, as the CPU's std::max(amax, |x|) does; the result is a
+    // non-negative number, so its bits order like its value.
+    float m = 0.0f;
+    for (int r = r0 + row_offset; r < r1; r += row_step) {
+      const T* row = in + static_cast<size_t>(r) * cols + c0;
+      for (int i = lane * V; i < width; i += kWarpSize * V) {
+        float x[V];
+        load_chunk(x, row, i, width);
+        for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(x[k]));  // missing elements read as 0
+      }
+    }
+    const unsigned bits = kWarpPerTile ? warp_max_u32(__float_as_uint(m)) : block_max_u32(__float_as_uint(m), scratch);
+    const float scale = fp8_current_scale(__uint_as_float(bits), max_value);
+    for (int r = r0 + row_offset; r < r1; r += row_step) {
+      const size_t row = static_cast<size_t>(r) * cols + c0;
+      for (int i = lane * V; i < width; i += kWarpSize * V) {
+        float x[V];
+        load_chunk(x, in + row, i, width);
+        const int count = width - i < V ? width - i : V;
+        Fp8Vec<V> codes{};
+        for (int k = 0; k < count; ++k) codes.v[k] = tally.cast(x[k], scale, format);
+        store_codes(out + row + i, codes, count);
+      }
+    }
+    if (lane == 0 && row_offset == 0) scale_inv[t] = 1.0f / scale;
+  }
+  tally.commit(scratch, amax, counts);
+}
+
+// One thread per tensor: DelayedScaling::end_step on row t of the (n_tensors, H) history.
+template <bool kMaxAlgo>
+__global__ void delayed_scaling_kernel(float* history, float* scale, float* scale_inv, const float* max_values,
+                                       int n_tensors, int H, int margin) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n_tensors) return;
+  float* h = history + static_cast<size_t>(t) * H;
+  float amax = h[0];
+  if constexpr (kMaxAlgo) {
+    // NaN is sticky, as ptrain's nan_max: a window holding a NaN keeps the previous scale.
+    for (int i = 1; i < H && !is_nan(amax); ++i) amax = is_nan(h[i]) || amax < h[i] ? h[i] : amax;
+  }
+  const float s = fp8_delayed_scale(amax, max_values[t], margin, scale[t]);
+  scale[t] = s;
+  scale_inv[t] = 1.0f / s;
+  // torch.roll(history, -1): slot i + 1 moves to i, slot 0 to the end; then slot 0 restarts at 0.
+  const float current = h[0];
+  for (int i = 0; i + 1 < H; ++i) h[i] = h[i + 1];
+  h[H - 1] = current;
+  h[0] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------- launchers
+
+// Blocks for `items` work items of `per_block` each, capped at max_blocks (grids stride beyond).
+inline int fp8_grid(size_t items, int per_block, int max_blocks) {
+  if (max_blocks < 1) throw std::invalid_argument("fp8 kernels: max_blocks must be at least 1");
+  const size_t blocks = ceil_div(items, static_cast<size_t>(per_block));
+  return blocks < static_cast<size_t>(max_blocks) ? static_cast<int>(blocks) : max_blocks;
+}
+
+// out = fp8 codes of in * (*scale), saturating, for `in` (rows, cols) row-major; if
+// out_transposed is not null it also receives the (cols, rows) codes, in the same pass. *amax
+// and *counts accumulate (max, +) over the tensor: zero them first (or keep accumulating over a
+// step's casts). `scale` is a device pointer, so scales computed on the device need no copy
+// back. max_blocks caps the grid (tests lower it to exercise the grid-stride loops).
+template <typename T>
+void fp8_cast(fp8* out, fp8* out_transposed, float* amax, Fp8Counts* counts, const T* in, int rows, int cols,
+              const float* scale, __nv_fp8_interpretation_t format, cudaStream_t stream,
+              int max_blocks = kFp8MaxBlocks) {
+  if (rows <= 0 || cols <= 0) return;
+  if (!out_transposed) {
+    const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    const int blocks = fp8_grid(ceil_div(n, static_cast<size_t>(Packed128<T>::size)), kFp8Threads, max_blocks);
+    PTRAIN_LAUNCH(fp8_cast_kernel<T>, blocks, kFp8Threads, kFp8TallyWords * sizeof(unsigned), stream, out, amax, counts,
+                  in, n, scale, format);
+    return;
+  }
+  const size_t tiles = static_cast<size_t>(ceil_div(rows, kFp8Tile)) * static_cast<size_t>(ceil_div(cols, kFp8Tile));
+  const size_t shared = (kFp8Tile * (kFp8Tile + 1) + kFp8TallyWords) * sizeof(unsigned);
+  PTRAIN_LAUNCH(fp8_cast_transpose_kernel<T>, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, out,
+                out_transposed, amax, counts, in, rows, cols, scale, format);
+}
+
+// *amax = max(*amax, max |in|) over n elements (NaN if any is NaN): the first read of current
+// scaling. Zero *amax first.
+template <typename T>
+void amax(float* amax, const T* in, size_t n, cudaStream_t stream, int max_blocks = kFp8MaxBlocks) {
+  if (n == 0) return;
+  const int blocks = fp8_grid(ceil_div(n, static_cast<size_t>(Packed128<T>::size)), kFp8Threads, max_blocks);
+  PTRAIN_LAUNCH(amax_kernel<T>, blocks, kFp8Threads, kWarpSize * sizeof(unsigned), stream, amax, in, n);
+}
+
+// Current scaling: *scale = ptrain::current_scale(*amax, max_value), *scale_inv = 1 / *scale,
+// on the device (no synchronisation between the amax and the cast).
+inline void current_scale_from_amax(float* scale, float* scale_inv, const float* amax, float max_value,
+                                    cudaStream_t stream) {
+  PTRAIN_LAUNCH(current_scale_kernel<0>, 1, kWarpSize, 0, stream, scale, scale_inv, amax, max_value);
+}
+
+// Block scaling of `in` (rows, cols): each block_rows x block_cols block (1 x 128 tiles,
+// 128 x 128 blocks; ragged at the edges) gets scale = ptrain::current_scale(amax of the block),
+// out = its codes of x * scale, and scale_inv[block] = 1 / scale, with scale_inv
+// (ceil(rows / block_rows), ceil(cols / block_cols)) row-major. *amax and *counts accumulate
+// over the whole tensor as in fp8_cast.
+template <typename T>
+void fp8_quantize_blocks(fp8* out, float* scale_inv, float* amax, Fp8Counts* counts, const T* in, int rows, int cols,
+                         int block_rows, int block_cols, __nv_fp8_interpretation_t format, cudaStream_t stream,
+                         int max_blocks = kFp8MaxBlocks) {
+  if (block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_quantize_blocks: block shape must be positive");
+  if (rows <= 0 || cols <= 0) return;
+  const size_t tiles = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, block_cols));
+  const size_t shared = kFp8TallyWords * sizeof(unsigned);
+  if (block_rows == 1) {
+    auto kernel = fp8_quantize_blocks_kernel<T, true>;
+    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, kFp8Threads / kWarpSize, max_blocks), kFp8Threads, shared, stream, out,
+                  scale_inv, amax, counts, in, rows, cols, block_rows, block_cols, format);
+  } else {
+    auto kernel = fp8_quantize_blocks_kernel<T, false>;
+    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, out, scale_inv, amax, counts, in,
+                  rows, cols, block_rows, block_cols, format);
+  }
+}
+
+// Delayed scaling, all tensors in one launch: for each tensor t, DelayedScaling::end_step on row
+// t of amax_history (n_tensors, H) row-major, slot 0 = the current step (recorded there by the
+// casts): the window's amax (NaN-sticky max over all slots, or slot 0 with use_max_algo false)
+// gives scale[t] = max_values[t] / amax / 2^margin (kept for an amax of 0, inf or NaN; FLT_MAX
+// instead of inf) and scale_inv[t] = 1 / scale[t]; then the history rolls left by one and slot
+// 0 restarts at 0.
+inline void delayed_scaling_update(float* amax_history, float* scale, float* scale_inv, const float* max_values,
+                                   int n_tensors, int H, int margin, bool use_max_algo, cudaStream_t stream) {
+  if (n_tensors <= 0) return;
+  if (H < 1) throw std::invalid_argument("delayed_scaling_update: the amax history needs at least one slot");
+  constexpr int kThreads = 128;
+  const int blocks = ceil_div(n_tensors, kThreads);
+  if (use_max_algo)
+    PTRAIN_LAUNCH(delayed_scaling_kernel<true>, blocks, kThreads, 0, stream, amax_history, scale, scale_inv, max_values,
+                  n_tensors, H, margin);
+  else
+    PTRAIN_LAUNCH(delayed_scaling_kernel<false>, blocks, kThreads, 0, stream, amax_history, scale, scale_inv,
+                  max_values, n_tensors, H, margin);
+}
+
+}  // namespace ptrain::kernels

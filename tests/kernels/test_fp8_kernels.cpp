@@ -1,0 +1,318 @@
+// FP8 kernels under the SIMT emulator against the CPU backend's FP8 emulation and ptrain's
+// scaling recipes. Everything here is compared bit for bit: codes, dequantised values, amax,
+// scales and the telemetry counts.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "fp8.cuh"
+#include "kernel_test.h"
+#include "precision/fp8_scaling.h"
+
+namespace ptrain::test {
+namespace {
+
+using kernels::fp8;
+
+const Format kFp8Formats[] = {Format::e4m3, Format::e5m2};
+
+__nv_fp8_interpretation_t interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
+
+struct Shape {
+  int rows, cols;
+};
+
+// Normal values on the storage grid with zeros, values that saturate either FP8 format and
+// values that underflow both, once scaled by kCastScale.
+constexpr float kCastScale = 37.5f;
+std::vector<float> cast_input(size_t n, uint64_t seed, Format storage) {
+  std::vector<float> x = random_on_grid(n, seed, 4.0f, storage);
+  for (size_t i = 0; i < n; ++i) {
+    const float sign = i % 2 ? -1.0f : 1.0f;
+    if (i % 11 == 1) x[i] = 0.0f;
+    else if (i % 13 == 3) x[i] = round_to_format(sign * 3e4f, storage, false);
+    else if (i % 17 == 5) x[i] = round_to_format(sign * 1e-7f, storage, false);
+  }
+  return x;
+}
+
+// What a cast must reproduce: the CPU backend's dequantised output and statistics, and the
+// codes of x * scale.
+struct CastReference {
+  std::vector<float> dequantised;
+  std::vector<fp8> codes;
+  Fp8CastStats stats;
+};
+CastReference cast_reference(std::vector<float>& x, int rows, int cols, Format f, float scale) {
+  CastReference ref;
+  ref.dequantised.assign(x.size(), 0.0f);
+  CpuReference cpu;
+  ref.stats = cpu->fp8_cast(cpu.view(ref.dequantised, {rows, cols}), cpu.view(x, {rows, cols}), f, scale);
+  for (const float v : x) ref.codes.push_back(fp8_bits(v * scale, f, true));
+  return ref;
+}
+
+// Decodes codes and multiplies by scale_inv, as the CPU backend dequantises (q * (1 / scale)).
+std::vector<float> dequantise(const std::vector<fp8>& codes, Format f, float scale_inv) {
+  std::vector<float> out(codes.size());
+  for (size_t i = 0; i < codes.size(); ++i) out[i] = fp8_value(codes[i], f) * scale_inv;
+  return out;
+}
+
+std::vector<fp8> transposed(const std::vector<fp8>& a, int rows, int cols) {
+  std::vector<fp8> t(a.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) t[static_cast<size_t>(c) * rows + r] = a[static_cast<size_t>(r) * cols + c];
+  return t;
+}
+
+void expect_same_amax(const std::string& what, float got, float ref) {
+  expect_identical(what, std::vector<float>{got}, std::vector<float>{ref});
+}
+
+void expect_same_counts(const kernels::Fp8Counts& got, const Fp8CastStats& ref) {
+  CHECK(got.nonzero == static_cast<unsigned long long>(ref.nonzero));
+  CHECK(got.underflow == static_cast<unsigned long long>(ref.underflow));
+  CHECK(got.saturated == static_cast<unsigned long long>(ref.saturated));
+}
+
+// Runs fp8_cast on storage `x` (rows, cols) in every variant (flat or transposing, full or
+// capped grid) and every thread order, against `ref`.
+template <typename T>
+void check_cast(const std::vector<T>& x, const Shape s, Format f, float scale, const CastReference& ref) {
+  const size_t n = static_cast<size_t>(s.rows) * s.cols;
+  for (const auto& order : thread_orders()) {
+    simt::ScopedOptions use(order);
+    for (const bool transpose : {false, true})
+      for (const int max_blocks : {kernels::kFp8MaxBlocks, 3}) {
+        INFO(format_name(f) << " rows=" << s.rows << " cols=" << s.cols << (transpose ? " transposed" : "")
+                            << " max_blocks=" << max_blocks << " order " << order.name());
+        auto out = poisoned<fp8>(n), out_t = poisoned<fp8>(n);
+        float got_amax = 0.0f;
+        kernels::Fp8Counts counts{};
+        kernels::fp8_cast(out.data(), transpose ? out_t.data() : nullptr, &got_amax, &counts, x.data(), s.rows, s.cols,
+                          &scale, interpretation(f), nullptr, max_blocks);
+        expect_identical("fp8_cast codes", out, ref.codes);
+        expect_identical("fp8_cast dequantised", dequantise(out, f, 1.0f / scale), ref.dequantised);
+        expect_same_amax("fp8_cast amax", got_amax, ref.stats.amax);
+        expect_same_counts(counts, ref.stats);
+        if (transpose) expect_identical("fp8_cast transposed codes", out_t, transposed(out, s.rows, s.cols));
+      }
+  }
+}
+
+TEMPLATE_TEST_CASE("fp8_cast kernel matches the CPU backend's cast bit for bit", "[kernels][fp8]", float, bf16, fp16) {
+  constexpr Format storage = format_of<TestType>();
+  // Odd sizes, tiles ragged in both directions, and a GPT-2 124M activation slice (64 x 768).
+  const std::vector<Shape> shapes{{1, 1}, {1, 7}, {7, 19}, {19, 7}, {111, 33}, {3, 769}, {64, 768}};
+  for (const Format f : kFp8Formats)
+    for (const Shape s : shapes) {
+      const size_t n = static_cast<size_t>(s.rows) * s.cols;
+      std::vector<float> x = cast_input(n, 21, storage);
+      const CastReference ref = cast_reference(x, s.rows, s.cols, f, kCastScale);
+      if (n >= 64) {  // the inputs exercise every count
+        REQUIRE(ref.stats.saturated > 0);
+        REQUIRE(ref.stats.underflow > 0);
+        REQUIRE(ref.stats.nonzero < static_cast<int64_t>(n));
+      }
+      check_cast(to_storage<TestType>(x), s, f, kCastScale, ref);
+    }
+}
+
+TEMPLATE_TEST_CASE("fp8_cast kernel reports a NaN amax and saturates infinity", "[kernels][fp8]", float, bf16, fp16) {
+  constexpr Format storage = format_of<TestType>();
+  const Shape s{7, 19};
+  for (const Format f : kFp8Formats)
+    for (const float special : {NAN, INFINITY, -INFINITY}) {
+      std::vector<float> x = cast_input(static_cast<size_t>(s.rows) * s.cols, 22, storage);
+      x[20] = round_to_format(special, storage, false);
+      const CastReference ref = cast_reference(x, s.rows, s.cols, f, kCastScale);
+      if (std::isnan(special)) REQUIRE(std::isnan(ref.stats.amax));
+      else REQUIRE(ref.stats.amax == INFINITY);
+      INFO("special value " << special);
+      check_cast(to_storage<TestType>(x), s, f, kCastScale, ref);
+    }
+}
+
+TEMPLATE_TEST_CASE("amax kernel matches the CPU backend", "[kernels][fp8]", float, bf16, fp16) {
+  constexpr Format storage = format_of<TestType>();
+  std::vector<size_t> sizes(odd_sizes().begin(), odd_sizes().end());
+  sizes.push_back(64 * 768);
+  for (const size_t n : sizes)
+    for (const bool with_nan : {false, true}) {
+      std::vector<float> x = random_on_grid(n, 31, 3.0f, storage);
+      x[n / 2] = round_to_format(-25.0f, storage, false);  // the largest magnitude is negative
+      if (with_nan) x[n - 1] = NAN;
+      CpuReference cpu;
+      const float ref = cpu->amax(cpu.view(x, {static_cast<int64_t>(n)}));
+      REQUIRE(std::isnan(ref) == with_nan);
+      const auto d_x = to_storage<TestType>(x);
+      for (const auto& order : thread_orders()) {
+        simt::ScopedOptions use(order);
+        for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
+          INFO("n=" << n << (with_nan ? " with NaN" : "") << " max_blocks=" << max_blocks << " order " << order.name());
+          float got = 0.0f;
+          kernels::amax(&got, d_x.data(), n, nullptr, max_blocks);
+          expect_same_amax("amax", got, ref);
+          // amax accumulates over a step's casts: a larger earlier value stays.
+          float running = 1e30f;
+          kernels::amax(&running, d_x.data(), n, nullptr, max_blocks);
+          expect_same_amax("running amax", running, with_nan ? ref : 1e30f);
+        }
+      }
+    }
+}
+
+TEST_CASE("current_scale_from_amax kernel matches ptrain::current_scale", "[kernels][fp8]") {
+  const float amaxes[] = {0.0f, NAN, INFINITY, 1e-40f, 1e-30f, 3.7e-3f, 1.0f, 448.0f, 57344.0f, 1e38f};
+  for (const Format f : kFp8Formats)
+    for (const float a : amaxes) {
+      const float ref = current_scale(a, format_max(f));
+      for (const auto& order : thread_orders()) {
+        simt::ScopedOptions use(order);
+        INFO(format_name(f) << " amax " << a << " order " << order.name());
+        std::vector<float> scale = poisoned<float>(1), scale_inv = poisoned<float>(1);
+        kernels::current_scale_from_amax(scale.data(), scale_inv.data(), &a, format_max(f), nullptr);
+        expect_identical("current scale", scale, std::vector<float>{ref});
+        expect_identical("current scale_inv", scale_inv, std::vector<float>{1.0f / ref});
+      }
+    }
+}
+
+// Block-scaling input: a different range in every row (so blocks get different scales), small
+// values beside large ones in a block (underflow), one all-zero block (scale 1), and optionally
+// a NaN (which the block amax skips but the tensor amax reports).
+std::vector<float> block_input(const Shape s, int block_rows, int block_cols, Format storage, bool with_nan) {
+  const size_t n = static_cast<size_t>(s.rows) * s.cols;
+  std::vector<float> x = random_on_grid(n, 41, 1.0f, storage);
+  for (int r = 0; r < s.rows; ++r)
+    for (int c = 0; c < s.cols; ++c) {
+      float& v = x[static_cast<size_t>(r) * s.cols + c];
+      v = round_to_format(std::ldexp(v, (r % 7) * 3 - 9 - (c % 37 == 2 ? 20 : 0)), storage, false);
+      if (r < block_rows && c >= block_cols && c < 2 * block_cols) v = 0.0f;
+    }
+  if (with_nan) x[n / 2] = NAN;
+  return x;
+}
+
+TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block cast bit for bit", "[kernels][fp8]", float,
+                   bf16, fp16) {
+  constexpr Format storage = format_of<TestType>();
+  const std::vector<Shape> shapes{{1, 1}, {7, 19}, {111, 200}, {129, 257}, {256, 768}};
+  const Shape block_shapes[] = {{1, 128}, {128, 128}};
+  for (const Format f : kFp8Formats)
+    for (const Shape b : block_shapes)
+      for (const Shape s : shapes) {
+        if (f == Format::e5m2 && s.rows == 256) continue;  // the block recipe's GPT-2 shape is E4M3 (as in TE)
+        const size_t n = static_cast<size_t>(s.rows) * s.cols;
+        const bool with_nan = s.rows == 111;
+        std::vector<float> x = block_input(s, b.rows, b.cols, storage, with_nan);
+        std::vector<float> ref_out(n);
+        CpuReference cpu;
+        const Fp8CastStats stats =
+            cpu->fp8_cast_blocks(cpu.view(ref_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}), f, b.rows, b.cols);
+        REQUIRE(std::isnan(stats.amax) == with_nan);
+        // Each block's scale from its amax (NaN skipped, as the CPU's std::max does), and the codes.
+        const int tile_rows = (s.rows + b.rows - 1) / b.rows, tile_cols = (s.cols + b.cols - 1) / b.cols;
+        const auto block_of = [&](int r, int c) { return static_cast<size_t>(r / b.rows) * tile_cols + c / b.cols; };
+        std::vector<float> block_amax(static_cast<size_t>(tile_rows) * tile_cols, 0.0f);
+        for (int r = 0; r < s.rows; ++r)
+          for (int c = 0; c < s.cols; ++c) {
+            float& a = block_amax[block_of(r, c)];
+            a = std::max(a, std::fabs(x[static_cast<size_t>(r) * s.cols + c]));
+          }
+        std::vector<float> ref_scale_inv(block_amax.size());
+        for (size_t i = 0; i < block_amax.size(); ++i) ref_scale_inv[i] = 1.0f / current_scale(block_amax[i], format_max(f));
+        std::vector<fp8> ref_codes(n);
+        for (int r = 0; r < s.rows; ++r)
+          for (int c = 0; c < s.cols; ++c) {
+            const size_t i = static_cast<size_t>(r) * s.cols + c;
+            ref_codes[i] = fp8_bits(x[i] * current_scale(block_amax[block_of(r, c)], format_max(f)), f, true);
+          }
+        const auto d_x = to_storage<TestType>(x);
+        for (const auto& order : thread_orders()) {
+          simt::ScopedOptions use(order);
+          for (const int max_blocks : {kernels::kFp8MaxBlocks, 3}) {
+            INFO(format_name(f) << " blocks " << b.rows << "x" << b.cols << " rows=" << s.rows << " cols=" << s.cols
+                                << " max_blocks=" << max_blocks << " order " << order.name());
+            auto out = poisoned<fp8>(n);
+            auto scale_inv = poisoned<float>(block_amax.size());
+            float got_amax = 0.0f;
+            kernels::Fp8Counts counts{};
+            kernels::fp8_quantize_blocks(out.data(), scale_inv.data(), &got_amax, &counts, d_x.data(), s.rows, s.cols,
+                                         b.rows, b.cols, interpretation(f), nullptr, max_blocks);
+            expect_identical("block codes", out, ref_codes);
+            expect_identical("block scale_inv", scale_inv, ref_scale_inv);
+            std::vector<float> dequantised(n);
+            for (int r = 0; r < s.rows; ++r)
+              for (int c = 0; c < s.cols; ++c) {
+                const size_t i = static_cast<size_t>(r) * s.cols + c;
+                dequantised[i] = fp8_value(out[i], f) * scale_inv[block_of(r, c)];
+              }
+            expect_identical("block dequantised", dequantised, ref_out);
+            expect_same_amax("block cast amax", got_amax, stats.amax);
+            expect_same_counts(counts, stats);
+          }
+        }
+      }
+}
+
+// A history value: mostly ordinary amaxes over a wide range, sometimes 0, NaN, inf or a
+// subnormal (whose scale would overflow to inf and becomes FLT_MAX).
+float random_amax(Rng& rng) {
+  switch (rng.below(25)) {
+    case 0: return 0.0f;
+    case 1: return NAN;
+    case 2: return INFINITY;
+    case 3: return 1e-40f;
+    default: return std::ldexp(0.5f + rng.uniform(), static_cast<int>(rng.below(40)) - 20);
+  }
+}
+
+TEST_CASE("delayed_scaling_update kernel matches DelayedScaling::end_step for every tensor", "[kernels][fp8]") {
+  constexpr int kTensors = 150;  // more than one block of threads
+  for (const int H : {1, 4, 16})
+    for (const AmaxAlgo algo : {AmaxAlgo::max, AmaxAlgo::most_recent})
+      for (const int margin : {0, 2}) {
+        Rng rng(static_cast<uint64_t>(H * 10 + margin), algo == AmaxAlgo::max ? 1 : 2);
+        std::vector<float> history(static_cast<size_t>(kTensors) * H), scale(kTensors), max_values(kTensors);
+        for (int t = 0; t < kTensors; ++t) {
+          max_values[t] = format_max(t % 2 ? Format::e5m2 : Format::e4m3);
+          scale[t] = 0.25f + 0.5f * static_cast<float>(t);  // the previous scale, kept for 0/NaN/inf windows
+          for (int i = 0; i < H; ++i) history[static_cast<size_t>(t) * H + i] = random_amax(rng);
+        }
+        // Fixed cases: an all-zero window, an all-subnormal one, NaN in slot 0 only, inf in the last slot only.
+        const float fixed[] = {0.0f, 1e-40f};
+        for (int t = 0; t < 2; ++t)
+          for (int i = 0; i < H; ++i) history[static_cast<size_t>(t) * H + i] = fixed[t];
+        for (int i = 0; i < H; ++i) history[2 * static_cast<size_t>(H) + i] = history[3 * static_cast<size_t>(H) + i] = 1.5f;
+        history[2 * static_cast<size_t>(H)] = NAN;
+        history[3 * static_cast<size_t>(H) + H - 1] = INFINITY;
+        std::vector<float> ref_history(history.size()), ref_scale(kTensors), ref_scale_inv(kTensors);
+        for (int t = 0; t < kTensors; ++t) {
+          DelayedScaling ds(H, algo, max_values[t], margin);
+          const auto row = history.begin() + static_cast<std::ptrdiff_t>(t) * H;
+          ds.restore(std::vector<float>(row, row + H), scale[t]);
+          ds.end_step();
+          std::copy(ds.history().begin(), ds.history().end(), ref_history.begin() + static_cast<std::ptrdiff_t>(t) * H);
+          ref_scale[t] = ds.scale();
+          ref_scale_inv[t] = 1.0f / ds.scale();
+        }
+        REQUIRE(ref_scale[0] == scale[0]);  // the fixed cases do what they claim
+        REQUIRE(ref_scale[1] == FLT_MAX);
+        for (const auto& order : thread_orders()) {
+          simt::ScopedOptions use(order);
+          INFO("H=" << H << (algo == AmaxAlgo::max ? " max" : " most_recent") << " margin=" << margin << " order "
+                    << order.name());
+          std::vector<float> h = history, s = scale, s_inv = poisoned<float>(kTensors);
+          kernels::delayed_scaling_update(h.data(), s.data(), s_inv.data(), max_values.data(), kTensors, H, margin,
+                                          algo == AmaxAlgo::max, nullptr);
+          expect_identical("delayed history", h, ref_history);
+          expect_identical("delayed scale", s, ref_scale);
+          expect_identical("delayed scale_inv", s_inv, ref_scale_inv);
+        }
+      }
+}
+
+}  // namespace
+}  // namespace ptrain::test
