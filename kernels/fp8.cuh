@@ -28,7 +28,8 @@ struct Fp8Counts {
 
 constexpr int kFp8Threads = 256;
 constexpr int kFp8MaxBlocks = 1024;  // about one wave on an H100/H200; grids stride beyond it
-constexpr int kFp8Tile = 32;         // transposing cast: 32 x 32 tiles
+constexpr int kFp8Tile = 64;         // transposing cast: 64 x 64 tiles
+constexpr int kFp8TilePitch = kFp8Tile + 4;  // bytes per parked tile row
 constexpr int kFp8TallyWords = 4 * kWarpSize;
 constexpr unsigned kCanonicalNanBits = 0x7FC00000u;
 
@@ -182,38 +183,48 @@ __global__ void fp8_cast_kernel(fp8* out, float* amax, Fp8Counts* counts, const 
   tally.commit(scratch, amax, counts);
 }
 
-// Cast writing both (rows, cols) codes and their (cols, rows) transpose. A block takes 32 x 32
-// tiles in turn: each warp reads rows of the tile (coalesced), writes their codes and parks them
-// in shared memory; after a barrier each warp writes a column of the tile as a row of the
-// transpose (coalesced too). The tile is padded to 33 words a row so a column read hits 32
-// different banks.
+// Cast writing both (rows, cols) codes and their (cols, rows) transpose. A block takes 64 x 64
+// tiles in turn. Each thread reads 16-byte chunks of the tile's rows (coalesced), writes their
+// codes (one 4- or 8-byte store) and parks them in shared memory; after a barrier each thread
+// gathers 8 codes of a tile column and writes them as one 8-byte store of a transpose row. Rows
+// of the parked tile are padded to kFp8TilePitch bytes to spread the column reads over banks.
 template <typename T>
 __global__ void fp8_cast_transpose_kernel(fp8* out, fp8* out_t, float* amax, Fp8Counts* counts, const T* in, int rows,
                                           int cols, const float* scale, __nv_fp8_interpretation_t format) {
   PTRAIN_DYNAMIC_SHARED(unsigned, shared);
-  unsigned* tile = shared;                                  // kFp8Tile x (kFp8Tile + 1) codes
-  unsigned* scratch = shared + kFp8Tile * (kFp8Tile + 1);  // kFp8TallyWords
-  const int tx = threadIdx.x % kFp8Tile, ty = threadIdx.x / kFp8Tile;
-  const int row_step = blockDim.x / kFp8Tile;
+  unsigned* scratch = shared;                                         // kFp8TallyWords
+  fp8* tile = reinterpret_cast<fp8*>(shared + kFp8TallyWords);        // kFp8Tile x kFp8TilePitch codes
+  constexpr int V = Packed128<T>::size, kOut = 8;                     // elements read, codes written per thread
+  constexpr int kReadChunks = kFp8Tile / V, kWriteChunks = kFp8Tile / kOut;
   const int tile_cols = ceil_div(cols, kFp8Tile);
   const int tiles = ceil_div(rows, kFp8Tile) * tile_cols;
   const float s = *scale;
   Fp8Tally tally;
   for (int t = blockIdx.x; t < tiles; t += static_cast<int>(gridDim.x)) {  // uniform over the block
     const int r0 = (t / tile_cols) * kFp8Tile, c0 = (t % tile_cols) * kFp8Tile;
-    for (int j = ty; j < kFp8Tile; j += row_step) {
-      const int r = r0 + j, c = c0 + tx;
-      if (r < rows && c < cols) {
-        const size_t i = static_cast<size_t>(r) * cols + c;
-        const fp8 code = tally.cast(to_float(in[i]), s, format);
-        out[i] = code;
-        tile[j * (kFp8Tile + 1) + tx] = code;
+    for (int idx = threadIdx.x; idx < kFp8Tile * kReadChunks; idx += blockDim.x) {
+      const int j = idx / kReadChunks, cc = (idx % kReadChunks) * V;  // tile row, first tile column
+      const int r = r0 + j, c = c0 + cc;
+      if (r >= rows || c >= cols) continue;
+      const int count = cols - c < V ? cols - c : V;
+      float x[V];
+      load_chunk(x, in + static_cast<size_t>(r) * cols, c, cols);
+      Fp8Vec<V> codes{};
+      for (int k = 0; k < count; ++k) {
+        codes.v[k] = tally.cast(x[k], s, format);
+        tile[j * kFp8TilePitch + cc + k] = codes.v[k];
       }
+      store_codes(out + static_cast<size_t>(r) * cols + c, codes, count);
     }
     __syncthreads();
-    for (int j = ty; j < kFp8Tile; j += row_step) {
-      const int c = c0 + j, r = r0 + tx;
-      if (r < rows && c < cols) out_t[static_cast<size_t>(c) * rows + r] = static_cast<fp8>(tile[tx * (kFp8Tile + 1) + j]);
+    for (int idx = threadIdx.x; idx < kFp8Tile * kWriteChunks; idx += blockDim.x) {
+      const int cj = idx / kWriteChunks, rr = (idx % kWriteChunks) * kOut;  // tile column, first tile row
+      const int c = c0 + cj, r = r0 + rr;
+      if (c >= cols || r >= rows) continue;
+      const int count = rows - r < kOut ? rows - r : kOut;
+      Fp8Vec<kOut> codes{};
+      for (int k = 0; k < count; ++k) codes.v[k] = tile[(rr + k) * kFp8TilePitch + cj];
+      store_codes(out_t + static_cast<size_t>(c) * rows + r, codes, count);
     }
     __syncthreads();  // the next tile overwrites this one
   }
@@ -354,7 +365,7 @@ void fp8_cast(fp8* out, fp8* out_transposed, float* amax, Fp8Counts* counts, con
     return;
   }
   const size_t tiles = static_cast<size_t>(ceil_div(rows, kFp8Tile)) * static_cast<size_t>(ceil_div(cols, kFp8Tile));
-  const size_t shared = (kFp8Tile * (kFp8Tile + 1) + kFp8TallyWords) * sizeof(unsigned);
+  const size_t shared = kFp8TallyWords * sizeof(unsigned) + kFp8Tile * kFp8TilePitch;
   PTRAIN_LAUNCH(fp8_cast_transpose_kernel<T>, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, out,
                 out_transposed, amax, counts, in, rows, cols, scale, format);
 }

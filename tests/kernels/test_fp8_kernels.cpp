@@ -104,7 +104,7 @@ void check_cast(const std::vector<T>& x, const Shape s, Format f, float scale, c
 TEMPLATE_TEST_CASE("fp8_cast kernel matches the CPU backend's cast bit for bit", "[kernels][fp8]", float, bf16, fp16) {
   constexpr Format storage = format_of<TestType>();
   // Odd sizes, tiles ragged in both directions, and a GPT-2 124M activation slice (64 x 768).
-  const std::vector<Shape> shapes{{1, 1}, {1, 7}, {7, 19}, {19, 7}, {111, 33}, {3, 769}, {64, 768}};
+  const std::vector<Shape> shapes{{1, 1}, {1, 7}, {7, 19}, {19, 7}, {111, 33}, {3, 769}, {129, 130}, {64, 768}};
   for (const Format f : kFp8Formats)
     for (const Shape s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
