@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "backend/device.h"
 #include "data/shard.h"
 #include "test_util.h"
 
@@ -211,4 +212,27 @@ TEST_CASE("data commands write shards a run can train on", "[cli]") {
   expect_bad_input(run_ptrain("data prepare --input missing.txt --out bytes2", dir), {"missing.txt"});
   expect_bad_input(run_ptrain("data synth --out s2 --vocab 1", dir), {"vocab"});
   fs::remove_all(dir);
+}
+
+TEST_CASE("run.device picks the device and says which", "[cli]") {
+  Workspace ws;
+  const CudaProbe probe = probe_cuda();
+  const CommandResult cpu = ws.train(ws.config(), "--set run.device=cpu");
+  INFO(cpu.output);
+  REQUIRE(cpu.exit_code == 0);
+  CHECK(cpu.output.find("device cpu (run.device: cpu)") != std::string::npos);
+  if (!probe.devices.empty()) return;  // on a GPU machine, auto and cuda are the gpu tests' business
+
+  // No usable GPU here: auto trains on the CPU and says why; cuda stops before writing anything.
+  const CommandResult automatic = ws.train(ws.config(), "--set run.device=auto --set run.name=auto");
+  INFO(automatic.output);
+  REQUIRE(automatic.exit_code == 0);
+  CHECK(automatic.output.find("device cpu (run.device: auto; no usable CUDA device: " + probe.why_none) !=
+        std::string::npos);
+  const CommandResult cuda = ws.train(ws.config(), "--set run.device=cuda --set run.name=cuda");
+  INFO(cuda.output);
+  CHECK(cuda.exit_code == 1);
+  CHECK(cuda.output.find("run.device: cuda cannot be used: no usable CUDA device: " + probe.why_none) !=
+        std::string::npos);
+  CHECK(!fs::exists(ws.dir / "runs/cuda"));
 }

@@ -1,7 +1,13 @@
-// Checks src/precision/formats.cpp (NVIDIA's host conversions) against an independent reference
-// written only from the format definitions: a decoder from bits, a brute-force nearest-code
-// encoder for fp8 and an exact-arithmetic (frexp/ldexp/nearbyint, ties to even) encoder for all
-// formats. No NVIDIA function is called by the reference.
+// Checks src/precision/formats.cpp (NVIDIA's host conversions where the CUDA toolkit's headers
+// are on the include path, src/precision/portable_formats.h otherwise) against an independent
+// reference written only from the format definitions: a decoder from bits, a brute-force
+// nearest-code encoder for fp8 and an exact-arithmetic (frexp/ldexp/nearbyint, ties to even)
+// encoder for all formats. No NVIDIA function is called by the reference.
+//
+// Where the headers exist, the portable implementation is also compared bit for bit with NVIDIA's
+// functions: every code decoded, and encoding over a strided sweep of all floats, every rounding
+// position and the edge cases. Without the headers those tests are compiled out (not skipped);
+// the reference tests above them then check the portable path, which formats.cpp uses.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,6 +23,14 @@
 #include <vector>
 
 #include "precision/formats.h"
+#include "precision/portable_formats.h"
+
+#if __has_include(<cuda_fp8.h>) && __has_include(<cuda_fp16.h>) && __has_include(<cuda_bf16.h>)
+#define PTRAIN_TEST_NVIDIA_FORMATS 1
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
 
 namespace {
 
@@ -378,7 +392,17 @@ TEST_CASE("spot checks from REFERENCE.md", "[formats]") {
         CHECK(std::isnan(round_to_format(x, f, sat)));
     }
     CHECK(ptrain::bf16_bits(x) == 0x7FFF);
+    CHECK(ptrain::fp16_bits(x) == 0x7FFF);
   }
+  // Decoded NaNs: bf16 keeps sign and payload; fp16 and fp8 give the float 0x7FFFFFFF.
+  const auto bits = [](float v) { return ptrain::portable::float_as_bits(v); };
+  CHECK(bits(ptrain::bf16_value(0xFFC1)) == 0xFFC10000u);
+  CHECK(bits(ptrain::bf16_value(0x7F81)) == 0x7F810000u);
+  CHECK(bits(ptrain::fp16_value(0xFE01)) == 0x7FFFFFFFu);
+  CHECK(bits(ptrain::fp16_value(0x7C01)) == 0x7FFFFFFFu);
+  CHECK(bits(ptrain::fp8_value(0xFF, Format::e4m3)) == 0x7FFFFFFFu);
+  CHECK(bits(ptrain::fp8_value(0xFD, Format::e5m2)) == 0x7FFFFFFFu);
+  CHECK(bits(ptrain::fp8_value(0x7E, Format::e5m2)) == 0x7FFFFFFFu);
   // Subnormals: smallest, half of it (tie with 0 -> 0), a bit more than half -> smallest.
   CHECK(round_to_format(std::ldexp(1.0f, -9), Format::e4m3, true) == std::ldexp(1.0f, -9));
   CHECK(round_to_format(std::ldexp(1.0f, -10), Format::e4m3, true) == 0.0f);
@@ -386,3 +410,123 @@ TEST_CASE("spot checks from REFERENCE.md", "[formats]") {
   CHECK(round_to_format(std::ldexp(1.0f, -17), Format::e5m2, false) == 0.0f);
   CHECK(std::signbit(round_to_format(-std::ldexp(1.0f, -17), Format::e5m2, false)));
 }
+
+// ---------------------------------------------------------------------------- portable vs NVIDIA
+
+#ifdef PTRAIN_TEST_NVIDIA_FORMATS
+
+namespace {
+
+namespace pp = ptrain::portable;
+
+std::string hex_bits(uint32_t b) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%X", unsigned(b));
+  return buf;
+}
+
+// Runs one float through NVIDIA's encoders and the portable ones; the bits must be equal.
+struct NvidiaComparison {
+  Mismatches bad;
+  long checked = 0;
+
+  void mismatch(const std::string& what, float x, uint32_t got, uint32_t want) {
+    bad.add(what + "(" + hex(x) + ", bits " + hex_bits(pp::float_as_bits(x)) + "): portable " + hex_bits(got) +
+            ", NVIDIA " + hex_bits(want));
+  }
+
+  void encode(float x) {
+    ++checked;
+    const uint32_t b_nv = __bfloat16_as_ushort(__float2bfloat16_rn(x)), b_pp = pp::float_to_bf16(x);
+    if (b_pp != b_nv) mismatch("bf16", x, b_pp, b_nv);
+    const uint32_t h_nv = __half_as_ushort(__float2half_rn(x)), h_pp = pp::float_to_fp16(x);
+    if (h_pp != h_nv) mismatch("fp16", x, h_pp, h_nv);
+    for (bool sat : {false, true}) {
+      const __nv_saturation_t mode = sat ? __NV_SATFINITE : __NV_NOSAT;
+      const uint32_t e4_nv = __nv_cvt_float_to_fp8(x, mode, __NV_E4M3), e4_pp = pp::float_to_e4m3(x, sat);
+      if (e4_pp != e4_nv) mismatch(sat ? "e4m3 sat" : "e4m3 nosat", x, e4_pp, e4_nv);
+      const uint32_t e5_nv = __nv_cvt_float_to_fp8(x, mode, __NV_E5M2), e5_pp = pp::float_to_e5m2(x, sat);
+      if (e5_pp != e5_nv) mismatch(sat ? "e5m2 sat" : "e5m2 nosat", x, e5_pp, e5_nv);
+    }
+  }
+};
+
+float nv_fp8_value(uint8_t code, __nv_fp8_interpretation_t kind) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, kind)));
+}
+
+}  // namespace
+
+TEST_CASE("portable decoding matches NVIDIA bit for bit on all 65536 bf16 and fp16 codes", "[formats][nvidia]") {
+  Mismatches bad;
+  for (uint32_t c = 0; c < 65536; ++c) {
+    const uint16_t code = uint16_t(c);
+    const uint32_t b_nv = pp::float_as_bits(__bfloat162float(__ushort_as_bfloat16(code)));
+    const uint32_t b_pp = pp::float_as_bits(pp::bf16_to_float(code));
+    if (b_pp != b_nv) bad.add("bf16 code " + hex_bits(c) + ": portable " + hex_bits(b_pp) + ", NVIDIA " + hex_bits(b_nv));
+    const uint32_t h_nv = pp::float_as_bits(__half2float(__ushort_as_half(code)));
+    const uint32_t h_pp = pp::float_as_bits(pp::fp16_to_float(code));
+    if (h_pp != h_nv) bad.add("fp16 code " + hex_bits(c) + ": portable " + hex_bits(h_pp) + ", NVIDIA " + hex_bits(h_nv));
+  }
+  bad.require_none("16-bit decode against NVIDIA");
+}
+
+TEST_CASE("portable decoding matches NVIDIA bit for bit on all 256 codes of each fp8 format", "[formats][nvidia]") {
+  Mismatches bad;
+  for (uint32_t c = 0; c < 256; ++c) {
+    const uint8_t code = uint8_t(c);
+    const uint32_t e4_nv = pp::float_as_bits(nv_fp8_value(code, __NV_E4M3));
+    const uint32_t e4_pp = pp::float_as_bits(pp::e4m3_to_float(code));
+    if (e4_pp != e4_nv) bad.add("e4m3 code " + hex_bits(c) + ": portable " + hex_bits(e4_pp) + ", NVIDIA " + hex_bits(e4_nv));
+    const uint32_t e5_nv = pp::float_as_bits(nv_fp8_value(code, __NV_E5M2));
+    const uint32_t e5_pp = pp::float_as_bits(pp::e5m2_to_float(code));
+    if (e5_pp != e5_nv) bad.add("e5m2 code " + hex_bits(c) + ": portable " + hex_bits(e5_pp) + ", NVIDIA " + hex_bits(e5_nv));
+  }
+  bad.require_none("fp8 decode against NVIDIA");
+}
+
+TEST_CASE("portable encoding matches NVIDIA bit for bit on edge cases", "[formats][nvidia]") {
+  std::vector<float> xs = special_values();
+  for (const Spec* s : {&kBF16, &kFP16, &kE4M3, &kE5M2}) add_edge_cases(*s, xs);
+  // NaNs with several payloads (quiet and signalling) and both signs; float subnormals; float
+  // extremes; every value that is a power of two.
+  for (uint32_t b : {0x7F800001u, 0x7F800100u, 0x7F802000u, 0x7FA00001u, 0x7FBFFFFFu, 0x7FC00000u, 0x7FC00001u,
+                     0x7FE00000u, 0x7FFFE000u, 0x7FFFFFFFu, 0x00000001u, 0x00000002u, 0x00000003u, 0x00400000u,
+                     0x00400001u, 0x007FFFFFu, 0x00800000u, 0x7F7FFFFFu, 0x7F800000u})
+    for (uint32_t sign : {0u, 0x80000000u}) xs.push_back(pp::bits_as_float(b | sign));
+  for (uint32_t e = 0; e < 256; ++e)
+    for (uint32_t sign : {0u, 0x80000000u}) xs.push_back(pp::bits_as_float(sign | (e << 23)));
+  NvidiaComparison c;
+  for (float x : xs) c.encode(x);
+  INFO(c.checked << " floats checked");
+  c.bad.require_none("edge cases against NVIDIA");
+}
+
+TEST_CASE("portable encoding matches NVIDIA bit for bit on every 4099th float", "[formats][nvidia]") {
+  // A prime stride: about 2046 mantissas of every exponent and sign, NaNs and subnormals included.
+  NvidiaComparison c;
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 4099) c.encode(pp::bits_as_float(uint32_t(b)));
+  c.encode(pp::bits_as_float(0xFFFFFFFFu));
+  INFO(c.checked << " floats checked");
+  c.bad.require_none("strided sweep against NVIDIA");
+}
+
+TEST_CASE("portable encoding matches NVIDIA bit for bit around every rounding position", "[formats][nvidia]") {
+  // Every combination of the top 16 bits (sign, exponent, 7 mantissa bits: every bf16 code, and
+  // every kept/rounded-off bit of fp8 and of fp16 in its subnormal range), times low halves that
+  // sit at, just below and just above a tie at each lower bit position, with the kept bit above
+  // it both even (1 << k) and odd (3 << k).
+  std::vector<uint32_t> low = {0u, 0xFFFFu};
+  for (uint32_t k = 0; k < 16; ++k)
+    for (uint32_t base : {1u << k, 3u << k})
+      if (base < 0x10000u)
+        for (uint32_t v : {base - 1, base, base + 1})
+          if (v < 0x10000u) low.push_back(v);
+  NvidiaComparison c;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi)
+    for (uint32_t lo : low) c.encode(pp::bits_as_float((hi << 16) | lo));
+  INFO(c.checked << " floats checked");
+  c.bad.require_none("rounding positions against NVIDIA");
+}
+
+#endif  // PTRAIN_TEST_NVIDIA_FORMATS

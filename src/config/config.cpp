@@ -542,9 +542,6 @@ class Loader {
 
     // Features whose keys are stable but whose implementation arrives in later changes.
     const std::string not_yet = " is not supported by this build yet";
-    if (c.run.device == "cuda")
-      problem(where({"run.device"}), "run.device",
-              "cuda is not supported by this build (no CUDA backend yet)", "auto or cpu");
     if (c.distributed.zero_stage != 0)
       problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
               std::to_string(c.distributed.zero_stage) + not_yet, "0");

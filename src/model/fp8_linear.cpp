@@ -6,7 +6,8 @@
 namespace ptrain {
 
 static Fp8TensorState make_state(const std::string& name, Format format, const Fp8Policy& p) {
-  return Fp8TensorState{name, format, DelayedScaling(p.amax_history, p.amax_algo, format_max(format), p.margin)};
+  return Fp8TensorState{name, format, DelayedScaling(p.amax_history, p.amax_algo, format_max(format), p.margin), 1.0f,
+                        Fp8CastStats{}};
 }
 
 Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,

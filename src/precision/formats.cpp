@@ -1,7 +1,11 @@
-// Why NVIDIA's host conversions and not our own bit twiddling: the CPU emulation must round
-// exactly as the GPU kernels do, and cuda_bf16.h / cuda_fp16.h / cuda_fp8.h compile on the host
-// with g++ (only -I/usr/local/cuda/include), so the same code defines both. tests/test_formats.cpp
-// checks them against an independent reference written from the format definitions.
+// Which implementation defines the formats: NVIDIA's host conversions (cuda_bf16.h, cuda_fp16.h,
+// cuda_fp8.h, which g++ compiles with only -I/usr/local/cuda/include) when those headers are on
+// the include path, so the CPU emulation rounds with the very code the CUDA build uses; otherwise
+// precision/portable_formats.h, a pure C++ implementation, so the CPU build also works without the
+// CUDA toolkit. The two give identical bits: tests/test_formats.cpp compares them wherever the
+// headers exist, and checks whichever one this file uses against an independent reference written
+// from the format definitions. Defining PTRAIN_PORTABLE_FORMATS forces the portable one (to test
+// it on a machine that has the headers).
 //
 // Overflow without saturation (__NV_NOSAT), as measured: e4m3 has no infinity and gives NaN
 // (0x7F / 0xFF); e5m2 gives +-inf (0x7C / 0xFC). Any NaN input encodes to 0x7F (sign dropped).
@@ -10,9 +14,15 @@
 #include <cfloat>
 #include <cmath>
 
+#if !defined(PTRAIN_PORTABLE_FORMATS) && __has_include(<cuda_fp8.h>) && __has_include(<cuda_fp16.h>) && \
+    __has_include(<cuda_bf16.h>)
+#define PTRAIN_NVIDIA_FORMATS 1
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#else
+#include "precision/portable_formats.h"
+#endif
 
 namespace ptrain {
 
@@ -51,6 +61,8 @@ float format_min_subnormal(Format f) {
 
 bool is_fp8(Format f) { return f == Format::e4m3 || f == Format::e5m2; }
 
+#ifdef PTRAIN_NVIDIA_FORMATS
+
 static __nv_fp8_interpretation_t fp8_kind(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
 
 uint16_t bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
@@ -64,6 +76,23 @@ uint8_t fp8_bits(float x, Format f, bool saturate) {
 
 // Every fp8 value is exact in fp16, and every fp16 value is exact in float.
 float fp8_value(uint8_t bits, Format f) { return __half2float(__half(__nv_cvt_fp8_to_halfraw(bits, fp8_kind(f)))); }
+
+#else
+
+uint16_t bf16_bits(float x) { return portable::float_to_bf16(x); }
+float bf16_value(uint16_t bits) { return portable::bf16_to_float(bits); }
+uint16_t fp16_bits(float x) { return portable::float_to_fp16(x); }
+float fp16_value(uint16_t bits) { return portable::fp16_to_float(bits); }
+
+uint8_t fp8_bits(float x, Format f, bool saturate) {
+  return f == Format::e4m3 ? portable::float_to_e4m3(x, saturate) : portable::float_to_e5m2(x, saturate);
+}
+
+float fp8_value(uint8_t bits, Format f) {
+  return f == Format::e4m3 ? portable::e4m3_to_float(bits) : portable::e5m2_to_float(bits);
+}
+
+#endif
 
 float round_to_format(float x, Format f, bool saturate) {
   switch (f) {

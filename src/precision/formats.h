@@ -1,6 +1,9 @@
-// The number formats ptrain trains in, defined by NVIDIA's own host conversion functions
-// (cuda_bf16.h, cuda_fp16.h, cuda_fp8.h, compiled by g++), so the CPU emulation rounds exactly
-// as the GPU does. Values on the CPU stay in float but lie on the format's grid.
+// The number formats ptrain trains in. Conversions give exactly the bits of NVIDIA's host
+// conversion functions (cuda_bf16.h, cuda_fp16.h, cuda_fp8.h), the rounding the CUDA kernels use:
+// formats.cpp calls those functions (compiled by g++) when the CUDA toolkit's headers are on the
+// include path, and otherwise precision/portable_formats.h, a pure C++ implementation that
+// tests/test_formats.cpp compares bit for bit with NVIDIA's. Values on the CPU stay in float but
+// lie on the format's grid.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +28,10 @@ bool is_fp8(Format f);
 //  - e4m3, e5m2 without saturate: overflow gives NaN (e4m3 has no infinity) or +-inf (e5m2).
 float round_to_format(float x, Format f, bool saturate);
 
-// Bit patterns (for exact tests and, later, real storage).
+// Bit patterns (for exact tests and, later, real storage). Encoding any NaN (either sign, any
+// payload) gives 0x7FFF for bf16 and fp16 and 0x7F for fp8. Decoding a bf16 NaN keeps its sign
+// and payload (the float is the code shifted up); decoding an fp16 or fp8 NaN gives the float
+// with bits 0x7FFFFFFF.
 uint16_t bf16_bits(float x);       // round to nearest even
 float bf16_value(uint16_t bits);
 uint16_t fp16_bits(float x);       // round to nearest even

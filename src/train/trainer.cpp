@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "backend/backend.h"
+#include "backend/device.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
@@ -131,7 +132,7 @@ struct DataPaths {
 class Trainer {
  public:
   Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
-          const TrainOptions& options)
+          const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice)
       : cfg_(config),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
@@ -147,7 +148,8 @@ class Trainer {
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
         synthetic_(data.synthetic),
-        backend_(make_cpu_backend(config.training.threads)),
+        device_choice_(std::move(device_choice)),
+        backend_(std::move(backend)),
         model_(shape_, *backend_, DType::f32, B_, T_, policy_),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
@@ -327,6 +329,7 @@ class Trainer {
     const double n = static_cast<double>(model_.num_params());
     log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device " + backend_->description() +
               " | precision " + policy_.label());
+    log_.info(device_choice_);
     for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
     log_.info("model: GPT-2 L=" + std::to_string(shape_.n_layer) + " H=" + std::to_string(shape_.n_head) +
               " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
@@ -489,6 +492,7 @@ class Trainer {
   TrainSampler train_sampler_;
   ValSampler val_sampler_;
   std::optional<SyntheticInfo> synthetic_;
+  std::string device_choice_;  // which device run.device gave, and why (for the log)
   std::unique_ptr<Backend> backend_;
   Gpt model_;
   AdamW optimizer_;
@@ -605,6 +609,10 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     }
   }
 
+  // The device, before anything is written: run.device: cuda without a usable GPU changes nothing.
+  std::string device_choice;
+  std::unique_ptr<Backend> backend = make_backend(config.run.device, config.training.threads, &device_choice);
+
   // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
   // (a job preempted before its first save starts again in place): always launching with auto works.
   const bool continue_dir = resume_from.has_value() || config.checkpoint.resume == "auto";
@@ -625,7 +633,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   }
   std::vector<std::string> set_aside;
   if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
-  Trainer trainer(config, data, run_dir, checkpoint_dir, options);
+  Trainer trainer(config, data, run_dir, checkpoint_dir, options, std::move(backend), std::move(device_choice));
   for (const auto& w : resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
   if (!resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))

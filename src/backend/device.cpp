@@ -1,0 +1,57 @@
+#include "backend/device.h"
+
+#include "core/error.h"
+
+#ifdef PTRAIN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ptrain {
+
+CudaProbe probe_cuda() {
+  CudaProbe probe;
+#ifdef PTRAIN_HAVE_CUDA
+  probe.built_with_cuda = true;
+  // Without a driver the runtime returns an error (35, cudaErrorInsufficientDriver) and leaves
+  // the count unwritten: start from 0 and treat any error as "no GPU".
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    probe.why_none = std::string("cudaGetDeviceCount returned ") + std::to_string(static_cast<int>(err)) + " (" +
+                     cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")";
+    return probe;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    probe.devices.push_back({i, prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.totalGlobalMem});
+  }
+  if (probe.devices.empty()) probe.why_none = "the CUDA runtime found no device";
+#else
+  probe.why_none = "this ptrain was built without CUDA (the CUDA toolkit was not found, or -DPTRAIN_CUDA=OFF)";
+#endif
+  return probe;
+}
+
+static std::string describe(const CudaDeviceInfo& d) {
+  return d.name + " (sm_" + std::to_string(d.major) + std::to_string(d.minor) + ", " +
+         std::to_string(d.memory_bytes >> 30) + " GiB)";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads, std::string* chosen) {
+  if (device == "cpu") {
+    *chosen = "device cpu (run.device: cpu)";
+    return make_cpu_backend(threads);
+  }
+  const CudaProbe probe = probe_cuda();
+  // The CUDA backend itself is not part of ptrain yet: a GPU that is present cannot be used.
+  const std::string gpu_state = probe.devices.empty()
+                                    ? "no usable CUDA device: " + probe.why_none
+                                    : "found " + describe(probe.devices[0]) + ", but this ptrain has no CUDA backend yet";
+  if (device == "cuda")
+    throw EnvironmentError("run.device: cuda cannot be used: " + gpu_state + "; set run.device: cpu (or auto)");
+  *chosen = "device cpu (run.device: auto; " + gpu_state + ")";
+  return make_cpu_backend(threads);
+}
+
+}  // namespace ptrain

@@ -1,0 +1,34 @@
+// Which device a run trains on (run.device: auto | cpu | cuda), and what CUDA devices this
+// machine has. The probe works in every build: a build without CUDA says so, and a CUDA build
+// on a machine without a GPU (or driver) reports the runtime's answer instead of failing.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ptrain {
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+  int multiprocessors = 0;
+  size_t memory_bytes = 0;
+};
+
+struct CudaProbe {
+  bool built_with_cuda = false;
+  std::vector<CudaDeviceInfo> devices;
+  std::string why_none;  // when devices is empty: why (no CUDA in this build, the runtime's error, ...)
+};
+
+CudaProbe probe_cuda();
+
+// The backend for run.device, and in `chosen` one line for the run log saying which device was
+// taken and why. Throws EnvironmentError when `cuda` is asked for and cannot be had.
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads, std::string* chosen);
+
+}  // namespace ptrain
