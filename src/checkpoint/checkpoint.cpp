@@ -49,26 +49,54 @@ void write_text_synced(const fs::path& p, const std::string& text) {
   sync_path(p);
 }
 
-// The master weights (or the FP32 parameters) of one parameter tensor, as a host view.
-std::vector<SafetensorView> weight_views(Gpt& model) {
-  std::vector<SafetensorView> views;
-  for (int i = 0; i < kNumParams; ++i) {
-    const Tensor t = model.master(static_cast<ParamId>(i));
-    views.push_back({model.specs()[i].name, model.specs()[i].shape, t.as<float>()});
-  }
-  return views;
+// Elements [offset, offset + count) of a flat tensor, as a 1-D tensor.
+Tensor flat_range(const Tensor& flat, int64_t offset, int64_t count) {
+  Tensor t = flat;
+  t.data = flat.as<char>() + offset * static_cast<int64_t>(dtype_size(flat.dtype));
+  t.ndim = 1;
+  t.shape = {count};
+  return t;
 }
 
-std::vector<SafetensorView> moment_views(Gpt& model, AdamW& optimizer) {
+// Host copies of tensors (which may live in device memory), kept alive while a file is written.
+struct HostTensors {
+  std::vector<std::vector<float>> buffers;
   std::vector<SafetensorView> views;
+  void add(Backend& backend, const std::string& name, const std::vector<int64_t>& shape, const Tensor& t) {
+    buffers.emplace_back(static_cast<size_t>(t.numel()));
+    backend.download(buffers.back().data(), t);
+    views.push_back({name, shape, buffers.back().data()});
+  }
+};
+
+// The master weights (or the FP32 parameters), one entry per parameter tensor.
+HostTensors weight_copies(Gpt& model) {
+  HostTensors host;
+  host.buffers.reserve(kNumParams);
+  for (int i = 0; i < kNumParams; ++i)
+    host.add(model.backend(), model.specs()[i].name, model.specs()[i].shape, model.master(static_cast<ParamId>(i)));
+  return host;
+}
+
+HostTensors moment_copies(Gpt& model, AdamW& optimizer) {
+  HostTensors host;
+  host.buffers.reserve(2 * kNumParams);
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
     const auto& spec = model.specs()[i];
-    views.push_back({"m." + spec.name, spec.shape, optimizer.first_moment().as<float>() + offset});
-    views.push_back({"v." + spec.name, spec.shape, optimizer.second_moment().as<float>() + offset});
-    offset += model.param(static_cast<ParamId>(i)).numel();
+    const int64_t n = model.param(static_cast<ParamId>(i)).numel();
+    host.add(model.backend(), "m." + spec.name, spec.shape, flat_range(optimizer.first_moment(), offset, n));
+    host.add(model.backend(), "v." + spec.name, spec.shape, flat_range(optimizer.second_moment(), offset, n));
+    offset += n;
   }
-  return views;
+  return host;
+}
+
+// Reads tensor `name` of a checkpoint file into `dst` (possibly device memory).
+void read_into(const SafetensorsFile& file, const std::string& name, Backend& backend, const Tensor& dst) {
+  std::vector<float> host(static_cast<size_t>(dst.numel()));
+  file.copy_to(name, host.data(), dst.numel());
+  backend.upload(dst, host.data());
 }
 
 // A short fingerprint of the model-relevant config, for tools that compare checkpoints.
@@ -180,8 +208,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     throw UserError("checkpoint.dir: cannot create \"" + tmp_dir.string() + "\": " + ec.message());
 
   try {
-    write_safetensors((tmp_dir / kWeightsFile).string(), weight_views(model), {{"format", "pt"}, {"producer", "ptrain"}});
-    write_safetensors((tmp_dir / kOptimizerFile).string(), moment_views(model, optimizer), {{"producer", "ptrain"}});
+    write_safetensors((tmp_dir / kWeightsFile).string(), weight_copies(model).views,
+                      {{"format", "pt"}, {"producer", "ptrain"}});
+    write_safetensors((tmp_dir / kOptimizerFile).string(), moment_copies(model, optimizer).views,
+                      {{"producer", "ptrain"}});
     nlohmann::json j = state_to_json(state);
     for (const char* f : {kWeightsFile, kOptimizerFile}) j["sha256"][f] = sha256_file((tmp_dir / f).string());
     write_text_synced(tmp_dir / kStateFile, j.dump(2) + "\n");
@@ -264,7 +294,7 @@ std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
 void load_weights(const SafetensorsFile& weights, Gpt& model) {
   for (int i = 0; i < kNumParams; ++i) {
     const auto id = static_cast<ParamId>(i);
-    weights.copy_to(model.specs()[i].name, model.master(id).as<float>(), model.param(id).numel());
+    read_into(weights, model.specs()[i].name, model.backend(), model.master(id));
   }
   model.sync_params_from_master();
 }
@@ -275,8 +305,8 @@ void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& opti
   for (int i = 0; i < kNumParams; ++i) {
     const std::string& name = model.specs()[i].name;
     const int64_t n = model.param(static_cast<ParamId>(i)).numel();
-    checkpoint.optimizer.copy_to("m." + name, optimizer.first_moment().as<float>() + offset, n);
-    checkpoint.optimizer.copy_to("v." + name, optimizer.second_moment().as<float>() + offset, n);
+    read_into(checkpoint.optimizer, "m." + name, model.backend(), flat_range(optimizer.first_moment(), offset, n));
+    read_into(checkpoint.optimizer, "v." + name, model.backend(), flat_range(optimizer.second_moment(), offset, n));
     offset += n;
   }
   optimizer.restore_steps(checkpoint.state.optimizer_steps);

@@ -106,6 +106,7 @@ class Gpt {
 
   const GptShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
+  Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Tensor param(ParamId id) const { return params_[id]; }
   Tensor grad(ParamId id) const { return grads_[id]; }
