@@ -61,6 +61,10 @@ class Backend {
   // Each op writes its outputs rounded to their Tensor::format (ties to even; bf16 and fp16
   // overflow to inf, which loss scaling detects).
 
+  // How a tensor of `format` is stored when the model computes in `compute` (f32, or f64 for
+  // gradient checks): the CPU emulates every format in `compute`; a GPU stores bf16 and fp16 as such.
+  virtual DType storage_for(Format format, DType compute) const = 0;
+
   // Memory. allocate() returns zeroed memory aligned to 64 bytes.
   virtual void* allocate(size_t bytes) = 0;
   virtual void release(void* ptr) = 0;

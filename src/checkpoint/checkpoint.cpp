@@ -49,15 +49,6 @@ void write_text_synced(const fs::path& p, const std::string& text) {
   sync_path(p);
 }
 
-// Elements [offset, offset + count) of a flat tensor, as a 1-D tensor.
-Tensor flat_range(const Tensor& flat, int64_t offset, int64_t count) {
-  Tensor t = flat;
-  t.data = flat.as<char>() + offset * static_cast<int64_t>(dtype_size(flat.dtype));
-  t.ndim = 1;
-  t.shape = {count};
-  return t;
-}
-
 // Host copies of tensors (which may live in device memory), kept alive while a file is written.
 struct HostTensors {
   std::vector<std::vector<float>> buffers;
@@ -85,8 +76,8 @@ HostTensors moment_copies(Gpt& model, AdamW& optimizer) {
   for (int i = 0; i < kNumParams; ++i) {
     const auto& spec = model.specs()[i];
     const int64_t n = model.param(static_cast<ParamId>(i)).numel();
-    host.add(model.backend(), "m." + spec.name, spec.shape, flat_range(optimizer.first_moment(), offset, n));
-    host.add(model.backend(), "v." + spec.name, spec.shape, flat_range(optimizer.second_moment(), offset, n));
+    host.add(model.backend(), "m." + spec.name, spec.shape, optimizer.first_moment().range(offset, n));
+    host.add(model.backend(), "v." + spec.name, spec.shape, optimizer.second_moment().range(offset, n));
     offset += n;
   }
   return host;
@@ -305,8 +296,8 @@ void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& opti
   for (int i = 0; i < kNumParams; ++i) {
     const std::string& name = model.specs()[i].name;
     const int64_t n = model.param(static_cast<ParamId>(i)).numel();
-    read_into(checkpoint.optimizer, "m." + name, model.backend(), flat_range(optimizer.first_moment(), offset, n));
-    read_into(checkpoint.optimizer, "v." + name, model.backend(), flat_range(optimizer.second_moment(), offset, n));
+    read_into(checkpoint.optimizer, "m." + name, model.backend(), optimizer.first_moment().range(offset, n));
+    read_into(checkpoint.optimizer, "v." + name, model.backend(), optimizer.second_moment().range(offset, n));
     offset += n;
   }
   optimizer.restore_steps(checkpoint.state.optimizer_steps);

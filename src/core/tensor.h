@@ -16,16 +16,26 @@
 
 namespace ptrain {
 
-// f64 exists for the reference backend's gradient checks; the product trains in f32 and below.
-// i32 holds token ids.
-enum class DType { f32, f64, i32 };
+// How a tensor's elements are stored. f64 exists for the reference backend's gradient checks;
+// the CPU backend stores reduced precision as f32 values on the format's grid, a GPU backend as
+// bf16 / f16 themselves (Backend::storage_for). i32 holds token ids.
+enum class DType { f32, f64, i32, bf16, f16 };
 
-inline size_t dtype_size(DType t) { return t == DType::f64 ? 8 : 4; }
+inline size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f64: return 8;
+    case DType::bf16:
+    case DType::f16: return 2;
+    default: return 4;
+  }
+}
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::f32: return "f32";
     case DType::f64: return "f64";
     case DType::i32: return "i32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "?";
 }
@@ -67,6 +77,23 @@ struct Tensor {
 
   template <typename T>
   T* as() const { return static_cast<T*>(data); }
+
+  // Elements [offset, offset + count) of a contiguous tensor, as a 1-D tensor (same dtype and format).
+  Tensor range(int64_t offset, int64_t count) const {
+    Tensor t = *this;
+    t.data = static_cast<char*>(data) + static_cast<size_t>(offset) * dtype_size(dtype);
+    t.ndim = 1;
+    t.shape = {count};
+    return t;
+  }
+
+  // The same elements viewed with another shape of equal size.
+  Tensor reshaped(const std::vector<int64_t>& dims) const {
+    Tensor t(data, dtype, dims, device);
+    t.format = format;
+    PTRAIN_CHECK(t.numel() == numel(), "reshape to a different number of elements");
+    return t;
+  }
 
   // The slice along the first dimension (e.g. one layer of a (L, ...) stacked parameter).
   Tensor operator[](int64_t i) const {

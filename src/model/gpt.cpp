@@ -40,63 +40,74 @@ int64_t gpt_num_params(const GptShape& s) {
   return n;
 }
 
-// The activation buffers of one micro-batch, in allocation order. Used both to size the
-// allocation (dry-run estimate) and to carve it.
+// The activation buffers of one micro-batch, in allocation order, with the number format each
+// holds. Used both to size the allocation (dry-run estimate) and to carve it.
 namespace {
 struct ActivationPlan {
   struct Entry {
     Tensor* slot;
     std::vector<int64_t> shape;
     DType dtype;
+    Format format;
   };
   std::vector<Entry> entries;
-  void add(Tensor* slot, std::vector<int64_t> shape, DType dtype) { entries.push_back({slot, std::move(shape), dtype}); }
   int64_t bytes() const {
     int64_t total = 0;
     for (const auto& e : entries) total += (product(e.shape) * dtype_size(e.dtype) + 63) / 64 * 64;
     return total;
   }
 };
-}  // namespace
 
-static ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, DType dt) {
+// Activations and their gradients take the policy's formats; layernorm statistics and the
+// per-token losses stay FP32, as in every mixed-precision recipe. `storage` maps a format to the
+// backend's storage dtype.
+template <typename Storage>
+ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, Format act, Format grad,
+                                Storage storage) {
   const int64_t L = s.n_layer, C = s.n_embd, NH = s.n_head;
   ActivationPlan p;
-  p.add(&a.tokens, {B, T}, DType::i32);
-  p.add(&a.targets, {B, T}, DType::i32);
-  p.add(&a.encoded, {B, T, C}, dt);
-  p.add(&a.ln1, {L, B, T, C}, dt);
-  p.add(&a.ln1_mean, {L, B, T}, dt);
-  p.add(&a.ln1_rstd, {L, B, T}, dt);
-  p.add(&a.qkv, {L, B, T, 3 * C}, dt);
-  p.add(&a.atty, {L, B, T, C}, dt);
-  p.add(&a.att, {L, B, NH, T, T}, dt);
-  p.add(&a.attproj, {L, B, T, C}, dt);
-  p.add(&a.residual2, {L, B, T, C}, dt);
-  p.add(&a.ln2, {L, B, T, C}, dt);
-  p.add(&a.ln2_mean, {L, B, T}, dt);
-  p.add(&a.ln2_rstd, {L, B, T}, dt);
-  p.add(&a.fch, {L, B, T, 4 * C}, dt);
-  p.add(&a.fch_gelu, {L, B, T, 4 * C}, dt);
-  p.add(&a.fcproj, {L, B, T, C}, dt);
-  p.add(&a.residual3, {L, B, T, C}, dt);
-  p.add(&a.lnf, {B, T, C}, dt);
-  p.add(&a.lnf_mean, {B, T}, dt);
-  p.add(&a.lnf_rstd, {B, T}, dt);
-  p.add(&a.logits, {B, T, s.padded_vocab}, dt);
-  p.add(&a.losses, {B, T}, dt);
-  p.add(&a.dresidual, {B, T, C}, dt);
-  p.add(&a.dln, {B, T, C}, dt);
-  p.add(&a.datty, {B, T, C}, dt);
-  p.add(&a.dfch_gelu, {B, T, 4 * C}, dt);
-  p.add(&a.dfch, {B, T, 4 * C}, dt);
-  p.add(&a.dqkv, {B, T, 3 * C}, dt);
+  auto add = [&](Tensor* slot, std::vector<int64_t> shape, Format f) {
+    p.entries.push_back({slot, std::move(shape), storage(f), f});
+  };
+  auto add_tokens = [&](Tensor* slot) { p.entries.push_back({slot, {B, T}, DType::i32, Format::fp32}); };
+  const Format fp32 = Format::fp32;
+  add_tokens(&a.tokens);
+  add_tokens(&a.targets);
+  add(&a.encoded, {B, T, C}, act);
+  add(&a.ln1, {L, B, T, C}, act);
+  add(&a.ln1_mean, {L, B, T}, fp32);
+  add(&a.ln1_rstd, {L, B, T}, fp32);
+  add(&a.qkv, {L, B, T, 3 * C}, act);
+  add(&a.atty, {L, B, T, C}, act);
+  add(&a.att, {L, B, NH, T, T}, act);
+  add(&a.attproj, {L, B, T, C}, act);
+  add(&a.residual2, {L, B, T, C}, act);
+  add(&a.ln2, {L, B, T, C}, act);
+  add(&a.ln2_mean, {L, B, T}, fp32);
+  add(&a.ln2_rstd, {L, B, T}, fp32);
+  add(&a.fch, {L, B, T, 4 * C}, act);
+  add(&a.fch_gelu, {L, B, T, 4 * C}, act);
+  add(&a.fcproj, {L, B, T, C}, act);
+  add(&a.residual3, {L, B, T, C}, act);
+  add(&a.lnf, {B, T, C}, act);
+  add(&a.lnf_mean, {B, T}, fp32);
+  add(&a.lnf_rstd, {B, T}, fp32);
+  add(&a.logits, {B, T, s.padded_vocab}, grad);  // overwritten in place by its gradient
+  add(&a.losses, {B, T}, fp32);
+  add(&a.dresidual, {B, T, C}, grad);
+  add(&a.dln, {B, T, C}, grad);
+  add(&a.datty, {B, T, C}, grad);
+  add(&a.dfch_gelu, {B, T, 4 * C}, grad);
+  add(&a.dfch, {B, T, 4 * C}, grad);
+  add(&a.dqkv, {B, T, 3 * C}, grad);
   return p;
 }
+}  // namespace
 
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
   GptActivations unused;
-  return plan_activations(unused, s, B, T, elem == 8 ? DType::f64 : DType::f32).bytes();
+  const DType dt = elem == 8 ? DType::f64 : DType::f32;
+  return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, [dt](Format) { return dt; }).bytes();
 }
 
 // (C, OC) of the four linears of a block, in LinearId order.
@@ -120,34 +131,30 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
     : shape_(shape), backend_(backend), dtype_(dtype), B_(B), T_(T), specs_(gpt_param_specs(shape)) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
-  const size_t elem = dtype_size(dtype);
-  params_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device()).with_format(policy.weights);
-  grads_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device()).with_format(policy.grads);
-  if (policy.has_master_weights()) master_flat_ = Tensor(backend.allocate(n * elem), dtype, {n}, backend.device());
+  auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
+  auto flat = [&](Format f) {
+    const DType dt = storage(f);
+    return Tensor(backend.allocate(static_cast<size_t>(n) * dtype_size(dt)), dt, {n}, backend.device()).with_format(f);
+  };
+  params_flat_ = flat(policy.weights);
+  grads_flat_ = flat(policy.grads);
+  if (policy.has_master_weights()) master_flat_ = flat(Format::fp32);
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
-    params_[i] = Tensor(params_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device())
-                     .with_format(policy.weights);
-    grads_[i] = Tensor(grads_flat_.as<char>() + offset * elem, dtype, specs_[i].shape, backend.device())
-                    .with_format(policy.grads);
-    offset += product(specs_[i].shape);
+    const int64_t count = product(specs_[i].shape);
+    params_[i] = params_flat_.range(offset, count).reshaped(specs_[i].shape);
+    grads_[i] = grads_flat_.range(offset, count).reshaped(specs_[i].shape);
+    offset += count;
   }
 
-  ActivationPlan plan = plan_activations(a_, shape, B, T, dtype);
+  ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.grads, storage);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
   for (auto& e : plan.entries) {
-    *e.slot = Tensor(cursor, e.dtype, e.shape, backend.device());
+    *e.slot = Tensor(cursor, e.dtype, e.shape, backend.device()).with_format(e.format);
     cursor += (e.slot->bytes() + 63) / 64 * 64;
   }
-  // Activations and their gradients take the policy's formats; layernorm statistics and the
-  // per-token losses stay FP32, as in every mixed-precision recipe.
-  for (Tensor* t : {&a_.encoded, &a_.ln1, &a_.qkv, &a_.atty, &a_.att, &a_.attproj, &a_.residual2, &a_.ln2, &a_.fch,
-                    &a_.fch_gelu, &a_.fcproj, &a_.residual3, &a_.lnf})
-    t->format = policy.activations;
-  for (Tensor* t : {&a_.logits, &a_.dresidual, &a_.dln, &a_.datty, &a_.dfch_gelu, &a_.dfch, &a_.dqkv})
-    t->format = policy.grads;
 
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
   const int64_t rows = int64_t{B} * T;
@@ -175,11 +182,9 @@ Gpt::~Gpt() {
 
 Tensor Gpt::master(ParamId id) const {
   if (master_flat_.empty()) return params_[id];
-  const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>());
-  Tensor t = params_[id];
-  t.data = master_flat_.as<char>() + offset;
-  t.format = Format::fp32;
-  return t;
+  const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
+                         static_cast<int64_t>(dtype_size(params_flat_.dtype));
+  return master_flat_.range(offset, params_[id].numel()).reshaped(specs_[id].shape);
 }
 
 void Gpt::sync_params_from_master() {

@@ -31,14 +31,11 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
   p.grad_scale = static_cast<float>(clip / loss_scale);
 
   // Walk the flat buffers tensor by tensor: weight decay applies to 2-D weights only.
-  const size_t elem = dtype_size(m_.dtype);
   const bool has_copy = model_.master_flat().data != model_.params_flat().data;
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
     const int64_t n = model_.param(static_cast<ParamId>(i)).numel();
-    auto slice = [&](const Tensor& flat) {
-      return Tensor(flat.as<char>() + offset * elem, flat.dtype, {n}, flat.device).with_format(flat.format);
-    };
+    auto slice = [&](const Tensor& flat) { return flat.range(offset, n); };
     p.weight_decay = model_.specs()[i].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
     backend_.adamw(slice(model_.master_flat()), slice(model_.grads_flat()), slice(m_), slice(v_), p,
                    has_copy ? slice(model_.params_flat()) : Tensor());

@@ -445,6 +445,8 @@ class CpuBackend final : public Backend {
             " in the environment (check the results with ./scripts/test.sh first)"};
   }
 
+  DType storage_for(Format, DType compute) const override { return compute; }
+
   void* allocate(size_t bytes) override {
     size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
