@@ -4,6 +4,8 @@
 
 #ifdef PTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_backend.h"
 #endif
 
 namespace ptrain {
@@ -33,10 +35,12 @@ CudaProbe probe_cuda() {
   return probe;
 }
 
+#ifdef PTRAIN_HAVE_CUDA
 static std::string describe(const CudaDeviceInfo& d) {
   return d.name + " (sm_" + std::to_string(d.major) + std::to_string(d.minor) + ", " +
          std::to_string(d.memory_bytes >> 30) + " GiB)";
 }
+#endif
 
 std::unique_ptr<Backend> make_backend(const std::string& device, int threads, std::string* chosen) {
   if (device == "cpu") {
@@ -44,13 +48,15 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads, st
     return make_cpu_backend(threads);
   }
   const CudaProbe probe = probe_cuda();
-  // The CUDA backend itself is not part of ptrain yet: a GPU that is present cannot be used.
-  const std::string gpu_state = probe.devices.empty()
-                                    ? "no usable CUDA device: " + probe.why_none
-                                    : "found " + describe(probe.devices[0]) + ", but this ptrain has no CUDA backend yet";
-  if (device == "cuda")
-    throw EnvironmentError("run.device: cuda cannot be used: " + gpu_state + "; set run.device: cpu (or auto)");
-  *chosen = "device cpu (run.device: auto; " + gpu_state + ")";
+#ifdef PTRAIN_HAVE_CUDA
+  if (!probe.devices.empty()) {
+    *chosen = "device cuda:0 " + describe(probe.devices[0]) + " (run.device: " + device + ")";
+    return make_cuda_backend(probe.devices[0].index);
+  }
+#endif
+  const std::string why = "no usable CUDA device: " + probe.why_none;
+  if (device == "cuda") throw EnvironmentError("run.device: cuda cannot be used: " + why + "; set run.device: cpu (or auto)");
+  *chosen = "device cpu (run.device: auto; " + why + ")";
   return make_cpu_backend(threads);
 }
 

@@ -1,0 +1,1462 @@
+// The CUDA backend: every Backend op on one GPU. Three layers, as in kernels/: the small kernels
+// only this backend needs (dtype conversion, the tail of a GEMM written through FP32 scratch,
+// double-precision sums, FP8 dequantisation); their launchers; and the Backend ops, which check
+// dtypes and shapes, stage operands of other dtypes, and call the kernels of kernels/*.cuh and
+// cuBLASLt (backend/cuda/matmul.h).
+//
+// Why this shape:
+//  - Mixed dtypes. The model hands the backend f32 FP8 buffers (dequantised values) next to bf16
+//    activations, f32 master weights next to bf16 gradients. Each op computes in one storage
+//    type (the kernels are templates over one T); an operand of another dtype is converted into
+//    a staging buffer first, and an output of another dtype is written to a staging buffer and
+//    converted back (Staged). The common, uniform case stages nothing.
+//  - Rounding to Tensor::format. bf16 / f16 storage rounds once as the kernels write. A tensor
+//    stored wider than its format (f32 storage of bf16 values, the CPU backend's emulation) is
+//    rounded in place after the op, with the same NVIDIA conversions, so the bits are the CPU's.
+//    The FP8 casts are the exception the interface defines: their output holds dequantised
+//    values, never rounded to the FP8 grid.
+//  - GEMMs. cuBLASLt has no f32 x f32 -> bf16 (or bf16 x bf16 -> f16) GEMM, so such a product is
+//    computed into FP32 scratch and a small kernel adds it (and the bias) into the output,
+//    rounding once: the CPU's arithmetic (FP32 accumulation, one rounding of old + product).
+//  - Determinism. Every reduction runs in an order fixed by the sizes alone (kernels/ explains
+//    theirs; sum and sum_squares here use a fixed grid of double partial sums), so results are
+//    bit-identical run to run.
+//  - Memory. One arena reserved at construction (see cuda_backend.h); scratch buffers are
+//    sized on first use, grown when a larger call needs more, and kept.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/matmul.h"
+#include "core/error.h"
+#include "precision/formats.h"
+
+// The kernels (kernels/ is on the include path).
+#include "attention.cuh"
+#include "classifier.cuh"
+#include "elementwise.cuh"
+#include "encoder.cuh"
+#include "fp8.cuh"
+#include "layernorm.cuh"
+#include "optimizer.cuh"
+
+namespace ptrain {
+namespace {
+
+using kernels::bf16;
+using kernels::fp16;
+using kernels::fp8;
+
+constexpr size_t kArenaAlignment = 256;  // every allocation and scratch buffer starts on 256 bytes
+constexpr size_t kMiB = size_t(1) << 20;
+constexpr size_t kGiB = size_t(1) << 30;
+constexpr int kThreads = 256;  // this file's grid-stride kernels
+constexpr int kReduceThreads = 256;
+constexpr int kReducePartials = 264;  // blocks of the first sum stage: fixed, so the order is n's alone
+
+size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// ================================================================================ kernels
+
+#define PTRAIN_GRID_STRIDE(i, n)                                                       \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+
+// ptrain::round_to_format(x, f, saturate = false) on the device: the same NVIDIA conversions,
+// so the same bits (bf16/fp16 overflow to inf, FP8 overflow to NaN (e4m3) or inf (e5m2)).
+__device__ __forceinline__ float round_to_format_device(float x, Format f) {
+  switch (f) {
+    case Format::bf16: return __bfloat162float(__float2bfloat16_rn(x));
+    case Format::fp16: return __half2float(__float2half_rn(x));
+    case Format::e4m3: return kernels::fp8_to_float(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3), __NV_E4M3);
+    case Format::e5m2: return kernels::fp8_to_float(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2), __NV_E5M2);
+    default: return x;
+  }
+}
+
+// out[i] = in[i] rounded to `round` (fp32: unchanged), stored as Dst. out may alias in.
+template <typename Dst, typename Src>
+__global__ void convert_kernel(Dst* out, const Src* in, size_t n, Format round) {
+  PTRAIN_GRID_STRIDE(i, n) out[i] = kernels::from_float<Dst>(round_to_format_device(kernels::to_float(in[i]), round));
+}
+
+// The tail of a GEMM computed into FP32 scratch acc (rows, cols): out = [out +] acc [+ bias],
+// one FP32 addition chain and one rounding per element, as the CPU backend's BLAS call and bias
+// loop do (forward: acc + bias; backward: old + acc).
+template <typename Dst, typename Bias>
+__global__ void gemm_finish_kernel(Dst* out, const float* acc, const Bias* bias, size_t n, size_t cols,
+                                   bool accumulate) {
+  PTRAIN_GRID_STRIDE(i, n) {
+    float v = acc[i];
+    if (accumulate) v = kernels::to_float(out[i]) + v;
+    if (bias) v += kernels::to_float(bias[i % cols]);
+    out[i] = kernels::from_float<Dst>(v);
+  }
+}
+
+// partials[block] = sum over this block's grid-stride slice of x[i] (or x[i]^2), in double:
+// each thread in index order, then a fixed butterfly per warp and the warps in order.
+template <typename T, bool kSquares>
+__global__ void sum_partial_kernel(double* partials, const T* x, size_t n) {
+  __shared__ double warp_sums[kReduceThreads / kernels::kWarpSize];
+  double s = 0.0;
+  PTRAIN_GRID_STRIDE(i, n) {
+    const double v = static_cast<double>(kernels::to_float(x[i]));
+    if constexpr (kSquares)
+      s += v * v;
+    else
+      s += v;
+  }
+  for (int offset = kernels::kWarpSize / 2; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+  const int lane = static_cast<int>(threadIdx.x) % kernels::kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kernels::kWarpSize;
+  if (lane == 0) warp_sums[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kReduceThreads / kernels::kWarpSize; ++w) total += warp_sums[w];
+    partials[blockIdx.x] = total;
+  }
+}
+
+// *out = partials[0] + partials[1] + ..., in order, by one thread.
+__global__ void sum_final_kernel(double* out, const double* partials, int count) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0.0;
+  for (int i = 0; i < count; ++i) s += partials[i];
+  *out = s;
+}
+
+// The device scalars the host reads back: FP8 cast telemetry, amax, the cast's scale, a sum.
+struct DeviceScalars {
+  kernels::Fp8Counts counts;
+  float amax;
+  float scale;
+  double result;
+};
+
+__global__ void reset_scalars_kernel(DeviceScalars* s, float scale) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  s->counts.nonzero = 0;
+  s->counts.underflow = 0;
+  s->counts.saturated = 0;
+  s->amax = 0.0f;
+  s->scale = scale;
+  s->result = 0.0;
+}
+
+// out[i] = fp8 value of codes[i] * inv_scale: the CPU's q * (1.0f / scale), with inv_scale
+// computed on the host exactly as the CPU computes it.
+template <typename Dst>
+__global__ void fp8_dequantize_kernel(Dst* out, const fp8* codes, size_t n, float inv_scale,
+                                      __nv_fp8_interpretation_t format) {
+  PTRAIN_GRID_STRIDE(i, n) out[i] = kernels::from_float<Dst>(kernels::fp8_to_float(codes[i], format) * inv_scale);
+}
+
+// Block scaling: element (r, c) of the (rows, cols) tensor is dequantised with its block's
+// scale_inv[(r / block_rows) * tile_cols + c / block_cols] (the layout fp8_quantize_blocks
+// writes; 1.0f / scale on the device is correctly rounded, the CPU's 1.0f / scale bit for bit).
+template <typename Dst>
+__global__ void fp8_dequantize_blocks_kernel(Dst* out, const fp8* codes, const float* scale_inv, size_t n, size_t cols,
+                                             size_t block_rows, size_t block_cols, size_t tile_cols,
+                                             __nv_fp8_interpretation_t format) {
+  PTRAIN_GRID_STRIDE(i, n) {
+    const size_t r = i / cols, c = i % cols;
+    const float s = scale_inv[(r / block_rows) * tile_cols + c / block_cols];
+    out[i] = kernels::from_float<Dst>(kernels::fp8_to_float(codes[i], format) * s);
+  }
+}
+
+#undef PTRAIN_GRID_STRIDE
+
+// ================================================================================ launchers
+
+int blocks_for(size_t n) { return kernels::elementwise_blocks(n); }  // 256-thread blocks, capped
+
+template <typename Dst, typename Src>
+void launch_convert(Dst* out, const Src* in, size_t n, Format round, cudaStream_t stream) {
+  if (n == 0) return;
+  convert_kernel<Dst, Src><<<blocks_for(n), kThreads, 0, stream>>>(out, in, n, round);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Dst, typename Bias>
+void launch_gemm_finish(Dst* out, const float* acc, const Bias* bias, size_t rows, size_t cols, bool accumulate,
+                        cudaStream_t stream) {
+  const size_t n = rows * cols;
+  if (n == 0) return;
+  gemm_finish_kernel<Dst, Bias><<<blocks_for(n), kThreads, 0, stream>>>(out, acc, bias, n, cols, accumulate);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// *out = sum (or sum of squares) of x[0, n) in double, deterministic; partials holds
+// kReducePartials doubles.
+template <typename T>
+void launch_sum(double* out, double* partials, const T* x, size_t n, bool squares, cudaStream_t stream) {
+  const size_t needed = kernels::ceil_div(n, static_cast<size_t>(kReduceThreads));
+  const int blocks = static_cast<int>(std::max<size_t>(1, std::min<size_t>(needed, kReducePartials)));
+  if (squares)
+    sum_partial_kernel<T, true><<<blocks, kReduceThreads, 0, stream>>>(partials, x, n);
+  else
+    sum_partial_kernel<T, false><<<blocks, kReduceThreads, 0, stream>>>(partials, x, n);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+  sum_final_kernel<<<1, kernels::kWarpSize, 0, stream>>>(out, partials, blocks);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_reset_scalars(DeviceScalars* s, float scale, cudaStream_t stream) {
+  reset_scalars_kernel<<<1, kernels::kWarpSize, 0, stream>>>(s, scale);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Dst>
+void launch_fp8_dequantize(Dst* out, const fp8* codes, size_t n, float inv_scale, __nv_fp8_interpretation_t format,
+                           cudaStream_t stream) {
+  if (n == 0) return;
+  fp8_dequantize_kernel<Dst><<<blocks_for(n), kThreads, 0, stream>>>(out, codes, n, inv_scale, format);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename Dst>
+void launch_fp8_dequantize_blocks(Dst* out, const fp8* codes, const float* scale_inv, size_t n, size_t cols,
+                                  size_t block_rows, size_t block_cols, size_t tile_cols,
+                                  __nv_fp8_interpretation_t format, cudaStream_t stream) {
+  if (n == 0) return;
+  fp8_dequantize_blocks_kernel<Dst><<<blocks_for(n), kThreads, 0, stream>>>(out, codes, scale_inv, n, cols, block_rows,
+                                                                            block_cols, tile_cols, format);
+  PTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// ================================================================================ host helpers
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw std::logic_error(std::string("cuda backend ") + op + ": " + what);
+}
+// Checks `cond`; the message (any string expression) is built only when it fails.
+#define PTRAIN_EXPECT(cond, op, what) \
+  do {                                \
+    if (!(cond)) fail((op), (what));  \
+  } while (0)
+
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// The format a storage dtype rounds to by itself.
+Format natural_format(DType t) {
+  switch (t) {
+    case DType::bf16: return Format::bf16;
+    case DType::f16: return Format::fp16;
+    default: return Format::fp32;
+  }
+}
+
+// A tensor stored wider than its format (f32 storage of bf16 values, anything of an FP8 format)
+// is rounded to the format after an op writes it.
+bool needs_rounding(const Tensor& t) {
+  return !t.empty() && t.format != Format::fp32 && t.format != natural_format(t.dtype);
+}
+
+cudaDataType_t cuda_type(DType t) {
+  if (t == DType::bf16) return CUDA_R_16BF;
+  if (t == DType::f16) return CUDA_R_16F;
+  if (t != DType::f32) fail("gemm", std::string("no cuBLASLt type for dtype ") + dtype_name(t));
+  return CUDA_R_32F;
+}
+
+__nv_fp8_interpretation_t fp8_interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
+
+// Calls fn(Tag<T>{}) with T the storage type of dtype t (float, bf16 or fp16).
+template <typename T>
+struct Tag {
+  using type = T;
+};
+template <typename Fn>
+void with_float_type(DType t, const char* op, Fn&& fn) {
+  switch (t) {
+    case DType::f32: fn(Tag<float>{}); return;
+    case DType::bf16: fn(Tag<bf16>{}); return;
+    case DType::f16: fn(Tag<fp16>{}); return;
+    default:
+      fail(op, std::string("dtype ") + dtype_name(t) + " is not a float dtype of the CUDA backend (f32, bf16, f16)");
+  }
+}
+// Names the element type of a with_float_type callback (and marks its tag as used).
+#define PTRAIN_ELEMENT_TYPE(T, tag)       \
+  using T = typename decltype(tag)::type; \
+  (void)(tag)
+
+// A float operand in device memory; empty tensors (optional operands) pass.
+void expect_float(const char* op, const char* name, const Tensor& t) {
+  if (t.empty()) return;
+  PTRAIN_EXPECT(t.device == Device::cuda, op, std::string(name) + " is not in device memory");
+  if (t.dtype == DType::f64)
+    fail(op, std::string(name) + " is f64: the CUDA backend stores floats as f32, bf16 or f16 (f64 serves the CPU " +
+                 "reference's gradient checks only)");
+  PTRAIN_EXPECT(is_float(t.dtype), op,
+                std::string(name) + " has dtype " + dtype_name(t.dtype) + ", not f32, bf16 or f16");
+}
+
+void expect_tokens(const char* op, const char* name, const Tensor& t) {
+  PTRAIN_EXPECT(!t.empty() && t.device == Device::cuda && t.dtype == DType::i32, op,
+                std::string(name) + " must be an i32 tensor in device memory");
+}
+
+// A named operand, for checking several alike.
+struct Operand {
+  const char* name;
+  const Tensor* tensor;
+};
+
+// The kernels index with int: sizes must fit.
+int to_int(int64_t v, const char* op, const char* what) {
+  PTRAIN_EXPECT(v >= 0 && v <= INT32_MAX, op,
+                std::string(what) + " = " + std::to_string(v) + " does not fit the kernels' 32-bit sizes");
+  return static_cast<int>(v);
+}
+
+int64_t last_dim(const Tensor& t) { return t.ndim > 0 ? t.dim(-1) : 1; }
+
+std::string gib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / static_cast<double>(kGiB));
+  return text;
+}
+
+// "12.6" from the runtime's 12060.
+std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+// "12.6.3" from major * unit + minor * 100 + patch.
+std::string library_version(size_t v, size_t unit) {
+  return std::to_string(v / unit) + "." + std::to_string((v % unit) / 100) + "." + std::to_string(v % 100);
+}
+
+// ================================================================================ the backend
+
+// Scratch buffers, one per purpose. The staging slots hold converted operands of one op.
+enum Slot : int {
+  kStageFirst = 0,
+  kStageSlots = 12,
+  kGemmAccumulator = kStageSlots,  // FP32 result of a GEMM whose output type cuBLASLt cannot write
+  kAttnQ,
+  kAttnK,
+  kAttnV,
+  kAttnY,     // forward: att v; backward: dy
+  kAttnDatt,  // backward: datt, then dpreatt in place
+  kAttnDq,
+  kAttnDk,
+  kAttnDv,
+  kPartials,  // layernorm / bias gradient partial sums
+  kReduce,    // double partial sums of sum / sum_squares
+  kFp8Codes,
+  kFp8ScaleInv,
+  kSlotCount
+};
+
+// The deterministic encoder backward's buckets of one tokens tensor, in one arena block:
+// ids (n_buckets) | starts (n_buckets + 1) | positions (tokens), all int.
+struct DeviceBuckets {
+  void* memory = nullptr;
+  size_t capacity = 0;  // ints the block holds
+  int64_t tokens = 0;   // positions bucketed: the tokens tensor's numel when built
+  int n_buckets = 0;
+  int max_id = -1;
+  const int* ids() const { return static_cast<const int*>(memory); }
+  const int* starts() const { return ids() + n_buckets; }
+  const int* positions() const { return starts() + n_buckets + 1; }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device_index, size_t arena_bytes) : device_(device_index) {
+    int count = 0;
+    PTRAIN_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device_index < 0 || device_index >= count)
+      throw EnvironmentError("CUDA device " + std::to_string(device_index) + " does not exist: this machine has " +
+                             std::to_string(count) + " CUDA device(s)");
+    PTRAIN_CUDA_CHECK(cudaSetDevice(device_index));
+    PTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_index));
+    if (prop_.major < 9)
+      throw EnvironmentError("CUDA device " + std::to_string(device_index) + " (" + std::string(prop_.name) +
+                             ") is sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) +
+                             ": ptrain's kernels are built for sm_90 (Hopper) and newer; use run.device: cpu");
+    try {
+      PTRAIN_CUDA_CHECK(cudaStreamCreate(&stream_));
+      size_t free_bytes = 0, total_bytes = 0;
+      PTRAIN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      free_at_start_ = free_bytes;
+      total_bytes_ = total_bytes;
+      size_t want = arena_bytes;
+      if (want == 0) {
+        const size_t margin = std::max(2 * kGiB, total_bytes / 16);
+        if (free_bytes < margin + kGiB)
+          throw EnvironmentError("CUDA device " + std::to_string(device_index) + " has only " + gib(free_bytes) +
+                                 " free of " + gib(total_bytes) + ": too little for ptrain's arena (other processes?)");
+        want = free_bytes - margin;
+      }
+      want = round_up(want, 2 * kMiB);
+      void* base = nullptr;
+      try {
+        PTRAIN_CUDA_CHECK(cudaMalloc(&base, want));
+      } catch (const CudaError& e) {
+        throw EnvironmentError("could not reserve ptrain's CUDA arena of " + std::to_string(want) + " bytes (" +
+                               gib(want) + "; " + gib(free_bytes) + " free of " + gib(total_bytes) + "): " + e.what());
+      }
+      arena_ = static_cast<char*>(base);
+      arena_bytes_ = want;
+      free_.emplace(size_t(0), want);
+      scalars_ = static_cast<DeviceScalars*>(allocate(sizeof(DeviceScalars)));
+      workspace_ = allocate(Matmul::kRecommendedWorkspaceBytes);
+      matmul_ = std::make_unique<Matmul>(workspace_, Matmul::kRecommendedWorkspaceBytes);
+
+      int runtime = 0, driver = 0;
+      PTRAIN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+      PTRAIN_CUDA_CHECK(cudaDriverGetVersion(&driver));
+      const size_t cudnn = cudnnGetVersion();
+      versions_ = "CUDA runtime " + cuda_version(runtime) + ", driver " + cuda_version(driver) + ", cuBLASLt " +
+                  library_version(cublasLtGetVersion(), 10000) + ", cuDNN " +
+                  library_version(cudnn, cudnn >= 90000 ? 10000 : 1000);
+      sync();
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+
+  ~CudaBackend() override { destroy(); }
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  CudaMemoryUse memory_use() const {
+    CudaMemoryUse use;
+    use.arena_bytes = arena_bytes_;
+    use.in_use_bytes = in_use_;
+    use.peak_bytes = peak_;
+    return use;
+  }
+
+  // ------------------------------------------------------------------------ identity
+
+  std::string name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+
+  std::string description() const override {
+    return "cuda:" + std::to_string(device_) + " " + std::string(prop_.name) + " (sm_" + std::to_string(prop_.major) +
+           std::to_string(prop_.minor) + ", " + std::to_string(prop_.multiProcessorCount) + " SMs, " +
+           gib(prop_.totalGlobalMem) + "; " + versions_ + "; arena " + gib(arena_bytes_) + ")";
+  }
+
+  std::vector<std::string> performance_warnings() const override {
+    std::vector<std::string> warnings;
+    if (prop_.major != 9 || prop_.minor != 0)
+      warnings.push_back("ptrain's kernels are compiled and tuned for sm_90 (H100/H200); this " +
+                         std::string(prop_.name) + " is sm_" + std::to_string(prop_.major) +
+                         std::to_string(prop_.minor) + " and runs them from PTX compiled by the driver");
+    if (free_at_start_ < total_bytes_ - total_bytes_ / 20)
+      warnings.push_back("only " + gib(free_at_start_) + " of the " + gib(total_bytes_) + " of " +
+                         std::string(prop_.name) + " were free when ptrain started: other processes share this GPU");
+    return warnings;
+  }
+
+  DType storage_for(Format format, DType compute) const override {
+    if (compute == DType::f64)
+      throw UserError(
+          "the CUDA backend has no f64 storage (f64 serves the CPU reference's gradient checks); run "
+          "those with run.device: cpu");
+    switch (format) {
+      case Format::bf16: return DType::bf16;
+      case Format::fp16: return DType::f16;
+      default: return DType::f32;  // fp32, and the dequantised values of the FP8 formats
+    }
+  }
+
+  // ------------------------------------------------------------------------ memory
+
+  // First fit in address order over the arena's free blocks; the block is zeroed on the stream.
+  void* allocate(size_t bytes) override {
+    const size_t need = round_up(std::max<size_t>(bytes, 1), kArenaAlignment);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < need) continue;
+      const size_t offset = it->first, size = it->second;
+      free_.erase(it);
+      if (size > need) free_.emplace(offset + need, size - need);
+      void* p = arena_ + offset;
+      allocations_.emplace(p, need);
+      in_use_ += need;
+      peak_ = std::max(peak_, in_use_);
+      PTRAIN_CUDA_CHECK(cudaMemsetAsync(p, 0, need, stream_));
+      return p;
+    }
+    size_t largest = 0;
+    for (const auto& block : free_) largest = std::max(largest, block.second);
+    throw EnvironmentError("out of GPU memory in ptrain's CUDA arena: asked for " + std::to_string(bytes) +
+                           " bytes, but only " + std::to_string(arena_bytes_ - in_use_) + " bytes of the " +
+                           std::to_string(arena_bytes_) + "-byte (" + gib(arena_bytes_) +
+                           ") arena are free (the largest free block has " + std::to_string(largest) +
+                           " bytes); lower training.micro_batch or free the GPU of other processes");
+  }
+
+  // Accepts any pointer allocate() returned, in any order; neighbouring free blocks merge.
+  void release(void* ptr) override {
+    if (!ptr) return;
+    const auto it = allocations_.find(ptr);
+    PTRAIN_CHECK(it != allocations_.end(), "cuda backend release: the pointer was not returned by allocate()");
+    forget_buckets_within(ptr, it->second);
+    free_block(ptr);
+  }
+
+  void zero(Tensor t) override {
+    if (t.empty() || t.numel() == 0) return;
+    PTRAIN_EXPECT(t.device == Device::cuda, "zero", "the tensor is not in device memory");
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), stream_));
+  }
+
+  void upload(Tensor dst, const float* src) override {
+    const char* op = "upload";
+    PTRAIN_EXPECT(!dst.empty(), op, "the destination is empty");
+    expect_float(op, "dst", dst);
+    const size_t n = static_cast<size_t>(dst.numel());
+    if (n == 0) return;
+    with_float_type(dst.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      if constexpr (std::is_same<T, float>::value) {
+        PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+        sync();
+      } else {
+        std::vector<T> host(n);
+        for (size_t i = 0; i < n; ++i) host[i] = kernels::from_float<T>(src[i]);
+        PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, host.data(), n * sizeof(T), cudaMemcpyHostToDevice, stream_));
+        sync();  // before `host` goes away
+      }
+    });
+  }
+
+  void download(float* dst, Tensor src) override {
+    const char* op = "download";
+    PTRAIN_EXPECT(!src.empty(), op, "the source is empty");
+    expect_float(op, "src", src);
+    const size_t n = static_cast<size_t>(src.numel());
+    if (n == 0) return;
+    with_float_type(src.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      if constexpr (std::is_same<T, float>::value) {
+        PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        sync();
+      } else {
+        std::vector<T> host(n);
+        PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host.data(), src.data, n * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+        sync();
+        for (size_t i = 0; i < n; ++i) dst[i] = kernels::to_float(host[i]);
+      }
+    });
+  }
+
+  // Also builds the deterministic encoder backward's buckets of these tokens (kept per tokens
+  // tensor, keyed by its data pointer, until the memory holding it is released).
+  void upload_tokens(Tensor dst, const int32_t* src) override {
+    const char* op = "upload_tokens";
+    expect_tokens(op, "dst", dst);
+    const int64_t n = dst.numel();
+    if (n == 0) return;
+    to_int(n, op, "tokens");
+    PTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data, src, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    build_buckets(dst.data, src, n);  // synchronises: src and the host buckets may go away after
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    const char* op = "copy";
+    PTRAIN_EXPECT(!dst.empty() && !src.empty(), op, "empty tensor");
+    expect_float(op, "dst", dst);
+    expect_float(op, "src", src);
+    PTRAIN_EXPECT(dst.numel() == src.numel(), op,
+                  "shape mismatch: dst " + dst.shape_string() + " src " + src.shape_string());
+    if (dst.numel() == 0) return;
+    if (dst.dtype == src.dtype && !needs_rounding(dst)) {
+      if (dst.data != src.data)
+        PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    convert(dst, src, dst.format);
+  }
+
+  // ------------------------------------------------------------------------ embedding
+
+  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override {
+    const char* op = "embedding_forward";
+    expect_float(op, "out", out);
+    expect_float(op, "wte", wte);
+    expect_float(op, "wpe", wpe);
+    expect_tokens(op, "tokens", tokens);
+    PTRAIN_EXPECT(out.ndim == 3 && wte.ndim == 2 && wpe.ndim == 2, op,
+                  "expected out (B,T,C), wte (V,C) and wpe (maxT,C)");
+    const int64_t B = out.dim(0), Tn = out.dim(1), C = out.dim(2);
+    PTRAIN_EXPECT(tokens.numel() == B * Tn && wte.dim(1) == C && wpe.dim(1) == C && wpe.dim(0) >= Tn, op,
+                  "shape mismatch: out " + out.shape_string() + " tokens " + tokens.shape_string() + " wte " +
+                      wte.shape_string() + " wpe " + wpe.shape_string());
+    if (out.numel() == 0) return;
+    to_int(B * Tn, op, "B*T");
+    check_token_range(op, tokens, wte.dim(0));
+    Staged st(*this);
+    const DType dt = wte.dtype;
+    const Tensor o = st.out(out, dt, false), pe = st.in(wpe, dt);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::encoder_forward<T>(o.as<T>(), tokens.as<int>(), wte.as<T>(), pe.as<T>(), static_cast<int>(B),
+                                  static_cast<int>(Tn), to_int(C, op, "C"), stream_);
+    });
+    st.finish();
+  }
+
+  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override {
+    const char* op = "embedding_backward";
+    expect_float(op, "dwte", dwte);
+    expect_float(op, "dwpe", dwpe);
+    expect_float(op, "dout", dout);
+    expect_tokens(op, "tokens", tokens);
+    PTRAIN_EXPECT(dout.ndim == 3 && dwte.ndim == 2 && dwpe.ndim == 2, op,
+                  "expected dout (B,T,C), dwte (V,C), dwpe (maxT,C)");
+    const int64_t B = dout.dim(0), Tn = dout.dim(1), C = dout.dim(2);
+    PTRAIN_EXPECT(tokens.numel() == B * Tn && dwte.dim(1) == C && dwpe.dim(1) == C && dwpe.dim(0) >= Tn, op,
+                  "shape mismatch: dout " + dout.shape_string() + " tokens " + tokens.shape_string() + " dwte " +
+                      dwte.shape_string() + " dwpe " + dwpe.shape_string());
+    if (dout.numel() == 0) return;
+    to_int(B * Tn, op, "B*T");
+    const DeviceBuckets& buckets = buckets_for(tokens);
+    if (buckets.max_id >= dwte.dim(0))
+      throw UserError("token id " + std::to_string(buckets.max_id) + " is not below the " +
+                      std::to_string(dwte.dim(0)) + " rows of the token embedding (vocabulary size)");
+    Staged st(*this);
+    const DType dt = dout.dtype;
+    const Tensor te = st.out(dwte, dt, true), pe = st.out(dwpe, dt, true);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::encoder_backward<T>(te.as<T>(), pe.as<T>(), dout.as<T>(), buckets.ids(), buckets.starts(),
+                                   buckets.positions(), buckets.n_buckets, static_cast<int>(B), static_cast<int>(Tn),
+                                   to_int(C, op, "C"), stream_);
+    });
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ layernorm
+
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight, Tensor bias) override {
+    const char* op = "layernorm_forward";
+    for (const Operand& operand :
+         {Operand{"out", &out}, Operand{"inp", &inp}, Operand{"weight", &weight}, Operand{"bias", &bias}}) {
+      PTRAIN_EXPECT(!operand.tensor->empty(), op, std::string(operand.name) + " is empty");
+      expect_float(op, operand.name, *operand.tensor);
+    }
+    expect_stats(op, mean, rstd);
+    const int64_t C = last_dim(inp), N = C > 0 ? inp.numel() / C : 0;
+    PTRAIN_EXPECT(C > 0 && out.numel() == N * C && mean.numel() == N && rstd.numel() == N && weight.numel() == C &&
+                      bias.numel() == C,
+                  op, "shape mismatch: inp " + inp.shape_string() + " weight " + weight.shape_string());
+    if (N == 0) return;
+    Staged st(*this);
+    const DType dt = inp.dtype;
+    const Tensor o = st.out(out, dt, false), w = st.in(weight, dt), b = st.in(bias, dt);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::layernorm_forward<T>(o.as<T>(), mean.as<float>(), rstd.as<float>(), inp.as<T>(), w.as<T>(), b.as<T>(),
+                                    to_int(N, op, "rows"), to_int(C, op, "C"), stream_);
+    });
+    st.finish();
+  }
+
+  void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                          Tensor mean, Tensor rstd) override {
+    const char* op = "layernorm_backward";
+    for (const Operand& operand : {Operand{"dinp", &dinp}, Operand{"dweight", &dweight}, Operand{"dbias", &dbias},
+                                   Operand{"dout", &dout}, Operand{"inp", &inp}, Operand{"weight", &weight}}) {
+      PTRAIN_EXPECT(!operand.tensor->empty(), op, std::string(operand.name) + " is empty");
+      expect_float(op, operand.name, *operand.tensor);
+    }
+    expect_stats(op, mean, rstd);
+    const int64_t C = last_dim(inp), N = C > 0 ? inp.numel() / C : 0;
+    PTRAIN_EXPECT(C > 0 && dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C &&
+                      dbias.numel() == C && weight.numel() == C && mean.numel() == N && rstd.numel() == N,
+                  op, "shape mismatch: inp " + inp.shape_string() + " dinp " + dinp.shape_string());
+    PTRAIN_EXPECT(dinp.data != dout.data, op, "dinp must not alias dout");
+    if (N == 0) return;
+    const int n = to_int(N, op, "rows"), c = to_int(C, op, "C");
+    Staged st(*this);
+    const DType dt = inp.dtype;
+    const Tensor di = st.out(dinp, dt, true), dw = st.out(dweight, dt, true), db = st.out(dbias, dt, true);
+    const Tensor d = st.in(dout, dt), w = st.in(weight, dt);
+    float* partial = scratch_floats(kPartials, kernels::layernorm_backward_scratch_floats(n, c));
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::layernorm_backward<T>(di.as<T>(), dw.as<T>(), db.as<T>(), partial, d.as<T>(), inp.as<T>(), w.as<T>(),
+                                     mean.as<float>(), rstd.as<float>(), n, c, stream_);
+    });
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ matmul
+
+  void matmul_forward(Tensor out, Tensor inp, Tensor weight, Tensor bias) override {
+    const char* op = "matmul_forward";
+    PTRAIN_EXPECT(!out.empty() && !inp.empty() && !weight.empty(), op, "out, inp and weight must not be empty");
+    expect_float(op, "out", out);
+    expect_float(op, "inp", inp);
+    expect_float(op, "weight", weight);
+    expect_float(op, "bias", bias);
+    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
+    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t N = C > 0 ? inp.numel() / C : 0;
+    PTRAIN_EXPECT(C > 0 && last_dim(inp) == C && out.numel() == N * OC && (bias.empty() || bias.numel() == OC), op,
+                  "shape mismatch: inp " + inp.shape_string() + " weight " + weight.shape_string() + " out " +
+                      out.shape_string());
+    if (N == 0 || OC == 0) return;
+    Staged st(*this);
+    const DType ab = inp.dtype == weight.dtype ? inp.dtype : DType::f32;
+    const Tensor x = st.in(inp, ab), w = st.in(weight, ab), o = st.out(out, out.dtype, false);
+    const GemmSpec spec = linear_forward_gemm(N, C, OC, cuda_type(ab), cuda_type(ab), cuda_type(ab), compute_for(ab));
+    gemm_into(st, spec, w.data, x.data, ab, o, false, bias);
+    st.finish();
+  }
+
+  void matmul_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight) override {
+    const char* op = "matmul_backward";
+    PTRAIN_EXPECT(!dout.empty() && !weight.empty(), op, "dout and weight must not be empty");
+    for (const Operand& operand : {Operand{"dinp", &dinp}, Operand{"dweight", &dweight}, Operand{"dbias", &dbias},
+                                   Operand{"dout", &dout}, Operand{"inp", &inp}, Operand{"weight", &weight}})
+      expect_float(op, operand.name, *operand.tensor);
+    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
+    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t N = OC > 0 ? dout.numel() / OC : 0;
+    PTRAIN_EXPECT(C > 0 && OC > 0 && last_dim(dout) == OC && (inp.empty() || inp.numel() == N * C) &&
+                      (dinp.empty() || dinp.numel() == N * C) && (dweight.empty() || dweight.numel() == OC * C) &&
+                      (dbias.empty() || dbias.numel() == OC) && (dweight.empty() || !inp.empty()),
+                  op,
+                  "shape mismatch: dout " + dout.shape_string() + " inp " + inp.shape_string() + " weight " +
+                      weight.shape_string());
+    if (N == 0) return;
+    Staged st(*this);
+    if (!dinp.empty()) {  // dinp(N,C) += dout(N,OC) W(OC,C)
+      const DType ab = dout.dtype == weight.dtype ? dout.dtype : DType::f32;
+      const Tensor d = st.in(dout, ab), w = st.in(weight, ab), o = st.out(dinp, dinp.dtype, true);
+      const GemmSpec spec =
+          linear_dgrad_gemm(N, C, OC, cuda_type(ab), cuda_type(ab), cuda_type(ab), false, compute_for(ab));
+      gemm_into(st, spec, w.data, d.data, ab, o, true, Tensor());
+    }
+    if (!dweight.empty()) {  // dW(OC,C) += dout(N,OC)^T inp(N,C)
+      const DType ab = dout.dtype == inp.dtype ? dout.dtype : DType::f32;
+      const Tensor d = st.in(dout, ab), x = st.in(inp, ab), o = st.out(dweight, dweight.dtype, true);
+      const GemmSpec spec =
+          linear_wgrad_gemm(N, C, OC, cuda_type(ab), cuda_type(ab), cuda_type(ab), false, compute_for(ab));
+      gemm_into(st, spec, x.data, d.data, ab, o, true, Tensor());
+    }
+    if (!dbias.empty()) bias_backward_into(st, dbias, dout, N, OC);
+    st.finish();
+  }
+
+  void bias_backward(Tensor dbias, Tensor dout) override {
+    const char* op = "bias_backward";
+    PTRAIN_EXPECT(!dbias.empty() && !dout.empty(), op, "dbias and dout must not be empty");
+    expect_float(op, "dbias", dbias);
+    expect_float(op, "dout", dout);
+    const int64_t OC = dbias.numel(), N = OC > 0 ? dout.numel() / OC : 0;
+    PTRAIN_EXPECT(OC > 0 && last_dim(dout) == OC, op,
+                  "shape mismatch: dbias " + dbias.shape_string() + " dout " + dout.shape_string());
+    if (N == 0) return;
+    Staged st(*this);
+    bias_backward_into(st, dbias, dout, N, OC);
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ attention
+
+  // The fallback path: permute, preatt = q k^T (batched GEMM, written into att), causal softmax
+  // in place (scale 1/sqrt(HS)), y = att v (batched GEMM), unpermute.
+  void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override {
+    const char* op = "attention_forward";
+    PTRAIN_EXPECT(!out.empty() && !att.empty() && !qkv.empty(), op, "out, att and qkv must not be empty");
+    expect_float(op, "out", out);
+    expect_float(op, "att", att);
+    expect_float(op, "qkv", qkv);
+    PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
+                  "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
+    const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
+    PTRAIN_EXPECT(
+        C % NH == 0 && out.numel() == B * Tn * C && att.numel() == B * NH * Tn * Tn, op,
+        "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " att " + att.shape_string());
+    if (B * Tn * C == 0) return;
+    const int64_t HS = C / NH, BNH = B * NH;
+    const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
+    to_int(BNH * Tn, op, "attention rows");
+    Staged st(*this);
+    const DType dt = qkv.dtype;
+    const Tensor o = st.out(out, dt, false), a = st.out(att, dt, false);
+    const size_t n = static_cast<size_t>(B * Tn * C) * dtype_size(dt);
+    void* q = scratch(kAttnQ, n);
+    void* k = scratch(kAttnK, n);
+    void* v = scratch(kAttnV, n);
+    void* y = scratch(kAttnY, n);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));  // the CPU's float expression
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
+                                    n_head, hs, stream_);
+    });
+    batched_gemm(dt, BNH, Tn, Tn, HS, false, true, q, Tn * HS, k, Tn * HS, a.data, Tn * Tn);  // q k^T
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::softmax_causal_forward<T>(a.as<T>(), a.as<T>(), scale, static_cast<int>(BNH), tn, stream_);
+    });
+    batched_gemm(dt, BNH, Tn, HS, Tn, false, false, a.data, Tn * Tn, v, Tn * HS, y, Tn * HS);  // att v
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::attention_unpermute<T>(o.as<T>(), static_cast<const T*>(y), b, tn, n_head, hs, stream_);
+    });
+    st.finish();
+  }
+
+  // The same chain in reverse (tests/kernels/test_attention_kernels.cpp composes it the same
+  // way): dy = unpermute_backward(dout); datt = dy v^T; dv = att^T dy; dpreatt =
+  // softmax_causal_backward(datt) in place; dq = dpreatt k; dk = dpreatt^T q; dqkv += permute.
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int n_head) override {
+    const char* op = "attention_backward";
+    PTRAIN_EXPECT(!dqkv.empty() && !dout.empty() && !qkv.empty() && !att.empty(), op, "empty operand");
+    expect_float(op, "dqkv", dqkv);
+    expect_float(op, "dout", dout);
+    expect_float(op, "qkv", qkv);
+    expect_float(op, "att", att);
+    PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
+                  "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
+    const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
+    PTRAIN_EXPECT(
+        C % NH == 0 && dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C && att.numel() == B * NH * Tn * Tn, op,
+        "shape mismatch: qkv " + qkv.shape_string() + " dout " + dout.shape_string() + " att " + att.shape_string());
+    if (B * Tn * C == 0) return;
+    const int64_t HS = C / NH, BNH = B * NH;
+    const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
+    to_int(BNH * Tn, op, "attention rows");
+    Staged st(*this);
+    const DType dt = qkv.dtype;
+    const Tensor dx = st.out(dqkv, dt, true), d = st.in(dout, dt), a = st.in(att, dt);
+    const size_t es = dtype_size(dt);
+    const size_t n = static_cast<size_t>(B * Tn * C) * es;
+    void* q = scratch(kAttnQ, n);
+    void* k = scratch(kAttnK, n);
+    void* v = scratch(kAttnV, n);
+    void* dy = scratch(kAttnY, n);
+    void* datt = scratch(kAttnDatt, static_cast<size_t>(BNH * Tn * Tn) * es);
+    void* dq = scratch(kAttnDq, n);
+    void* dk = scratch(kAttnDk, n);
+    void* dv = scratch(kAttnDv, n);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
+                                    n_head, hs, stream_);
+      kernels::attention_unpermute_backward<T>(static_cast<T*>(dy), d.as<T>(), b, tn, n_head, hs, stream_);
+    });
+    batched_gemm(dt, BNH, Tn, Tn, HS, false, true, dy, Tn * HS, v, Tn * HS, datt, Tn * Tn);     // dy v^T
+    batched_gemm(dt, BNH, Tn, HS, Tn, true, false, a.data, Tn * Tn, dy, Tn * HS, dv, Tn * HS);  // att^T dy
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::softmax_causal_backward<T>(static_cast<T*>(datt), static_cast<const T*>(datt), a.as<T>(), scale,
+                                          static_cast<int>(BNH), tn, stream_);
+    });
+    batched_gemm(dt, BNH, Tn, HS, Tn, false, false, datt, Tn * Tn, k, Tn * HS, dq, Tn * HS);  // dpreatt k
+    batched_gemm(dt, BNH, Tn, HS, Tn, true, false, datt, Tn * Tn, q, Tn * HS, dk, Tn * HS);   // dpreatt^T q
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::attention_permute_backward<T>(dx.as<T>(), static_cast<const T*>(dq), static_cast<const T*>(dk),
+                                             static_cast<const T*>(dv), b, tn, n_head, hs, stream_);
+    });
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ elementwise
+
+  void gelu_forward(Tensor out, Tensor inp) override {
+    const char* op = "gelu_forward";
+    PTRAIN_EXPECT(!out.empty() && !inp.empty(), op, "empty operand");
+    expect_float(op, "out", out);
+    expect_float(op, "inp", inp);
+    const int64_t n = inp.numel();
+    PTRAIN_EXPECT(out.numel() == n, op, "shape mismatch: out " + out.shape_string() + " inp " + inp.shape_string());
+    if (n == 0) return;
+    Staged st(*this);
+    const DType dt = inp.dtype;
+    const Tensor o = st.out(out, dt, false);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::gelu_forward<T>(o.as<T>(), inp.as<T>(), static_cast<size_t>(n), stream_);
+    });
+    st.finish();
+  }
+
+  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
+    const char* op = "gelu_backward";
+    PTRAIN_EXPECT(!dinp.empty() && !inp.empty() && !dout.empty(), op, "empty operand");
+    expect_float(op, "dinp", dinp);
+    expect_float(op, "inp", inp);
+    expect_float(op, "dout", dout);
+    const int64_t n = inp.numel();
+    PTRAIN_EXPECT(dinp.numel() == n && dout.numel() == n, op, "shape mismatch");
+    if (n == 0) return;
+    Staged st(*this);
+    const DType dt = inp.dtype;
+    const Tensor di = st.out(dinp, dt, true), d = st.in(dout, dt);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::gelu_backward<T>(di.as<T>(), inp.as<T>(), d.as<T>(), static_cast<size_t>(n), stream_);
+    });
+    st.finish();
+  }
+
+  void add(Tensor out, Tensor a, Tensor b) override {
+    const char* op = "add";
+    PTRAIN_EXPECT(!out.empty() && !a.empty() && !b.empty(), op, "empty operand");
+    expect_float(op, "out", out);
+    expect_float(op, "a", a);
+    expect_float(op, "b", b);
+    const int64_t n = a.numel();
+    PTRAIN_EXPECT(out.numel() == n && b.numel() == n, op, "shape mismatch");
+    if (n == 0) return;
+    Staged st(*this);
+    const DType dt = a.dtype;
+    const Tensor o = st.out(out, dt, false), bb = st.in(b, dt);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::add<T>(o.as<T>(), a.as<T>(), bb.as<T>(), static_cast<size_t>(n), stream_);
+    });
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ classifier
+
+  void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) override {
+    const char* op = "classifier";
+    PTRAIN_EXPECT(!logits.empty() && !losses.empty(), op, "empty operand");
+    expect_float(op, "logits", logits);
+    expect_float(op, "losses", losses);
+    expect_tokens(op, "targets", targets);
+    const int64_t Vp = last_dim(logits), N = Vp > 0 ? logits.numel() / Vp : 0;
+    PTRAIN_EXPECT(Vp > 0 && losses.numel() == N && targets.numel() == N && vocab > 0 && vocab <= Vp, op,
+                  "shape mismatch: logits " + logits.shape_string() + " losses " + losses.shape_string() + " vocab " +
+                      std::to_string(vocab));
+    if (N == 0) return;
+    Staged st(*this);
+    const Tensor lg = st.out(logits, logits.dtype, true), ls = st.out(losses, DType::f32, false);
+    with_float_type(logits.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::fused_classifier<T>(lg.as<T>(), ls.as<float>(), targets.as<int>(), to_int(N, op, "rows"), vocab,
+                                   to_int(Vp, op, "padded vocabulary"), dloss, stream_);
+    });
+    st.finish();
+  }
+
+  // ------------------------------------------------------------------------ reductions
+
+  double sum(Tensor t) override { return reduce("sum", t, false); }
+  double sum_squares(Tensor t) override { return reduce("sum_squares", t, true); }
+
+  float amax(Tensor t) override {
+    const char* op = "amax";
+    expect_float(op, "t", t);
+    const size_t n = t.empty() ? 0 : static_cast<size_t>(t.numel());
+    if (n == 0) return 0.0f;
+    float* device_amax = amax_ptr();
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(device_amax, 0, sizeof(float), stream_));
+    with_float_type(t.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::amax<T>(device_amax, t.as<T>(), n, stream_);
+    });
+    float result = 0.0f;
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&result, device_amax, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    return result;
+  }
+
+  // ------------------------------------------------------------------------ FP8 casts
+
+  // kernels::fp8_cast writes the codes and the statistics; the dequantised output is
+  // code value * (1.0f / scale), the CPU's expression, bit for bit. `out` is not rounded to
+  // any format: it holds exactly the dequantised values.
+  Fp8CastStats fp8_cast(Tensor out, Tensor in, Format format, float scale) override {
+    const char* op = "fp8_cast";
+    PTRAIN_EXPECT(!out.empty() && !in.empty(), op, "empty operand");
+    expect_float(op, "out", out);
+    expect_float(op, "in", in);
+    PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+    PTRAIN_EXPECT(out.numel() == in.numel(), op,
+                  "in " + in.shape_string() + " and out " + out.shape_string() + " differ in size");
+    const int64_t n = in.numel();
+    if (n == 0) return Fp8CastStats{};
+    const int64_t cols = last_dim(in);
+    const int rows_i = to_int(n / cols, op, "rows"), cols_i = to_int(cols, op, "columns");
+    fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
+    const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
+    launch_reset_scalars(scalars_, scale, stream_);
+    with_float_type(in.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::fp8_cast<T>(codes, nullptr, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i, scale_ptr(), fmt,
+                           stream_);
+    });
+    const float inv_scale = 1.0f / scale;
+    with_float_type(out.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      launch_fp8_dequantize<T>(out.as<T>(), codes, static_cast<size_t>(n), inv_scale, fmt, stream_);
+    });
+    return read_fp8_stats();
+  }
+
+  Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows, int block_cols) override {
+    const char* op = "fp8_cast_blocks";
+    PTRAIN_EXPECT(!out.empty() && !in.empty(), op, "empty operand");
+    expect_float(op, "out", out);
+    expect_float(op, "in", in);
+    PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+    PTRAIN_EXPECT(block_rows >= 1 && block_cols >= 1, op, "block sizes must be positive");
+    PTRAIN_EXPECT(out.numel() == in.numel(), op,
+                  "in " + in.shape_string() + " and out " + out.shape_string() + " differ in size");
+    const int64_t n = in.numel();
+    if (n == 0) return Fp8CastStats{};
+    const int64_t cols = last_dim(in), rows = n / cols;
+    const int rows_i = to_int(rows, op, "rows"), cols_i = to_int(cols, op, "columns");
+    const int64_t tile_rows = (rows + block_rows - 1) / block_rows, tile_cols = (cols + block_cols - 1) / block_cols;
+    to_int(tile_rows * tile_cols, op, "blocks");
+    fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
+    float* scale_inv = scratch_floats(kFp8ScaleInv, static_cast<size_t>(tile_rows * tile_cols));
+    const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
+    launch_reset_scalars(scalars_, 1.0f, stream_);
+    with_float_type(in.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::fp8_quantize_blocks<T>(codes, scale_inv, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i,
+                                      block_rows, block_cols, fmt, stream_);
+    });
+    with_float_type(out.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      launch_fp8_dequantize_blocks<T>(out.as<T>(), codes, scale_inv, static_cast<size_t>(n), static_cast<size_t>(cols),
+                                      static_cast<size_t>(block_rows), static_cast<size_t>(block_cols),
+                                      static_cast<size_t>(tile_cols), fmt, stream_);
+    });
+    return read_fp8_stats();
+  }
+
+  // ------------------------------------------------------------------------ optimizer
+
+  // kernels::adamw_update repeats the CPU's expressions. The low-precision copy is written in
+  // the same pass when it has the gradient's dtype and needs no further rounding; otherwise
+  // copy() writes it afterwards, as the CPU backend does.
+  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p, Tensor param_copy) override {
+    const char* op = "adamw";
+    PTRAIN_EXPECT(!param.empty() && !grad.empty() && !m.empty() && !v.empty(), op, "empty operand");
+    for (const Operand& operand : {Operand{"param", &param}, Operand{"grad", &grad}, Operand{"m", &m}, Operand{"v", &v},
+                                   Operand{"param_copy", &param_copy}})
+      expect_float(op, operand.name, *operand.tensor);
+    PTRAIN_EXPECT(param.dtype == DType::f32 && m.dtype == DType::f32 && v.dtype == DType::f32, op,
+                  "param (the FP32 master weights), m and v must be f32");
+    const int64_t n = param.numel();
+    PTRAIN_EXPECT(
+        grad.numel() == n && m.numel() == n && v.numel() == n && (param_copy.empty() || param_copy.numel() == n), op,
+        "shape mismatch");
+    if (n == 0) return;
+    const float inv_bc1 = kernels::adamw_inv_bias_correction(p.beta1, p.step);
+    const float inv_bc2 = kernels::adamw_inv_bias_correction(p.beta2, p.step);
+    const bool fused_copy = !param_copy.empty() && param_copy.dtype == grad.dtype && !needs_rounding(param_copy);
+    with_float_type(grad.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      T* copy_ptr = fused_copy ? param_copy.as<T>() : nullptr;
+      kernels::adamw_update<T>(param.as<float>(), copy_ptr, grad.as<T>(), m.as<float>(), v.as<float>(),
+                               static_cast<size_t>(n), p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_scale,
+                               inv_bc1, inv_bc2, stream_);
+    });
+    if (!param_copy.empty() && !fused_copy) copy(param_copy, param);
+  }
+
+  // The GPU ops do not count gradient values that rounding flushed to zero yet: those counters
+  // are the CPU backend's only. This returns zeros (elements = 0: nothing was counted).
+  GradNumerics take_grad_numerics() override { return GradNumerics{}; }
+
+ private:
+  // ------------------------------------------------------------------------ staging
+
+  // Operands of an op in the dtype it computes in (see the file comment). Outputs are written
+  // back, rounded to their formats, by finish(); an op that throws before finish() leaves its
+  // outputs unspecified, as any failed op does.
+  class Staged {
+   public:
+    explicit Staged(CudaBackend& backend) : be_(backend) {}
+    Staged(const Staged&) = delete;
+    Staged& operator=(const Staged&) = delete;
+
+    // A read-only operand as dtype `want`: itself, or a converted copy.
+    Tensor in(const Tensor& t, DType want) {
+      if (t.empty() || t.dtype == want) return t;
+      Tensor s = buffer(t, want);
+      be_.convert(s, t, Format::fp32);
+      return s;
+    }
+
+    // An output as dtype `want`: itself, or a buffer that finish() converts back. With
+    // `accumulate` the op adds into it, so the buffer starts as a copy of the output.
+    Tensor out(const Tensor& t, DType want, bool accumulate) {
+      if (t.empty()) return t;
+      if (t.dtype == want) {
+        if (needs_rounding(t)) pending_.push_back(Pending{t, t});
+        return t;
+      }
+      Tensor s = buffer(t, want);
+      if (accumulate) be_.convert(s, t, Format::fp32);
+      pending_.push_back(Pending{t, s});
+      return s;
+    }
+
+    void finish() {
+      for (const Pending& p : pending_) be_.convert(p.dst, p.staged, p.dst.format);
+      pending_.clear();
+    }
+
+   private:
+    struct Pending {
+      Tensor dst, staged;
+    };
+
+    Tensor buffer(const Tensor& t, DType want) {
+      PTRAIN_CHECK(next_ < kStageSlots, "cuda backend: an op staged more operands than there are staging slots");
+      Tensor s = t;
+      s.dtype = want;
+      s.data = be_.scratch(static_cast<Slot>(kStageFirst + next_), static_cast<size_t>(t.numel()) * dtype_size(want));
+      ++next_;
+      return s;
+    }
+
+    CudaBackend& be_;
+    std::vector<Pending> pending_;
+    int next_ = 0;
+  };
+
+  // dst = src converted to dst's dtype and rounded to `round` (Format::fp32: only the dtype's
+  // own rounding). dst may be src itself (rounding in place).
+  void convert(const Tensor& dst, const Tensor& src, Format round) {
+    const size_t n = static_cast<size_t>(dst.numel());
+    if (n == 0) return;
+    if (dst.data == src.data && dst.dtype == src.dtype && (round == Format::fp32 || round == natural_format(dst.dtype)))
+      return;
+    with_float_type(dst.dtype, "convert", [&](auto dst_tag) {
+      PTRAIN_ELEMENT_TYPE(D, dst_tag);
+      with_float_type(src.dtype, "convert", [&](auto src_tag) {
+        PTRAIN_ELEMENT_TYPE(S, src_tag);
+        launch_convert<D, S>(dst.as<D>(), src.as<S>(), n, round, stream_);
+      });
+    });
+  }
+
+  // ------------------------------------------------------------------------ GEMMs
+
+  cublasComputeType_t compute_for(DType ab) const { return gemm_compute_type(cuda_type(ab), tf32_); }
+
+  // out (spec.n rows, spec.m columns, row-major) = A/B product [+ bias(columns)], or += it with
+  // `accumulate`. A and B have dtype ab. cuBLASLt writes out directly where it has the type
+  // pair (ab -> ab, bf16/f16 -> f32), with the bias through the BIAS epilogue when every type
+  // agrees; otherwise the product goes to FP32 scratch and gemm_finish_kernel adds it in.
+  void gemm_into(Staged& st, GemmSpec spec, const void* a, const void* b, DType ab, const Tensor& out, bool accumulate,
+                 const Tensor& bias) {
+    const int64_t rows = spec.n, cols = spec.m;
+    GemmArgs args;
+    args.a = a;
+    args.b = b;
+    const bool direct = out.dtype == ab || (out.dtype == DType::f32 && ab != DType::f32);
+    if (direct) {
+      spec.d_type = spec.c_type = cuda_type(out.dtype);
+      args.d = out.data;
+      args.beta = accumulate ? 1.0f : 0.0f;  // C = D: in place
+      // A bias that is not 16-byte aligned would make cuBLASLt pick slower kernels for the whole
+      // GEMM (Matmul's alignment class covers every pointer): it is added afterwards instead.
+      const bool fused_bias = !bias.empty() && !accumulate && bias.dtype == out.dtype && out.dtype == ab &&
+                              reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+      if (fused_bias) {
+        spec.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        args.bias = bias.data;
+      }
+      matmul_->run(spec, args, stream_);
+      if (!bias.empty() && !fused_bias) {
+        const Tensor bb = st.in(bias, out.dtype);
+        with_float_type(out.dtype, "matmul_forward", [&](auto tag) {
+          PTRAIN_ELEMENT_TYPE(T, tag);
+          kernels::bias_add<T>(out.as<T>(), bb.as<T>(), to_int(rows, "matmul_forward", "rows"),
+                               to_int(cols, "matmul_forward", "columns"), stream_);
+        });
+      }
+      return;
+    }
+    float* acc = scratch_floats(kGemmAccumulator, static_cast<size_t>(rows * cols));
+    spec.d_type = spec.c_type = CUDA_R_32F;
+    args.d = acc;
+    args.beta = 0.0f;
+    matmul_->run(spec, args, stream_);
+    const size_t r = static_cast<size_t>(rows), c = static_cast<size_t>(cols);
+    with_float_type(out.dtype, "matmul", [&](auto out_tag) {
+      PTRAIN_ELEMENT_TYPE(D, out_tag);
+      if (bias.empty()) {
+        launch_gemm_finish<D, D>(out.as<D>(), acc, nullptr, r, c, accumulate, stream_);
+        return;
+      }
+      with_float_type(bias.dtype, "matmul", [&](auto bias_tag) {
+        PTRAIN_ELEMENT_TYPE(Bt, bias_tag);
+        launch_gemm_finish<D, Bt>(out.as<D>(), acc, bias.as<Bt>(), r, c, accumulate, stream_);
+      });
+    });
+  }
+
+  // `batch` row-major products out(rows, cols) = op(X)(rows, inner) op(Y)(inner, cols), all of
+  // dtype dt, matrix i of each at base + i * stride elements (matmul.h: A = Y, B = X).
+  void batched_gemm(DType dt, int64_t batch, int64_t rows, int64_t cols, int64_t inner, bool x_transposed,
+                    bool y_transposed, const void* x, int64_t stride_x, const void* y, int64_t stride_y, void* out,
+                    int64_t stride_out) {
+    RowMajorGemm g;
+    g.rows = rows;
+    g.cols = cols;
+    g.inner = inner;
+    g.x_transposed = x_transposed;
+    g.y_transposed = y_transposed;
+    g.x_type = g.y_type = g.out_type = cuda_type(dt);
+    g.compute = compute_for(dt);
+    g.batch = to_int(batch, "attention", "batch");
+    g.stride_x = stride_x;
+    g.stride_y = stride_y;
+    g.stride_out = stride_out;
+    GemmArgs args;
+    args.a = y;
+    args.b = x;
+    args.d = out;
+    matmul_->run(row_major_gemm(g), args, stream_);
+  }
+
+  // dbias(OC) += column sums of dout(N, OC), in dout's dtype (kernels::bias_backward: partial
+  // sums per 32 rows, then the slices in order).
+  void bias_backward_into(Staged& st, const Tensor& dbias, const Tensor& dout, int64_t N, int64_t OC) {
+    const char* op = "bias_backward";
+    const int n = to_int(N, op, "rows"), oc = to_int(OC, op, "OC");
+    const DType dt = dout.dtype;
+    const Tensor db = st.out(dbias, dt, true);
+    float* partial = scratch_floats(kPartials, kernels::bias_backward_scratch_floats(n, oc));
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::bias_backward<T>(db.as<T>(), partial, dout.as<T>(), n, oc, stream_);
+    });
+  }
+
+  // ------------------------------------------------------------------------ reductions
+
+  double reduce(const char* op, const Tensor& t, bool squares) {
+    expect_float(op, "t", t);
+    const size_t n = t.empty() ? 0 : static_cast<size_t>(t.numel());
+    if (n == 0) return 0.0;
+    double* partials = static_cast<double*>(scratch(kReduce, kReducePartials * sizeof(double)));
+    double* device_result = result_ptr();
+    with_float_type(t.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      launch_sum<T>(device_result, partials, t.as<T>(), n, squares, stream_);
+    });
+    double result = 0.0;
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    return result;
+  }
+
+  Fp8CastStats read_fp8_stats() {
+    DeviceScalars host{};
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&host, scalars_, sizeof(DeviceScalars), cudaMemcpyDeviceToHost, stream_));
+    sync();
+    Fp8CastStats stats;
+    stats.amax = host.amax;
+    stats.nonzero = static_cast<int64_t>(host.counts.nonzero);
+    stats.underflow = static_cast<int64_t>(host.counts.underflow);
+    stats.saturated = static_cast<int64_t>(host.counts.saturated);
+    return stats;
+  }
+
+  char* scalar_field(size_t offset) const { return reinterpret_cast<char*>(scalars_) + offset; }
+  float* amax_ptr() const { return reinterpret_cast<float*>(scalar_field(offsetof(DeviceScalars, amax))); }
+  float* scale_ptr() const { return reinterpret_cast<float*>(scalar_field(offsetof(DeviceScalars, scale))); }
+  double* result_ptr() const { return reinterpret_cast<double*>(scalar_field(offsetof(DeviceScalars, result))); }
+  kernels::Fp8Counts* counts_ptr() const {
+    return reinterpret_cast<kernels::Fp8Counts*>(scalar_field(offsetof(DeviceScalars, counts)));
+  }
+
+  // ------------------------------------------------------------------------ checks
+
+  void expect_stats(const char* op, const Tensor& mean, const Tensor& rstd) const {
+    PTRAIN_EXPECT(!mean.empty() && !rstd.empty() && mean.device == Device::cuda && rstd.device == Device::cuda &&
+                      mean.dtype == DType::f32 && rstd.dtype == DType::f32,
+                  op, "mean and rstd must be f32 tensors in device memory");
+  }
+
+  // Tokens uploaded through upload_tokens have known buckets: their largest id is checked
+  // against the vocabulary for free.
+  void check_token_range(const char* op, const Tensor& tokens, int64_t vocab) const {
+    const auto it = buckets_.find(tokens.data);
+    if (it == buckets_.end() || it->second.tokens != tokens.numel()) return;
+    if (it->second.max_id >= vocab)
+      throw UserError(std::string(op) + ": token id " + std::to_string(it->second.max_id) + " is not below the " +
+                      std::to_string(vocab) + " rows of the token embedding (vocabulary size)");
+  }
+
+  // ------------------------------------------------------------------------ token buckets
+
+  // Buckets of `tokens` (host copy) for the tensor at `key`, built on the host and uploaded.
+  const DeviceBuckets& build_buckets(const void* key, const int32_t* tokens, int64_t n) {
+    const kernels::TokenBuckets host = kernels::bucket_tokens(tokens, static_cast<int>(n));
+    std::vector<int> packed;
+    packed.reserve(host.ids.size() + host.starts.size() + host.positions.size());
+    packed.insert(packed.end(), host.ids.begin(), host.ids.end());
+    packed.insert(packed.end(), host.starts.begin(), host.starts.end());
+    packed.insert(packed.end(), host.positions.begin(), host.positions.end());
+    DeviceBuckets& entry = buckets_[key];
+    const size_t capacity = std::max(packed.size(), static_cast<size_t>(2 * n + 1));
+    if (entry.capacity < packed.size()) {
+      if (entry.memory) free_block(entry.memory);
+      entry = DeviceBuckets{};
+      entry.memory = allocate(capacity * sizeof(int));
+      entry.capacity = capacity;
+    }
+    PTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(entry.memory, packed.data(), packed.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    entry.tokens = n;
+    entry.n_buckets = static_cast<int>(host.ids.size());
+    entry.max_id = host.ids.empty() ? -1 : host.ids.back();
+    sync();  // `packed` goes away
+    return entry;
+  }
+
+  // The buckets of a tokens tensor; tokens that did not come through upload_tokens (or a view
+  // of part of an uploaded tensor) are read back and bucketed now.
+  const DeviceBuckets& buckets_for(const Tensor& tokens) {
+    const auto it = buckets_.find(tokens.data);
+    if (it != buckets_.end() && it->second.tokens == tokens.numel()) return it->second;
+    const int64_t n = tokens.numel();
+    std::vector<int32_t> host(static_cast<size_t>(n));
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host.data(), tokens.data, static_cast<size_t>(n) * sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream_));
+    sync();
+    return build_buckets(tokens.data, host.data(), n);
+  }
+
+  // Drops the buckets of tokens tensors inside [ptr, ptr + bytes): that memory is being released.
+  void forget_buckets_within(const void* ptr, size_t bytes) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(ptr), end = begin + bytes;
+    for (auto it = buckets_.begin(); it != buckets_.end();) {
+      const uintptr_t key = reinterpret_cast<uintptr_t>(it->first);
+      if (key >= begin && key < end) {
+        if (it->second.memory) free_block(it->second.memory);
+        it = buckets_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------ arena internals
+
+  // Returns an allocation to the free list, merging it with free neighbours.
+  void free_block(void* ptr) {
+    const auto it = allocations_.find(ptr);
+    PTRAIN_CHECK(it != allocations_.end(), "cuda backend: freeing a block the arena did not hand out");
+    const size_t size = it->second;
+    allocations_.erase(it);
+    in_use_ -= size;
+    const size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - arena_);
+    auto pos = free_.emplace(offset, size).first;
+    const auto next = std::next(pos);
+    if (next != free_.end() && pos->first + pos->second == next->first) {
+      pos->second += next->second;
+      free_.erase(next);
+    }
+    if (pos != free_.begin()) {
+      const auto prev = std::prev(pos);
+      if (prev->first + prev->second == pos->first) {
+        prev->second += pos->second;
+        free_.erase(pos);
+      }
+    }
+  }
+
+  // A scratch buffer of at least `bytes`, kept for later calls; a larger request replaces it.
+  // Work still queued on the stream may use the old buffer: everything that uses the new one
+  // is queued after it on the same stream.
+  void* scratch(Slot slot, size_t bytes) {
+    ScratchBuffer& b = scratch_[static_cast<size_t>(slot)];
+    if (bytes > b.bytes || !b.ptr) {
+      if (b.ptr) free_block(b.ptr);
+      b = ScratchBuffer{};
+      const size_t want = round_up(std::max<size_t>(bytes, 1), kArenaAlignment);
+      b.ptr = allocate(want);
+      b.bytes = want;
+    }
+    return b.ptr;
+  }
+  float* scratch_floats(Slot slot, size_t count) { return static_cast<float*>(scratch(slot, count * sizeof(float))); }
+
+  void sync() { PTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // Never throws: used by the destructor and by a constructor that failed half way.
+  void destroy() noexcept {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    matmul_.reset();
+    if (arena_) (void)cudaFree(arena_);
+    arena_ = nullptr;
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+
+  struct ScratchBuffer {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+
+  int device_ = 0;
+  cudaDeviceProp prop_{};
+  std::string versions_;
+  size_t free_at_start_ = 0, total_bytes_ = 0;
+  bool tf32_ = false;  // FP32 GEMMs in full FP32 (CUBLAS_COMPUTE_32F); precision.tf32 will set this
+  cudaStream_t stream_ = nullptr;
+
+  char* arena_ = nullptr;
+  size_t arena_bytes_ = 0, in_use_ = 0, peak_ = 0;
+  std::map<size_t, size_t> free_;                  // offset -> size of each free block, by address
+  std::unordered_map<void*, size_t> allocations_;  // pointer -> size of each block handed out
+
+  DeviceScalars* scalars_ = nullptr;
+  void* workspace_ = nullptr;
+  std::unique_ptr<Matmul> matmul_;
+  std::array<ScratchBuffer, kSlotCount> scratch_{};
+  std::unordered_map<const void*, DeviceBuckets> buckets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes) {
+  return std::make_unique<CudaBackend>(device_index, arena_bytes);
+}
+
+CudaMemoryUse cuda_memory_use(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  if (!cuda) throw std::invalid_argument("cuda_memory_use: the backend is " + backend.name() + ", not cuda");
+  return cuda->memory_use();
+}
+
+}  // namespace ptrain

@@ -1,0 +1,42 @@
+// The CUDA backend: every Backend op on one GPU, through the hand-written kernels of kernels/
+// and cuBLASLt (backend/cuda/matmul.h). Compiled only into CUDA builds (PTRAIN_HAVE_CUDA); this
+// header needs no CUDA headers, so plain C++ (the device probe, the tests) may include it.
+//
+// Storage: a tensor of format bf16 is stored as DType::bf16, fp16 as DType::f16, everything
+// else (fp32, and the dequantised FP8 buffers of format e4m3/e5m2) as f32; f64 is refused
+// (storage_for). Ops accept operands of mixed float dtypes (e.g. f32 FP8 operands with a bf16
+// output): an operand whose dtype is not the one the op computes in is converted into scratch
+// first, an output is written through scratch and converted back, rounded to its format.
+//
+// Memory: one device arena, reserved by a single cudaMalloc when the backend is made, from
+// which allocate() hands out zeroed, 256-byte aligned blocks (first fit, freed blocks are
+// coalesced); scratch buffers of the ops come from the same arena and are kept between calls.
+// Nothing calls cudaMalloc after construction.
+//
+// Streams: all work runs on one stream that the backend creates; results the host reads
+// (download, sum, sum_squares, amax, the FP8 cast statistics) synchronise with it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace ptrain {
+
+// The CUDA backend on device `device_index`. arena_bytes = 0 reserves the memory that is free
+// on the device when the backend starts, less a margin of max(2 GiB, 1/16 of the device's
+// memory) for the CUDA context, cuBLASLt, cuDNN and NCCL; a positive value reserves exactly
+// that (rounded up to 2 MiB). Throws CudaError / EnvironmentError when there is no usable
+// device, the device is older than sm_90, or the arena cannot be reserved.
+std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes = 0);
+
+// Device memory use of a backend made by make_cuda_backend (std::invalid_argument for any other).
+struct CudaMemoryUse {
+  size_t arena_bytes = 0;   // reserved at construction
+  size_t in_use_bytes = 0;  // handed out now (allocations and the ops' scratch)
+  size_t peak_bytes = 0;    // the most ever handed out at once
+};
+CudaMemoryUse cuda_memory_use(const Backend& backend);
+
+}  // namespace ptrain

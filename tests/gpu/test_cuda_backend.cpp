@@ -1,0 +1,708 @@
+// The CUDA backend against the CPU reference, op by op. Every Backend op runs on both backends
+// with the same inputs, drawn on the format's grid so that both hold identical numbers (the CPU
+// as f32 values of that format, the GPU in its own storage: bf16, f16, or f32 for fp32 and the
+// FP8 formats); the results are compared with the format's tolerance (DESIGN.md section 6) and
+// the FP8 casts bit for bit. Shapes: odd sizes (1, 7, 19, 111, 769: ragged vectors, tails,
+// unaligned rows) and a GPT-2 124M layer (B=2, T=64, C=768, NH=12). Outputs that an op writes
+// (rather than adds into) are poisoned with NaN on the device first, so an element the GPU
+// leaves unwritten fails. Skipped without a CUDA device (tests/gpu/main.cpp).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "precision/formats.h"
+#include "test_util.h"
+
+namespace ptrain::test {
+namespace {
+
+constexpr size_t kArenaBytes = size_t(8) << 30;     // far more than any test here needs
+constexpr int kB = 2, kT = 64, kC = 768, kNH = 12;  // GPT-2 124M
+
+Backend& cpu() {
+  static const std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  return *backend;
+}
+
+// One CUDA backend per test process (ctest runs each test case in its own process).
+Backend& gpu() {
+  static const std::unique_ptr<Backend> backend = make_cuda_backend(0, kArenaBytes);
+  return *backend;
+}
+
+const Format kFormats[] = {Format::fp32, Format::bf16, Format::fp16};
+const int kSizes[] = {1, 7, 19, 111, 769};
+
+double tolerance(Format f) { return f == Format::fp32 ? 1e-5 : f == Format::fp16 ? 2e-3 : 1e-2; }
+// cuBLASLt and OpenBLAS sum a dot product in different orders.
+double gemm_tolerance(Format f) { return f == Format::fp32 ? 2e-5 : tolerance(f); }
+
+DType storage(Format f) { return gpu().storage_for(f, DType::f32); }
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Uniform values in [-scale, scale] rounded to format f (keep scale below an FP8 format's max).
+std::vector<float> on_grid(size_t n, uint64_t seed, float scale, Format f) {
+  Rng rng(seed, 0x67726964);
+  std::vector<float> v(n);
+  for (auto& x : v) x = round_to_format((2.0f * rng.uniform() - 1.0f) * scale, f, false);
+  return v;
+}
+
+// Magnitudes spread log-uniformly over [2^-24, 2^13), both signs, some zeros, on format f's
+// grid: FP8 casts of these underflow, saturate and round in every binade.
+std::vector<float> wide_on_grid(size_t n, uint64_t seed, Format f) {
+  Rng rng(seed, 0x77696465);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    const float magnitude = std::ldexp(1.0f + rng.uniform(), static_cast<int>(rng.below(37)) - 24);
+    x = rng.below(16) == 0 ? 0.0f : round_to_format(rng.below(2) ? -magnitude : magnitude, f, false);
+  }
+  return v;
+}
+
+std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t seed) {
+  Rng rng(seed, 0x746f6b);
+  std::vector<int32_t> v(n);
+  for (auto& t : v) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return v;
+}
+
+std::vector<float> zeros(size_t n) { return std::vector<float>(n, 0.0f); }
+
+// A tensor held by both backends: `host` (f32 on the format's grid) is the CPU backend's, and
+// device memory of `storage` dtype the CUDA backend's, uploaded from the same values.
+class Twin {
+ public:
+  Twin(std::vector<int64_t> shape, Format format, std::vector<float> values, DType device_dtype)
+      : host(std::move(values)), shape_(std::move(shape)), format_(format), dtype_(device_dtype) {
+    if (static_cast<int64_t>(host.size()) != product(shape_))
+      throw std::invalid_argument("Twin: values and shape differ");
+    device_ = gpu().allocate(host.size() * dtype_size(dtype_));
+    to_device();
+  }
+  // Stored as the CUDA backend stores `format`.
+  Twin(std::vector<int64_t> shape, Format format, std::vector<float> values)
+      : Twin(std::move(shape), format, std::move(values), storage(format)) {}
+  ~Twin() { gpu().release(device_); }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+
+  Tensor cpu_view() {
+    Tensor t(host.data(), DType::f32, shape_);
+    t.format = format_;
+    return t;
+  }
+  Tensor device_view() const {
+    Tensor t(device_, dtype_, shape_, Device::cuda);
+    t.format = format_;
+    return t;
+  }
+  std::vector<float> from_device() const {
+    std::vector<float> v(host.size());
+    gpu().download(v.data(), device_view());
+    return v;
+  }
+  void to_device() { gpu().upload(device_view(), host.data()); }
+  void poison_device() {
+    const std::vector<float> nan(host.size(), NAN);
+    gpu().upload(device_view(), nan.data());
+  }
+
+  std::vector<float> host;
+
+ private:
+  std::vector<int64_t> shape_;
+  Format format_;
+  DType dtype_;
+  void* device_ = nullptr;
+};
+
+// Token ids on both backends; the device copy goes through upload_tokens.
+class Tokens {
+ public:
+  Tokens(std::vector<int64_t> shape, std::vector<int32_t> values) : host(std::move(values)), shape_(std::move(shape)) {
+    if (static_cast<int64_t>(host.size()) != product(shape_))
+      throw std::invalid_argument("Tokens: values and shape differ");
+    device_ = gpu().allocate(host.size() * sizeof(int32_t));
+    gpu().upload_tokens(device_view(), host.data());
+  }
+  ~Tokens() { gpu().release(device_); }
+  Tokens(const Tokens&) = delete;
+  Tokens& operator=(const Tokens&) = delete;
+
+  Tensor cpu_view() { return Tensor(host.data(), DType::i32, shape_); }
+  Tensor device_view() const { return Tensor(device_, DType::i32, shape_, Device::cuda); }
+
+  std::vector<int32_t> host;
+
+ private:
+  std::vector<int64_t> shape_;
+  void* device_ = nullptr;
+};
+
+// The device result against the CPU's within a relative tolerance (NaN never passes).
+void expect_close(const std::string& what, const Twin& t, double tol) {
+  const double err = relative_error(t.from_device(), t.host);
+  INFO(what << ": relative error " << err << " (tolerance " << tol << ")");
+  CHECK(err <= tol);
+}
+
+// The device result equals the CPU's bit for bit.
+void expect_identical(const std::string& what, const Twin& t) {
+  const std::vector<float> got = t.from_device();
+  size_t mismatches = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &t.host[i], sizeof(float)) != 0 && mismatches++ == 0) first = i;
+  INFO(what << ": " << mismatches << " of " << got.size() << " elements differ"
+            << (mismatches ? ", first at " + std::to_string(first) + ": " + std::to_string(got[first]) + " vs " +
+                                 std::to_string(t.host[first])
+                           : std::string()));
+  CHECK(mismatches == 0);
+}
+
+void expect_same_stats(const Fp8CastStats& got, const Fp8CastStats& want) {
+  CHECK(std::memcmp(&got.amax, &want.amax, sizeof(float)) == 0);
+  CHECK(got.nonzero == want.nonzero);
+  CHECK(got.underflow == want.underflow);
+  CHECK(got.saturated == want.saturated);
+}
+
+// ---------------------------------------------------------------------------- identity, memory
+
+TEST_CASE("gpu: the backend names itself and maps formats to storage", "[gpu]") {
+  Backend& g = gpu();
+  CHECK(g.name() == "cuda");
+  CHECK(g.device() == Device::cuda);
+  INFO(g.description());
+  CHECK(g.description().find("sm_") != std::string::npos);
+  CHECK(g.description().find("cuBLASLt") != std::string::npos);
+  for (const std::string& warning : g.performance_warnings()) WARN(warning);
+  CHECK(g.storage_for(Format::fp32, DType::f32) == DType::f32);
+  CHECK(g.storage_for(Format::bf16, DType::f32) == DType::bf16);
+  CHECK(g.storage_for(Format::fp16, DType::f32) == DType::f16);
+  CHECK(g.storage_for(Format::e4m3, DType::f32) == DType::f32);
+  CHECK(g.storage_for(Format::e5m2, DType::f32) == DType::f32);
+  CHECK_THROWS_AS(g.storage_for(Format::fp32, DType::f64), UserError);
+  void* p = g.allocate(64);
+  const Tensor f64(p, DType::f64, {4}, Device::cuda);
+  CHECK_THROWS_WITH(g.gelu_forward(f64, f64), Catch::Contains("f64"));
+  g.release(p);
+  const GradNumerics numerics = g.take_grad_numerics();  // not counted on the GPU yet
+  CHECK(numerics.elements == 0);
+}
+
+TEST_CASE("gpu: allocate hands out zeroed aligned blocks and release takes them back in any order", "[gpu]") {
+  Backend& g = gpu();
+  const CudaMemoryUse before = cuda_memory_use(g);
+  CHECK(before.arena_bytes == kArenaBytes);
+  std::vector<void*> blocks;
+  for (const size_t bytes : {size_t(1), size_t(100), size_t(4096), size_t(1) << 20, size_t(3)}) {
+    void* p = g.allocate(bytes);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
+    blocks.push_back(p);
+  }
+  CHECK(cuda_memory_use(g).in_use_bytes >= before.in_use_bytes + (size_t(1) << 20) + 4096);
+  // Dirty a block, give it back and take one of its size again: it comes back zeroed.
+  const std::vector<float> ones(1024, 1.0f);
+  g.upload(Tensor(blocks[2], DType::f32, {1024}, Device::cuda), ones.data());
+  g.release(blocks[2]);
+  blocks[2] = g.allocate(4096);
+  std::vector<float> got(1024, 1.0f);
+  g.download(got.data(), Tensor(blocks[2], DType::f32, {1024}, Device::cuda));
+  CHECK(got == zeros(1024));
+  for (const int i : {1, 3, 0, 4, 2}) g.release(blocks[i]);
+  const CudaMemoryUse after = cuda_memory_use(g);
+  CHECK(after.in_use_bytes == before.in_use_bytes);
+  CHECK(after.peak_bytes >= before.in_use_bytes + (size_t(1) << 20));
+  CHECK_THROWS_AS(g.allocate(size_t(1) << 40), EnvironmentError);
+  CHECK_THROWS_WITH(g.allocate(size_t(1) << 40), Catch::Contains("1099511627776 bytes"));
+  CHECK_THROWS_AS(g.release(reinterpret_cast<void*>(uintptr_t(16))), std::logic_error);
+}
+
+TEST_CASE("gpu: upload download and zero keep every value of each storage grid", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const int n : kSizes) {
+      INFO(format_name(f) << " n=" << n);
+      Twin t({n}, f, on_grid(size_t(n), 1, 3.0f, f));
+      CHECK(t.from_device() == t.host);
+      gpu().zero(t.device_view());
+      CHECK(t.from_device() == zeros(size_t(n)));
+    }
+}
+
+TEST_CASE("gpu: copy converts between dtypes and rounds to the destination format", "[gpu]") {
+  const Format kDestinations[] = {Format::fp32, Format::bf16, Format::fp16, Format::e4m3, Format::e5m2};
+  for (const Format src_format : kFormats)
+    for (const Format dst_format : kDestinations)
+      for (const bool f32_storage : {false, true}) {
+        INFO(format_name(src_format) << " -> " << format_name(dst_format) << (f32_storage ? " in f32 storage" : ""));
+        const int n = 769;
+        Twin src({n}, src_format, on_grid(size_t(n), 2, 10.0f, src_format));
+        Twin dst({n}, dst_format, zeros(size_t(n)), f32_storage ? DType::f32 : storage(dst_format));
+        dst.poison_device();
+        cpu().copy(dst.cpu_view(), src.cpu_view());
+        gpu().copy(dst.device_view(), src.device_view());
+        expect_identical("copy", dst);
+      }
+}
+
+// ---------------------------------------------------------------------------- embedding
+
+struct EmbeddingShape {
+  int B, T, C, V;
+};
+const EmbeddingShape kEmbeddingShapes[] = {{1, 1, 1, 1},      {2, 7, 7, 3},     {1, 19, 19, 111},
+                                           {3, 111, 111, 19}, {1, 7, 769, 769}, {kB, kT, kC, 50304}};
+
+TEST_CASE("gpu: embedding_forward and embedding_backward match the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const EmbeddingShape& s : kEmbeddingShapes) {
+      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " C=" << s.C << " V=" << s.V);
+      const size_t bt = size_t(s.B) * s.T, rows = size_t(s.T) + 3;  // wpe has more rows than T, as the model's
+      Tokens tokens({s.B, s.T}, random_tokens(bt, s.V, 1));
+      Twin wte({s.V, s.C}, f, on_grid(size_t(s.V) * s.C, 2, 1.0f, f));
+      Twin wpe({s.T + 3, s.C}, f, on_grid(rows * s.C, 3, 1.0f, f));
+      Twin out({s.B, s.T, s.C}, f, zeros(bt * s.C));
+      out.poison_device();
+      cpu().embedding_forward(out.cpu_view(), tokens.cpu_view(), wte.cpu_view(), wpe.cpu_view());
+      gpu().embedding_forward(out.device_view(), tokens.device_view(), wte.device_view(), wpe.device_view());
+      expect_close("embedding_forward out", out, tolerance(f));
+
+      Twin dout({s.B, s.T, s.C}, f, on_grid(bt * s.C, 4, 1.0f, f));
+      Twin dwte({s.V, s.C}, f, on_grid(size_t(s.V) * s.C, 5, 0.5f, f));
+      Twin dwpe({s.T + 3, s.C}, f, on_grid(rows * s.C, 6, 0.5f, f));
+      cpu().embedding_backward(dwte.cpu_view(), dwpe.cpu_view(), dout.cpu_view(), tokens.cpu_view());
+      gpu().embedding_backward(dwte.device_view(), dwpe.device_view(), dout.device_view(), tokens.device_view());
+      expect_close("embedding_backward dwte", dwte, tolerance(f));
+      expect_close("embedding_backward dwpe", dwpe, tolerance(f));
+    }
+}
+
+TEST_CASE("gpu: embedding_backward follows re-uploaded tokens and views of them", "[gpu]") {
+  const int B = 2, T = 19, C = 7, V = 11;
+  const Format f = Format::fp32;
+  Tokens tokens({B, T}, random_tokens(size_t(B) * T, V, 91));
+  Twin dout({B, T, C}, f, on_grid(size_t(B) * T * C, 92, 1.0f, f));
+  Twin dwte({V, C}, f, zeros(size_t(V) * C)), dwpe({T, C}, f, zeros(size_t(T) * C));
+  // New tokens in the same tensor: the backward must bucket these, not the first ones.
+  tokens.host = random_tokens(size_t(B) * T, V, 93);
+  gpu().upload_tokens(tokens.device_view(), tokens.host.data());
+  cpu().embedding_backward(dwte.cpu_view(), dwpe.cpu_view(), dout.cpu_view(), tokens.cpu_view());
+  gpu().embedding_backward(dwte.device_view(), dwpe.device_view(), dout.device_view(), tokens.device_view());
+  expect_close("dwte after re-upload", dwte, tolerance(f));
+  expect_close("dwpe after re-upload", dwpe, tolerance(f));
+  // The first sequence only: same data pointer, fewer tokens, bucketed from device memory.
+  Twin dout_first({1, T, C}, f, on_grid(size_t(T) * C, 94, 1.0f, f));
+  const Tensor cpu_first = tokens.cpu_view().range(0, T).reshaped({1, T});
+  const Tensor gpu_first = tokens.device_view().range(0, T).reshaped({1, T});
+  cpu().embedding_backward(dwte.cpu_view(), dwpe.cpu_view(), dout_first.cpu_view(), cpu_first);
+  gpu().embedding_backward(dwte.device_view(), dwpe.device_view(), dout_first.device_view(), gpu_first);
+  expect_close("dwte from a view", dwte, tolerance(f));
+  expect_close("dwpe from a view", dwpe, tolerance(f));
+}
+
+// ---------------------------------------------------------------------------- layernorm
+
+struct RowsShape {
+  int N, C;
+};
+const RowsShape kRowShapes[] = {{1, 1}, {7, 7}, {19, 19}, {111, 111}, {7, 769}, {769, 19}, {kB * kT, kC}};
+
+TEST_CASE("gpu: layernorm_forward and layernorm_backward match the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const RowsShape& s : kRowShapes) {
+      INFO(format_name(f) << " N=" << s.N << " C=" << s.C);
+      const size_t n = size_t(s.N) * s.C;
+      Twin inp({s.N, s.C}, f, on_grid(n, 11, 2.0f, f));
+      Twin weight({s.C}, f, on_grid(size_t(s.C), 12, 1.0f, f)), bias({s.C}, f, on_grid(size_t(s.C), 13, 0.5f, f));
+      Twin out({s.N, s.C}, f, zeros(n));
+      Twin mean({s.N}, Format::fp32, zeros(size_t(s.N))), rstd({s.N}, Format::fp32, zeros(size_t(s.N)));
+      out.poison_device();
+      mean.poison_device();
+      rstd.poison_device();
+      cpu().layernorm_forward(out.cpu_view(), mean.cpu_view(), rstd.cpu_view(), inp.cpu_view(), weight.cpu_view(),
+                              bias.cpu_view());
+      gpu().layernorm_forward(out.device_view(), mean.device_view(), rstd.device_view(), inp.device_view(),
+                              weight.device_view(), bias.device_view());
+      expect_close("layernorm_forward out", out, tolerance(f));
+      expect_close("layernorm_forward mean", mean, 1e-5);
+      expect_close("layernorm_forward rstd", rstd, 1e-5);
+
+      // The backward of both from the same saved statistics (the CPU's).
+      mean.to_device();
+      rstd.to_device();
+      Twin dout({s.N, s.C}, f, on_grid(n, 14, 1.0f, f)), dinp({s.N, s.C}, f, on_grid(n, 15, 0.5f, f));
+      Twin dweight({s.C}, f, on_grid(size_t(s.C), 16, 0.5f, f)), dbias({s.C}, f, on_grid(size_t(s.C), 17, 0.5f, f));
+      cpu().layernorm_backward(dinp.cpu_view(), dweight.cpu_view(), dbias.cpu_view(), dout.cpu_view(), inp.cpu_view(),
+                               weight.cpu_view(), mean.cpu_view(), rstd.cpu_view());
+      gpu().layernorm_backward(dinp.device_view(), dweight.device_view(), dbias.device_view(), dout.device_view(),
+                               inp.device_view(), weight.device_view(), mean.device_view(), rstd.device_view());
+      expect_close("layernorm_backward dinp", dinp, tolerance(f));
+      expect_close("layernorm_backward dweight", dweight, tolerance(f));
+      expect_close("layernorm_backward dbias", dbias, tolerance(f));
+    }
+}
+
+// ---------------------------------------------------------------------------- matmul
+
+struct MatmulShape {
+  int N, C, OC;
+};
+const MatmulShape kMatmulShapes[] = {{1, 1, 1},      {7, 7, 19},      {19, 111, 7},
+                                     {111, 19, 769}, {769, 769, 111}, {kB * kT, kC, 3 * kC}};
+
+TEST_CASE("gpu: matmul_forward matches the CPU backend with and without bias", "[gpu]") {
+  // Bias: none, 256-byte aligned (cuBLASLt's BIAS epilogue), one element in (added by a kernel).
+  const char* const kBiasModes[] = {"no bias", "aligned bias", "unaligned bias"};
+  for (const Format f : kFormats)
+    for (const MatmulShape& s : kMatmulShapes)
+      for (int mode = 0; mode < 3; ++mode) {
+        INFO(format_name(f) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC << " " << kBiasModes[mode]);
+        Twin inp({s.N, s.C}, f, on_grid(size_t(s.N) * s.C, 21, 1.0f, f));
+        Twin weight({s.OC, s.C}, f, on_grid(size_t(s.OC) * s.C, 22, 0.5f, f));
+        Twin bias({s.OC + 1}, f, on_grid(size_t(s.OC) + 1, 23, 1.0f, f));
+        Twin out({s.N, s.OC}, f, zeros(size_t(s.N) * s.OC));
+        out.poison_device();
+        const int64_t offset = mode == 2 ? 1 : 0;
+        const Tensor cpu_bias = mode == 0 ? Tensor() : bias.cpu_view().range(offset, s.OC);
+        const Tensor gpu_bias = mode == 0 ? Tensor() : bias.device_view().range(offset, s.OC);
+        cpu().matmul_forward(out.cpu_view(), inp.cpu_view(), weight.cpu_view(), cpu_bias);
+        gpu().matmul_forward(out.device_view(), inp.device_view(), weight.device_view(), gpu_bias);
+        expect_close("matmul_forward out", out, gemm_tolerance(f));
+      }
+}
+
+TEST_CASE("gpu: matmul_backward and bias_backward match the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const MatmulShape& s : kMatmulShapes) {
+      const size_t nc = size_t(s.N) * s.C, noc = size_t(s.N) * s.OC, occ = size_t(s.OC) * s.C;
+      Twin dout({s.N, s.OC}, f, on_grid(noc, 31, 1.0f, f));
+      Twin inp({s.N, s.C}, f, on_grid(nc, 32, 1.0f, f)), weight({s.OC, s.C}, f, on_grid(occ, 33, 0.5f, f));
+      // All three gradients, then each alone (the others empty); they accumulate (+=).
+      const bool kWanted[4][3] = {{true, true, true}, {true, false, false}, {false, true, false}, {false, false, true}};
+      for (const auto& wanted : kWanted) {
+        INFO(format_name(f) << " N=" << s.N << " C=" << s.C << " OC=" << s.OC << " dinp " << wanted[0] << " dweight "
+                            << wanted[1] << " dbias " << wanted[2]);
+        Twin dinp({s.N, s.C}, f, on_grid(nc, 34, 0.5f, f)), dweight({s.OC, s.C}, f, on_grid(occ, 35, 0.5f, f));
+        Twin dbias({s.OC}, f, on_grid(size_t(s.OC), 36, 0.5f, f));
+        cpu().matmul_backward(wanted[0] ? dinp.cpu_view() : Tensor(), wanted[1] ? dweight.cpu_view() : Tensor(),
+                              wanted[2] ? dbias.cpu_view() : Tensor(), dout.cpu_view(), inp.cpu_view(),
+                              weight.cpu_view());
+        gpu().matmul_backward(wanted[0] ? dinp.device_view() : Tensor(), wanted[1] ? dweight.device_view() : Tensor(),
+                              wanted[2] ? dbias.device_view() : Tensor(), dout.device_view(), inp.device_view(),
+                              weight.device_view());
+        expect_close("matmul_backward dinp", dinp, gemm_tolerance(f));
+        expect_close("matmul_backward dweight", dweight, gemm_tolerance(f));
+        expect_close("matmul_backward dbias", dbias, tolerance(f));
+      }
+      INFO(format_name(f) << " N=" << s.N << " OC=" << s.OC);
+      Twin dbias({s.OC}, f, on_grid(size_t(s.OC), 37, 0.5f, f));
+      cpu().bias_backward(dbias.cpu_view(), dout.cpu_view());
+      gpu().bias_backward(dbias.device_view(), dout.device_view());
+      expect_close("bias_backward dbias", dbias, tolerance(f));
+    }
+}
+
+// The FP8 path of the model: f32 tensors holding dequantised e4m3 / e5m2 values as operands,
+// bf16 outputs and gradients (cuBLASLt has no f32 x f32 -> bf16 GEMM: FP32 scratch, then one
+// rounding), and f32 storage of a bf16 output (rounded after the op).
+TEST_CASE("gpu: matmul with f32 FP8 operands and bf16 outputs matches the CPU backend", "[gpu]") {
+  const Format bf16 = Format::bf16;
+  for (const MatmulShape& s : kMatmulShapes) {
+    INFO("N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+    const size_t nc = size_t(s.N) * s.C, noc = size_t(s.N) * s.OC, occ = size_t(s.OC) * s.C;
+    Twin inp({s.N, s.C}, Format::e4m3, on_grid(nc, 41, 4.0f, Format::e4m3), DType::f32);
+    Twin weight({s.OC, s.C}, Format::e4m3, on_grid(occ, 42, 2.0f, Format::e4m3), DType::f32);
+    Twin dout({s.N, s.OC}, Format::e5m2, on_grid(noc, 43, 1.0f, Format::e5m2), DType::f32);
+    Twin bias({s.OC}, bf16, on_grid(size_t(s.OC), 44, 1.0f, bf16));
+    Twin out({s.N, s.OC}, bf16, zeros(noc));
+    Twin out_f32({s.N, s.OC}, bf16, zeros(noc), DType::f32);
+    out.poison_device();
+    out_f32.poison_device();
+    for (Twin* o : {&out, &out_f32}) {
+      cpu().matmul_forward(o->cpu_view(), inp.cpu_view(), weight.cpu_view(), bias.cpu_view());
+      gpu().matmul_forward(o->device_view(), inp.device_view(), weight.device_view(), bias.device_view());
+    }
+    expect_close("matmul_forward bf16 out", out, tolerance(bf16));
+    expect_close("matmul_forward bf16 values in f32 storage", out_f32, tolerance(bf16));
+
+    Twin dinp({s.N, s.C}, bf16, on_grid(nc, 45, 0.5f, bf16)), dweight({s.OC, s.C}, bf16, on_grid(occ, 46, 0.5f, bf16));
+    Twin dbias({s.OC}, bf16, on_grid(size_t(s.OC), 47, 0.5f, bf16));
+    cpu().matmul_backward(dinp.cpu_view(), dweight.cpu_view(), dbias.cpu_view(), dout.cpu_view(), inp.cpu_view(),
+                          weight.cpu_view());
+    gpu().matmul_backward(dinp.device_view(), dweight.device_view(), dbias.device_view(), dout.device_view(),
+                          inp.device_view(), weight.device_view());
+    expect_close("matmul_backward bf16 dinp", dinp, tolerance(bf16));
+    expect_close("matmul_backward bf16 dweight", dweight, tolerance(bf16));
+    expect_close("matmul_backward bf16 dbias", dbias, tolerance(bf16));
+  }
+}
+
+// ---------------------------------------------------------------------------- attention
+
+struct AttentionShape {
+  int B, T, NH, HS;
+};
+const AttentionShape kAttentionShapes[] = {{1, 1, 1, 1},   {1, 7, 1, 7},    {2, 19, 3, 5},
+                                           {1, 111, 2, 8}, {1, 769, 1, 16}, {kB, kT, kNH, kC / kNH}};
+
+TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const AttentionShape& s : kAttentionShapes) {
+      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
+      const int C = s.NH * s.HS;
+      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T;
+      Twin qkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 51, 1.0f, f));
+      Twin out({s.B, s.T, C}, f, zeros(n)), att({s.B, s.NH, s.T, s.T}, f, zeros(n_att));
+      out.poison_device();
+      att.poison_device();
+      cpu().attention_forward(out.cpu_view(), att.cpu_view(), qkv.cpu_view(), s.NH);
+      gpu().attention_forward(out.device_view(), att.device_view(), qkv.device_view(), s.NH);
+      expect_close("attention_forward out", out, gemm_tolerance(f));
+      expect_close("attention_forward att", att, gemm_tolerance(f));
+
+      // Both backwards from the same saved probabilities (the CPU's).
+      att.to_device();
+      Twin dout({s.B, s.T, C}, f, on_grid(n, 52, 1.0f, f)), dqkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 53, 0.5f, f));
+      cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), att.cpu_view(), s.NH);
+      gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), att.device_view(), s.NH);
+      expect_close("attention_backward dqkv", dqkv, gemm_tolerance(f));
+    }
+}
+
+// ---------------------------------------------------------------------------- elementwise
+
+std::vector<std::vector<int64_t>> elementwise_shapes() {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const int n : kSizes) shapes.push_back({n});
+  shapes.push_back({kB, kT, 4 * kC});
+  return shapes;
+}
+
+TEST_CASE("gpu: gelu_forward gelu_backward and add match the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const auto& shape : elementwise_shapes()) {
+      const size_t n = static_cast<size_t>(product(shape));
+      INFO(format_name(f) << " n=" << n);
+      Twin inp(shape, f, on_grid(n, 61, 4.0f, f)), out(shape, f, zeros(n));
+      out.poison_device();
+      cpu().gelu_forward(out.cpu_view(), inp.cpu_view());
+      gpu().gelu_forward(out.device_view(), inp.device_view());
+      expect_close("gelu_forward", out, tolerance(f));
+
+      Twin dout(shape, f, on_grid(n, 62, 1.0f, f)), dinp(shape, f, on_grid(n, 63, 0.5f, f));
+      cpu().gelu_backward(dinp.cpu_view(), inp.cpu_view(), dout.cpu_view());
+      gpu().gelu_backward(dinp.device_view(), inp.device_view(), dout.device_view());
+      expect_close("gelu_backward", dinp, tolerance(f));
+
+      Twin b(shape, f, on_grid(n, 64, 2.0f, f)), sum(shape, f, zeros(n));
+      sum.poison_device();
+      cpu().add(sum.cpu_view(), inp.cpu_view(), b.cpu_view());
+      gpu().add(sum.device_view(), inp.device_view(), b.device_view());
+      expect_close("add", sum, tolerance(f));
+      cpu().add(inp.cpu_view(), inp.cpu_view(), b.cpu_view());  // in place, as the residual stream adds
+      gpu().add(inp.device_view(), inp.device_view(), b.device_view());
+      expect_close("add in place", inp, tolerance(f));
+    }
+}
+
+// Operands of another dtype than the op computes in are converted first; outputs stored wider
+// than their format are rounded to it, bit for bit as the CPU rounds.
+TEST_CASE("gpu: ops stage operands of other dtypes and round outputs stored wider than their format", "[gpu]") {
+  const Format bf16 = Format::bf16, fp16 = Format::fp16;
+  for (const int n : kSizes) {
+    INFO("n=" << n);
+    const size_t count = size_t(n);
+    // add: bf16 + (bf16 values in f32 storage) -> bf16 values in f32 storage.
+    Twin a({n}, bf16, on_grid(count, 71, 2.0f, bf16)), b({n}, bf16, on_grid(count, 72, 2.0f, bf16), DType::f32);
+    Twin sum({n}, bf16, zeros(count), DType::f32);
+    sum.poison_device();
+    cpu().add(sum.cpu_view(), a.cpu_view(), b.cpu_view());
+    gpu().add(sum.device_view(), a.device_view(), b.device_view());
+    expect_identical("add into f32 storage of bf16", sum);
+    // gelu of f32 into fp16 values held in f32 storage, and its backward into an f16 gradient.
+    Twin x({n}, Format::fp32, on_grid(count, 73, 3.0f, Format::fp32));
+    Twin y({n}, fp16, zeros(count), DType::f32), dx({n}, fp16, on_grid(count, 74, 0.5f, fp16));
+    Twin dy({n}, Format::fp32, on_grid(count, 75, 1.0f, Format::fp32));
+    y.poison_device();
+    cpu().gelu_forward(y.cpu_view(), x.cpu_view());
+    gpu().gelu_forward(y.device_view(), x.device_view());
+    expect_close("gelu into f32 storage of fp16", y, tolerance(fp16));
+    cpu().gelu_backward(dx.cpu_view(), x.cpu_view(), dy.cpu_view());
+    gpu().gelu_backward(dx.device_view(), x.device_view(), dy.device_view());
+    expect_close("gelu_backward into f16", dx, tolerance(fp16));
+    // layernorm of bf16 rows with f32 weight and bias (on the bf16 grid).
+    Twin inp({2, n}, bf16, on_grid(2 * count, 76, 2.0f, bf16)), out({2, n}, bf16, zeros(2 * count));
+    Twin w({n}, bf16, on_grid(count, 77, 1.0f, bf16), DType::f32),
+        bias({n}, bf16, on_grid(count, 78, 1.0f, bf16), DType::f32);
+    Twin mean({2}, Format::fp32, zeros(2)), rstd({2}, Format::fp32, zeros(2));
+    out.poison_device();
+    cpu().layernorm_forward(out.cpu_view(), mean.cpu_view(), rstd.cpu_view(), inp.cpu_view(), w.cpu_view(),
+                            bias.cpu_view());
+    gpu().layernorm_forward(out.device_view(), mean.device_view(), rstd.device_view(), inp.device_view(),
+                            w.device_view(), bias.device_view());
+    expect_close("layernorm with f32 weights", out, tolerance(bf16));
+  }
+}
+
+// ---------------------------------------------------------------------------- classifier
+
+struct ClassifierShape {
+  int N, V, Vp;
+};
+const ClassifierShape kClassifierShapes[] = {{1, 1, 1},       {7, 7, 8},     {19, 19, 128},
+                                             {111, 111, 128}, {7, 769, 896}, {kB * kT, 50257, 50304}};
+
+TEST_CASE("gpu: classifier matches the CPU backend", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const ClassifierShape& s : kClassifierShapes)
+      for (const float dloss : {1.0f / static_cast<float>(s.N), 0.0f}) {
+        INFO(format_name(f) << " N=" << s.N << " V=" << s.V << " Vp=" << s.Vp << " dloss=" << dloss);
+        const size_t n = size_t(s.N) * s.Vp;
+        std::vector<int32_t> targets(static_cast<size_t>(s.N));
+        for (int i = 0; i < s.N; ++i) targets[static_cast<size_t>(i)] = static_cast<int32_t>((int64_t(i) * 7919) % s.V);
+        Tokens target_ids({s.N}, targets);
+        Twin logits({s.N, s.Vp}, f, on_grid(n, 81, 4.0f, f)), losses({s.N}, Format::fp32, zeros(size_t(s.N)));
+        losses.poison_device();
+        cpu().classifier(logits.cpu_view(), losses.cpu_view(), target_ids.cpu_view(), s.V, dloss);
+        gpu().classifier(logits.device_view(), losses.device_view(), target_ids.device_view(), s.V, dloss);
+        expect_close("classifier losses", losses, 1e-5);
+        expect_close("classifier dlogits", logits, tolerance(f));
+      }
+}
+
+// ---------------------------------------------------------------------------- reductions
+
+TEST_CASE("gpu: sum sum_squares and amax match the CPU backend", "[gpu]") {
+  std::vector<int> sizes(std::begin(kSizes), std::end(kSizes));
+  sizes.push_back(kB * kT * kC);
+  sizes.push_back((1 << 20) + 3);
+  for (const Format f : kFormats)
+    for (const int n : sizes) {
+      INFO(format_name(f) << " n=" << n);
+      Twin t({n}, f, on_grid(size_t(n), 91, 3.0f, f));
+      double magnitude = 0;
+      for (const float x : t.host) magnitude += std::fabs(static_cast<double>(x));
+      // Both accumulate in double, in different orders.
+      const double sum_cpu = cpu().sum(t.cpu_view()), sum_gpu = gpu().sum(t.device_view());
+      CHECK(std::fabs(sum_gpu - sum_cpu) <= 1e-10 * (1.0 + magnitude));
+      const double sq_cpu = cpu().sum_squares(t.cpu_view()), sq_gpu = gpu().sum_squares(t.device_view());
+      CHECK(std::fabs(sq_gpu - sq_cpu) <= 1e-10 * (1.0 + sq_cpu));
+      CHECK(gpu().amax(t.device_view()) == cpu().amax(t.cpu_view()));
+    }
+  // Squares of large f32 values stay finite (accumulated in double); NaN propagates.
+  Twin large({4}, Format::fp32, {1.0f, -2.0e30f, 3.0e38f, 0.5f});
+  const double large_squares = gpu().sum_squares(large.device_view());
+  CHECK(std::isfinite(large_squares));
+  CHECK(std::fabs(large_squares - cpu().sum_squares(large.cpu_view())) <= 1e-12 * large_squares);
+  CHECK(gpu().amax(large.device_view()) == 3.0e38f);
+  Twin with_nan({3}, Format::fp32, {1.0f, NAN, -4.0f});
+  CHECK(std::isnan(gpu().amax(with_nan.device_view())));
+  CHECK(std::isnan(gpu().sum_squares(with_nan.device_view())));
+  CHECK(std::isnan(gpu().sum(with_nan.device_view())));
+}
+
+// ---------------------------------------------------------------------------- FP8 casts
+
+struct CastShape {
+  int rows, cols;
+};
+const CastShape kCastShapes[] = {{1, 1}, {7, 19}, {19, 111}, {111, 769}, {129, 257}, {kB * kT, kC}};
+
+TEST_CASE("gpu: fp8_cast equals the CPU emulation bit for bit", "[gpu]") {
+  for (const Format f : kFormats)
+    for (const Format f8 : {Format::e4m3, Format::e5m2})
+      for (const float scale : {1.0f, 2.0f, 3.7f})
+        for (const CastShape& s : kCastShapes) {
+          INFO(format_name(f) << " -> " << format_name(f8) << " scale " << scale << " " << s.rows << "x" << s.cols);
+          const size_t n = size_t(s.rows) * s.cols;
+          Twin in({s.rows, s.cols}, f, wide_on_grid(n, 101, f));
+          Twin out({s.rows, s.cols}, f8, zeros(n));  // f32 storage of dequantised values
+          out.poison_device();
+          const Fp8CastStats want = cpu().fp8_cast(out.cpu_view(), in.cpu_view(), f8, scale);
+          const Fp8CastStats got = gpu().fp8_cast(out.device_view(), in.device_view(), f8, scale);
+          expect_identical("fp8_cast out", out);
+          expect_same_stats(got, want);
+          if (n >= 1000) CHECK(want.underflow > 0);  // the inputs do reach the format's limits
+          if (n >= 1000 && f8 == Format::e4m3) CHECK(want.saturated > 0);
+        }
+}
+
+TEST_CASE("gpu: fp8_cast_blocks equals the CPU emulation bit for bit", "[gpu]") {
+  struct Blocks {
+    int rows, cols;
+  };
+  const Blocks kBlocks[] = {{1, 128}, {128, 128}, {128, 1}};
+  for (const Format f : kFormats)
+    for (const Format f8 : {Format::e4m3, Format::e5m2})
+      for (const Blocks& b : kBlocks)
+        for (const CastShape& s : kCastShapes) {
+          INFO(format_name(f) << " -> " << format_name(f8) << " blocks " << b.rows << "x" << b.cols << " " << s.rows
+                              << "x" << s.cols);
+          const size_t n = size_t(s.rows) * s.cols;
+          Twin in({s.rows, s.cols}, f, wide_on_grid(n, 102, f));
+          Twin out({s.rows, s.cols}, f8, zeros(n));
+          out.poison_device();
+          const Fp8CastStats want = cpu().fp8_cast_blocks(out.cpu_view(), in.cpu_view(), f8, b.rows, b.cols);
+          const Fp8CastStats got = gpu().fp8_cast_blocks(out.device_view(), in.device_view(), f8, b.rows, b.cols);
+          expect_identical("fp8_cast_blocks out", out);
+          expect_same_stats(got, want);
+        }
+}
+
+// ---------------------------------------------------------------------------- optimizer
+
+TEST_CASE("gpu: adamw matches the CPU backend and writes the low-precision copy", "[gpu]") {
+  std::vector<int> sizes(std::begin(kSizes), std::end(kSizes));
+  sizes.push_back((1 << 16) + 5);
+  for (const Format f : kFormats)
+    for (const int n : sizes)
+      for (const int64_t step : {int64_t(1), int64_t(7)}) {
+        INFO(format_name(f) << " n=" << n << " step " << step);
+        const size_t count = size_t(n);
+        AdamWParams p;
+        p.lr = 1e-3f;
+        p.weight_decay = 0.1f;
+        p.grad_scale = 0.5f;
+        p.step = step;
+        std::vector<float> v0 = on_grid(count, 114, 0.01f, Format::fp32);
+        for (float& x : v0) x = std::fabs(x);
+        Twin param({n}, Format::fp32, on_grid(count, 111, 1.0f, Format::fp32));
+        Twin grad({n}, f, on_grid(count, 112, 1.0f, f));
+        Twin m({n}, Format::fp32, on_grid(count, 113, 0.1f, Format::fp32)), v({n}, Format::fp32, v0);
+        // The copy in the gradient's format (fused into the update) and, for every format, a
+        // bf16 copy (written by copy() when the dtypes differ).
+        Twin copy({n}, f == Format::fp32 ? Format::bf16 : f, zeros(count));
+        copy.poison_device();
+        cpu().adamw(param.cpu_view(), grad.cpu_view(), m.cpu_view(), v.cpu_view(), p, copy.cpu_view());
+        gpu().adamw(param.device_view(), grad.device_view(), m.device_view(), v.device_view(), p, copy.device_view());
+        expect_close("adamw param", param, 1e-6);
+        expect_close("adamw m", m, 1e-6);
+        expect_close("adamw v", v, 1e-6);
+        expect_close("adamw copy", copy, tolerance(f == Format::fp32 ? Format::bf16 : f));
+        // Without a copy.
+        cpu().adamw(param.cpu_view(), grad.cpu_view(), m.cpu_view(), v.cpu_view(), p, Tensor());
+        gpu().adamw(param.device_view(), grad.device_view(), m.device_view(), v.device_view(), p, Tensor());
+        expect_close("adamw param, second step without a copy", param, 1e-6);
+      }
+}
+
+}  // namespace
+}  // namespace ptrain::test
