@@ -3,13 +3,23 @@
 // shared memory and spills (scripts/check-ptxas.sh). The CUDA backend will call these launchers.
 #include "attention.cuh"
 #include "classifier.cuh"
+#include "convert.cuh"
 #include "elementwise.cuh"
 #include "encoder.cuh"
 #include "fp8.cuh"
 #include "layernorm.cuh"
 #include "optimizer.cuh"
+#include "reduce.cuh"
 
 namespace ptrain::kernels {
+
+// Launchers over two storage types. The CUDA backend converts between, and finishes GEMMs into,
+// any pair of its float dtypes (with a bias of any of them), so every pair is instantiated.
+template <typename T, typename U>
+void instantiate_pair_launchers() {
+  (void)&convert<T, U>;
+  (void)&gemm_finish<T, U>;
+}
 
 template <typename T>
 void instantiate_launchers_for() {
@@ -36,6 +46,12 @@ void instantiate_launchers_for() {
   (void)&fp8_cast<T>;
   (void)&amax<T>;
   (void)&fp8_quantize_blocks<T>;
+  (void)&fp8_dequantize<T>;
+  (void)&fp8_dequantize_blocks<T>;
+  (void)&double_sum<T>;
+  instantiate_pair_launchers<T, float>();
+  instantiate_pair_launchers<T, bf16>();
+  instantiate_pair_launchers<T, fp16>();
 }
 
 template void instantiate_launchers_for<float>();

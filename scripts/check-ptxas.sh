@@ -27,7 +27,7 @@ table="$(cat "$@" | awk '
 status=0
 printf "%-72s %-6s %5s %6s %6s %7s\n" kernel arch regs smem stack spills
 while IFS=$'\t' read -r mangled arch regs smem stack spill_st spill_ld lmem; do
-  name="$(echo "$mangled" | c++filt | sed -E 's/^void //; s/^ptrain::kernels:://; s/\(.*$//; s/__nv_bfloat16/bf16/; s/__half/fp16/')"
+  name="$(echo "$mangled" | c++filt | sed -E 's/^void //; s/^ptrain::kernels:://; s/\(.*$//; s/__nv_bfloat16/bf16/g; s/__half/fp16/g')"
   printf "%-72s %-6s %5s %6s %6s %7s\n" "$name" "$arch" "$regs" "$smem" "$stack" "$((spill_st + spill_ld))"
   if [ "$stack" -ne 0 ] || [ "$spill_st" -ne 0 ] || [ "$spill_ld" -ne 0 ] || [ "$lmem" -ne 0 ]; then
     echo "  FAIL: $name uses local memory (stack $stack, spill stores $spill_st, loads $spill_ld, lmem $lmem)" >&2

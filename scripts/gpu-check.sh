@@ -48,14 +48,46 @@ run "gpu tests" ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 
 
 section "compute-sanitizer (memcheck, racecheck) on the gpu tests"
 if command -v compute-sanitizer >/dev/null; then
-  run "memcheck" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/ptrain_gpu_tests
-  run "racecheck" compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/ptrain_gpu_tests
+  # The kernel tests, and one whole forward/backward through the backend (every op once).
+  run "memcheck" compute-sanitizer --tool memcheck --error-exitcode 1 build-gpu/tests/ptrain_gpu_tests \
+    "*on the device*" "gpu: one micro-batch*"
+  run "racecheck" compute-sanitizer --tool racecheck --error-exitcode 1 build-gpu/tests/ptrain_gpu_tests "*on the device*"
 else
   not_run+=("compute-sanitizer: not on the PATH")
 fi
 
-section "benchmark"
-not_run+=("benchmark table (GPT-2 124M/350M/774M, fp32/bf16/fp8): ptrain has no CUDA backend yet, so no GPU training step exists to time")
+section "benchmark (medians over steps 2-8; MFU against the data sheet's dense peak)"
+table=()
+budget=450  # seconds since the start after which no further benchmark starts (one call: 8 minutes)
+bench() {  # bench MODEL MODE [--set ...]: one row of the table
+  local model="$1" mode="$2"
+  shift 2
+  if [ $(($(date +%s) - start)) -gt $budget ]; then
+    not_run+=("bench $model $mode $*: the 8-minute budget was spent")
+    return
+  fi
+  local out
+  out="$(timeout 60 build-gpu/ptrain bench "configs/bench-gpu/gpt2-$model.yaml" --set precision.mode="$mode" "$@" 2>&1)"
+  local status=$?
+  if [ $status -ne 0 ]; then
+    echo "$out" | tail -5
+    [ $status -eq 124 ] && not_run+=("bench $model $mode $*: over 60 s") || failed+=("bench $model $mode $* (exit $status)")
+    return
+  fi
+  local field
+  field() { echo "$out" | awk -v key="$1" 'index($0, key) { print $(NF - ($2)) }' | tail -1; }
+  table+=("$(printf '%-6s %-22s %10s %9s %8s %9s' "$model" "$mode $*" "$(field 'tokens/s' 0)" \
+    "$(field 'model FLOP/s' 6)" "$(field 'MFU' 1)" "$(field 'peak device memory' 1)")")
+}
+bench 124m fp32
+bench 124m bf16
+for recipe in delayed current block; do bench 124m fp8 --set precision.fp8.recipe=$recipe; done
+for model in 350m 774m; do
+  bench "$model" bf16
+  bench "$model" fp8 --set precision.fp8.recipe=delayed
+done
+printf '%-6s %-22s %10s %9s %8s %9s\n' model precision "tokens/s" "TFLOP/s" "MFU %" "peak GiB"
+for row in "${table[@]}"; do echo "$row"; done
 
 section "summary"
 for item in "${not_run[@]}"; do echo "not run: $item"; done

@@ -134,6 +134,13 @@ class Backend {
   virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                      Tensor param_copy) = 0;
 
+  // Device memory this backend holds (capacity), hands out now (in_use) and the most it has had
+  // out at once (peak); zeros where the operating system accounts for memory, as on the CPU.
+  struct MemoryUse {
+    size_t capacity = 0, in_use = 0, peak = 0;
+  };
+  virtual MemoryUse memory_use() const { return {}; }
+
   // Returns the gradient-rounding counters since the last call and resets them.
   virtual GradNumerics take_grad_numerics() = 0;
 };

@@ -5,8 +5,10 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "metrics/cpu_peak.h"
+#include "metrics/device_peak.h"
 #include "precision/policy.h"
 #include "train/trainer.h"
 
@@ -18,10 +20,42 @@ static double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The GPU benchmark: tokens/s, model FLOP/s, MFU against the device's dense peak for the
+// precision (unknown devices get no MFU), and peak device memory.
+static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
+  const std::optional<double> peak = dense_peak_flops(device.name, config.precision.mode, config.precision.tf32);
+  if (peak)
+    std::printf("peak: %s, dense %s: %.1f TFLOP/s (data sheet)\n\n", device.name.c_str(), config.precision.mode.c_str(),
+                *peak / 1e12);
+  else
+    std::printf("peak: %s is not in ptrain's table of dense peaks: no MFU\n\n", device.name.c_str());
+  std::fflush(stdout);
+  const TrainResult result = train(config, TrainOptions{});
+  const std::vector<double> timed(result.step_seconds.begin() + 1, result.step_seconds.end());
+  const double step_s = median(timed);
+  const double tokens_per_s = static_cast<double>(result.tokens_per_step) / step_s;
+  const double model_flops = result.flops_per_token * tokens_per_s;
+  std::printf("\nbenchmark: %s, %s, %s, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
+              PrecisionPolicy::from_config(config.precision).label().c_str(), result.device.c_str(),
+              result.step_seconds.size(), timed.size());
+  std::printf("  median step            %10.1f ms\n", step_s * 1e3);
+  std::printf("  tokens/s               %10.0f\n", tokens_per_s);
+  std::printf("  model FLOP/s           %10.1f TFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", model_flops / 1e12,
+              result.flops_per_token);
+  if (peak) std::printf("  MFU                    %10.1f %%\n", 100.0 * model_flops / *peak);
+  std::printf("  peak device memory     %10.2f GiB\n", static_cast<double>(result.peak_device_bytes) / (1 << 30));
+}
+
 void benchmark(const Config& config) {
   if (config.training.steps < 3)
     throw UserError("training.steps: " + std::to_string(config.training.steps) +
                     " is too few to benchmark; expected at least 3 (step 1 is warm-up)");
+  if (config.run.device != "cpu") {
+    const CudaProbe probe = probe_cuda();
+    if (!probe.devices.empty()) return benchmark_gpu(config, probe.devices[0]);
+    if (config.run.device == "cuda")
+      throw EnvironmentError("run.device: cuda cannot be benchmarked: no usable CUDA device: " + probe.why_none);
+  }
   // The backend sets the OpenMP and OpenBLAS thread counts; measure the ceiling under them.
   const std::string device = make_cpu_backend(config.training.threads)->description();
   const GemmRate gemm = measure_sgemm_rate(4096, 5);

@@ -240,6 +240,7 @@ class Trainer {
       }
     }
     if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps - first_step + 1);
+    result_.device = device_choice_;
     result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
@@ -459,6 +460,8 @@ class Trainer {
                               {"best_val_loss", best_val_ ? *best_val_ : NAN},
                               {"best_val_step", best_val_step_},
                               {"peak_memory_mib", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
+                              {"peak_device_memory_mib", static_cast<double>(result_.peak_device_bytes = backend_->memory_use().peak) /
+                                                             (1024.0 * 1024.0)},
                               {"precision", policy_.label()},
                               {"skipped_steps", scaler_.skipped_steps()},
                               {"num_params", model_.num_params()}};

@@ -20,6 +20,8 @@ struct TrainResult {
   double final_val_loss = 0;
   bool interrupted = false;        // stopped by a signal or stop_at before training.steps
   std::string last_checkpoint;     // path of the newest checkpoint written, if any
+  std::string device;              // the device run.device resolved to, and why
+  size_t peak_device_bytes = 0;    // most device memory in use at once (GPU runs; 0 on the CPU)
 };
 
 // Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is

@@ -210,15 +210,15 @@ TEST_CASE("gpu: the backend names itself and maps formats to storage", "[gpu]") 
 
 TEST_CASE("gpu: allocate hands out zeroed aligned blocks and release takes them back in any order", "[gpu]") {
   Backend& g = gpu();
-  const CudaMemoryUse before = cuda_memory_use(g);
-  CHECK(before.arena_bytes == kArenaBytes);
+  const Backend::MemoryUse before = g.memory_use();
+  CHECK(before.capacity == kArenaBytes);
   std::vector<void*> blocks;
   for (const size_t bytes : {size_t(1), size_t(100), size_t(4096), size_t(1) << 20, size_t(3)}) {
     void* p = g.allocate(bytes);
     CHECK(reinterpret_cast<uintptr_t>(p) % 256 == 0);
     blocks.push_back(p);
   }
-  CHECK(cuda_memory_use(g).in_use_bytes >= before.in_use_bytes + (size_t(1) << 20) + 4096);
+  CHECK(g.memory_use().in_use >= before.in_use + (size_t(1) << 20) + 4096);
   // Dirty a block, give it back and take one of its size again: it comes back zeroed.
   const std::vector<float> ones(1024, 1.0f);
   g.upload(Tensor(blocks[2], DType::f32, {1024}, Device::cuda), ones.data());
@@ -228,9 +228,9 @@ TEST_CASE("gpu: allocate hands out zeroed aligned blocks and release takes them 
   g.download(got.data(), Tensor(blocks[2], DType::f32, {1024}, Device::cuda));
   CHECK(got == zeros(1024));
   for (const int i : {1, 3, 0, 4, 2}) g.release(blocks[i]);
-  const CudaMemoryUse after = cuda_memory_use(g);
-  CHECK(after.in_use_bytes == before.in_use_bytes);
-  CHECK(after.peak_bytes >= before.in_use_bytes + (size_t(1) << 20));
+  const Backend::MemoryUse after = g.memory_use();
+  CHECK(after.in_use == before.in_use);
+  CHECK(after.peak >= before.in_use + (size_t(1) << 20));
   CHECK_THROWS_AS(g.allocate(size_t(1) << 40), EnvironmentError);
   CHECK_THROWS_WITH(g.allocate(size_t(1) << 40), Catch::Contains("1099511627776 bytes"));
   CHECK_THROWS_AS(g.release(reinterpret_cast<void*>(uintptr_t(16))), std::logic_error);

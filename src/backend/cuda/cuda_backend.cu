@@ -1,8 +1,8 @@
-// The CUDA backend: every Backend op on one GPU. Three layers, as in kernels/: the small kernels
-// only this backend needs (dtype conversion, the tail of a GEMM written through FP32 scratch,
-// double-precision sums, FP8 dequantisation); their launchers; and the Backend ops, which check
-// dtypes and shapes, stage operands of other dtypes, and call the kernels of kernels/*.cuh and
-// cuBLASLt (backend/cuda/matmul.h).
+// The CUDA backend: every Backend op on one GPU. The ops check dtypes and shapes, stage operands
+// of other dtypes, and call the kernel launchers of kernels/*.cuh (dtype conversion, the tail of
+// a GEMM written through FP32 scratch and FP8 dequantisation in kernels/convert.cuh, the
+// double-precision sums in kernels/reduce.cuh) and cuBLASLt (backend/cuda/matmul.h). This file
+// defines no kernels: every one is tested under the SIMT emulator (tests/kernels/).
 //
 // Why this shape:
 //  - Mixed dtypes. The model hands the backend f32 FP8 buffers (dequantised values) next to bf16
@@ -16,10 +16,10 @@
 //    The FP8 casts are the exception the interface defines: their output holds dequantised
 //    values, never rounded to the FP8 grid.
 //  - GEMMs. cuBLASLt has no f32 x f32 -> bf16 (or bf16 x bf16 -> f16) GEMM, so such a product is
-//    computed into FP32 scratch and a small kernel adds it (and the bias) into the output,
+//    computed into FP32 scratch and kernels::gemm_finish adds it (and the bias) into the output,
 //    rounding once: the CPU's arithmetic (FP32 accumulation, one rounding of old + product).
 //  - Determinism. Every reduction runs in an order fixed by the sizes alone (kernels/ explains
-//    theirs; sum and sum_squares here use a fixed grid of double partial sums), so results are
+//    theirs; sum and sum_squares use reduce.cuh's fixed grid of double partial sums), so results are
 //    bit-identical run to run.
 //  - Memory. One arena reserved at construction (see cuda_backend.h); scratch buffers are
 //    sized on first use, grown when a larger call needs more, and kept.
@@ -53,11 +53,13 @@
 // The kernels (kernels/ is on the include path).
 #include "attention.cuh"
 #include "classifier.cuh"
+#include "convert.cuh"
 #include "elementwise.cuh"
 #include "encoder.cuh"
 #include "fp8.cuh"
 #include "layernorm.cuh"
 #include "optimizer.cuh"
+#include "reduce.cuh"
 
 namespace ptrain {
 namespace {
@@ -69,82 +71,10 @@ using kernels::fp8;
 constexpr size_t kArenaAlignment = 256;  // every allocation and scratch buffer starts on 256 bytes
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kGiB = size_t(1) << 30;
-constexpr int kThreads = 256;  // this file's grid-stride kernels
-constexpr int kReduceThreads = 256;
-constexpr int kReducePartials = 264;  // blocks of the first sum stage: fixed, so the order is n's alone
 
 size_t round_up(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-// ================================================================================ kernels
-
-#define PTRAIN_GRID_STRIDE(i, n)                                                       \
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-
-// ptrain::round_to_format(x, f, saturate = false) on the device: the same NVIDIA conversions,
-// so the same bits (bf16/fp16 overflow to inf, FP8 overflow to NaN (e4m3) or inf (e5m2)).
-__device__ __forceinline__ float round_to_format_device(float x, Format f) {
-  switch (f) {
-    case Format::bf16: return __bfloat162float(__float2bfloat16_rn(x));
-    case Format::fp16: return __half2float(__float2half_rn(x));
-    case Format::e4m3: return kernels::fp8_to_float(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E4M3), __NV_E4M3);
-    case Format::e5m2: return kernels::fp8_to_float(__nv_cvt_float_to_fp8(x, __NV_NOSAT, __NV_E5M2), __NV_E5M2);
-    default: return x;
-  }
-}
-
-// out[i] = in[i] rounded to `round` (fp32: unchanged), stored as Dst. out may alias in.
-template <typename Dst, typename Src>
-__global__ void convert_kernel(Dst* out, const Src* in, size_t n, Format round) {
-  PTRAIN_GRID_STRIDE(i, n) out[i] = kernels::from_float<Dst>(round_to_format_device(kernels::to_float(in[i]), round));
-}
-
-// The tail of a GEMM computed into FP32 scratch acc (rows, cols): out = [out +] acc [+ bias],
-// one FP32 addition chain and one rounding per element, as the CPU backend's BLAS call and bias
-// loop do (forward: acc + bias; backward: old + acc).
-template <typename Dst, typename Bias>
-__global__ void gemm_finish_kernel(Dst* out, const float* acc, const Bias* bias, size_t n, size_t cols,
-                                   bool accumulate) {
-  PTRAIN_GRID_STRIDE(i, n) {
-    float v = acc[i];
-    if (accumulate) v = kernels::to_float(out[i]) + v;
-    if (bias) v += kernels::to_float(bias[i % cols]);
-    out[i] = kernels::from_float<Dst>(v);
-  }
-}
-
-// partials[block] = sum over this block's grid-stride slice of x[i] (or x[i]^2), in double:
-// each thread in index order, then a fixed butterfly per warp and the warps in order.
-template <typename T, bool kSquares>
-__global__ void sum_partial_kernel(double* partials, const T* x, size_t n) {
-  __shared__ double warp_sums[kReduceThreads / kernels::kWarpSize];
-  double s = 0.0;
-  PTRAIN_GRID_STRIDE(i, n) {
-    const double v = static_cast<double>(kernels::to_float(x[i]));
-    if constexpr (kSquares)
-      s += v * v;
-    else
-      s += v;
-  }
-  for (int offset = kernels::kWarpSize / 2; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
-  const int lane = static_cast<int>(threadIdx.x) % kernels::kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kernels::kWarpSize;
-  if (lane == 0) warp_sums[warp] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kReduceThreads / kernels::kWarpSize; ++w) total += warp_sums[w];
-    partials[blockIdx.x] = total;
-  }
-}
-
-// *out = partials[0] + partials[1] + ..., in order, by one thread.
-__global__ void sum_final_kernel(double* out, const double* partials, int count) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  double s = 0.0;
-  for (int i = 0; i < count; ++i) s += partials[i];
-  *out = s;
-}
+// ================================================================================ device scalars
 
 // The device scalars the host reads back: FP8 cast telemetry, amax, the cast's scale, a sum.
 struct DeviceScalars {
@@ -153,98 +83,6 @@ struct DeviceScalars {
   float scale;
   double result;
 };
-
-__global__ void reset_scalars_kernel(DeviceScalars* s, float scale) {
-  if (threadIdx.x != 0 || blockIdx.x != 0) return;
-  s->counts.nonzero = 0;
-  s->counts.underflow = 0;
-  s->counts.saturated = 0;
-  s->amax = 0.0f;
-  s->scale = scale;
-  s->result = 0.0;
-}
-
-// out[i] = fp8 value of codes[i] * inv_scale: the CPU's q * (1.0f / scale), with inv_scale
-// computed on the host exactly as the CPU computes it.
-template <typename Dst>
-__global__ void fp8_dequantize_kernel(Dst* out, const fp8* codes, size_t n, float inv_scale,
-                                      __nv_fp8_interpretation_t format) {
-  PTRAIN_GRID_STRIDE(i, n) out[i] = kernels::from_float<Dst>(kernels::fp8_to_float(codes[i], format) * inv_scale);
-}
-
-// Block scaling: element (r, c) of the (rows, cols) tensor is dequantised with its block's
-// scale_inv[(r / block_rows) * tile_cols + c / block_cols] (the layout fp8_quantize_blocks
-// writes; 1.0f / scale on the device is correctly rounded, the CPU's 1.0f / scale bit for bit).
-template <typename Dst>
-__global__ void fp8_dequantize_blocks_kernel(Dst* out, const fp8* codes, const float* scale_inv, size_t n, size_t cols,
-                                             size_t block_rows, size_t block_cols, size_t tile_cols,
-                                             __nv_fp8_interpretation_t format) {
-  PTRAIN_GRID_STRIDE(i, n) {
-    const size_t r = i / cols, c = i % cols;
-    const float s = scale_inv[(r / block_rows) * tile_cols + c / block_cols];
-    out[i] = kernels::from_float<Dst>(kernels::fp8_to_float(codes[i], format) * s);
-  }
-}
-
-#undef PTRAIN_GRID_STRIDE
-
-// ================================================================================ launchers
-
-int blocks_for(size_t n) { return kernels::elementwise_blocks(n); }  // 256-thread blocks, capped
-
-template <typename Dst, typename Src>
-void launch_convert(Dst* out, const Src* in, size_t n, Format round, cudaStream_t stream) {
-  if (n == 0) return;
-  convert_kernel<Dst, Src><<<blocks_for(n), kThreads, 0, stream>>>(out, in, n, round);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename Dst, typename Bias>
-void launch_gemm_finish(Dst* out, const float* acc, const Bias* bias, size_t rows, size_t cols, bool accumulate,
-                        cudaStream_t stream) {
-  const size_t n = rows * cols;
-  if (n == 0) return;
-  gemm_finish_kernel<Dst, Bias><<<blocks_for(n), kThreads, 0, stream>>>(out, acc, bias, n, cols, accumulate);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
-
-// *out = sum (or sum of squares) of x[0, n) in double, deterministic; partials holds
-// kReducePartials doubles.
-template <typename T>
-void launch_sum(double* out, double* partials, const T* x, size_t n, bool squares, cudaStream_t stream) {
-  const size_t needed = kernels::ceil_div(n, static_cast<size_t>(kReduceThreads));
-  const int blocks = static_cast<int>(std::max<size_t>(1, std::min<size_t>(needed, kReducePartials)));
-  if (squares)
-    sum_partial_kernel<T, true><<<blocks, kReduceThreads, 0, stream>>>(partials, x, n);
-  else
-    sum_partial_kernel<T, false><<<blocks, kReduceThreads, 0, stream>>>(partials, x, n);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-  sum_final_kernel<<<1, kernels::kWarpSize, 0, stream>>>(out, partials, blocks);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
-
-void launch_reset_scalars(DeviceScalars* s, float scale, cudaStream_t stream) {
-  reset_scalars_kernel<<<1, kernels::kWarpSize, 0, stream>>>(s, scale);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename Dst>
-void launch_fp8_dequantize(Dst* out, const fp8* codes, size_t n, float inv_scale, __nv_fp8_interpretation_t format,
-                           cudaStream_t stream) {
-  if (n == 0) return;
-  fp8_dequantize_kernel<Dst><<<blocks_for(n), kThreads, 0, stream>>>(out, codes, n, inv_scale, format);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename Dst>
-void launch_fp8_dequantize_blocks(Dst* out, const fp8* codes, const float* scale_inv, size_t n, size_t cols,
-                                  size_t block_rows, size_t block_cols, size_t tile_cols,
-                                  __nv_fp8_interpretation_t format, cudaStream_t stream) {
-  if (n == 0) return;
-  fp8_dequantize_blocks_kernel<Dst><<<blocks_for(n), kThreads, 0, stream>>>(out, codes, scale_inv, n, cols, block_rows,
-                                                                            block_cols, tile_cols, format);
-  PTRAIN_CUDA_CHECK(cudaGetLastError());
-}
 
 // ================================================================================ host helpers
 
@@ -282,6 +120,18 @@ cudaDataType_t cuda_type(DType t) {
 }
 
 __nv_fp8_interpretation_t fp8_interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
+
+// The kernels' name for a format a conversion rounds to (kernels/ does not include src/).
+kernels::RoundFormat round_format(Format f) {
+  switch (f) {
+    case Format::fp32: return kernels::RoundFormat::fp32;
+    case Format::bf16: return kernels::RoundFormat::bf16;
+    case Format::fp16: return kernels::RoundFormat::fp16;
+    case Format::e4m3: return kernels::RoundFormat::e4m3;
+    case Format::e5m2: return kernels::RoundFormat::e5m2;
+  }
+  fail("convert", "unknown format");
+}
 
 // Calls fn(Tag<T>{}) with T the storage type of dtype t (float, bf16 or fp16).
 template <typename T>
@@ -444,13 +294,7 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  CudaMemoryUse memory_use() const {
-    CudaMemoryUse use;
-    use.arena_bytes = arena_bytes_;
-    use.in_use_bytes = in_use_;
-    use.peak_bytes = peak_;
-    return use;
-  }
+  MemoryUse memory_use() const override { return MemoryUse{arena_bytes_, in_use_, peak_}; }
 
   // ------------------------------------------------------------------------ identity
 
@@ -1009,7 +853,7 @@ class CudaBackend final : public Backend {
     const int rows_i = to_int(n / cols, op, "rows"), cols_i = to_int(cols, op, "columns");
     fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
     const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
-    launch_reset_scalars(scalars_, scale, stream_);
+    reset_scalars(scale);
     with_float_type(in.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
       kernels::fp8_cast<T>(codes, nullptr, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i, scale_ptr(), fmt,
@@ -1018,7 +862,7 @@ class CudaBackend final : public Backend {
     const float inv_scale = 1.0f / scale;
     with_float_type(out.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      launch_fp8_dequantize<T>(out.as<T>(), codes, static_cast<size_t>(n), inv_scale, fmt, stream_);
+      kernels::fp8_dequantize<T>(out.as<T>(), codes, static_cast<size_t>(n), inv_scale, fmt, stream_);
     });
     return read_fp8_stats();
   }
@@ -1041,7 +885,7 @@ class CudaBackend final : public Backend {
     fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
     float* scale_inv = scratch_floats(kFp8ScaleInv, static_cast<size_t>(tile_rows * tile_cols));
     const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
-    launch_reset_scalars(scalars_, 1.0f, stream_);
+    reset_scalars(1.0f);
     with_float_type(in.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
       kernels::fp8_quantize_blocks<T>(codes, scale_inv, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i,
@@ -1049,9 +893,8 @@ class CudaBackend final : public Backend {
     });
     with_float_type(out.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      launch_fp8_dequantize_blocks<T>(out.as<T>(), codes, scale_inv, static_cast<size_t>(n), static_cast<size_t>(cols),
-                                      static_cast<size_t>(block_rows), static_cast<size_t>(block_cols),
-                                      static_cast<size_t>(tile_cols), fmt, stream_);
+      kernels::fp8_dequantize_blocks<T>(out.as<T>(), codes, scale_inv, rows_i, cols_i, block_rows, block_cols, fmt,
+                                        stream_);
     });
     return read_fp8_stats();
   }
@@ -1160,7 +1003,7 @@ class CudaBackend final : public Backend {
       PTRAIN_ELEMENT_TYPE(D, dst_tag);
       with_float_type(src.dtype, "convert", [&](auto src_tag) {
         PTRAIN_ELEMENT_TYPE(S, src_tag);
-        launch_convert<D, S>(dst.as<D>(), src.as<S>(), n, round, stream_);
+        kernels::convert<D, S>(dst.as<D>(), src.as<S>(), n, round_format(round), stream_);
       });
     });
   }
@@ -1172,7 +1015,7 @@ class CudaBackend final : public Backend {
   // out (spec.n rows, spec.m columns, row-major) = A/B product [+ bias(columns)], or += it with
   // `accumulate`. A and B have dtype ab. cuBLASLt writes out directly where it has the type
   // pair (ab -> ab, bf16/f16 -> f32), with the bias through the BIAS epilogue when every type
-  // agrees; otherwise the product goes to FP32 scratch and gemm_finish_kernel adds it in.
+  // agrees; otherwise the product goes to FP32 scratch and kernels::gemm_finish adds it in.
   void gemm_into(Staged& st, GemmSpec spec, const void* a, const void* b, DType ab, const Tensor& out, bool accumulate,
                  const Tensor& bias) {
     const int64_t rows = spec.n, cols = spec.m;
@@ -1212,12 +1055,12 @@ class CudaBackend final : public Backend {
     with_float_type(out.dtype, "matmul", [&](auto out_tag) {
       PTRAIN_ELEMENT_TYPE(D, out_tag);
       if (bias.empty()) {
-        launch_gemm_finish<D, D>(out.as<D>(), acc, nullptr, r, c, accumulate, stream_);
+        kernels::gemm_finish<D, D>(out.as<D>(), acc, nullptr, r, c, accumulate, stream_);
         return;
       }
       with_float_type(bias.dtype, "matmul", [&](auto bias_tag) {
         PTRAIN_ELEMENT_TYPE(Bt, bias_tag);
-        launch_gemm_finish<D, Bt>(out.as<D>(), acc, bias.as<Bt>(), r, c, accumulate, stream_);
+        kernels::gemm_finish<D, Bt>(out.as<D>(), acc, bias.as<Bt>(), r, c, accumulate, stream_);
       });
     });
   }
@@ -1266,16 +1109,24 @@ class CudaBackend final : public Backend {
     expect_float(op, "t", t);
     const size_t n = t.empty() ? 0 : static_cast<size_t>(t.numel());
     if (n == 0) return 0.0;
-    double* partials = static_cast<double*>(scratch(kReduce, kReducePartials * sizeof(double)));
+    double* partials = static_cast<double*>(scratch(kReduce, kernels::kReducePartials * sizeof(double)));
     double* device_result = result_ptr();
     with_float_type(t.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      launch_sum<T>(device_result, partials, t.as<T>(), n, squares, stream_);
+      kernels::double_sum<T>(device_result, partials, t.as<T>(), n, squares, stream_);
     });
     double result = 0.0;
     PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     sync();
     return result;
+  }
+
+  // Before an FP8 cast: zeroes the device scalars (counts, amax, result) and sets the cast's
+  // scale, in stream order. A copy from pageable host memory is staged before cudaMemcpyAsync
+  // returns, so `scale` may go away at once.
+  void reset_scalars(float scale) {
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(scalars_, 0, sizeof(DeviceScalars), stream_));
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(scale_ptr(), &scale, sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
 
   Fp8CastStats read_fp8_stats() {
@@ -1451,12 +1302,6 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes) {
   return std::make_unique<CudaBackend>(device_index, arena_bytes);
-}
-
-CudaMemoryUse cuda_memory_use(const Backend& backend) {
-  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
-  if (!cuda) throw std::invalid_argument("cuda_memory_use: the backend is " + backend.name() + ", not cuda");
-  return cuda->memory_use();
 }
 
 }  // namespace ptrain

@@ -31,12 +31,4 @@ namespace ptrain {
 // device, the device is older than sm_90, or the arena cannot be reserved.
 std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes = 0);
 
-// Device memory use of a backend made by make_cuda_backend (std::invalid_argument for any other).
-struct CudaMemoryUse {
-  size_t arena_bytes = 0;   // reserved at construction
-  size_t in_use_bytes = 0;  // handed out now (allocations and the ops' scratch)
-  size_t peak_bytes = 0;    // the most ever handed out at once
-};
-CudaMemoryUse cuda_memory_use(const Backend& backend);
-
 }  // namespace ptrain
