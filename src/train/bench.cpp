@@ -20,6 +20,21 @@ static double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// A run's speed over its timed steps (all but the first, which warms up).
+struct StepRate {
+  size_t steps = 0;
+  double step_s = 0, tokens_per_s = 0, model_flops = 0;
+};
+static StepRate step_rate(const TrainResult& result) {
+  const std::vector<double> timed(result.step_seconds.begin() + 1, result.step_seconds.end());
+  StepRate r;
+  r.steps = timed.size();
+  r.step_s = median(timed);
+  r.tokens_per_s = static_cast<double>(result.tokens_per_step) / r.step_s;
+  r.model_flops = result.flops_per_token * r.tokens_per_s;
+  return r;
+}
+
 // The GPU benchmark: tokens/s, model FLOP/s, MFU against the device's dense peak for the
 // precision (unknown devices get no MFU), and peak device memory.
 static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
@@ -31,18 +46,15 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
     std::printf("peak: %s is not in ptrain's table of dense peaks: no MFU\n\n", device.name.c_str());
   std::fflush(stdout);
   const TrainResult result = train(config, TrainOptions{});
-  const std::vector<double> timed(result.step_seconds.begin() + 1, result.step_seconds.end());
-  const double step_s = median(timed);
-  const double tokens_per_s = static_cast<double>(result.tokens_per_step) / step_s;
-  const double model_flops = result.flops_per_token * tokens_per_s;
+  const StepRate r = step_rate(result);
   std::printf("\nbenchmark: %s, %s, %s, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
               PrecisionPolicy::from_config(config.precision).label().c_str(), result.device.c_str(),
-              result.step_seconds.size(), timed.size());
-  std::printf("  median step            %10.1f ms\n", step_s * 1e3);
-  std::printf("  tokens/s               %10.0f\n", tokens_per_s);
-  std::printf("  model FLOP/s           %10.1f TFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", model_flops / 1e12,
+              result.step_seconds.size(), r.steps);
+  std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
+  std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
+  std::printf("  model FLOP/s           %10.1f TFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", r.model_flops / 1e12,
               result.flops_per_token);
-  if (peak) std::printf("  MFU                    %10.1f %%\n", 100.0 * model_flops / *peak);
+  if (peak) std::printf("  MFU                    %10.1f %%\n", 100.0 * r.model_flops / *peak);
   std::printf("  peak device memory     %10.2f GiB\n", static_cast<double>(result.peak_device_bytes) / (1 << 30));
 }
 
@@ -64,19 +76,16 @@ void benchmark(const Config& config) {
   std::fflush(stdout);
 
   const TrainResult result = train(config, TrainOptions{});
-  const std::vector<double> timed(result.step_seconds.begin() + 1, result.step_seconds.end());
-  const double step_s = median(timed);
-  const double tokens_per_s = static_cast<double>(result.tokens_per_step) / step_s;
-  const double model_flops = result.flops_per_token * tokens_per_s;
+  const StepRate r = step_rate(result);
   std::printf("\nbenchmark: %s, %s, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
               PrecisionPolicy::from_config(config.precision).label().c_str(), gemm.threads,
-              result.step_seconds.size(), timed.size());
-  std::printf("  median step            %10.1f ms\n", step_s * 1e3);
-  std::printf("  tokens/s               %10.0f\n", tokens_per_s);
-  std::printf("  model FLOP/s           %10.1f GFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", model_flops / 1e9,
+              result.step_seconds.size(), r.steps);
+  std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
+  std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
+  std::printf("  model FLOP/s           %10.1f GFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", r.model_flops / 1e9,
               result.flops_per_token);
   std::printf("  sgemm ceiling          %10.1f GFLOP/s\n", gemm.median_flops / 1e9);
-  std::printf("  model / ceiling        %10.1f %%\n", 100.0 * model_flops / gemm.median_flops);
+  std::printf("  model / ceiling        %10.1f %%\n", 100.0 * r.model_flops / gemm.median_flops);
 }
 
 }  // namespace ptrain
