@@ -10,6 +10,8 @@
 
 #include "backend/backend.h"
 #include "backend/device.h"
+#include "metrics/device_peak.h"
+#include "metrics/nvtx.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
@@ -191,6 +193,7 @@ class Trainer {
     double train_seconds = 0, timed_seconds = 0;
     int64_t timed_steps = 0;
     for (int64_t step = first_step; step <= steps; ++step) {
+      NvtxRange step_range("step");
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
@@ -203,16 +206,23 @@ class Trainer {
       for (int micro = 0; micro < accum_; ++micro) {
         const int64_t first_sample = ((step - 1) * accum_ + micro) * B_;
         train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
-        loss_sum += model_.forward(inputs_.data(), targets_.data(), dloss);
+        {
+          NvtxRange range("forward");
+          loss_sum += model_.forward(inputs_.data(), targets_.data(), dloss);
+        }
+        NvtxRange range("backward");
         model_.backward();
       }
       const double loss = comm_->all_reduce_sum(loss_sum / accum_) / comm_->world_size();
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
-      const double norm = optimizer_.grad_norm() / loss_scale;
-      const bool nonfinite = !std::isfinite(norm);
-      if (!scaler_.update(nonfinite)) optimizer_.step(lr, norm, loss_scale);
-      model_.end_step();
+      double norm;
+      {
+        NvtxRange range("optimizer");
+        norm = optimizer_.grad_norm() / loss_scale;
+        if (!scaler_.update(!std::isfinite(norm))) optimizer_.step(lr, norm, loss_scale);
+        model_.end_step();
+      }
       const double seconds = seconds_since(t0);
       train_seconds += seconds;
       result_.step_seconds.push_back(seconds);
@@ -348,6 +358,14 @@ class Trainer {
                 " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
                 fmt("%.4f", std::log(shape_.vocab)));
     log_.info("memory: " + plan_memory(shape_, policy_, B_, T_).describe());
+    if (backend_->device() == Device::cuda) {  // MFU needs the device's peak; a CPU has none to quote
+      const CudaProbe probe = probe_cuda();
+      const std::string name = probe.devices.empty() ? "the device" : probe.devices[0].name;
+      peak_flops_ = dense_peak_flops(name, cfg_.precision.mode, cfg_.precision.tf32);
+      log_.info(peak_flops_ ? "MFU against " + name + "'s dense " + cfg_.precision.mode + " peak of " +
+                                  fmt("%.1f", *peak_flops_ / 1e12) + " TFLOP/s (data sheet)"
+                            : "no MFU: " + name + " is not in ptrain's table of dense peaks");
+    }
   }
 
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
@@ -355,6 +373,8 @@ class Trainer {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens);
     const double tok_s = tokens / seconds;
     const int64_t rss = current_rss_bytes();
+    std::optional<double> mfu;
+    if (peak_flops_) mfu = training_flops_per_token(cfg_.model, T_) * tok_s / *peak_flops_;
     nlohmann::json record = {{"step", step},
                              {"tokens", static_cast<int64_t>(tokens) * step},
                              {"loss", loss},
@@ -363,9 +383,11 @@ class Trainer {
                              {"loss_scale", loss_scale},
                              {"skipped", scaler_.skipped_steps()},
                              {"tokens_per_s", tok_s},
-                             {"mfu", nullptr},  // no known peak for a CPU; see scripts/bench-cpu.sh
+                             {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json()},  // null without a known peak
                              {"ms", seconds * 1000.0},
                              {"memory_mib", static_cast<double>(rss) / (1024.0 * 1024.0)}};
+    const Backend::MemoryUse device_memory = backend_->memory_use();
+    if (device_memory.capacity > 0) record["device_memory_peak_mib"] = static_cast<double>(device_memory.peak) / (1 << 20);
     log_.metrics(record);
     if (step % cfg_.logging.every != 0 && step != cfg_.training.steps) return;
     char line[256];
@@ -376,6 +398,8 @@ class Trainer {
                   format_duration(mean_seconds * static_cast<double>(cfg_.training.steps - step)).c_str(),
                   format_mib(rss).c_str());
     std::string text = line;
+    if (device_memory.capacity > 0) text += " | gpu mem " + format_mib(static_cast<int64_t>(device_memory.peak));
+    if (mfu) text += " | MFU " + fmt("%.1f", 100.0 * *mfu) + "%";
     // Megatron's convention: loss scale and skipped steps appear when loss scaling is on.
     if (policy_.loss_scaling.mode != "off")
       text += " | loss scale " + fmt("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
@@ -496,6 +520,7 @@ class Trainer {
   ValSampler val_sampler_;
   std::optional<SyntheticInfo> synthetic_;
   std::string device_choice_;  // which device run.device gave, and why (for the log)
+  std::optional<double> peak_flops_;  // the GPU's dense peak for this precision, for MFU
   std::unique_ptr<Backend> backend_;
   Gpt model_;
   AdamW optimizer_;
