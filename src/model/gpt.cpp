@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "metrics/nvtx.h"
 
 namespace ptrain {
 
@@ -156,6 +157,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
     cursor += (e.slot->bytes() + 63) / 64 * 64;
   }
 
+  for (int l = 0; l < shape.n_layer; ++l) block_names_.push_back("block " + std::to_string(l));
+
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
   const int64_t rows = int64_t{B} * T;
   const auto linear_shapes = block_linear_shapes(shape);
@@ -276,6 +279,7 @@ void Gpt::forward_logits(const int32_t* inputs, bool training) {
 
   be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
   for (int l = 0; l < L; ++l) {
+    NvtxRange range(block_names_[l].c_str());
     be.layernorm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], residual_in(l), params_[kLn1w][l], params_[kLn1b][l]);
     linear_forward(fp8_linear(l, kQkv), a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l], training);
     be.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], NH);
@@ -307,6 +311,7 @@ void Gpt::backward() {
   be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
 
   for (int l = L - 1; l >= 0; --l) {
+    NvtxRange range(block_names_[l].c_str());
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
     be.zero(a_.dfch_gelu);
     linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l],

@@ -139,6 +139,7 @@ class Gpt {
   Tensor params_flat_, grads_flat_, master_flat_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   GptActivations a_;
+  std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names
   size_t act_bytes_ = 0;
   void* act_memory_ = nullptr;
   bool grads_ready_ = false;
