@@ -160,39 +160,48 @@ __device__ __forceinline__ void store_chunk(T* row, int i, int n, const float (&
 
 // ---------------------------------------------------------------------------- reductions
 
-// Butterfly reductions: every lane ends with the result, summed in the same order every run.
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+// Combining operations for the reductions. FloatMax ignores NaN (fmaxf), as the kernels'
+// float maxima always have; NaN-aware maxima go through unsigned bit patterns (fp8.cuh).
+struct Sum {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct FloatMax {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct UnsignedMax {
+  __device__ __forceinline__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
+};
+
+// Butterfly reduction over a full warp: every lane ends with the result, combined in the same
+// order every run.
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024), returned to every
-// thread. `scratch` is 32 floats of shared memory, free again when this returns.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// Reduction over the whole block (blockDim.x a multiple of 32, at most 1024), returned to every
+// thread: each warp reduces, then the first warp reduces the warps' results. `scratch` is 32
+// elements of shared memory, free again when this returns; `identity` fills missing warps.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_reduce(T v, T* scratch, T identity, Op op) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  v = warp_sum(v);
+  v = lane < warps ? scratch[lane] : identity;
+  v = warp_reduce(v, op);
   __syncthreads();  // scratch may be reused right after
   return v;
 }
+
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Sum{}); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, FloatMax{}); }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, 0.0f, Sum{}); }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : -INFINITY;
-  v = warp_max(v);
-  __syncthreads();
-  return v;
+  return block_reduce(v, scratch, -INFINITY, FloatMax{});
 }
 
 }  // namespace ptrain::kernels

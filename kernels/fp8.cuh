@@ -40,32 +40,6 @@ __device__ __forceinline__ unsigned abs_bits(float x) {
   return is_nan(x) ? kCanonicalNanBits : (__float_as_uint(x) & 0x7FFFFFFFu);
 }
 
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const unsigned other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = other > v ? other : v;
-  }
-  return v;
-}
-__device__ __forceinline__ unsigned warp_sum_u32(unsigned v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Max over the block (1-D, a multiple of 32 threads), returned to every thread. `scratch` is 32
-// words of shared memory, free again when this returns.
-__device__ __forceinline__ unsigned block_max_u32(unsigned v, unsigned* scratch) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int warps = blockDim.x / kWarpSize;
-  v = warp_max_u32(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0u;
-  v = warp_max_u32(v);
-  __syncthreads();
-  return v;
-}
-
 // ptrain::current_scale: fp8_max / amax, 1 for an amax that is 0 or not finite, never infinite.
 __device__ __forceinline__ float fp8_current_scale(float amax, float max_value) {
   if (!(is_finite(amax) && amax > 0.0f)) return 1.0f;
@@ -132,8 +106,8 @@ struct Fp8Tally {
   // it; `scratch` is kFp8TallyWords words of shared memory.
   __device__ __forceinline__ void commit(unsigned* scratch, float* amax, Fp8Counts* counts) const {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    const unsigned a = warp_max_u32(amax_bits), nz = warp_sum_u32(nonzero), uf = warp_sum_u32(underflow),
-                   sat = warp_sum_u32(saturated);
+    const unsigned a = warp_reduce(amax_bits, UnsignedMax{}), nz = warp_reduce(nonzero, Sum{}), uf = warp_reduce(underflow, Sum{}),
+                   sat = warp_reduce(saturated, Sum{});
     if (lane == 0) {
       scratch[warp] = a;
       scratch[kWarpSize + warp] = nz;
@@ -247,7 +221,7 @@ __global__ void amax_kernel(float* amax, const T* in, size_t n) {
       bits = a > bits ? a : bits;
     }
   }
-  bits = block_max_u32(bits, scratch);
+  bits = block_reduce(bits, scratch, 0u, UnsignedMax{});
   if (threadIdx.x == 0) atomicMax(reinterpret_cast<unsigned*>(amax), bits);
 }
 
@@ -270,7 +244,7 @@ template <typename T, bool kWarpPerTile>
 __global__ void fp8_quantize_blocks_kernel(fp8* out, float* scale_inv, float* amax, Fp8Counts* counts, const T* in,
                                            int rows, int cols, int block_rows, int block_cols,
                                            __nv_fp8_interpretation_t format) {
-  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords (its first 32 also serve block_max_u32)
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords (its first 32 also serve block_reduce)
   constexpr int V = Packed128<T>::size;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int warps = blockDim.x / kWarpSize;
@@ -298,7 +272,8 @@ __global__ void fp8_quantize_blocks_kernel(fp8* out, float* scale_inv, float* am
         for (int k = 0; k < V; ++k) m = fmaxf(m, fabsf(x[k]));  // missing elements read as 0
       }
     }
-    const unsigned bits = kWarpPerTile ? warp_max_u32(__float_as_uint(m)) : block_max_u32(__float_as_uint(m), scratch);
+    const unsigned bits = kWarpPerTile ? warp_reduce(__float_as_uint(m), UnsignedMax{})
+                                        : block_reduce(__float_as_uint(m), scratch, 0u, UnsignedMax{});
     const float scale = fp8_current_scale(__uint_as_float(bits), max_value);
     for (int r = r0 + row_offset; r < r1; r += row_step) {
       const size_t row = static_cast<size_t>(r) * cols + c0;

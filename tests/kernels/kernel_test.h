@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include "backend/backend.h"
 #include "common.cuh"
 #include "precision/formats.h"
+#include "precision/fp8_scaling.h"
 #include "simt.h"
 #include "test_util.h"
 
@@ -88,6 +91,50 @@ std::vector<T> poisoned(size_t n) {
   std::vector<T> v(n);
   poison(v);
   return v;
+}
+
+// A flat length and where the operands start in their buffers: offsets that are not a multiple
+// of the 16-byte vector make the pointers unaligned, as views into the middle of a buffer are.
+struct FlatCase {
+  size_t n;
+  int in_offset, out_offset;
+};
+// Odd lengths with aligned and unaligned inputs and outputs, then one aligned `large` case.
+inline std::vector<FlatCase> flat_cases(size_t large) {
+  std::vector<FlatCase> cases;
+  const int offsets[][2] = {{0, 0}, {1, 0}, {0, 3}};
+  for (const int n : odd_sizes())
+    for (const auto& o : offsets) cases.push_back({static_cast<size_t>(n), o[0], o[1]});
+  cases.push_back({large, 0, 0});
+  return cases;
+}
+
+// Block scaling as the CPU backend does it: for x (rows, cols) in blocks of block_rows x
+// block_cols, each block's index, its scale_inv (1 / current_scale of the block's amax, NaN
+// skipped as the CPU's std::max does) and every element's code.
+struct BlockReference {
+  int block_rows, block_cols, tile_cols;
+  std::vector<float> scale_inv;   // (ceil(rows / block_rows), tile_cols), row-major
+  std::vector<kernels::fp8> codes;
+  size_t block_of(int r, int c) const { return static_cast<size_t>(r / block_rows) * tile_cols + c / block_cols; }
+};
+inline BlockReference block_reference(const std::vector<float>& x, int rows, int cols, int block_rows, int block_cols,
+                                      Format f) {
+  BlockReference b{block_rows, block_cols, (cols + block_cols - 1) / block_cols, {}, {}};
+  std::vector<float> amax(static_cast<size_t>((rows + block_rows - 1) / block_rows) * b.tile_cols, 0.0f);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float& a = amax[b.block_of(r, c)];
+      a = std::max(a, std::fabs(x[static_cast<size_t>(r) * cols + c]));
+    }
+  for (const float a : amax) b.scale_inv.push_back(1.0f / current_scale(a, format_max(f)));
+  b.codes.resize(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r) * cols + c;
+      b.codes[i] = fp8_bits(x[i] * current_scale(amax[b.block_of(r, c)], format_max(f)), f, /*saturate=*/true);
+    }
+  return b;
 }
 
 // The CPU backend as the reference, single-threaded (its results do not depend on threads).

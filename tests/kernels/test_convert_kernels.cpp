@@ -47,21 +47,6 @@ uint64_t bits_of(double x) {
   return b;
 }
 
-// A flat length and where the operands start in their buffers: offsets that are not a multiple
-// of the 16-byte vector make the pointers unaligned, as views into the middle of a buffer are.
-struct FlatCase {
-  size_t n;
-  int in_offset, out_offset;
-};
-std::vector<FlatCase> flat_cases() {
-  std::vector<FlatCase> cases;
-  const int offsets[][2] = {{0, 0}, {1, 0}, {0, 3}};
-  for (const int n : odd_sizes())
-    for (const auto& o : offsets) cases.push_back({static_cast<size_t>(n), o[0], o[1]});
-  cases.push_back({kGpt2Activation, 0, 0});
-  return cases;
-}
-
 // `values` in storage type T, starting `offset` elements into a buffer with one spare element
 // after them (filled with 0xFF bytes, like the prefix).
 template <typename T>
@@ -140,7 +125,7 @@ TEST_CASE("kernels::round_to_format matches ptrain::round_to_format bit for bit"
 // and the CPU backend's copy() into a tensor of that format, then Dst's own rounding.
 template <typename Dst, typename Src>
 void check_convert() {
-  for (const FlatCase& s : flat_cases()) {
+  for (const FlatCase& s : flat_cases(kGpt2Activation)) {
     const size_t n = s.n;
     const auto src = at_offset<Src>(convert_input(n, 3), s.in_offset);
     std::vector<float> held = to_floats(slice(src, s.in_offset, n));  // what Src holds
@@ -250,7 +235,7 @@ std::vector<float> dequant_input(size_t n, uint64_t seed) {
 TEMPLATE_TEST_CASE("fp8_dequantize kernel matches the CPU backend's fp8_cast output bit for bit", "[kernels][convert]",
                    float, bf16, fp16) {
   for (const Format f : kFp8Formats)
-    for (const FlatCase& s : flat_cases()) {
+    for (const FlatCase& s : flat_cases(kGpt2Activation)) {
       const size_t n = s.n;
       std::vector<float> x = dequant_input(n, 21);
       std::vector<float> cpu_out(n);
@@ -297,23 +282,9 @@ TEMPLATE_TEST_CASE("fp8_dequantize_blocks kernel matches the CPU backend's fp8_c
         CpuReference cpu;
         cpu->fp8_cast_blocks(cpu.view(cpu_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}), f, b.rows, b.cols);
         // Each block's scale from its amax, as the CPU backend computes it, and the codes.
-        const int tile_rows = (s.rows + b.rows - 1) / b.rows, tile_cols = (s.cols + b.cols - 1) / b.cols;
-        const auto block_of = [&](int r, int c) { return static_cast<size_t>(r / b.rows) * tile_cols + c / b.cols; };
-        std::vector<float> block_amax(static_cast<size_t>(tile_rows) * tile_cols, 0.0f);
-        for (int r = 0; r < s.rows; ++r)
-          for (int c = 0; c < s.cols; ++c) {
-            float& a = block_amax[block_of(r, c)];
-            a = std::max(a, std::fabs(x[static_cast<size_t>(r) * s.cols + c]));
-          }
-        std::vector<float> scale_inv(block_amax.size());
-        for (size_t i = 0; i < block_amax.size(); ++i)
-          scale_inv[i] = 1.0f / current_scale(block_amax[i], format_max(f));
-        std::vector<fp8> codes(n);
-        for (int r = 0; r < s.rows; ++r)
-          for (int c = 0; c < s.cols; ++c) {
-            const size_t i = static_cast<size_t>(r) * s.cols + c;
-            codes[i] = fp8_bits(x[i] * current_scale(block_amax[block_of(r, c)], format_max(f)), f, /*saturate=*/true);
-          }
+        const BlockReference blocks = block_reference(x, s.rows, s.cols, b.rows, b.cols, f);
+        const std::vector<float>& scale_inv = blocks.scale_inv;
+        const std::vector<fp8>& codes = blocks.codes;
         const std::vector<TestType> ref = to_storage<TestType>(cpu_out);
         for (const auto& order : thread_orders()) {
           simt::ScopedOptions use(order);

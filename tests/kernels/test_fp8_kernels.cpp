@@ -213,22 +213,9 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
             cpu->fp8_cast_blocks(cpu.view(ref_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}), f, b.rows, b.cols);
         REQUIRE(std::isnan(stats.amax) == with_nan);
         // Each block's scale from its amax (NaN skipped, as the CPU's std::max does), and the codes.
-        const int tile_rows = (s.rows + b.rows - 1) / b.rows, tile_cols = (s.cols + b.cols - 1) / b.cols;
-        const auto block_of = [&](int r, int c) { return static_cast<size_t>(r / b.rows) * tile_cols + c / b.cols; };
-        std::vector<float> block_amax(static_cast<size_t>(tile_rows) * tile_cols, 0.0f);
-        for (int r = 0; r < s.rows; ++r)
-          for (int c = 0; c < s.cols; ++c) {
-            float& a = block_amax[block_of(r, c)];
-            a = std::max(a, std::fabs(x[static_cast<size_t>(r) * s.cols + c]));
-          }
-        std::vector<float> ref_scale_inv(block_amax.size());
-        for (size_t i = 0; i < block_amax.size(); ++i) ref_scale_inv[i] = 1.0f / current_scale(block_amax[i], format_max(f));
-        std::vector<fp8> ref_codes(n);
-        for (int r = 0; r < s.rows; ++r)
-          for (int c = 0; c < s.cols; ++c) {
-            const size_t i = static_cast<size_t>(r) * s.cols + c;
-            ref_codes[i] = fp8_bits(x[i] * current_scale(block_amax[block_of(r, c)], format_max(f)), f, true);
-          }
+        const BlockReference blocks = block_reference(x, s.rows, s.cols, b.rows, b.cols, f);
+        const std::vector<float>& ref_scale_inv = blocks.scale_inv;
+        const std::vector<fp8>& ref_codes = blocks.codes;
         const auto d_x = to_storage<TestType>(x);
         for (const auto& order : thread_orders()) {
           simt::ScopedOptions use(order);
@@ -236,7 +223,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
             INFO(format_name(f) << " blocks " << b.rows << "x" << b.cols << " rows=" << s.rows << " cols=" << s.cols
                                 << " max_blocks=" << max_blocks << " order " << order.name());
             auto out = poisoned<fp8>(n);
-            auto scale_inv = poisoned<float>(block_amax.size());
+            auto scale_inv = poisoned<float>(ref_scale_inv.size());
             float got_amax = 0.0f;
             kernels::Fp8Counts counts{};
             kernels::fp8_quantize_blocks(out.data(), scale_inv.data(), &got_amax, &counts, d_x.data(), s.rows, s.cols,
@@ -247,7 +234,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
             for (int r = 0; r < s.rows; ++r)
               for (int c = 0; c < s.cols; ++c) {
                 const size_t i = static_cast<size_t>(r) * s.cols + c;
-                dequantised[i] = fp8_value(out[i], f) * scale_inv[block_of(r, c)];
+                dequantised[i] = fp8_value(out[i], f) * scale_inv[blocks.block_of(r, c)];
               }
             expect_identical("block dequantised", dequantised, ref_out);
             expect_same_amax("block cast amax", got_amax, stats.amax);
