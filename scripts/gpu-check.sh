@@ -34,6 +34,18 @@ if compgen -G ".gpu-deps/*.deb" >/dev/null; then
   echo "dependencies: unpacked $(ls .gpu-deps/*.deb | wc -l) packages into $prefix"
 fi
 
+# cuDNN: the toolkit's, or else the nvidia-cudnn Python wheel's (what the device image has).
+if [ ! -e /usr/local/cuda/include/cudnn.h ]; then
+  cudnn_root="$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null || true)"
+  if [ -n "$cudnn_root" ] && [ -e "$cudnn_root/include/cudnn.h" ]; then
+    prefix_args+=(-DCUDNN_ROOT="$cudnn_root")
+    export LD_LIBRARY_PATH="$cudnn_root/lib:${LD_LIBRARY_PATH:-}"
+    echo "cuDNN: $cudnn_root"
+  else
+    echo "cuDNN: not in /usr/local/cuda and no nvidia-cudnn wheel found; the build will say what is missing"
+  fi
+fi
+
 section "build for sm_90a"
 if ! cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DPTRAIN_KERNEL_TESTS=OFF \
        "${prefix_args[@]}" >/tmp/ptrain-build-gpu.log 2>&1 || ! cmake --build build-gpu -j "$(nproc)" >>/tmp/ptrain-build-gpu.log 2>&1; then
@@ -76,8 +88,12 @@ bench() {  # bench MODEL MODE [--set ...]: one row of the table
   fi
   local field
   field() { echo "$out" | awk -v key="$1" 'index($0, key) { print $(NF - ($2)) }' | tail -1; }
-  table+=("$(printf '%-6s %-22s %10s %9s %8s %9s' "$model" "$mode $*" "$(field 'tokens/s' 0)" \
-    "$(field 'model FLOP/s' 6)" "$(field 'MFU' 1)" "$(field 'peak device memory' 1)")")
+  # Which attention ran (cudnn or fallback) and how many FP8 linears ran native FP8 GEMMs.
+  local attention fp8_native
+  attention="$(echo "$out" | grep -m1 -o 'attention: [a-z]*' | cut -d' ' -f2)"
+  fp8_native="$(echo "$out" | grep -m1 -o 'fp8: [0-9]* of [0-9]*' | cut -d' ' -f2,4 | tr ' ' /)"
+  table+=("$(printf '%-6s %-22s %10s %9s %8s %9s %-9s %s' "$model" "$mode $*" "$(field 'tokens/s' 0)" \
+    "$(field 'model FLOP/s' 6)" "$(field 'MFU' 1)" "$(field 'peak device memory' 1)" "${attention:-?}" "${fp8_native:--}")")
 }
 bench 124m fp32
 bench 124m bf16
@@ -86,7 +102,8 @@ for model in 350m 774m; do
   bench "$model" bf16
   bench "$model" fp8 --set precision.fp8.recipe=delayed
 done
-printf '%-6s %-22s %10s %9s %8s %9s\n' model precision "tokens/s" "TFLOP/s" "MFU %" "peak GiB"
+printf '%-6s %-22s %10s %9s %8s %9s %-9s %s\n' model precision "tokens/s" "TFLOP/s" "MFU %" "peak GiB" attention \
+  "native fp8"
 for row in "${table[@]}"; do echo "$row"; done
 
 section "summary"

@@ -228,7 +228,7 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
         };
         loss();
         HostBuffer<double> dqkv({B, Tn, 3 * C});
-        backend().attention_backward(dqkv.view(), R.view(), qkv.view(), att.view(), NH);
+        backend().attention_backward(dqkv.view(), R.view(), qkv.view(), out.view(), att.view(), NH);
         check_gradient(dqkv.data, finite_difference(qkv.data, loss));
       }
 }

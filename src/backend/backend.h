@@ -37,6 +37,16 @@ struct Fp8CastStats {
   int64_t saturated = 0;  // inputs whose scaled value overflowed the format and was clipped to max
 };
 
+// How attention saves its forward pass for the backward pass.
+enum class AttentionPath {
+  fallback,  // GEMMs + softmax kernels, saving the probabilities (B,NH,T,T): every backend, every dtype
+  fused,     // cuDNN flash attention (bf16/fp16), saving one FP32 log-sum-exp per row (B,NH,T)
+};
+struct AttentionChoice {
+  AttentionPath path = AttentionPath::fallback;
+  std::string reason;  // for the run log, e.g. "cudnn (fused flash attention, cuDNN 9.19.0)"
+};
+
 struct AdamWParams {
   float lr = 0;
   float beta1 = 0.9f;
@@ -45,6 +55,22 @@ struct AdamWParams {
   float weight_decay = 0;
   float grad_scale = 1;  // multiplies the gradient first (clipping; later loss-scale removal)
   int64_t step = 1;      // 1-based, for bias correction
+};
+
+// Native FP8 GEMMs of one linear layer (a GPU with FP8 tensor cores): the backend casts each
+// operand to FP8 codes with one scale and keeps what the GEMMs read (the codes, their transpose,
+// 1/scale); the three GEMMs then read the codes directly, with FP32 accumulation. The CPU has
+// none: it emulates with fp8_cast (dequantised values) and matmul.
+class Fp8Gemms {
+ public:
+  enum Operand { kInput, kWeight, kGrad };  // (rows, C), (OC, C), (rows, OC)
+  virtual ~Fp8Gemms() = default;
+  // Casts `in` (the operand's shape) to `format` with `scale`; returns what the cast did.
+  virtual Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) = 0;
+  // out(rows, OC) = input weight^T + bias (bias may be empty).
+  virtual void forward(Tensor out, Tensor bias) = 0;
+  // dinp(rows, C) += grad weight; dweight(OC, C) += grad^T input. Either may be empty.
+  virtual void backward(Tensor dinp, Tensor dweight) = 0;
 };
 
 class Backend {
@@ -94,11 +120,18 @@ class Backend {
   // dbias(OC) += column sums of dout(N, OC).
   virtual void bias_backward(Tensor dbias, Tensor dout) = 0;
 
-  // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C);
-  // att (B,NH,T,T) saves the softmax probabilities for the backward pass.
-  virtual void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) = 0;
-  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att,
+  // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C).
+  // `saved` keeps what the backward pass needs, and its shape says which path runs (see
+  // AttentionPath): the softmax probabilities (B,NH,T,T), or one FP32 log-sum-exp per row
+  // (B,NH,T) for the fused path, which recomputes the probabilities from qkv and out.
+  virtual void attention_forward(Tensor out, Tensor saved, Tensor qkv, int n_head) = 0;
+  virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved,
                                   int n_head) = 0;
+  // Which attention path runs for this shape, given model.attention (`want`: auto | cudnn |
+  // fallback) and the activations' storage dtype. Throws UserError, saying why, when `cudnn` is
+  // asked for and cannot run here.
+  virtual AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t T,
+                                           int n_head, int64_t head_size) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;
@@ -128,6 +161,15 @@ class Backend {
   // block_rows x block_cols (1x128 tiles, 128x128 blocks), each with scale fp8_max / amax(block).
   virtual Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows,
                                        int block_cols) = 0;
+
+  // The native FP8 GEMMs of a linear layer from C to OC features over `rows` tokens, with
+  // per-tensor scales; null, with the reason in *why, on a backend that emulates FP8 or for a
+  // shape its FP8 GEMMs cannot take.
+  virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, std::string* why) {
+    (void)rows, (void)C, (void)OC;
+    *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
+    return nullptr;
+  }
 
   // AdamW with decoupled weight decay on FP32 param/m/v, in place. If `param_copy` is not
   // empty it receives the updated parameters rounded to its format (the low-precision copy).

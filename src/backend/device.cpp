@@ -42,21 +42,24 @@ static std::string describe(const CudaDeviceInfo& d) {
 }
 #endif
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads, std::string* chosen) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bool tf32, std::string* chosen) {
+  // The CPU reference computes FP32 GEMMs in full FP32: TF32 is a tensor-core format.
+  const std::string tf32_note = tf32 ? "; precision.tf32 has no effect on the CPU" : "";
   if (device == "cpu") {
-    *chosen = "device cpu (run.device: cpu)";
+    *chosen = "device cpu (run.device: cpu" + tf32_note + ")";
     return make_cpu_backend(threads);
   }
   const CudaProbe probe = probe_cuda();
 #ifdef PTRAIN_HAVE_CUDA
   if (!probe.devices.empty()) {
-    *chosen = "device cuda:0 " + describe(probe.devices[0]) + " (run.device: " + device + ")";
-    return make_cuda_backend(probe.devices[0].index);
+    *chosen = "device cuda:0 " + describe(probe.devices[0]) + " (run.device: " + device +
+              (tf32 ? "; FP32 GEMMs on TF32 tensor cores" : "") + ")";
+    return make_cuda_backend(probe.devices[0].index, 0, tf32);
   }
 #endif
   const std::string why = "no usable CUDA device: " + probe.why_none;
   if (device == "cuda") throw EnvironmentError("run.device: cuda cannot be used: " + why + "; set run.device: cpu (or auto)");
-  *chosen = "device cpu (run.device: auto; " + why + ")";
+  *chosen = "device cpu (run.device: auto; " + why + tf32_note + ")";
   return make_cpu_backend(threads);
 }
 

@@ -28,7 +28,8 @@ struct CudaProbe {
 CudaProbe probe_cuda();
 
 // The backend for run.device, and in `chosen` one line for the run log saying which device was
-// taken and why. Throws EnvironmentError when `cuda` is asked for and cannot be had.
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads, std::string* chosen);
+// taken and why. tf32 (precision.tf32) lets a GPU run FP32 GEMMs on TF32 tensor cores. Throws
+// EnvironmentError when `cuda` is asked for and cannot be had.
+std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bool tf32, std::string* chosen);
 
 }  // namespace ptrain

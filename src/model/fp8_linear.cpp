@@ -17,6 +17,11 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)) {
+  if (policy.recipe == Fp8Recipe::block)
+    why_emulated_ = "the block recipe's scale layouts for cuBLASLt are not yet confirmed on a GPU";
+  else
+    gemms_ = backend.make_fp8_gemms(rows, C, OC, &why_emulated_);
+  if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});
   allocate_like(grad_q_, {rows, OC});
@@ -45,17 +50,22 @@ void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) 
   return p;
 }
 
-void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, int block_cols, bool training) {
+void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows,
+                     int block_cols, bool training) {
+  const auto cast_with_scale = [&] {
+    return gemms_ ? gemms_->cast(operand, in, state.format, state.scale)
+                  : backend_.fp8_cast(out, in, state.format, state.scale);
+  };
   Fp8CastStats s;
   switch (policy_.recipe) {
     case Fp8Recipe::delayed:
       state.scale = state.delayed.scale();
-      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      s = cast_with_scale();
       if (training) state.delayed.record(s.amax);
       break;
     case Fp8Recipe::current:
       state.scale = current_scale(backend_.amax(in), format_max(state.format));
-      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      s = cast_with_scale();
       break;
     case Fp8Recipe::block:
       state.scale = NAN;  // one scale per block: no single scale to report
@@ -73,21 +83,24 @@ void Fp8Linear::cast(Fp8TensorState& state, Tensor out, Tensor in, int block_row
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   const int block = policy_.block;
   if (!weight_cast_) {
-    cast(weight_, weight_q_, weight, block, block, training);
+    cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
-  cast(input_, input_q_, inp, 1, block, training);
-  if (training && !input_qt_.empty()) cast(input_, input_qt_, inp, block, 1, training);
+  cast(input_, Fp8Gemms::kInput, input_q_, inp, 1, block, training);
+  if (gemms_) return gemms_->forward(out, bias);
+  if (training && !input_qt_.empty()) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {
   const int block = policy_.block;
-  cast(grad_, grad_q_, dout, 1, block, /*training=*/true);
-  if (grad_qt_.empty()) {
+  cast(grad_, Fp8Gemms::kGrad, grad_q_, dout, 1, block, /*training=*/true);
+  if (gemms_) {
+    gemms_->backward(dinp, dweight);
+  } else if (grad_qt_.empty()) {
     backend_.matmul_backward(dinp, dweight, Tensor(), grad_q_, input_q_, weight_q_);
   } else {
-    cast(grad_, grad_qt_, dout, block, 1, /*training=*/true);
+    cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);
     backend_.matmul_backward(dinp, Tensor(), Tensor(), grad_q_, input_q_, weight_q_);
     backend_.matmul_backward(Tensor(), dweight, Tensor(), grad_qt_, input_qt_, weight_q_);
   }

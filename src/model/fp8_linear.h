@@ -6,6 +6,9 @@
 // unquantised output gradient. Block scaling tiles along each GEMM's contraction dimension, as
 // Hopper's block-scaled GEMMs need: 1x128 tiles of input and gradient for fprop and dgrad,
 // 128x1 tiles of both for wgrad (which contracts over tokens), 128x128 blocks of the weight.
+// On a backend with native FP8 GEMMs (Backend::make_fp8_gemms) the per-tensor recipes cast to
+// FP8 codes that the GEMMs read directly; elsewhere, and for the block recipe, the casts produce
+// dequantised values and the backend's ordinary GEMMs multiply them (the CPU's emulation).
 #pragma once
 
 #include <memory>
@@ -47,12 +50,16 @@ class Fp8Linear {
   void end_step();
 
   std::vector<Fp8TensorState*> tensors() { return {&input_, &weight_, &grad_}; }
+  // Whether the GEMMs read FP8 codes directly; if not, native_fp8_absent() says why.
+  bool native() const { return gemms_ != nullptr; }
+  const std::string& native_fp8_absent() const { return why_emulated_; }
 
   // Bytes of the cast copies one such layer allocates.
   static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC);
 
  private:
-  void cast(Fp8TensorState& state, Tensor out, Tensor in, int block_rows, int block_cols, bool training);
+  void cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows, int block_cols,
+            bool training);
   void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
 
   Fp8Policy policy_;
@@ -61,6 +68,8 @@ class Fp8Linear {
   Tensor input_q_, weight_q_, grad_q_;  // dequantised FP8 values, (rows, C), (OC, C), (rows, OC)
   Tensor input_qt_, grad_qt_;           // block recipe: 128x1 tiles for wgrad, (rows, C), (rows, OC)
   std::vector<void*> memory_;
+  std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
+  std::string why_emulated_;
   bool weight_cast_ = false;
 };
 

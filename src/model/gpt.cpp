@@ -64,7 +64,7 @@ struct ActivationPlan {
 // backend's storage dtype.
 template <typename Storage>
 ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, Format act, Format grad,
-                                Storage storage) {
+                                AttentionPath attention, Storage storage) {
   const int64_t L = s.n_layer, C = s.n_embd, NH = s.n_head;
   ActivationPlan p;
   auto add = [&](Tensor* slot, std::vector<int64_t> shape, Format f) {
@@ -80,7 +80,11 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   add(&a.ln1_rstd, {L, B, T}, fp32);
   add(&a.qkv, {L, B, T, 3 * C}, act);
   add(&a.atty, {L, B, T, C}, act);
-  add(&a.att, {L, B, NH, T, T}, act);
+  if (attention == AttentionPath::fused)  // a log-sum-exp per row (the fused backward recomputes the
+    // rest), each layer's rows padded to 16 bytes: cuDNN reads 16-byte aligned tensors
+    add(&a.att, {L, (int64_t{B} * NH * T + 3) / 4 * 4}, fp32);
+  else
+    add(&a.att, {L, B, NH, T, T}, act);
   add(&a.attproj, {L, B, T, C}, act);
   add(&a.residual2, {L, B, T, C}, act);
   add(&a.ln2, {L, B, T, C}, act);
@@ -108,7 +112,9 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
   GptActivations unused;
   const DType dt = elem == 8 ? DType::f64 : DType::f32;
-  return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, [dt](Format) { return dt; }).bytes();
+  return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, AttentionPath::fallback,
+                         [dt](Format) { return dt; })
+      .bytes();
 }
 
 // (C, OC) of the four linears of a block, in LinearId order.
@@ -128,8 +134,15 @@ int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, i
   return bytes;
 }
 
-Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy)
-    : shape_(shape), backend_(backend), dtype_(dtype), B_(B), T_(T), specs_(gpt_param_specs(shape)) {
+Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
+         AttentionPath attention)
+    : shape_(shape),
+      backend_(backend),
+      dtype_(dtype),
+      B_(B),
+      T_(T),
+      specs_(gpt_param_specs(shape)),
+      attention_(attention) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
@@ -148,7 +161,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
     offset += count;
   }
 
-  ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.grads, storage);
+  ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.grads, attention, storage);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
@@ -229,6 +242,27 @@ std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
   return all;
 }
 
+Tensor Gpt::saved_attention(int layer) const {
+  if (attention_ == AttentionPath::fallback) return a_.att[layer];
+  const int64_t rows = int64_t{B_} * shape_.n_head * T_;
+  return a_.att[layer].range(0, rows).reshaped({B_, shape_.n_head, T_});
+}
+
+std::string Gpt::fp8_gemm_summary() const {
+  int total = 0, native = 0;
+  std::string why;
+  for (const auto& f : fp8_) {
+    if (!f) continue;
+    ++total;
+    if (f->native()) ++native;
+    else if (why.empty()) why = f->native_fp8_absent();
+  }
+  if (total == 0) return "";
+  std::string line = std::to_string(native) + " of " + std::to_string(total) + " FP8 linear layers run native FP8 GEMMs";
+  if (native < total) line += "; the others emulate (" + why + ")";
+  return line;
+}
+
 void Gpt::init(uint64_t seed, double std) {
   const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
   for (int i = 0; i < kNumParams; ++i) {
@@ -282,7 +316,7 @@ void Gpt::forward_logits(const int32_t* inputs, bool training) {
     NvtxRange range(block_names_[l].c_str());
     be.layernorm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], residual_in(l), params_[kLn1w][l], params_[kLn1b][l]);
     linear_forward(fp8_linear(l, kQkv), a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l], training);
-    be.attention_forward(a_.atty[l], a_.att[l], a_.qkv[l], NH);
+    be.attention_forward(a_.atty[l], saved_attention(l), a_.qkv[l], NH);
     linear_forward(fp8_linear(l, kAttproj), a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], training);
     be.add(a_.residual2[l], residual_in(l), a_.attproj[l]);
     be.layernorm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.residual2[l], params_[kLn2w][l], params_[kLn2b][l]);
@@ -326,7 +360,7 @@ void Gpt::backward() {
     linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[l],
                     p[kAttprojw][l]);
     be.zero(a_.dqkv);
-    be.attention_backward(a_.dqkv, a_.datty, a_.qkv[l], a_.att[l], NH);
+    be.attention_backward(a_.dqkv, a_.datty, a_.qkv[l], a_.atty[l], saved_attention(l), NH);
     be.zero(a_.dln);
     linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
     be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[l], a_.ln1_rstd[l]);

@@ -60,7 +60,7 @@ struct GptActivations {
   Tensor ln1, ln1_mean, ln1_rstd;    // (L,B,T,C), (L,B,T)
   Tensor qkv;                        // (L,B,T,3C)
   Tensor atty;                       // (L,B,T,C)
-  Tensor att;                        // (L,B,NH,T,T)
+  Tensor att;                        // (L,B,NH,T,T) probabilities, or FP32 log-sum-exps (fused; saved_attention)
   Tensor attproj;                    // (L,B,T,C)
   Tensor residual2;                  // (L,B,T,C)
   Tensor ln2, ln2_mean, ln2_rstd;    // (L,B,T,C), (L,B,T)
@@ -78,9 +78,10 @@ struct GptActivations {
 class Gpt {
  public:
   // Allocates parameters, gradients and activations for micro-batch B x T on the backend, in
-  // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format).
+  // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format);
+  // `attention` is the path Backend::choose_attention picked (it decides what attention saves).
   Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T,
-      const PrecisionPolicy& policy = PrecisionPolicy{});
+      const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -103,6 +104,9 @@ class Gpt {
   void end_step();
   // The FP8-cast tensors (empty unless the policy runs FP8 GEMMs).
   std::vector<Fp8TensorState*> fp8_tensors();
+  // For the run log: how many FP8 linears run native FP8 GEMMs, and why the others emulate;
+  // empty without FP8.
+  std::string fp8_gemm_summary() const;
 
   const GptShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
@@ -123,6 +127,7 @@ class Gpt {
  private:
 
   Tensor residual_in(int layer) const;
+  Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
   void forward_logits(const int32_t* inputs, bool training);
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
@@ -138,6 +143,7 @@ class Gpt {
   std::array<Tensor, kNumParams> params_, grads_;
   Tensor params_flat_, grads_flat_, master_flat_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
+  AttentionPath attention_;
   GptActivations a_;
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names
   size_t act_bytes_ = 0;

@@ -134,7 +134,8 @@ struct DataPaths {
 class Trainer {
  public:
   Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
-          const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice)
+          const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
+          AttentionChoice attention)
       : cfg_(config),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
@@ -152,7 +153,8 @@ class Trainer {
         synthetic_(data.synthetic),
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
-        model_(shape_, *backend_, DType::f32, B_, T_, policy_),
+        attention_(std::move(attention)),
+        model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
                                config.optimizer.weight_decay, config.training.grad_clip}),
@@ -341,6 +343,9 @@ class Trainer {
     log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device " + backend_->description() +
               " | precision " + policy_.label());
     log_.info(device_choice_);
+    log_.info("attention: " + attention_.reason);
+    const std::string fp8_gemms = model_.fp8_gemm_summary();
+    if (!fp8_gemms.empty()) log_.info("fp8: " + fp8_gemms);
     for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
     log_.info("model: GPT-2 L=" + std::to_string(shape_.n_layer) + " H=" + std::to_string(shape_.n_head) +
               " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
@@ -522,6 +527,7 @@ class Trainer {
   std::string device_choice_;  // which device run.device gave, and why (for the log)
   std::optional<double> peak_flops_;  // the GPU's dense peak for this precision, for MFU
   std::unique_ptr<Backend> backend_;
+  AttentionChoice attention_;  // the path model.attention gave on this backend, and why
   Gpt model_;
   AdamW optimizer_;
   LossScaler scaler_;
@@ -639,7 +645,13 @@ TrainResult train(const Config& config, const TrainOptions& options) {
 
   // The device, before anything is written: run.device: cuda without a usable GPU changes nothing.
   std::string device_choice;
-  std::unique_ptr<Backend> backend = make_backend(config.run.device, config.training.threads, &device_choice);
+  std::unique_ptr<Backend> backend =
+      make_backend(config.run.device, config.training.threads, config.precision.tf32, &device_choice);
+  const GptShape shape = GptShape::of(config.model);
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
+  AttentionChoice attention = backend->choose_attention(
+      config.model.attention, backend->storage_for(policy.activations, DType::f32), config.training.micro_batch,
+      config.training.effective_seq_len(config.model), shape.n_head, shape.n_embd / shape.n_head);
 
   // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
   // (a job preempted before its first save starts again in place): always launching with auto works.
@@ -661,7 +673,8 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   }
   std::vector<std::string> set_aside;
   if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
-  Trainer trainer(config, data, run_dir, checkpoint_dir, options, std::move(backend), std::move(device_choice));
+  Trainer trainer(config, data, run_dir, checkpoint_dir, options, std::move(backend), std::move(device_choice),
+                  std::move(attention));
   for (const auto& w : resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
   if (!resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))

@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "precision/formats.h"
+#include "precision/fp8_scaling.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -481,9 +482,43 @@ TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend",
       // Both backwards from the same saved probabilities (the CPU's).
       att.to_device();
       Twin dout({s.B, s.T, C}, f, on_grid(n, 52, 1.0f, f)), dqkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 53, 0.5f, f));
-      cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), att.cpu_view(), s.NH);
-      gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), att.device_view(), s.NH);
+      cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), out.cpu_view(), att.cpu_view(), s.NH);
+      gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), out.device_view(),
+                               att.device_view(), s.NH);
       expect_close("attention_backward dqkv", dqkv, gemm_tolerance(f));
+    }
+}
+
+// cuDNN's flash attention (the fused path) against the CPU's reference attention: it must be
+// offered for these shapes on a Hopper GPU (model.attention: cudnn), give the CPU's output,
+// and add the CPU's gradients into dqkv.
+TEST_CASE("gpu: fused (cuDNN) attention matches the CPU backend", "[gpu]") {
+  const AttentionShape shapes[] = {{1, 64, 1, 64}, {2, 128, 4, 32}, {3, 200, 2, 128}, {kB, kT, kNH, kC / kNH},
+                                   {1, 1024, 12, 64}};
+  for (const Format f : {Format::bf16, Format::fp16})
+    for (const AttentionShape& s : shapes) {
+      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
+      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, s.HS);
+      REQUIRE(choice.path == AttentionPath::fused);
+      const int C = s.NH * s.HS;
+      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T;
+      Twin qkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 61, 1.0f, f));
+      Twin out({s.B, s.T, C}, f, zeros(n)), probs({s.B, s.NH, s.T, s.T}, f, zeros(n_att));
+      Twin lse({s.B, s.NH, s.T}, Format::fp32, zeros(size_t(s.B) * s.NH * s.T));
+      out.poison_device();
+      lse.poison_device();
+      cpu().attention_forward(out.cpu_view(), probs.cpu_view(), qkv.cpu_view(), s.NH);
+      gpu().attention_forward(out.device_view(), lse.device_view(), qkv.device_view(), s.NH);
+      expect_close("fused attention out", out, gemm_tolerance(f));
+      // Each saved log-sum-exp is finite.
+      for (const float x : lse.from_device()) REQUIRE(std::isfinite(x));
+
+      Twin dout({s.B, s.T, C}, f, on_grid(n, 62, 1.0f, f)), dqkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 63, 0.5f, f));
+      cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), out.cpu_view(), probs.cpu_view(), s.NH);
+      out.to_device();  // both backwards from the CPU's output
+      gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), out.device_view(),
+                               lse.device_view(), s.NH);
+      expect_close("fused attention dqkv", dqkv, gemm_tolerance(f));
     }
 }
 
@@ -665,6 +700,63 @@ TEST_CASE("gpu: fp8_cast_blocks equals the CPU emulation bit for bit", "[gpu]") 
           expect_identical("fp8_cast_blocks out", out);
           expect_same_stats(got, want);
         }
+}
+
+// Native FP8 GEMMs (cuBLASLt reading E4M3/E5M2 codes with scale pointers) against the CPU's
+// emulation of the same casts: dequantised values through an FP32-accumulating GEMM. The casts
+// agree bit for bit; the GEMMs differ only in summation order (and the forward's fast
+// accumulation), so the outputs agree to bf16's tolerance.
+TEST_CASE("gpu: native FP8 GEMMs match the CPU's FP8 emulation", "[gpu]") {
+  struct LinearShape {
+    int rows, C, OC;
+  };
+  const LinearShape shapes[] = {{64, 128, 512}, {kB * kT, kC, 3 * kC}, {kB * kT, 4 * kC, kC}, {256, 1024, 1024}};
+  const Format f = Format::bf16;
+  for (const Format grad_format : {Format::e5m2, Format::e4m3})
+    for (const LinearShape& s : shapes) {
+      INFO("rows " << s.rows << " C " << s.C << " OC " << s.OC << ", grads " << format_name(grad_format));
+      std::string why;
+      const std::unique_ptr<Fp8Gemms> gemms = gpu().make_fp8_gemms(s.rows, s.C, s.OC, &why);
+      INFO(why);
+      REQUIRE(gemms);
+      const size_t n_in = size_t(s.rows) * s.C, n_w = size_t(s.OC) * s.C, n_out = size_t(s.rows) * s.OC;
+      Twin inp({s.rows, s.C}, f, on_grid(n_in, 131, 3.0f, f)), weight({s.OC, s.C}, f, on_grid(n_w, 132, 0.05f, f));
+      Twin bias({s.OC}, f, on_grid(size_t(s.OC), 133, 0.5f, f)), dout({s.rows, s.OC}, f, on_grid(n_out, 134, 1e-3f, f));
+      Twin out({s.rows, s.OC}, f, zeros(n_out));
+      Twin dinp({s.rows, s.C}, f, on_grid(n_in, 135, 0.01f, f)), dweight({s.OC, s.C}, f, on_grid(n_w, 136, 0.01f, f));
+      out.poison_device();
+      // The CPU: dequantised copies, then its GEMMs.
+      std::vector<float> inp_q(n_in), weight_q(n_w), dout_q(n_out);
+      const auto q_view = [](std::vector<float>& v, int64_t r, int64_t c, Format f8) {
+        Tensor t(v.data(), DType::f32, {r, c});
+        t.format = f8;
+        return t;
+      };
+      struct Cast {
+        Fp8Gemms::Operand operand;
+        Twin* in;
+        std::vector<float>* q;
+        int64_t rows, cols;
+        Format format;
+      };
+      for (const Cast& c : {Cast{Fp8Gemms::kInput, &inp, &inp_q, s.rows, s.C, Format::e4m3},
+                            Cast{Fp8Gemms::kWeight, &weight, &weight_q, s.OC, s.C, Format::e4m3},
+                            Cast{Fp8Gemms::kGrad, &dout, &dout_q, s.rows, s.OC, grad_format}}) {
+        const float scale = current_scale(cpu().amax(c.in->cpu_view()), format_max(c.format));
+        const Fp8CastStats want = cpu().fp8_cast(q_view(*c.q, c.rows, c.cols, c.format), c.in->cpu_view(), c.format, scale);
+        const Fp8CastStats got = gemms->cast(c.operand, c.in->device_view(), c.format, scale);
+        expect_same_stats(got, want);
+      }
+      cpu().matmul_forward(out.cpu_view(), q_view(inp_q, s.rows, s.C, Format::e4m3),
+                           q_view(weight_q, s.OC, s.C, Format::e4m3), bias.cpu_view());
+      cpu().matmul_backward(dinp.cpu_view(), dweight.cpu_view(), Tensor(), q_view(dout_q, s.rows, s.OC, grad_format),
+                            q_view(inp_q, s.rows, s.C, Format::e4m3), q_view(weight_q, s.OC, s.C, Format::e4m3));
+      gemms->forward(out.device_view(), bias.device_view());
+      gemms->backward(dinp.device_view(), dweight.device_view());
+      expect_close("fp8 forward", out, 2e-2);  // fast accumulation: TransformerEngine's forward setting
+      expect_close("fp8 dgrad", dinp, tolerance(f));
+      expect_close("fp8 wgrad", dweight, tolerance(f));
+    }
 }
 
 // ---------------------------------------------------------------------------- optimizer

@@ -3,7 +3,9 @@
 // with the same seed giving identical losses. Skipped without a CUDA device.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/gpt.h"
@@ -34,12 +36,19 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
     inputs[i] = (i * 37 + 11) % shape.vocab;
     targets[i] = (i * 53 + 7) % shape.vocab;
   }
-  for (const char* mode : kModes) {
-    INFO("mode " << mode);
+  for (const char* mode : kModes)
+    for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
+    if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;  // cuDNN's is bf16/fp16 only
+    INFO("mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
     const PrecisionPolicy policy = policy_for(mode);
     auto cpu = make_cpu_backend(0);
     auto gpu = make_cuda_backend(0);
-    Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy);
+    if (path == AttentionPath::fused)
+      REQUIRE(gpu->choose_attention("cudnn", gpu->storage_for(policy.activations, DType::f32), B, T, shape.n_head,
+                                    shape.n_embd / shape.n_head)
+                  .path == AttentionPath::fused);
+    Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
+    if (std::string(mode) == "fp8") CHECK(on_gpu.fp8_gemm_summary().rfind("8 of 8 ", 0) == 0);  // native FP8 GEMMs
     on_cpu.init(7);
     on_gpu.init(7);
     on_cpu.zero_grad();
@@ -57,18 +66,23 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
       gpu->download(g_gpu.data(), on_gpu.grad(id));
       CHECK(relative_error(g_gpu, g_cpu) <= 10 * mode_tolerance(mode));
     }
-  }
+    }
 }
 
 // A small synthetic run through the real binary; returns its per-step training losses.
+// `mode` is precision.mode, or fp8:RECIPE.
 std::vector<double> train_losses(const fs::path& dir, const std::string& name, const std::string& device,
                                  const std::string& mode) {
+  const size_t colon = mode.find(':');
+  const std::string precision = colon == std::string::npos
+                                    ? "{mode: " + mode + "}"
+                                    : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}";
   const std::string config =
       "run: {name: " + name + ", out_dir: runs, seed: 3, device: " + device + "}\n"
       "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
       "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
       "training: {steps: 10, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2}\n"
-      "precision: {mode: " + mode + "}\n"
+      "precision: " + precision + "\n"
       "checkpoint: {save_final: false}\n";
   write_file(dir / (name + ".yaml"), config);
   const CommandResult r = run_ptrain("train " + name + ".yaml", dir);
@@ -83,10 +97,12 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
 
 TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu]") {
   const fs::path dir = make_temp_dir("gpu-train");
-  for (const char* mode : kModes) {
+  for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"}) {
     INFO("mode " << mode);
-    const auto cpu = train_losses(dir, std::string("cpu-") + mode, "cpu", mode);
-    const auto gpu = train_losses(dir, std::string("gpu-") + mode, "cuda", mode);
+    std::string tag = mode;  // a run name: no ':'
+    std::replace(tag.begin(), tag.end(), ':', '-');
+    const auto cpu = train_losses(dir, "cpu-" + tag, "cpu", mode);
+    const auto gpu = train_losses(dir, "gpu-" + tag, "cuda", mode);
     for (size_t s = 0; s < cpu.size(); ++s) {
       INFO("step " << s + 1 << ": cpu " << cpu[s] << " gpu " << gpu[s]);
       CHECK(std::fabs(gpu[s] - cpu[s]) <= mode_tolerance(mode) * std::fabs(cpu[s]) * (1 + s));

@@ -220,7 +220,8 @@ TEMPLATE_TEST_CASE("attention fallback backward matches the CPU backend", "[kern
                            cpu.view(qkv, {s.B, s.T, 3 * C}), s.NH);
     std::vector<float> ref_dqkv = dqkv0;
     cpu->attention_backward(cpu.view(ref_dqkv, {s.B, s.T, 3 * C}, f), cpu.view(dout, {s.B, s.T, C}),
-                            cpu.view(qkv, {s.B, s.T, 3 * C}), cpu.view(att, {s.B, s.NH, s.T, s.T}), s.NH);
+                            cpu.view(qkv, {s.B, s.T, 3 * C}), cpu.view(out, {s.B, s.T, C}),
+                            cpu.view(att, {s.B, s.NH, s.T, s.T}), s.NH);
     // Both sides start from the same saved probabilities.
     const auto d_qkv = to_storage<TestType>(qkv), d_dout = to_storage<TestType>(dout),
                d_att = to_storage<TestType>(att);

@@ -595,7 +595,8 @@ class CpuBackend final : public Backend {
     round_output(att);
   }
 
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int n_head) override {
+  // `out` serves the fused path only: the probabilities saved in `att` make it unnecessary here.
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor /*out*/, Tensor att, int n_head) override {
     expect_same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &att});
     const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3;
     expect(dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C &&
@@ -606,6 +607,13 @@ class CpuBackend final : public Backend {
       attention_backward_impl<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), att.as<T>(), B, Tn, C, n_head);
     });
     round_output(dqkv, &grad_numerics_);
+  }
+
+  AttentionChoice choose_attention(const std::string& want, DType, int64_t, int64_t, int, int64_t) override {
+    if (want == "cudnn")
+      throw UserError("model.attention: cudnn runs on the CUDA backend only; this run uses the CPU backend "
+                      "(use model.attention: auto or fallback, or run.device: cuda)");
+    return {AttentionPath::fallback, "fallback (the CPU backend's reference attention)"};
   }
 
   void gelu_forward(Tensor out, Tensor inp) override {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_error.h"
+#include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/matmul.h"
 #include "core/error.h"
 #include "precision/formats.h"
@@ -212,6 +213,8 @@ enum Slot : int {
   kAttnDq,
   kAttnDk,
   kAttnDv,
+  kAttnDqkv,        // fused backward: dq, dk, dv before they are added into dqkv
+  kCudnnWorkspace,  // cuDNN's execution-plan workspace
   kPartials,  // layernorm / bias gradient partial sums
   kReduce,    // double partial sums of sum / sum_squares
   kFp8Codes,
@@ -234,7 +237,7 @@ struct DeviceBuckets {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device_index, size_t arena_bytes) : device_(device_index) {
+  CudaBackend(int device_index, size_t arena_bytes, bool tf32) : device_(device_index), tf32_(tf32) {
     int count = 0;
     PTRAIN_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (device_index < 0 || device_index >= count)
@@ -629,8 +632,7 @@ class CudaBackend final : public Backend {
 
   // ------------------------------------------------------------------------ attention
 
-  // The fallback path: permute, preatt = q k^T (batched GEMM, written into att), causal softmax
-  // in place (scale 1/sqrt(HS)), y = att v (batched GEMM), unpermute.
+  // The saved tensor's shape picks the path: (B,NH,T) FP32 log-sum-exps are the fused path's.
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override {
     const char* op = "attention_forward";
     PTRAIN_EXPECT(!out.empty() && !att.empty() && !qkv.empty(), op, "out, att and qkv must not be empty");
@@ -640,10 +642,12 @@ class CudaBackend final : public Backend {
     PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
                   "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
     const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
-    PTRAIN_EXPECT(
-        C % NH == 0 && out.numel() == B * Tn * C && att.numel() == B * NH * Tn * Tn, op,
-        "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " att " + att.shape_string());
+    const bool fused = is_fused_saved(att, B, NH, Tn);
+    PTRAIN_EXPECT(C % NH == 0 && out.numel() == B * Tn * C && (fused || att.numel() == B * NH * Tn * Tn), op,
+                  "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " saved " +
+                      att.shape_string() + " (want (B,NH,T,T) probabilities or (B,NH,T) f32 log-sum-exps)");
     if (B * Tn * C == 0) return;
+    if (fused) return fused_attention_forward(out, att, qkv, sdpa_shape(op, qkv, out, B, Tn, NH, C / NH));
     const int64_t HS = C / NH, BNH = B * NH;
     const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
     to_int(BNH * Tn, op, "attention rows");
@@ -677,7 +681,7 @@ class CudaBackend final : public Backend {
   // The same chain in reverse (tests/kernels/test_attention_kernels.cpp composes it the same
   // way): dy = unpermute_backward(dout); datt = dy v^T; dv = att^T dy; dpreatt =
   // softmax_causal_backward(datt) in place; dq = dpreatt k; dk = dpreatt^T q; dqkv += permute.
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor att, int n_head) override {
+  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor att, int n_head) override {
     const char* op = "attention_backward";
     PTRAIN_EXPECT(!dqkv.empty() && !dout.empty() && !qkv.empty() && !att.empty(), op, "empty operand");
     expect_float(op, "dqkv", dqkv);
@@ -687,10 +691,19 @@ class CudaBackend final : public Backend {
     PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
                   "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
     const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
-    PTRAIN_EXPECT(
-        C % NH == 0 && dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C && att.numel() == B * NH * Tn * Tn, op,
-        "shape mismatch: qkv " + qkv.shape_string() + " dout " + dout.shape_string() + " att " + att.shape_string());
+    const bool fused = is_fused_saved(att, B, NH, Tn);
+    PTRAIN_EXPECT(C % NH == 0 && dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C &&
+                      (fused || att.numel() == B * NH * Tn * Tn),
+                  op,
+                  "shape mismatch: qkv " + qkv.shape_string() + " dout " + dout.shape_string() + " saved " +
+                      att.shape_string());
     if (B * Tn * C == 0) return;
+    if (fused) {
+      PTRAIN_EXPECT(!out.empty() && out.numel() == B * Tn * C, op,
+                    "the fused path needs the forward's output (B,T,C), got " + out.shape_string());
+      expect_float(op, "out", out);
+      return fused_attention_backward(dqkv, dout, qkv, out, att, sdpa_shape(op, qkv, out, B, Tn, NH, C / NH));
+    }
     const int64_t HS = C / NH, BNH = B * NH;
     const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
     to_int(BNH * Tn, op, "attention rows");
@@ -729,6 +742,162 @@ class CudaBackend final : public Backend {
                                              static_cast<const T*>(dv), b, tn, n_head, hs, stream_);
     });
     st.finish();
+  }
+
+  // The fused path: cuDNN's flash attention (backend/cuda/cudnn_attention.h) reads q, k and v in
+  // place from qkv and saves one log-sum-exp per row; its backward writes dq, dk, dv into scratch,
+  // which is then added into dqkv (backward ops accumulate).
+  static bool is_fused_saved(const Tensor& saved, int64_t B, int64_t NH, int64_t Tn) {
+    return saved.ndim == 3 && saved.dtype == DType::f32 && saved.dim(0) == B && saved.dim(1) == NH &&
+           saved.dim(2) == Tn;
+  }
+
+  SdpaShape sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn, int64_t NH,
+                       int64_t HS) const {
+    PTRAIN_EXPECT(cudnn_ != nullptr, op, "the fused attention path was not chosen (choose_attention)");
+    PTRAIN_EXPECT((qkv.dtype == DType::bf16 || qkv.dtype == DType::f16) && out.dtype == qkv.dtype, op,
+                  "the fused path takes bf16 or fp16 qkv and out of one dtype");
+    SdpaShape s;
+    s.B = B;
+    s.T = Tn;
+    s.NH = NH;
+    s.HS = HS;
+    s.type = cuda_type(qkv.dtype);
+    return s;
+  }
+
+  static float attention_scale(int64_t HS) { return 1.0f / std::sqrt(static_cast<float>(HS)); }
+
+  void fused_attention_forward(const Tensor& out, const Tensor& stats, const Tensor& qkv, const SdpaShape& s) {
+    void* workspace = scratch(kCudnnWorkspace, cudnn_->workspace_bytes(s));
+    cudnn_->forward(s, out.data, stats.as<float>(), qkv.data, attention_scale(s.HS), workspace);
+    if (needs_rounding(out)) convert(out, out, out.format);
+  }
+
+  void fused_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& stats, const SdpaShape& s) {
+    const char* op = "attention_backward";
+    Staged st(*this);
+    const DType dt = qkv.dtype;
+    const Tensor d = st.in(dout, dt);
+    const size_t n = static_cast<size_t>(qkv.numel());
+    void* grads = scratch(kAttnDqkv, n * dtype_size(dt));
+    void* workspace = scratch(kCudnnWorkspace, cudnn_->workspace_bytes(s));
+    cudnn_->backward(s, grads, d.data, qkv.data, out.data, stats.as<float>(), attention_scale(s.HS), workspace);
+    const Tensor dx = st.out(dqkv, dt, true);
+    with_float_type(dt, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::add<T>(dx.as<T>(), dx.as<T>(), static_cast<const T*>(grads), n, stream_);
+    });
+    st.finish();
+  }
+
+  AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
+                                   int64_t head_size) override {
+    if (want == "fallback") return {AttentionPath::fallback, "fallback (model.attention: fallback)"};
+    const bool required = want == "cudnn";
+    const auto fallback = [&](const std::string& why) {
+      if (required) throw UserError("model.attention: cudnn cannot run this model: " + why);
+      return AttentionChoice{AttentionPath::fallback, "fallback (" + why + ")"};
+    };
+    if (dtype != DType::bf16 && dtype != DType::f16)
+      return fallback("cuDNN's flash attention takes bf16 or fp16; this run's activations are " +
+                      std::string(dtype_name(dtype)));
+    try {
+      if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(stream_, /*deterministic=*/true);
+    } catch (const CudaError& e) {
+      return fallback(std::string("cuDNN could not start: ") + e.what());
+    }
+    SdpaShape s;
+    s.B = B;
+    s.T = Tn;
+    s.NH = n_head;
+    s.HS = head_size;
+    s.type = cuda_type(dtype);
+    std::string why, mismatch;
+    try {  // a cuDNN failure here (never seen on a GPU yet) must not end an `auto` run
+      if (!cudnn_->supported(s, &why)) return fallback(why);
+      mismatch = check_fused_attention(s);
+    } catch (const EnvironmentError& e) {
+      drop_attention_scratch();
+      return fallback(std::string("cuDNN's attention failed: ") + e.what());
+    }
+    drop_attention_scratch();  // the check's fallback buffers: a fused run never needs them
+    if (!mismatch.empty()) return fallback(mismatch);
+    return {AttentionPath::fused,
+            "cudnn (fused flash attention, checked against the fallback on this shape; " + cudnn_->plan_summary(s) + ")"};
+  }
+
+  void drop_attention_scratch() {
+    for (const Slot slot : {kAttnQ, kAttnK, kAttnV, kAttnY, kAttnDatt, kAttnDq, kAttnDk, kAttnDv}) {
+      ScratchBuffer& b = scratch_[static_cast<size_t>(slot)];
+      if (b.ptr) free_block(b.ptr);
+      b = ScratchBuffer{};
+    }
+  }
+
+  // Runs both paths once on seeded inputs of shape s and compares out and dqkv; returns what
+  // differs ("" when they agree). The composite cuDNN graph is only as right as its strides and
+  // modes: checking it on the run's own shape costs one attention call and keeps a wrong graph
+  // from training a model.
+  std::string check_fused_attention(const SdpaShape& s) {
+    const DType dt = s.type == CUDA_R_16F ? DType::f16 : DType::bf16;
+    const Format f = dt == DType::f16 ? Format::fp16 : Format::bf16;
+    const int64_t C = s.NH * s.HS, n_qkv = s.B * s.T * 3 * C, n_out = s.B * s.T * C;
+    std::vector<float> host_qkv(static_cast<size_t>(n_qkv)), host_dout(static_cast<size_t>(n_out));
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    const auto uniform = [&state] {  // splitmix64 -> [-1, 1)
+      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return static_cast<float>(static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-52 - 1.0);
+    };
+    for (float& x : host_qkv) x = uniform();
+    for (float& x : host_dout) x = uniform();
+    std::vector<void*> blocks;
+    const auto tensor = [&](std::vector<int64_t> shape, DType type, Format format) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      blocks.push_back(allocate(static_cast<size_t>(numel) * dtype_size(type)));
+      return Tensor(blocks.back(), type, shape, Device::cuda).with_format(format);
+    };
+    std::string result;
+    try {
+      const Tensor qkv = tensor({s.B, s.T, 3 * C}, dt, f), dout = tensor({s.B, s.T, C}, dt, f);
+      const Tensor out_f = tensor({s.B, s.T, C}, dt, f), out_r = tensor({s.B, s.T, C}, dt, f);
+      const Tensor lse = tensor({s.B, s.NH, s.T}, DType::f32, Format::fp32);
+      const Tensor probs = tensor({s.B, s.NH, s.T, s.T}, dt, f);
+      const Tensor dqkv_f = tensor({s.B, s.T, 3 * C}, dt, f), dqkv_r = tensor({s.B, s.T, 3 * C}, dt, f);
+      upload(qkv, host_qkv.data());
+      upload(dout, host_dout.data());
+      const int nh = static_cast<int>(s.NH);
+      attention_forward(out_f, lse, qkv, nh);
+      attention_backward(dqkv_f, dout, qkv, out_f, lse, nh);
+      attention_forward(out_r, probs, qkv, nh);
+      attention_backward(dqkv_r, dout, qkv, out_r, probs, nh);
+      const auto relative_error = [&](const Tensor& got, const Tensor& want) {
+        std::vector<float> g(static_cast<size_t>(got.numel())), w(g.size());
+        download(g.data(), got);
+        download(w.data(), want);
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < g.size(); ++i) {
+          diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+          norm += double(w[i]) * w[i];
+        }
+        return std::sqrt(diff / std::max(norm, 1e-30));  // NaN stays NaN: it never passes
+      };
+      // Both paths round their bf16/fp16 operands alike; they differ in accumulation order.
+      const double tolerance = 2e-2, e_out = relative_error(out_f, out_r), e_grad = relative_error(dqkv_f, dqkv_r);
+      if (!(e_out <= tolerance && e_grad <= tolerance))
+        result = "cuDNN's attention differs from the fallback on this shape (relative error " + std::to_string(e_out) +
+                 " in the output, " + std::to_string(e_grad) + " in the gradients; tolerance " +
+                 std::to_string(tolerance) + ")";
+    } catch (...) {
+      for (void* b : blocks) release(b);
+      throw;
+    }
+    for (void* b : blocks) release(b);
+    return result;
   }
 
   // ------------------------------------------------------------------------ elementwise
@@ -897,6 +1066,180 @@ class CudaBackend final : public Backend {
                                         stream_);
     });
     return read_fp8_stats();
+  }
+
+  // ------------------------------------------------------------------------ native FP8 GEMMs
+
+  // One linear layer's FP8 operands in the arena: the codes of input (rows,C), weight (OC,C) and
+  // grad (rows,OC), each with its transpose (cuBLASLt's FP8 GEMMs are TN only: dgrad reads W^T,
+  // wgrad reads input^T and grad^T; matmul.h), written by one cast-transpose pass, and each
+  // operand's dequantisation factor 1/scale in device memory for the scale pointers.
+  class CudaFp8Gemms final : public Fp8Gemms {
+   public:
+    CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC) : be_(be), rows_(rows), C_(C), OC_(OC) {
+      const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
+      try {
+        for (int i = 0; i < 3; ++i) {
+          codes_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
+          transposed_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
+        }
+        scale_inv_ = static_cast<float*>(be_.allocate(3 * sizeof(float)));
+      } catch (...) {
+        release();
+        throw;
+      }
+    }
+    ~CudaFp8Gemms() override { release(); }
+    CudaFp8Gemms(const CudaFp8Gemms&) = delete;
+    CudaFp8Gemms& operator=(const CudaFp8Gemms&) = delete;
+
+    // The three GEMMs' specs, for one combination of formats and output dtypes.
+    static GemmSpec forward_spec(int64_t rows, int64_t C, int64_t OC, Format in, Format w, DType out) {
+      GemmSpec spec = linear_forward_gemm(rows, C, OC, cuda_data_type(in), cuda_data_type(w), cuda_type(out));
+      spec.a_scale = spec.b_scale = GemmScale::tensor;
+      spec.fast_accum = true;  // forward only: TransformerEngine's choice (REFERENCE.md)
+      return spec;
+    }
+    static GemmSpec dgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format w, DType out) {
+      GemmSpec spec = linear_dgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(w), cuda_type(out), true);
+      spec.a_scale = spec.b_scale = GemmScale::tensor;
+      return spec;
+    }
+    static GemmSpec wgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format in, DType out) {
+      GemmSpec spec = linear_wgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(in), cuda_type(out), true);
+      spec.a_scale = spec.b_scale = GemmScale::tensor;
+      return spec;
+    }
+
+    Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) override {
+      const char* op = "fp8 cast";
+      expect_float(op, "in", in);
+      const std::array<int64_t, 3> rows = {rows_, OC_, rows_}, cols = {C_, C_, OC_};
+      PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+      PTRAIN_EXPECT(in.numel() == rows[which] * cols[which], op,
+                    "expected " + std::to_string(rows[which]) + " x " + std::to_string(cols[which]) + " elements, got " +
+                        in.shape_string());
+      formats_[which] = format;
+      be_.reset_scalars(scale);
+      const float inv = 1.0f / scale;  // the CPU emulation's dequantisation factor
+      PTRAIN_CUDA_CHECK(
+          cudaMemcpyAsync(scale_inv_ + which, &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
+      const int r = to_int(rows[which], op, "rows"), c = to_int(cols[which], op, "columns");
+      with_float_type(in.dtype, op, [&](auto tag) {
+        PTRAIN_ELEMENT_TYPE(T, tag);
+        kernels::fp8_cast<T>(codes_[which], transposed_[which], be_.amax_ptr(), be_.counts_ptr(), in.as<T>(), r, c,
+                             be_.scale_ptr(), fp8_interpretation(format), be_.stream_);
+      });
+      return be_.read_fp8_stats();
+    }
+
+    void forward(Tensor out, Tensor bias) override {
+      const char* op = "fp8 forward GEMM";
+      expect_float(op, "out", out);
+      expect_float(op, "bias", bias);
+      PTRAIN_EXPECT(out.numel() == rows_ * OC_ && (bias.empty() || bias.numel() == OC_), op,
+                    "shape mismatch: out " + out.shape_string() + " bias " + bias.shape_string());
+      Staged st(be_);
+      const Tensor o = st.out(out, out.dtype, false);
+      GemmSpec spec = forward_spec(rows_, C_, OC_, formats_[kInput], formats_[kWeight], out.dtype);
+      GemmArgs args;
+      args.a = codes_[kWeight];
+      args.b = codes_[kInput];
+      args.d = o.data;
+      args.a_scale_inv = scale_inv_ + kWeight;
+      args.b_scale_inv = scale_inv_ + kInput;
+      // cuBLASLt's FP8 GEMMs take a bf16/fp16 bias with an output of that type, never an f32 bias.
+      const bool fused_bias = !bias.empty() && bias.dtype == out.dtype && out.dtype != DType::f32 &&
+                              reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+      if (fused_bias) {
+        spec.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        spec.bias_type = cuda_type(bias.dtype);
+        args.bias = bias.data;
+      }
+      be_.matmul_->run(spec, args, be_.stream_);
+      if (!bias.empty() && !fused_bias) {
+        const Tensor bb = st.in(bias, out.dtype);
+        with_float_type(out.dtype, op, [&](auto tag) {
+          PTRAIN_ELEMENT_TYPE(T, tag);
+          kernels::bias_add<T>(o.as<T>(), bb.as<T>(), to_int(rows_, op, "rows"), to_int(OC_, op, "columns"),
+                               be_.stream_);
+        });
+      }
+      st.finish();
+    }
+
+    void backward(Tensor dinp, Tensor dweight) override {
+      const char* op = "fp8 backward GEMMs";
+      expect_float(op, "dinp", dinp);
+      expect_float(op, "dweight", dweight);
+      PTRAIN_EXPECT((dinp.empty() || dinp.numel() == rows_ * C_) && (dweight.empty() || dweight.numel() == OC_ * C_),
+                    op, "shape mismatch: dinp " + dinp.shape_string() + " dweight " + dweight.shape_string());
+      Staged st(be_);
+      if (!dinp.empty()) {  // dinp(rows,C) += grad(rows,OC) W(OC,C): A = W^T codes, B = grad codes
+        const Tensor o = st.out(dinp, dinp.dtype, true);
+        GemmArgs args;
+        args.a = transposed_[kWeight];
+        args.b = codes_[kGrad];
+        args.d = o.data;
+        args.beta = 1.0f;
+        args.a_scale_inv = scale_inv_ + kWeight;
+        args.b_scale_inv = scale_inv_ + kGrad;
+        be_.matmul_->run(dgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kWeight], dinp.dtype), args,
+                         be_.stream_);
+      }
+      if (!dweight.empty()) {  // dW(OC,C) += grad^T input: A = input^T codes, B = grad^T codes
+        const Tensor o = st.out(dweight, dweight.dtype, true);
+        GemmArgs args;
+        args.a = transposed_[kInput];
+        args.b = transposed_[kGrad];
+        args.d = o.data;
+        args.beta = 1.0f;
+        args.a_scale_inv = scale_inv_ + kInput;
+        args.b_scale_inv = scale_inv_ + kGrad;
+        be_.matmul_->run(wgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kInput], dweight.dtype), args,
+                         be_.stream_);
+      }
+      st.finish();
+    }
+
+   private:
+    void release() noexcept {
+      for (fp8*& p : codes_) free_quietly(p);
+      for (fp8*& p : transposed_) free_quietly(p);
+      free_quietly(scale_inv_);
+    }
+    template <typename P>
+    void free_quietly(P*& p) noexcept {
+      if (!p) return;
+      try {
+        be_.release(p);
+      } catch (...) {  // a destructor must not throw; the arena goes with the backend anyway
+      }
+      p = nullptr;
+    }
+
+    CudaBackend& be_;
+    int64_t rows_, C_, OC_;
+    std::array<fp8*, 3> codes_{}, transposed_{};
+    std::array<Format, 3> formats_{Format::e4m3, Format::e4m3, Format::e5m2};
+    float* scale_inv_ = nullptr;
+  };
+
+  // The model's FP8 operands are bf16 (or f32) in device memory and its outputs bf16, fp16 or
+  // f32: cuBLASLt takes all of them. What can refuse is the shape (FP8 leading dimensions must
+  // be multiples of 16 bytes): each of the GEMMs the layer will run is validated here, once.
+  std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, std::string* why) override {
+    try {
+      validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, Format::e4m3, Format::e4m3, DType::bf16));
+      for (const Format g : {Format::e4m3, Format::e5m2}) {
+        validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16));
+        validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16));
+      }
+    } catch (const UserError& e) {
+      *why = std::string("this layer's shape does not suit cuBLASLt's FP8 GEMMs: ") + e.what();
+      return nullptr;
+    }
+    return std::make_unique<CudaFp8Gemms>(*this, rows, C, OC);
   }
 
   // ------------------------------------------------------------------------ optimizer
@@ -1267,6 +1610,7 @@ class CudaBackend final : public Backend {
   // Never throws: used by the destructor and by a constructor that failed half way.
   void destroy() noexcept {
     if (stream_) (void)cudaStreamSynchronize(stream_);
+    cudnn_.reset();
     matmul_.reset();
     if (arena_) (void)cudaFree(arena_);
     arena_ = nullptr;
@@ -1283,7 +1627,7 @@ class CudaBackend final : public Backend {
   cudaDeviceProp prop_{};
   std::string versions_;
   size_t free_at_start_ = 0, total_bytes_ = 0;
-  bool tf32_ = false;  // FP32 GEMMs in full FP32 (CUBLAS_COMPUTE_32F); precision.tf32 will set this
+  bool tf32_ = false;  // precision.tf32: FP32 GEMMs on TF32 tensor cores instead of full FP32
   cudaStream_t stream_ = nullptr;
 
   char* arena_ = nullptr;
@@ -1294,14 +1638,15 @@ class CudaBackend final : public Backend {
   DeviceScalars* scalars_ = nullptr;
   void* workspace_ = nullptr;
   std::unique_ptr<Matmul> matmul_;
+  std::unique_ptr<CudnnAttention> cudnn_;  // made by choose_attention when the fused path is considered
   std::array<ScratchBuffer, kSlotCount> scratch_{};
   std::unordered_map<const void*, DeviceBuckets> buckets_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes) {
-  return std::make_unique<CudaBackend>(device_index, arena_bytes);
+std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes, bool tf32) {
+  return std::make_unique<CudaBackend>(device_index, arena_bytes, tf32);
 }
 
 }  // namespace ptrain

@@ -28,7 +28,8 @@ namespace ptrain {
 // on the device when the backend starts, less a margin of max(2 GiB, 1/16 of the device's
 // memory) for the CUDA context, cuBLASLt, cuDNN and NCCL; a positive value reserves exactly
 // that (rounded up to 2 MiB). Throws CudaError / EnvironmentError when there is no usable
-// device, the device is older than sm_90, or the arena cannot be reserved.
-std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes = 0);
+// device, the device is older than sm_90, or the arena cannot be reserved. tf32: FP32 GEMMs run
+// on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), as precision.tf32 asks.
+std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes = 0, bool tf32 = false);
 
 }  // namespace ptrain
