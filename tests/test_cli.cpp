@@ -236,3 +236,19 @@ TEST_CASE("run.device picks the device and says which", "[cli]") {
         std::string::npos);
   CHECK(!fs::exists(ws.dir / "runs/cuda"));
 }
+
+TEST_CASE("model.attention and precision.tf32 on the CPU: what ran is logged, cudnn is refused", "[cli]") {
+  Workspace ws;
+  const CommandResult run = ws.train(ws.config(), "--set run.device=cpu --set precision.tf32=true");
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.output.find("attention: fallback (the CPU backend's reference attention)") != std::string::npos);
+  CHECK(run.output.find("precision.tf32 has no effect on the CPU") != std::string::npos);
+  // cuDNN attention asked for on the CPU: a user error before anything is written.
+  const CommandResult cudnn =
+      ws.train(ws.config(), "--set run.device=cpu --set model.attention=cudnn --set run.name=cudnn");
+  INFO(cudnn.output);
+  CHECK(cudnn.exit_code == 2);
+  CHECK(cudnn.output.find("model.attention: cudnn runs on the CUDA backend only") != std::string::npos);
+  CHECK(!fs::exists(ws.dir / "runs/cudnn"));
+}
