@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/prepare.h"
 #include "data/synthetic.h"
+#include "dist/communicator.h"
 #include "train/bench.h"
 #include "train/tools.h"
 #include "train/trainer.h"
@@ -211,19 +212,29 @@ int run(int argc, char** argv) {
   return 0;
 }
 
+// Under an MPI launcher a failing rank names itself and takes the job down (MPI_Abort), so no
+// other rank waits forever in a collective.
+int fail(const char* kind, const char* what, int code) {
+  const int world = ptrain::launcher_world_size();
+  if (world > 1)
+    std::fprintf(stderr, "ptrain: %s on rank %d of %d: %s\n", kind, ptrain::launcher_rank(), world, what);
+  else
+    std::fprintf(stderr, "ptrain: %s: %s\n", kind, what);
+  std::fflush(stderr);
+  ptrain::abort_other_ranks(code);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const ptrain::UserError& e) {
-    std::fprintf(stderr, "ptrain: error: %s\n", e.what());
-    return kExitBadInput;
+    return fail("error", e.what(), kExitBadInput);
   } catch (const ptrain::EnvironmentError& e) {
-    std::fprintf(stderr, "ptrain: error: %s\n", e.what());
-    return kExitFailure;
+    return fail("error", e.what(), kExitFailure);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ptrain: internal error: %s\n", e.what());
-    return kExitFailure;
+    return fail("internal error", e.what(), kExitFailure);
   }
 }

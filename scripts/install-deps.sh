@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libcli11-dev libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev catch2
   libopenblas-openmp-dev libboost-context-dev
+  openmpi-bin libopenmpi-dev
 )
 
 # NVIDIA's format headers and nvcc come with the CUDA toolkit, not with Debian's main archive.

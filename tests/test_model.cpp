@@ -93,3 +93,47 @@ TEST_CASE("parameter count matches GPT-2 124M", "[model]") {
   const GptShape gpt2{12, 12, 768, 1024, 50257, 50304};
   CHECK(gpt_num_params(gpt2) == 124475904);
 }
+
+// Data-parallel runs sum each block's gradients as soon as the backward pass has finished it:
+// the callback must see blocks L-1 .. 0 and then the rest, each block's gradients already final,
+// and the sums over micro-batches must be those of a backward pass without it.
+TEST_CASE("backward reports each block's finished gradients, which equal a plain backward's", "[model]") {
+  auto backend = make_cpu_backend(1);
+  const GptShape shape{3, 2, 16, 8, 50, 128};
+  const int B = 2, T = 8;
+  for (const char* mode : {"fp32", "bf16"}) {
+    CAPTURE(mode);
+    PrecisionConfig pc;
+    pc.mode = mode;
+    const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
+    Gpt plain(shape, *backend, DType::f32, B, T, policy), hooked(shape, *backend, DType::f32, B, T, policy);
+    plain.init(9);
+    hooked.init(9);
+    plain.zero_grad();
+    hooked.zero_grad();
+    std::vector<int> order;
+    std::vector<std::vector<float>> reported;  // each block's gradients when reported
+    for (int micro = 0; micro < 2; ++micro) {  // two micro-batches: the sums accumulate
+      const auto inputs = random_tokens(B * T, shape.vocab, 20 + micro), targets = random_tokens(B * T, shape.vocab, 30 + micro);
+      plain.forward(inputs.data(), targets.data(), 0.25f / (B * T));
+      plain.backward();
+      hooked.forward(inputs.data(), targets.data(), 0.25f / (B * T));
+      if (micro == 0) {
+        hooked.backward();
+        continue;
+      }
+      hooked.backward([&](int block) {
+        order.push_back(block);
+        std::vector<float> values;
+        for (const Tensor& g : hooked.block_grads(block)) values.insert(values.end(), g.as<float>(), g.as<float>() + g.numel());
+        reported.push_back(values);
+      });
+    }
+    CHECK(order == std::vector<int>{2, 1, 0, -1});
+    for (size_t k = 0; k < order.size(); ++k) {  // what was reported is what the plain pass ends with
+      std::vector<float> want;
+      for (const Tensor& g : plain.block_grads(order[k])) want.insert(want.end(), g.as<float>(), g.as<float>() + g.numel());
+      CHECK(reported[k] == want);
+    }
+  }
+}

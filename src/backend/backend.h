@@ -176,6 +176,10 @@ class Backend {
   virtual void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                      Tensor param_copy) = 0;
 
+  // The CUDA stream (cudaStream_t) all ops run on, for a communicator to order itself against;
+  // null on the CPU.
+  virtual void* stream() const { return nullptr; }
+
   // Device memory this backend holds (capacity), hands out now (in_use) and the most it has had
   // out at once (peak); zeros where the operating system accounts for memory, as on the CPU.
   struct MemoryUse {

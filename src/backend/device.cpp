@@ -1,6 +1,7 @@
 #include "backend/device.h"
 
 #include "core/error.h"
+#include "dist/communicator.h"
 
 #ifdef PTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -52,9 +53,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bo
   const CudaProbe probe = probe_cuda();
 #ifdef PTRAIN_HAVE_CUDA
   if (!probe.devices.empty()) {
-    *chosen = "device cuda:0 " + describe(probe.devices[0]) + " (run.device: " + device +
+    // Data parallel: one GPU per rank of this node.
+    const CudaDeviceInfo& gpu = probe.devices[static_cast<size_t>(launcher_local_rank()) % probe.devices.size()];
+    *chosen = "device cuda:" + std::to_string(gpu.index) + " " + describe(gpu) + " (run.device: " + device +
               (tf32 ? "; FP32 GEMMs on TF32 tensor cores" : "") + ")";
-    return make_cuda_backend(probe.devices[0].index, 0, tf32);
+    return make_cuda_backend(gpu.index, 0, tf32);
   }
 #endif
   const std::string why = "no usable CUDA device: " + probe.why_none;

@@ -24,6 +24,13 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kLatestFile = "latest";
 
+// ZeRO-1: rank r's moments, e.g. "optimizer.rank00001-of-00002.safetensors".
+std::string moment_shard_file(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof name, "optimizer.rank%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
 std::string step_dir_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
@@ -187,46 +194,114 @@ std::vector<fs::path> checkpoint_dirs(const fs::path& dir) {
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Gpt& model, AdamW& optimizer,
-                            int keep_last) {
+                            int keep_last, Communicator* comm) {
+  const bool main = !comm || comm->is_main();
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
   const fs::path root(dir);
   const fs::path final_dir = root / step_dir_name(state.step);
   const fs::path tmp_dir = root / ("." + step_dir_name(state.step) + ".tmp");
   std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) throw UserError("checkpoint.dir: cannot create \"" + root.string() + "\": " + ec.message());
-  fs::remove_all(tmp_dir, ec);  // the leftover of an interrupted save of this step
-  if (!fs::create_directory(tmp_dir, ec) || ec)
-    throw UserError("checkpoint.dir: cannot create \"" + tmp_dir.string() + "\": " + ec.message());
+  // Every rank learns whether any rank failed, so that all stop (or continue) together; the
+  // failing rank's own message goes to its stderr (only rank 0 logs) and into its exception.
+  std::string error;
+  const auto agree = [&](const char* stage) {
+    const double failed = comm ? comm->all_reduce_sum(error.empty() ? 0.0 : 1.0) : (error.empty() ? 0.0 : 1.0);
+    if (failed == 0) return;
+    if (main) fs::remove_all(tmp_dir, ec);
+    if (!error.empty() && !main) std::fprintf(stderr, "ptrain: rank %d: %s\n", rank, error.c_str());
+    throw UserError(!error.empty() ? error
+                                   : "cannot save checkpoint: " + std::to_string(static_cast<int>(failed)) +
+                                         " other rank(s) failed while writing " + stage + " (their stderr says why)");
+  };
+  const auto attempt = [&](auto&& fn) {
+    try {
+      fn();
+    } catch (const fs::filesystem_error& e) {
+      error = std::string("cannot save checkpoint: ") + e.what();
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  };
 
-  try {
-    write_safetensors((tmp_dir / kWeightsFile).string(), weight_copies(model).views,
-                      {{"format", "pt"}, {"producer", "ptrain"}});
-    write_safetensors((tmp_dir / kOptimizerFile).string(), moment_copies(model, optimizer).views,
-                      {{"producer", "ptrain"}});
-    nlohmann::json j = state_to_json(state);
-    for (const char* f : {kWeightsFile, kOptimizerFile}) j["sha256"][f] = sha256_file((tmp_dir / f).string());
-    write_text_synced(tmp_dir / kStateFile, j.dump(2) + "\n");
-    sync_path(tmp_dir);
-    fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt
-    fs::rename(tmp_dir, final_dir);
-    sync_path(root);
-    const fs::path latest_tmp = root / (std::string(kLatestFile) + ".tmp");
-    write_text_synced(latest_tmp, final_dir.filename().string() + "\n");
-    fs::rename(latest_tmp, root / kLatestFile);
-    sync_path(root);
-  } catch (const fs::filesystem_error& e) {
-    fs::remove_all(tmp_dir, ec);
-    throw UserError(std::string("cannot save checkpoint: ") + e.what());
-  } catch (...) {
-    fs::remove_all(tmp_dir, ec);
-    throw;
+  if (main)
+    attempt([&] {
+      fs::create_directories(root, ec);
+      if (ec) throw UserError("checkpoint.dir: cannot create \"" + root.string() + "\": " + ec.message());
+      fs::remove_all(tmp_dir, ec);  // the leftover of an interrupted save of this step
+      if (!fs::create_directory(tmp_dir, ec) || ec)
+        throw UserError("checkpoint.dir: cannot create \"" + tmp_dir.string() + "\": " + ec.message());
+    });
+  agree("the temporary directory");
+
+  // ZeRO-1 keeps the FP32 master weights in shards: rank 0 gathers them for weights.safetensors.
+  std::vector<float> master;
+  if (!optimizer.master_shard().empty()) {
+    std::vector<float> shard(static_cast<size_t>(optimizer.shard().count));
+    model.backend().download(shard.data(), optimizer.master_shard());
+    if (main) master.resize(static_cast<size_t>(model.num_params()));
+    comm->gather_shards(main ? master.data() : nullptr, shard.data(), model.num_params());
   }
+  // ZeRO-1: each rank writes the moments of its shard of the flat parameter vector.
+  if (optimizer.sharded())
+    attempt([&] {
+      const Shard s = optimizer.shard();
+      HostTensors host;
+      host.add(model.backend(), "m", {s.count}, optimizer.first_moment());
+      host.add(model.backend(), "v", {s.count}, optimizer.second_moment());
+      const fs::path path = tmp_dir / moment_shard_file(rank, world);
+      write_safetensors(path.string(), host.views,
+                        {{"producer", "ptrain"}, {"begin", std::to_string(s.begin)}, {"count", std::to_string(s.count)}});
+      sync_path(path);
+    });
+  agree("their optimizer shards");
+
+  if (main)
+    attempt([&] {
+      if (master.empty()) {
+        write_safetensors((tmp_dir / kWeightsFile).string(), weight_copies(model).views,
+                          {{"format", "pt"}, {"producer", "ptrain"}});
+      } else {
+        std::vector<SafetensorView> views;
+        int64_t offset = 0;
+        for (int i = 0; i < kNumParams; ++i) {
+          views.push_back({model.specs()[i].name, model.specs()[i].shape, master.data() + offset});
+          offset += model.param(static_cast<ParamId>(i)).numel();
+        }
+        write_safetensors((tmp_dir / kWeightsFile).string(), views, {{"format", "pt"}, {"producer", "ptrain"}});
+      }
+      nlohmann::json j = state_to_json(state);
+      j["sha256"][kWeightsFile] = sha256_file((tmp_dir / kWeightsFile).string());
+      if (optimizer.sharded()) {
+        for (int r = 0; r < world; ++r) {
+          const Shard s = shard_of(model.num_params(), r, world);
+          const std::string file = moment_shard_file(r, world);
+          j["optimizer_shards"].push_back({{"file", file}, {"begin", s.begin}, {"count", s.count}});
+          j["sha256"][file] = sha256_file((tmp_dir / file).string());
+        }
+      } else {
+        write_safetensors((tmp_dir / kOptimizerFile).string(), moment_copies(model, optimizer).views,
+                          {{"producer", "ptrain"}});
+        j["sha256"][kOptimizerFile] = sha256_file((tmp_dir / kOptimizerFile).string());
+      }
+      write_text_synced(tmp_dir / kStateFile, j.dump(2) + "\n");
+      sync_path(tmp_dir);
+      fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt
+      fs::rename(tmp_dir, final_dir);
+      sync_path(root);
+      const fs::path latest_tmp = root / (std::string(kLatestFile) + ".tmp");
+      write_text_synced(latest_tmp, final_dir.filename().string() + "\n");
+      fs::rename(latest_tmp, root / kLatestFile);
+      sync_path(root);
+    });
+  agree("the checkpoint");
 
   // Keep the newest keep_last checkpoints up to this one (later steps were set aside at resume).
-  size_t kept = 0;
-  for (const fs::path& p : checkpoint_dirs(root))
-    if (step_of(p.filename().string()) <= state.step && ++kept > static_cast<size_t>(std::max(keep_last, 1)))
-      fs::remove_all(p, ec);
+  if (main) {
+    size_t kept = 0;
+    for (const fs::path& p : checkpoint_dirs(root))
+      if (step_of(p.filename().string()) <= state.step && ++kept > static_cast<size_t>(std::max(keep_last, 1)))
+        fs::remove_all(p, ec);
+  }
   return final_dir.string();
 }
 
@@ -242,15 +317,32 @@ LoadedCheckpoint load_checkpoint(const std::string& path) {
     std::ifstream in(dir / kStateFile);
     j = nlohmann::json::parse(in);
     if (j.value("format", "") != "ptrain checkpoint 1") throw invalid("state.json is not a ptrain checkpoint state");
-    for (const char* f : {kWeightsFile, kOptimizerFile}) {
-      const std::string expected = j.at("sha256").at(f).get<std::string>();
-      if (!fs::exists(dir / f)) throw invalid(std::string(f) + " is missing");
-      if (sha256_file((dir / f).string()) != expected)
-        throw invalid(std::string(f) + " does not match its SHA-256 in state.json (truncated or corrupted)");
+    const nlohmann::json& sums = j.at("sha256");
+    const bool sharded = j.contains("optimizer_shards");
+    for (const char* f : {kWeightsFile, kOptimizerFile})
+      if ((f == kWeightsFile || !sharded) && !sums.contains(f)) throw invalid(std::string("state.json lists no ") + f);
+    for (const auto& [file, expected] : sums.items()) {
+      if (!fs::exists(dir / file)) throw invalid(file + " is missing");
+      if (sha256_file((dir / file).string()) != expected.get<std::string>())
+        throw invalid(file + " does not match its SHA-256 in state.json (truncated or corrupted)");
     }
-    CheckpointState state = state_from_json(j);
-    return {path, std::move(state), SafetensorsFile((dir / kWeightsFile).string()),
-            SafetensorsFile((dir / kOptimizerFile).string())};
+    LoadedCheckpoint loaded{path, state_from_json(j), SafetensorsFile((dir / kWeightsFile).string()), std::nullopt, {}};
+    if (!sharded) {
+      loaded.optimizer.emplace((dir / kOptimizerFile).string());
+      return loaded;
+    }
+    int64_t covered = 0;  // the shards must tile the flat parameter vector in order
+    for (const auto& s : j.at("optimizer_shards")) {
+      const std::string file = s.at("file").get<std::string>();
+      if (!sums.contains(file)) throw invalid(file + " has no SHA-256 in state.json");
+      MomentShard shard{s.at("begin").get<int64_t>(), s.at("count").get<int64_t>(),
+                        SafetensorsFile((dir / file).string())};
+      if (shard.begin != covered) throw invalid("the optimizer shards do not tile the parameters (" + file + ")");
+      covered += shard.count;
+      loaded.shards.push_back(std::move(shard));
+    }
+    loaded.sharded_params = covered;
+    return loaded;
   } catch (const nlohmann::json::exception& e) {
     throw invalid(std::string("state.json is malformed (") + e.what() + ")");
   }
@@ -290,16 +382,42 @@ void load_weights(const SafetensorsFile& weights, Gpt& model) {
   model.sync_params_from_master();
 }
 
+// Elements [begin, begin + count) of the flat moment vector `which` ("m" or "v"), from whichever
+// layout the checkpoint has: per-tensor (optimizer.safetensors) or ZeRO-1 shards. So a run resumes
+// at any world size and ZeRO stage, exactly.
+std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Gpt& model, const std::string& which,
+                                int64_t begin, int64_t count) {
+  std::vector<float> out(static_cast<size_t>(count)), part;
+  const auto take = [&](int64_t part_begin, int64_t part_count, const auto& fill) {
+    const int64_t lo = std::max(begin, part_begin), hi = std::min(begin + count, part_begin + part_count);
+    if (lo >= hi) return;
+    part.resize(static_cast<size_t>(part_count));
+    fill(part.data());
+    std::copy(part.begin() + (lo - part_begin), part.begin() + (hi - part_begin), out.begin() + (lo - begin));
+  };
+  if (checkpoint.optimizer) {
+    int64_t offset = 0;
+    for (int i = 0; i < kNumParams; ++i) {
+      const int64_t n = model.param(static_cast<ParamId>(i)).numel();
+      take(offset, n, [&](float* dst) { checkpoint.optimizer->copy_to(which + "." + model.specs()[i].name, dst, n); });
+      offset += n;
+    }
+    return out;
+  }
+  if (checkpoint.sharded_params != model.num_params())
+    throw UserError("checkpoint \"" + checkpoint.path + "\": its optimizer shards cover " +
+                    std::to_string(checkpoint.sharded_params) + " parameters; the model has " +
+                    std::to_string(model.num_params()));
+  for (const MomentShard& s : checkpoint.shards)
+    take(s.begin, s.count, [&](float* dst) { s.file.copy_to(which, dst, s.count); });
+  return out;
+}
+
 void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer) {
   load_weights(checkpoint.weights, model);
-  int64_t offset = 0;
-  for (int i = 0; i < kNumParams; ++i) {
-    const std::string& name = model.specs()[i].name;
-    const int64_t n = model.param(static_cast<ParamId>(i)).numel();
-    read_into(checkpoint.optimizer, "m." + name, model.backend(), optimizer.first_moment().range(offset, n));
-    read_into(checkpoint.optimizer, "v." + name, model.backend(), optimizer.second_moment().range(offset, n));
-    offset += n;
-  }
+  const Shard s = optimizer.shard();
+  for (const auto& [which, moment] : {std::pair{"m", optimizer.first_moment()}, {"v", optimizer.second_moment()}})
+    model.backend().upload(moment, read_moments(checkpoint, model, which, s.begin, s.count).data());
   optimizer.restore_steps(checkpoint.state.optimizer_steps);
 }
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
+#include "dist/communicator.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "precision/loss_scaler.h"
@@ -43,18 +44,30 @@ struct CheckpointState {
   nlohmann::json schedule;     // keys that shape the rest of the run: resume warns when they change
 };
 
+// ZeRO-1: one rank's AdamW moments ("m", "v") for elements [begin, begin + count) of the flat
+// parameter vector.
+struct MomentShard {
+  int64_t begin = 0, count = 0;
+  SafetensorsFile file;
+};
+
 struct LoadedCheckpoint {
   std::string path;
   CheckpointState state;
-  SafetensorsFile weights;
-  SafetensorsFile optimizer;
+  SafetensorsFile weights;                  // the FP32 master weights, whole
+  std::optional<SafetensorsFile> optimizer;  // the moments per tensor, or else:
+  std::vector<MomentShard> shards;           // the moments in ZeRO-1 shards, in order
+  int64_t sharded_params = 0;                // what the shards cover
 };
 
 // Writes the checkpoint of `step` under `dir`, updates `latest`, and removes all but the newest
 // `keep_last` checkpoints. Returns its path. Throws UserError on I/O failure; the earlier
-// checkpoints and `latest` are then untouched.
+// checkpoints and `latest` are then untouched. With a communicator every rank calls it: rank 0
+// writes the weights (gathered from the ZeRO-1 shards if need be) and state.json, each rank
+// writes its optimizer shard under ZeRO-1, and the checkpoint is renamed into place only after
+// every rank's part is on disk; if any rank fails, every rank throws.
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Gpt& model, AdamW& optimizer,
-                            int keep_last);
+                            int keep_last, Communicator* comm = nullptr);
 
 // Loads and verifies one checkpoint directory (state.json present and well-formed, every file's
 // SHA-256 as recorded). Throws UserError naming the checkpoint and what is wrong.
@@ -73,7 +86,9 @@ std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int
 void load_weights(const SafetensorsFile& weights, Gpt& model);
 
 // Copies a loaded checkpoint's tensors into the model (master weights, then the low-precision
-// copy) and the optimizer. The model config must match (checked by the caller).
+// copy) and the optimizer (this rank's shard of the moments, from whichever layout was saved).
+// The model config must match (checked by the caller); the model must still hold its master
+// weights (before AdamW::adopt_master).
 void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer);
 
 // The model keys a checkpoint records and a resume must agree on, and back.

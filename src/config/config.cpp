@@ -208,7 +208,7 @@ Schema make_schema(Config& c) {
       number("logging.numerics_every", &c.logging.numerics_every, at_least(1),
              "steps between numerics telemetry records"),
 
-      // Valid ZeRO stages; only 0 is supported so far (checked in validate()).
+      // Valid ZeRO stages; 0 and 1 are implemented (checked in validate()).
       number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),
              "ZeRO optimizer sharding stage"),
   };
@@ -540,11 +540,10 @@ class Loader {
       problem(where({"precision.fp8.block_size"}), "precision.fp8.block_size",
               std::to_string(f8.block_size) + " is not a supported block size", "128 (1x128 tiles, 128x128 weight blocks)");
 
-    // Features whose keys are stable but whose implementation arrives in later changes.
-    const std::string not_yet = " is not supported by this build yet";
-    if (c.distributed.zero_stage != 0)
+    // ZeRO stages 2 and 3 (sharded gradients, sharded parameters) are not implemented.
+    if (c.distributed.zero_stage > 1)
       problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
-              std::to_string(c.distributed.zero_stage) + not_yet, "0");
+              std::to_string(c.distributed.zero_stage) + " is not supported", "0 (replicated optimizer) or 1 (sharded optimizer state and master weights)");
   }
 
   void throw_if_problems() const {

@@ -1,22 +1,97 @@
-// How ranks talk. Training code asks its Communicator for rank/world size and reduces
-// metrics through it; with one process every collective is the identity. MPI and NCCL
-// implementations arrive with data-parallel training.
+// How ranks talk. Training code asks its Communicator for its rank and the world size, reduces
+// gradients, metrics and FP8 amaxes through it, and shards optimizer state with it (ZeRO-1).
+// Three implementations: one process (every collective is the identity), MPI (the CPU backend:
+// host tensors, reductions in a fixed rank order so every rank gets bit-identical sums) and NCCL
+// (the CUDA backend: device tensors, bootstrapped over MPI; dist/nccl.h).
+//
+// Which one a run gets: make_communicator() looks at the environment. Under mpirun or srun (an
+// MPI launcher's variables are set) in a build with MPI it initialises MPI; otherwise the run is
+// one process, so `ptrain train` works the same without any launcher.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
 
 namespace ptrain {
+
+// The contiguous range [begin, begin + count) of n elements that rank `rank` of `world` owns:
+// the first n % world ranks own one element more. ZeRO-1's shards, and the reduce-scatter's.
+struct Shard {
+  int64_t begin = 0, count = 0;
+};
+Shard shard_of(int64_t n, int rank, int world);
 
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  // One line for the run log, e.g. "MPI (Open MPI v4.1.4), 2 ranks on 1 node".
+  virtual std::string description() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Sum of `value` over all ranks, the same on every rank.
-  virtual double all_reduce_sum(double value) = 0;
+  // Rank among the ranks on this node: which GPU a rank takes.
+  virtual int local_rank() const = 0;
   bool is_main() const { return rank() == 0; }
+
+  // ---- host values (metrics, flags, norms), the same result on every rank
+  virtual void barrier() = 0;
+  virtual void all_reduce_sum(double* values, size_t n) = 0;
+  double all_reduce_sum(double value) {
+    all_reduce_sum(&value, 1);
+    return value;
+  }
+  // Elementwise max; NaN wins (an FP8 amax that is NaN on any rank stays NaN).
+  virtual void all_reduce_max(float* values, size_t n) = 0;
+  // values[r] = rank r's `value`, on every rank.
+  virtual std::vector<double> all_gather(double value) = 0;
+  // `bytes` of host memory from `root` to every rank.
+  virtual void broadcast(void* bytes, size_t n, int root) = 0;
+  // Rank 0 receives every rank's shard_of(n, r, world) of a host float vector into full (n
+  // floats, rank 0 only; other ranks may pass null).
+  virtual void gather_shards(float* full, const float* shard, int64_t n) = 0;
+
+  // ---- tensors in the backend's memory (float dtypes), in place or by shards
+  // t = the sum of t over ranks, rounded to t.format; bit-identical on every rank.
+  virtual void all_reduce_sum(Tensor t) = 0;
+  // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, rounded to out.format.
+  virtual void reduce_scatter_sum(Tensor out, Tensor in) = 0;
+  // out (n elements) = every rank's shard_of(n) of it, concatenated; `in` is this rank's shard.
+  virtual void all_gather(Tensor out, Tensor in) = 0;
+
+  // ---- overlap with computation (GPU communicators)
+  // The stream the backend computes on (Backend::stream()): collectives start after the work
+  // queued on it so far, and work queued on it after wait() starts after them.
+  virtual void set_compute_stream(void* stream) { (void)stream; }
+  // Sums each tensor of a bucket over ranks. A communicator that overlaps_compute() returns at
+  // once (the sums run beside the backward pass) and completes them in wait(); others finish
+  // before returning.
+  virtual void all_reduce_sum_async(const std::vector<Tensor>& bucket) {
+    for (const Tensor& t : bucket) all_reduce_sum(t);
+  }
+  virtual void wait() {}
+  virtual bool overlaps_compute() const { return false; }
 };
 
 std::unique_ptr<Communicator> make_single_process_communicator();
+
+// The communicator for a run on `device`: MPI (cpu) or NCCL over MPI (cuda) when this process
+// was started by an MPI launcher with more than one rank, else one process. Throws
+// EnvironmentError when the launcher asks for ranks this build cannot provide.
+std::unique_ptr<Communicator> make_communicator(Device device);
+
+// The rank and world size an MPI launcher gave this process (0 and 1 without one), read from
+// the environment before MPI starts: which device to take and whether to print.
+int launcher_rank();
+int launcher_world_size();
+int launcher_local_rank();
+
+// A rank that fails takes the whole job down at once (MPI_Abort), so no other rank waits
+// forever in a collective; without MPI this returns and the caller exits with `code`.
+void abort_other_ranks(int code);
 
 }  // namespace ptrain

@@ -33,6 +33,12 @@ RunLog::RunLog(const std::string& run_dir) : RunLog() {
 
 RunLog::~RunLog() = default;
 
+RunLog RunLog::silent() {
+  RunLog log;
+  log.logger_->sinks().clear();
+  return log;
+}
+
 void RunLog::info(const std::string& line) { logger_->info(line); }
 void RunLog::warn(const std::string& line) { logger_->warn("warning: " + line); }
 

@@ -25,6 +25,9 @@ class RunLog {
   RunLog();
   // Console plus <run_dir>/log.txt and <run_dir>/metrics.jsonl, appended to if present.
   explicit RunLog(const std::string& run_dir);
+  // Nothing at all: the log of a data-parallel rank other than 0 (rank 0 speaks for the job).
+  static RunLog silent();
+  RunLog(RunLog&&) = default;
   ~RunLog();
 
   void info(const std::string& line);

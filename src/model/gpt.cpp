@@ -152,12 +152,15 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
   };
   params_flat_ = flat(policy.weights);
   grads_flat_ = flat(policy.grads);
-  if (policy.has_master_weights()) master_flat_ = flat(Format::fp32);
+  has_master_ = policy.has_master_weights();
+  if (has_master_) master_flat_ = flat(Format::fp32);
+  if (policy.grads != Format::fp32) accum_flat_ = flat(Format::fp32);
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
     const int64_t count = product(specs_[i].shape);
     params_[i] = params_flat_.range(offset, count).reshaped(specs_[i].shape);
     grads_[i] = grads_flat_.range(offset, count).reshaped(specs_[i].shape);
+    if (!accum_flat_.empty()) accum_[i] = accum_flat_.range(offset, count).reshaped(specs_[i].shape);
     offset += count;
   }
 
@@ -192,6 +195,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
 Gpt::~Gpt() {
   backend_.release(act_memory_);
   backend_.release(grads_flat_.data);
+  if (!accum_flat_.empty()) backend_.release(accum_flat_.data);
   backend_.release(params_flat_.data);
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
@@ -201,6 +205,12 @@ Tensor Gpt::master(ParamId id) const {
   const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
                          static_cast<int64_t>(dtype_size(params_flat_.dtype));
   return master_flat_.range(offset, params_[id].numel()).reshaped(specs_[id].shape);
+}
+
+void Gpt::release_master() {
+  if (master_flat_.empty()) return;
+  backend_.release(master_flat_.data);
+  master_flat_ = Tensor();
 }
 
 void Gpt::sync_params_from_master() {
@@ -329,8 +339,34 @@ void Gpt::forward_logits(const int32_t* inputs, bool training) {
   linear_forward(lm_head_fp8(), a_.logits, a_.lnf, params_[kWte], Tensor(), training);
 }
 
-void Gpt::backward() {
+// Parameters stacked over blocks (the per-block slices) and the rest.
+static bool is_block_param(int id) { return id != kWte && id != kWpe && id != kLnfw && id != kLnfb; }
+
+std::vector<Tensor> Gpt::block_grads(int block) const {
+  std::vector<Tensor> out;
+  for (int i = 0; i < kNumParams; ++i) {
+    const Tensor g = grad(static_cast<ParamId>(i));
+    if (block >= 0 && is_block_param(i)) out.push_back(g[block]);
+    if (block < 0 && !is_block_param(i)) out.push_back(g);
+  }
+  return out;
+}
+
+void Gpt::backward(const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
+  // With a callback, each block's gradients go into the FP32 sums as soon as they are written.
+  const auto finish = [&](int block) {
+    if (!grads_done) return;
+    if (!accum_flat_.empty())
+      for (int i = 0; i < kNumParams; ++i) {
+        if (is_block_param(i) != (block >= 0)) continue;
+        const Tensor g = block >= 0 ? grads_[i][block] : grads_[i];
+        const Tensor sum = block >= 0 ? accum_[i][block] : accum_[i];
+        backend_.add(sum, sum, g);
+        backend_.zero(g);
+      }
+    grads_done(block);
+  };
   grads_ready_ = false;
   const int L = shape_.n_layer, NH = shape_.n_head;
   Backend& be = backend_;
@@ -364,10 +400,19 @@ void Gpt::backward() {
     be.zero(a_.dln);
     linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
     be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[l], a_.ln1_rstd[l]);
+    finish(l);
   }
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);
+  if (grads_done) return finish(-1);
+  if (!accum_flat_.empty()) {  // this micro-batch's gradients into the FP32 sums
+    be.add(accum_flat_, accum_flat_, grads_flat_);
+    be.zero(grads_flat_);
+  }
 }
 
-void Gpt::zero_grad() { backend_.zero(grads_flat_); }
+void Gpt::zero_grad() {
+  backend_.zero(grads_flat_);
+  if (!accum_flat_.empty()) backend_.zero(accum_flat_);
+}
 
 }  // namespace ptrain

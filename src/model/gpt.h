@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <cstdint>
 #include <string>
@@ -98,7 +99,12 @@ class Gpt {
   // what sampling draws the next token from.
   std::vector<float> next_token_logits(const int32_t* inputs, int position);
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
-  void backward();
+  // `grads_done(l)`, if given, is called as soon as block l's gradients in grads() are final
+  // (blocks L-1 down to 0), then with -1 for the rest (embeddings, final layernorm): a
+  // data-parallel run starts summing them across ranks while the backward pass goes on.
+  void backward(const std::function<void(int block)>& grads_done = {});
+  // The gradient tensors that grads_done(block) reports as final (block -1: the others).
+  std::vector<Tensor> block_grads(int block) const;
   void zero_grad();
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
@@ -113,14 +119,24 @@ class Gpt {
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Tensor param(ParamId id) const { return params_[id]; }
-  Tensor grad(ParamId id) const { return grads_[id]; }
+  // The gradients the optimizer reads, summed over the micro-batches since zero_grad(). In
+  // reduced precision each micro-batch's gradients are rounded to the gradient format as the
+  // backward pass writes them and then added into an FP32 accumulator (Megatron's main_grad):
+  // many accumulation steps lose nothing to bf16 sums, and the sum over micro-batches is the
+  // same whether they ran on one rank or were all-reduced across several.
+  Tensor grad(ParamId id) const { return accum_flat_.empty() ? grads_[id] : accum_[id]; }
   Tensor params_flat() const { return params_flat_; }
   // What the optimizer updates: the FP32 master weights, or the parameters themselves in FP32.
   Tensor master_flat() const { return master_flat_.empty() ? params_flat_ : master_flat_; }
   Tensor master(ParamId id) const;
   // After the master weights were overwritten (resume): refresh the copy the GEMMs read.
   void sync_params_from_master();
-  Tensor grads_flat() const { return grads_flat_; }
+  // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
+  bool has_master_weights() const { return has_master_; }
+  // ZeRO-1: the optimizer took its shard of the master weights; the full copy is freed, and
+  // master()/master_flat() return the GEMMs' copy from now on.
+  void release_master();
+  Tensor grads_flat() const { return accum_flat_.empty() ? grads_flat_ : accum_flat_; }
   int64_t num_params() const { return params_flat_.numel(); }
   size_t activation_bytes() const { return act_bytes_; }
 
@@ -142,8 +158,11 @@ class Gpt {
   std::vector<ParamSpec> specs_;
   std::array<Tensor, kNumParams> params_, grads_;
   Tensor params_flat_, grads_flat_, master_flat_;
+  Tensor accum_flat_;                           // FP32 gradient accumulator (reduced-precision grads)
+  std::array<Tensor, kNumParams> accum_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
+  bool has_master_ = false;
   GptActivations a_;
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names
   size_t act_bytes_ = 0;

@@ -1,22 +1,63 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/error.h"
 
 namespace ptrain {
 
-AdamW::AdamW(Gpt& model, Backend& backend, const AdamWConfig& config)
-    : model_(model), backend_(backend), config_(config) {
+AdamW::AdamW(Gpt& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage)
+    : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
+  PTRAIN_CHECK(zero_stage == 0 || zero_stage == 1, "AdamW: zero_stage must be 0 or 1");
+  world_ = comm ? comm->world_size() : 1;
   const Tensor& p = model.master_flat();
-  m_ = Tensor(backend.allocate(p.bytes()), p.dtype, {p.numel()}, p.device);
-  v_ = Tensor(backend.allocate(p.bytes()), p.dtype, {p.numel()}, p.device);
+  shard_ = sharded() ? shard_of(p.numel(), comm->rank(), world_) : Shard{0, p.numel()};
+  m_ = allocate(shard_.count, p.dtype, Format::fp32);
+  v_ = allocate(shard_.count, p.dtype, Format::fp32);
+  if (sharded()) {
+    const Tensor& g = model.grads_flat();
+    grad_shard_ = allocate(shard_.count, g.dtype, g.format);
+  }
 }
 
 AdamW::~AdamW() {
-  backend_.release(v_.data);
-  backend_.release(m_.data);
+  for (void* p : memory_) backend_.release(p);
 }
 
-double AdamW::grad_norm() { return std::sqrt(backend_.sum_squares(model_.grads_flat())); }
+Tensor AdamW::allocate(int64_t n, DType dtype, Format format) {
+  memory_.push_back(backend_.allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(dtype)));
+  Tensor t(memory_.back(), dtype, {n}, backend_.device());
+  t.format = format;
+  return t;
+}
+
+void AdamW::adopt_master() {
+  if (!sharded() || !model_.has_master_weights() || !master_shard_.empty()) return;
+  master_shard_ = allocate(shard_.count, DType::f32, Format::fp32);
+  backend_.copy(master_shard_, model_.master_flat().range(shard_.begin, shard_.count));
+  model_.release_master();
+}
+
+double AdamW::reduce_gradients(bool summed_in_backward) {
+  const Tensor grads = model_.grads_flat();
+  if (sharded()) {
+    comm_->reduce_scatter_sum(grad_shard_, grads);
+    return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grad_shard_)));
+  }
+  if (world_ == 1) return std::sqrt(backend_.sum_squares(grads));
+  if (summed_in_backward)
+    comm_->wait();
+  else
+    comm_->all_reduce_sum(grads);
+  // The squares summed per ZeRO-1 shard, in rank order: both stages clip by the same norm.
+  double sum = 0;
+  for (int r = 0; r < world_; ++r) {
+    const Shard s = shard_of(grads.numel(), r, world_);
+    sum += backend_.sum_squares(grads.range(s.begin, s.count));
+  }
+  return std::sqrt(sum);
+}
 
 void AdamW::step(double lr, double grad_norm, double loss_scale) {
   ++t_;
@@ -30,17 +71,29 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
   if (config_.grad_clip > 0 && grad_norm > config_.grad_clip) clip = config_.grad_clip / grad_norm;
   p.grad_scale = static_cast<float>(clip / loss_scale);
 
-  // Walk the flat buffers tensor by tensor: weight decay applies to 2-D weights only.
-  const bool has_copy = model_.master_flat().data != model_.params_flat().data;
+  // The range [shard_.begin, + count) of the flat layout this rank updates, and its tensors.
+  const Tensor params = model_.params_flat();
+  const Tensor master = !master_shard_.empty() ? master_shard_
+                        : sharded()            ? params.range(shard_.begin, shard_.count)
+                                               : model_.master_flat();
+  const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
+  PTRAIN_CHECK(!(sharded() && model_.has_master_weights() && master_shard_.empty()),
+               "AdamW: with ZeRO-1 and master weights, call adopt_master() before the first step");
+  const bool has_copy = model_.has_master_weights();  // the update also writes the GEMMs' copy
+  // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
   int64_t offset = 0;
   for (int i = 0; i < kNumParams; ++i) {
     const int64_t n = model_.param(static_cast<ParamId>(i)).numel();
-    auto slice = [&](const Tensor& flat) { return flat.range(offset, n); };
-    p.weight_decay = model_.specs()[i].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-    backend_.adamw(slice(model_.master_flat()), slice(model_.grads_flat()), slice(m_), slice(v_), p,
-                   has_copy ? slice(model_.params_flat()) : Tensor());
+    const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
+    if (lo < hi) {
+      const int64_t local = lo - shard_.begin, len = hi - lo;
+      p.weight_decay = model_.specs()[i].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+      backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
+                     p, has_copy ? params.range(lo, len) : Tensor());
+    }
     offset += n;
   }
+  if (sharded()) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
 }
 
 }  // namespace ptrain

@@ -80,19 +80,21 @@ std::string fmt(const char* format, double value) {
 
 // What the CPU backend allocates: every format is emulated in float storage.
 struct MemoryPlan {
-  int64_t params, master, grads, optimizer, activations, fp8;
-  int64_t total() const { return params + master + grads + optimizer + activations + fp8; }
+  int64_t params, master, grads, grad_accumulator, optimizer, activations, fp8;
+  int64_t total() const { return params + master + grads + grad_accumulator + optimizer + activations + fp8; }
   std::string describe() const {
     return format_mib(total()) + " = " + format_mib(params) + " params + " +
            (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
-           " grads + " + format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
+           " grads + " + (grad_accumulator ? format_mib(grad_accumulator) + " FP32 gradient sums + " : std::string()) +
+           format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
            (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
   }
 };
 
 MemoryPlan plan_memory(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
   const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
-  return {n, policy.has_master_weights() ? n : 0, n, 2 * n, gpt_activation_bytes(s, B, T, sizeof(float)),
+  return {n, policy.has_master_weights() ? n : 0, n, policy.grads != Format::fp32 ? n : 0, 2 * n,
+          gpt_activation_bytes(s, B, T, sizeof(float)),
           gpt_fp8_buffer_bytes(s, policy, B, T)};
 }
 
@@ -135,17 +137,17 @@ class Trainer {
  public:
   Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
-          AttentionChoice attention)
+          AttentionChoice attention, std::unique_ptr<Communicator> comm)
       : cfg_(config),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
         policy_(PrecisionPolicy::from_config(config.precision)),
-        comm_(make_single_process_communicator()),
-        log_(run_dir.string()),
+        comm_(std::move(comm)),
+        log_(comm_->is_main() ? RunLog(run_dir.string()) : RunLog::silent()),
         shape_(GptShape::of(config.model)),
         B_(config.training.micro_batch),
         T_(config.training.effective_seq_len(config.model)),
-        accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_))),
+        accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_ * comm_->world_size()))),
         train_stream_(data.train, "data.train", config.model.vocab_size),
         val_stream_(data.val, "data.val", config.model.vocab_size),
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
@@ -157,7 +159,8 @@ class Trainer {
         model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
-                               config.optimizer.weight_decay, config.training.grad_clip}),
+                               config.optimizer.weight_decay, config.training.grad_clip},
+                   comm_.get(), config.distributed.zero_stage),
         scaler_(policy_.loss_scaling),
         inputs_(static_cast<size_t>(B_) * T_),
         targets_(static_cast<size_t>(B_) * T_) {
@@ -167,6 +170,7 @@ class Trainer {
     schedule_.decay = config.schedule.decay;
     schedule_.min_lr_ratio = config.schedule.min_lr_ratio;
     schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
+    comm_->set_compute_stream(backend_->stream());
   }
 
   TrainResult run(const std::optional<LoadedCheckpoint>& resume_from, const std::optional<LlmcModel>& init_from) {
@@ -181,6 +185,8 @@ class Trainer {
     }
     int64_t first_step = 1;
     if (resume_from) first_step = resume(*resume_from) + 1;
+    optimizer_.adopt_master();  // ZeRO-1: from here on each rank keeps only its shard
+    announce_ranks();
     const int64_t steps = cfg_.training.steps;
     if (first_step > steps) {
       log_.info("nothing to train: the checkpoint is at step " + std::to_string(first_step - 1) +
@@ -199,29 +205,48 @@ class Trainer {
       const auto t0 = Clock::now();
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
-      double loss_sum = 0;
+      // One slot per micro-batch of the global batch: each rank fills its own, the sum over
+      // ranks gathers them, and they are added in global order, as one rank would.
+      const int world = comm_->world_size(), rank = comm_->rank();
+      std::vector<double> micro_losses(static_cast<size_t>(accum_ * world), 0.0);
       // The loss is multiplied by the loss scale (1 unless loss scaling is on) so that small
       // gradients survive fp16; the optimizer divides it out again.
       const double loss_scale = scaler_.scale();
       const float dloss = static_cast<float>(loss_scale * cfg_.training.loss_weight /
-                                             static_cast<double>(int64_t{B_} * T_ * accum_));
+                                             static_cast<double>(int64_t{B_} * T_ * accum_ * comm_->world_size()));
+      // On GPUs the gradient all-reduce of each block starts as soon as the last micro-batch's
+      // backward pass has finished that block (ZeRO-1 reduce-scatters the whole buffer after).
+      const bool overlap = world > 1 && comm_->overlaps_compute() && !optimizer_.sharded();
       for (int micro = 0; micro < accum_; ++micro) {
-        const int64_t first_sample = ((step - 1) * accum_ + micro) * B_;
+        // Rank r trains micro-batches r * accum_ ... of the global batch: disjoint samples, and
+        // the same global batch for any number of ranks.
+        const int global_micro = rank * accum_ + micro;
+        const int64_t first_sample = ((step - 1) * accum_ * world + global_micro) * B_;
         train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
         {
           NvtxRange range("forward");
-          loss_sum += model_.forward(inputs_.data(), targets_.data(), dloss);
+          micro_losses[static_cast<size_t>(global_micro)] = model_.forward(inputs_.data(), targets_.data(), dloss);
         }
         NvtxRange range("backward");
-        model_.backward();
+        if (overlap && micro == accum_ - 1)
+          model_.backward([&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
+        else
+          model_.backward();
       }
-      const double loss = comm_->all_reduce_sum(loss_sum / accum_) / comm_->world_size();
+      comm_->all_reduce_sum(micro_losses.data(), micro_losses.size());
+      double loss = 0;
+      for (const double l : micro_losses) loss += l;
+      loss /= static_cast<double>(micro_losses.size());
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
       double norm;
       {
         NvtxRange range("optimizer");
-        norm = optimizer_.grad_norm() / loss_scale;
+        {
+          NvtxRange comm_range("communication");
+          norm = optimizer_.reduce_gradients(overlap) / loss_scale;
+          reduce_fp8_amax();
+        }
         if (!scaler_.update(!std::isfinite(norm))) optimizer_.step(lr, norm, loss_scale);
         model_.end_step();
       }
@@ -320,9 +345,10 @@ class Trainer {
     st.precision = policy_.label();
     st.model = model_json(cfg_.model);
     st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
-    st.next_sample = step * accum_ * B_;
+    st.next_sample = step * accum_ * comm_->world_size() * B_;
     try {
-      result_.last_checkpoint = save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_, cfg_.checkpoint.keep_last);
+      result_.last_checkpoint =
+          save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_, cfg_.checkpoint.keep_last, comm_.get());
     } catch (const UserError& e) {
       // The earlier checkpoints and `latest` are untouched; the training state is in memory.
       const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
@@ -351,8 +377,9 @@ class Trainer {
               " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
               " (padded " + std::to_string(shape_.padded_vocab) + ") | " + format_thousands(n) + " parameters");
     log_.info("batch: " + format_thousands(static_cast<double>(cfg_.training.batch_tokens)) + " tokens/step = " +
-              std::to_string(B_) + " x " + std::to_string(T_) + " x " + std::to_string(accum_) +
-              " accumulation steps | " + std::to_string(cfg_.training.steps) + " steps");
+              std::to_string(B_) + " x " + std::to_string(T_) + " x " + std::to_string(accum_) + " accumulation steps" +
+              (comm_->world_size() > 1 ? " x " + std::to_string(comm_->world_size()) + " ranks" : std::string()) +
+              " | " + std::to_string(cfg_.training.steps) + " steps");
     log_.info("data: train " + format_thousands(static_cast<double>(train_stream_.size())) + " tokens in " +
               std::to_string(train_stream_.files().size()) + " shard(s), val " +
               format_thousands(static_cast<double>(val_stream_.size())) + " tokens; eval on " +
@@ -411,6 +438,35 @@ class Trainer {
     log_.info(text);
   }
 
+  // Data parallelism in the log: the communicator, the global batch's split, and each rank's
+  // optimizer memory (ZeRO-1 divides it by the number of ranks).
+  void announce_ranks() {
+    const std::vector<double> state = comm_->all_gather(static_cast<double>(optimizer_.state_bytes()));
+    if (comm_->world_size() == 1) return;
+    log_.info("data parallel: " + comm_->description() + " | ZeRO stage " + std::to_string(cfg_.distributed.zero_stage));
+    std::string line = "optimizer state per rank (AdamW moments" +
+                       std::string(optimizer_.master_shard().empty() ? "" : " + FP32 master shard") + "):";
+    for (size_t r = 0; r < state.size(); ++r)
+      line += (r ? ", " : " ") + std::string("rank ") + std::to_string(r) + " " +
+              format_mib(static_cast<int64_t>(state[r]));
+    log_.info(line);
+    log_.metrics({{"ranks", comm_->world_size()},
+                  {"zero_stage", cfg_.distributed.zero_stage},
+                  {"optimizer_state_bytes_per_rank", state}});
+  }
+
+  // Delayed FP8 scaling: the amax each rank saw this step, max-reduced across ranks before the
+  // history moves on, so every rank computes the same scales (TransformerEngine's reduce_amax).
+  void reduce_fp8_amax() {
+    if (comm_->world_size() == 1 || policy_.fp8.recipe != Fp8Recipe::delayed) return;
+    const std::vector<Fp8TensorState*> tensors = model_.fp8_tensors();
+    if (tensors.empty()) return;
+    std::vector<float> amax;
+    for (const Fp8TensorState* t : tensors) amax.push_back(t->delayed.history()[0]);
+    comm_->all_reduce_max(amax.data(), amax.size());
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i]->delayed.record(amax[i]);
+  }
+
   // What reduced precision did to the numbers since the last report: gradient values that
   // rounding flushed to zero, and per FP8 tensor its amax, scale, underflow and saturation.
   void log_numerics(int64_t step) {
@@ -451,12 +507,17 @@ class Trainer {
     log_.info(line);
   }
 
+  // The validation batches are shared out across ranks (batch j on rank j % world) and their
+  // losses added in batch order, so the result does not depend on the number of ranks.
   void evaluate(int64_t step) {
-    double sum = 0;
-    for (int j = 0; j < val_sampler_.batches(); ++j) {
+    std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
+    for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
       val_sampler_.fill(j, inputs_.data(), targets_.data());
-      sum += model_.forward(inputs_.data(), targets_.data(), 0.0f);
+      losses[static_cast<size_t>(j)] = model_.forward(inputs_.data(), targets_.data(), 0.0f);
     }
+    comm_->all_reduce_sum(losses.data(), losses.size());
+    double sum = 0;
+    for (const double l : losses) sum += l;
     const double val_loss = sum / val_sampler_.batches();
     if (!best_val_ || val_loss < *best_val_) {
       best_val_ = val_loss;
@@ -509,7 +570,8 @@ class Trainer {
               fmt("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
     }
     log_.info(line);
-    std::ofstream(fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json") << summary.dump(2) << '\n';
+    if (comm_->is_main())
+      std::ofstream(fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json") << summary.dump(2) << '\n';
   }
 
   const Config& cfg_;
@@ -608,9 +670,10 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   const fs::path checkpoint_dir = config.checkpoint.dir.empty() ? run_path / "checkpoints" : fs::path(config.checkpoint.dir);
   std::optional<LoadedCheckpoint> resume_from;
   std::vector<std::string> resume_warnings;
+  const bool main_rank = launcher_rank() == 0;
   if (config.checkpoint.resume == "auto") {
     // Shown at once: if the run cannot start, the user still learns why no checkpoint was taken.
-    RunLog console;
+    RunLog console = main_rank ? RunLog() : RunLog::silent();
     resume_from = find_latest_checkpoint(checkpoint_dir.string(), [&](const std::string& w) {
       console.warn(w);
       resume_warnings.push_back(w);
@@ -652,32 +715,47 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   AttentionChoice attention = backend->choose_attention(
       config.model.attention, backend->storage_for(policy.activations, DType::f32), config.training.micro_batch,
       config.training.effective_seq_len(config.model), shape.n_head, shape.n_embd / shape.n_head);
+  std::unique_ptr<Communicator> comm = make_communicator(backend->device());
+  const int64_t per_rank = int64_t{B} * T * comm->world_size();
+  if (config.training.batch_tokens % per_rank != 0)
+    throw UserError("training.batch_tokens: " + std::to_string(config.training.batch_tokens) +
+                    " tokens cannot be shared by " + std::to_string(comm->world_size()) +
+                    " ranks; expected a multiple of micro_batch x seq_len x ranks = " + std::to_string(B) + " x " +
+                    std::to_string(T) + " x " + std::to_string(comm->world_size()) + " = " + std::to_string(per_rank));
 
+  // Rank 0 makes the run directory (and the synthetic data); the others wait for it.
   // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
   // (a job preempted before its first save starts again in place): always launching with auto works.
   const bool continue_dir = resume_from.has_value() || config.checkpoint.resume == "auto";
-  const fs::path run_dir = create_run_dir(config.run, continue_dir);
-  write_text(run_dir / "config.yaml", config_to_yaml(config));
-  // Find out now, not after hours of training, if checkpoints cannot be written there.
-  std::error_code ec;
-  fs::create_directories(checkpoint_dir, ec);
-  if (ec) throw UserError("checkpoint.dir: cannot create \"" + checkpoint_dir.string() + "\": " + ec.message());
+  const bool main = comm->is_main();
+  const fs::path run_dir = main ? create_run_dir(config.run, continue_dir) : run_path;
+  std::vector<std::string> set_aside;
+  if (main) {
+    write_text(run_dir / "config.yaml", config_to_yaml(config));
+    // Find out now, not after hours of training, if checkpoints cannot be written there.
+    std::error_code ec;
+    fs::create_directories(checkpoint_dir, ec);
+    if (ec) throw UserError("checkpoint.dir: cannot create \"" + checkpoint_dir.string() + "\": " + ec.message());
+    if (config.data.synthetic_enabled) {
+      const auto& s = config.data.synthetic;
+      generate_synthetic(
+          SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction},
+          (run_dir / "data").string());
+    }
+    if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
+  }
+  comm->barrier();
   if (config.data.synthetic_enabled) {
-    const auto& s = config.data.synthetic;
     const fs::path data_dir = run_dir / "data";
-    data.synthetic = generate_synthetic(
-        SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction},
-        data_dir.string());
+    data.synthetic = read_synthetic_info(data_dir.string());
     data.train = (data_dir / "train_*.bin").string();
     data.val = (data_dir / "val_*.bin").string();
   }
-  std::vector<std::string> set_aside;
-  if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
   Trainer trainer(config, data, run_dir, checkpoint_dir, options, std::move(backend), std::move(device_choice),
-                  std::move(attention));
+                  std::move(attention), std::move(comm));
   for (const auto& w : resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
-  if (!resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))
+  if (main && !resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))
     trainer.warn("no valid checkpoint in " + checkpoint_dir.string() + ": training starts from step 0 in " +
                  run_dir.string());
   return trainer.run(resume_from, init_from);

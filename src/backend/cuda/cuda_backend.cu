@@ -298,6 +298,7 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   MemoryUse memory_use() const override { return MemoryUse{arena_bytes_, in_use_, peak_}; }
+  void* stream() const override { return stream_; }
 
   // ------------------------------------------------------------------------ identity
 

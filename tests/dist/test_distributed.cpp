@@ -1,0 +1,629 @@
+// Data-parallel training as a user runs it: the real ptrain binary under Open MPI's mpirun, two
+// ranks on this machine's CPUs (run.device: cpu, the MPI communicator), against the same config
+// on one process without any launcher. Covered: 2 ranks follow 1 rank on the same global batch
+// (fp32, bf16, fp8 delayed scaling); ZeRO-1 trains exactly as ZeRO-0 and divides the optimizer
+// state between the ranks; a 2-rank run stopped and resumed equals an uninterrupted one, and its
+// ZeRO-1 checkpoint resumes on 1 rank and under ZeRO-0; a rank killed with SIGKILL ends the job,
+// which names it, and leaves a valid checkpoint; a batch the ranks cannot share is refused before
+// anything is written. Every run is a tiny model for a few steps, one thread per rank.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace ptrain::test {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+static_assert(sizeof(PTRAIN_MPIEXEC) > 1, "PTRAIN_MPIEXEC is empty: CMake found MPI but no mpiexec");
+
+// ---------------------------------------------------------------------------------------------
+// Launching
+
+// `ranks` processes of the binary with `args`, as a shell command. Open MPI's flags let two ranks
+// share however few cores this machine has and run as root in containers; single-copy (CMA)
+// transfers are off because containers often forbid the ptrace access they need.
+std::string mpi_command(int ranks, const std::string& args) {
+  return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" PTRAIN_MPIEXEC
+         "' --oversubscribe --allow-run-as-root --bind-to none -np " +
+         std::to_string(ranks) + " '" PTRAIN_BINARY "' " + args;
+}
+
+// Runs the binary on `ranks` ranks from `cwd`, stdout and stderr together. One rank runs the
+// binary directly, without mpirun: the single-process path every user without MPI takes.
+CommandResult run_mpi(int ranks, const std::string& args, const fs::path& cwd) {
+  if (ranks == 1) return run_ptrain(args, cwd);
+  const std::string cmd = "cd '" + cwd.string() + "' && " + mpi_command(ranks, args) + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A temporary directory, removed however the test ends.
+struct Workspace {
+  fs::path dir;
+  explicit Workspace(const std::string& tag) : dir(make_temp_dir("mpi-" + tag)) {}
+  ~Workspace() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  fs::path run(const std::string& name) const { return dir / "runs" / name; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Configs and what runs leave behind
+
+// One run's config: a small GPT on a synthetic Markov corpus that it learns within a few steps.
+struct Run {
+  std::string name;
+  std::string precision = "fp32";  // precision.mode; fp8 uses delayed scaling
+  int steps = 8;
+  int64_t batch_tokens = 512;  // micro_batch 8 x seq_len 32 x accumulation x ranks
+  int zero_stage = 1;
+  int n_embd = 64;
+  std::string checkpoint = "{save_final: false}";
+};
+
+std::string config_yaml(const Run& r) {
+  const std::string precision =
+      r.precision == "fp8" ? "{mode: fp8, fp8: {recipe: delayed}}" : "{mode: " + r.precision + "}";
+  return "run: {name: " + r.name + ", out_dir: runs, seed: 3, device: cpu}\n"
+         "model: {n_layer: 2, n_head: 4, n_embd: " + std::to_string(r.n_embd) + ", seq_len: 32, vocab_size: 64}\n"
+         "data: {synthetic: {vocab: 64, order: 2, branching: 4, tokens: 100000, seed: 5}}\n"
+         "training: {steps: " + std::to_string(r.steps) + ", batch_tokens: " + std::to_string(r.batch_tokens) +
+         ", micro_batch: 8, eval_every: 0, eval_batches: 2, threads: 1}\n"
+         "optimizer: {lr: 1.0e-3}\n"
+         "schedule: {warmup_steps: 2}\n"
+         "precision: " + precision + "\n"
+         "distributed: {zero_stage: " + std::to_string(r.zero_stage) + "}\n"
+         "checkpoint: " + r.checkpoint + "\n";
+}
+
+// Writes <name>.yaml into `dir` and trains it on `ranks` ranks.
+CommandResult train(const fs::path& dir, int ranks, const Run& run, const std::string& flags = "") {
+  write_file(dir / (run.name + ".yaml"), config_yaml(run));
+  return run_mpi(ranks, "train " + run.name + ".yaml " + flags, dir);
+}
+
+// What a run's metrics.jsonl says per step (in record order, so a resumed run lists the steps
+// of both invocations) and at its evaluations.
+struct Trace {
+  std::vector<int64_t> steps;
+  std::vector<double> loss, grad_norm, val_loss;
+};
+
+Trace read_trace(const fs::path& dir, const std::string& run_name) {
+  Trace t;
+  for (const auto& m : read_metrics(dir / "runs" / run_name / "metrics.jsonl")) {
+    if (m.contains("step") && m.contains("loss")) {
+      t.steps.push_back(m["step"].get<int64_t>());
+      t.loss.push_back(m["loss"].get<double>());
+      t.grad_norm.push_back(m["grad_norm"].get<double>());
+    }
+    if (m.contains("val_loss")) t.val_loss.push_back(m["val_loss"].get<double>());
+  }
+  return t;
+}
+
+// Per-step training losses of runs/<run_name>/metrics.jsonl.
+std::vector<double> losses(const fs::path& dir, const std::string& run_name) { return read_trace(dir, run_name).loss; }
+
+// Trains and requires success; returns the run's trace.
+Trace train_ok(const fs::path& dir, int ranks, const Run& run, const std::string& flags = "",
+               std::string* output = nullptr) {
+  const CommandResult r = train(dir, ranks, run, flags);
+  INFO("ptrain on " << ranks << " rank(s), run " << run.name << ":\n" << r.output);
+  REQUIRE(r.exit_code == 0);
+  if (output) *output = r.output;
+  return read_trace(dir, run.name);
+}
+
+// The largest |a - b| / |b|; infinity when the lengths differ or either holds a NaN.
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  }
+  return worst;
+}
+
+std::string side_by_side(const std::vector<double>& a, const std::vector<double>& b) {
+  std::string out;
+  char line[128];
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    std::snprintf(line, sizeof line, "  %2zu: %.17g | %.17g\n", i + 1, i < a.size() ? a[i] : NAN,
+                  i < b.size() ? b[i] : NAN);
+    out += line;
+  }
+  return out;
+}
+
+std::vector<double> slice(const std::vector<double>& v, size_t from) {
+  return from < v.size() ? std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end())
+                         : std::vector<double>();
+}
+
+// How closely a run whose global batch is split differently (over ranks or into micro-batches)
+// follows. The micro-batches' gradients are the same; they are summed in FP32 in every mode
+// (reduced-precision gradients are rounded per micro-batch, then added into FP32 sums), and the
+// ranks' sums are added in rank order, so only the association of FP32 additions can differ:
+// the last bits of a few gradients. The bar is 1e-6 relative on the loss, in every mode.
+// A wrong data split moves the very first step's loss, which must match exactly; a wrong
+// gradient average shows in the gradient norm.
+double layout_loss_tolerance(const std::string&) { return 1e-6; }
+double layout_norm_tolerance(const std::string&) { return 1e-5; }
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// The parameter count the run log states ("model: GPT-2 ... | 123,456 parameters"); -1 if absent.
+int64_t parameter_count(const std::string& log) {
+  const size_t model = log.find("model: GPT-2");
+  const size_t end = model == std::string::npos ? model : log.find(" parameters", model);
+  if (end == std::string::npos) return -1;
+  size_t begin = end;
+  while (begin > 0 && (std::isdigit(static_cast<unsigned char>(log[begin - 1])) || log[begin - 1] == ',')) --begin;
+  std::string digits;
+  for (size_t i = begin; i < end; ++i)
+    if (log[i] != ',') digits += log[i];
+  return digits.empty() ? -1 : std::stoll(digits);
+}
+
+// The record rank 0 writes at the start of a multi-rank run.
+struct RanksRecord {
+  int ranks = 0, zero_stage = -1;
+  std::vector<int64_t> optimizer_bytes;  // per rank
+};
+
+RanksRecord ranks_record(const fs::path& dir, const std::string& run_name) {
+  RanksRecord out;
+  for (const auto& m : read_metrics(dir / "runs" / run_name / "metrics.jsonl"))
+    if (m.contains("optimizer_state_bytes_per_rank")) {
+      out.ranks = m.value("ranks", 0);
+      out.zero_stage = m.value("zero_stage", -1);
+      for (const auto& b : m["optimizer_state_bytes_per_rank"]) out.optimizer_bytes.push_back(std::llround(b.get<double>()));
+    }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. The global batch is what counts, not how it is split
+
+TEST_CASE("2 ranks equal 1 rank on the same global batch", "[mpi]") {
+  Workspace ws("equal");
+  struct Layout {
+    const char* name;
+    int64_t batch_tokens;  // 1 rank accumulates batch_tokens / 256 micro-batches, each of 2 ranks half of them
+  };
+  for (const std::string mode : {"fp32", "bf16"})
+    for (const Layout layout : {Layout{"1 rank x 2 micro-batches vs 2 ranks x 1", 512},
+                                Layout{"1 rank x 4 micro-batches vs 2 ranks x 2", 1024}}) {
+      const std::string label = mode + ", " + layout.name;
+      INFO(label);
+      Run one{mode + "-" + std::to_string(layout.batch_tokens) + "-one"};
+      one.precision = mode;
+      one.batch_tokens = layout.batch_tokens;
+      Run two = one;
+      two.name = mode + "-" + std::to_string(layout.batch_tokens) + "-two";
+
+      std::string out_one, out_two;
+      const Trace a = train_ok(ws.dir, 1, one, "", &out_one);
+      const Trace b = train_ok(ws.dir, 2, two, "", &out_two);
+
+      // What the user is told: the ranks, and one log (rank 0's), not one per rank.
+      CHECK(out_one.find("data parallel") == std::string::npos);
+      INFO(out_two);
+      CHECK(out_two.find("data parallel: MPI") != std::string::npos);
+      CHECK(out_two.find("2 ranks") != std::string::npos);
+      CHECK(count_of(out_two, "| run " + two.name + " |") == 1);
+      CHECK(read_file(ws.run(two.name) / "log.txt").find("data parallel: MPI") != std::string::npos);
+
+      INFO("losses, 1 rank | 2 ranks:\n" << side_by_side(a.loss, b.loss));
+      INFO("gradient norms, 1 rank | 2 ranks:\n" << side_by_side(a.grad_norm, b.grad_norm));
+      REQUIRE(a.loss.size() == 8);
+      REQUIRE(b.loss.size() == 8);
+      // Step 1 runs the same weights on the same samples, and the ranks' micro-batch losses are
+      // added in global order: bit for bit one rank's number.
+      CHECK(b.loss[0] == a.loss[0]);
+      const double loss_diff = max_relative_difference(b.loss, a.loss);
+      const double norm_diff = max_relative_difference(b.grad_norm, a.grad_norm);
+      CHECK(loss_diff <= layout_loss_tolerance(mode));
+      CHECK(norm_diff <= layout_norm_tolerance(mode));
+      CHECK(max_relative_difference(b.val_loss, a.val_loss) <= layout_loss_tolerance(mode));
+      if (a.loss == b.loss)
+        WARN(label << ": 2-rank losses bitwise identical to 1 rank's");
+      else
+        WARN(label << ": 2-rank losses differ from 1 rank's by at most " << loss_diff << " relative");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. ZeRO-1: the same training, the optimizer state divided between the ranks
+
+TEST_CASE("ZeRO-1 equals ZeRO-0 and halves per-rank optimizer memory", "[mpi]") {
+  Workspace ws("zero");
+  for (const std::string mode : {"fp32", "bf16"}) {
+    INFO("precision " << mode);
+    Run z0{mode + "-zero0"};
+    z0.precision = mode;
+    z0.steps = 10;
+    z0.zero_stage = 0;
+    Run z1 = z0;
+    z1.name = mode + "-zero1";
+    z1.zero_stage = 1;
+    std::string out0, out1;
+    const Trace a = train_ok(ws.dir, 2, z0, "", &out0);
+    const Trace b = train_ok(ws.dir, 2, z1, "", &out1);
+
+    // Both stages sum the same gradients in the same order and apply the same elementwise
+    // update; ZeRO-1 only splits where it happens. So the runs are bit for bit the same.
+    INFO("losses, ZeRO-0 | ZeRO-1:\n" << side_by_side(a.loss, b.loss));
+    REQUIRE(a.loss.size() == 10);
+    CHECK(b.loss == a.loss);
+    CHECK(b.grad_norm == a.grad_norm);
+    CHECK(b.val_loss == a.val_loss);
+
+    // The optimizer state each rank reports. N parameters: the AdamW moments are 8N bytes (two
+    // FP32 values per parameter), bf16's FP32 master weights 4N more.
+    INFO(out0 << "\n" << out1);
+    const int64_t n = parameter_count(out0);
+    REQUIRE(n > 0);
+    const RanksRecord r0 = ranks_record(ws.dir, z0.name), r1 = ranks_record(ws.dir, z1.name);
+    CHECK(r0.ranks == 2);
+    CHECK(r0.zero_stage == 0);
+    CHECK(r1.ranks == 2);
+    CHECK(r1.zero_stage == 1);
+    REQUIRE(r0.optimizer_bytes.size() == 2);
+    REQUIRE(r1.optimizer_bytes.size() == 2);
+    // ZeRO-0: every rank holds all the moments; the master weights stay in the model.
+    CHECK(r0.optimizer_bytes[0] == 8 * n);
+    CHECK(r0.optimizer_bytes[1] == 8 * n);
+    // ZeRO-1: the shards add up to what one rank holds unsharded, and rank 0 owns at most one
+    // element more than rank 1.
+    const int64_t whole = mode == "bf16" ? 12 * n : 8 * n;  // moments (+ master weights)
+    const int64_t per_element = mode == "bf16" ? 12 : 8;
+    CHECK(r1.optimizer_bytes[0] + r1.optimizer_bytes[1] == whole);
+    CHECK(std::llabs(r1.optimizer_bytes[0] - r1.optimizer_bytes[1]) <= per_element);
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO("rank " << rank << ": ZeRO-0 " << r0.optimizer_bytes[rank] << " bytes, ZeRO-1 " << r1.optimizer_bytes[rank]
+                    << " bytes, " << n << " parameters");
+      const double ratio = static_cast<double>(r1.optimizer_bytes[rank]) / static_cast<double>(r0.optimizer_bytes[rank]);
+      if (mode == "fp32") {
+        CHECK(ratio <= 0.5 * 1.01);  // half the moments
+      } else {
+        // Half the moments plus half the master weights: (8N + 4N) / 2 = 6N = 3/4 of ZeRO-0's 8N.
+        CHECK(ratio <= 0.75 * 1.01);
+        CHECK(ratio >= 0.75 * 0.99);
+      }
+    }
+    CHECK(out1.find("optimizer state per rank") != std::string::npos);
+    if (mode == "bf16") CHECK(out1.find("FP32 master shard") != std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Resuming a 2-rank run: on 2 ranks, on 1 rank, under the other ZeRO stage
+
+TEST_CASE("2-rank runs resume exactly", "[mpi]") {
+  Workspace ws("resume");
+  Run full{"full"};
+  full.precision = "bf16";
+  full.steps = 10;
+  full.zero_stage = 1;
+  full.checkpoint = "{every: 5}";
+  const Trace straight = train_ok(ws.dir, 2, full);
+  REQUIRE(straight.loss.size() == 10);
+
+  Run part = full;
+  part.name = "part";
+  std::string stopped_output;
+  train_ok(ws.dir, 2, part, "--stop-at 5", &stopped_output);
+  CHECK(stopped_output.find("stopped as asked") != std::string::npos);
+
+  // The ZeRO-1 checkpoint: the gathered master weights and one moment shard per rank.
+  const fs::path ckpt = ws.run("part") / "checkpoints/step_00000005";
+  CHECK(fs::exists(ckpt / "weights.safetensors"));
+  CHECK(fs::exists(ckpt / "optimizer.rank00000-of-00002.safetensors"));
+  CHECK(fs::exists(ckpt / "optimizer.rank00001-of-00002.safetensors"));
+  CHECK_FALSE(fs::exists(ckpt / "optimizer.safetensors"));
+
+  const std::vector<double> tail = slice(straight.loss, 5);  // steps 6..10
+  const std::string from = "--set checkpoint.resume=runs/part/checkpoints/step_00000005";
+
+  // Each resume below starts from that checkpoint; the in-place one comes last (it adds
+  // checkpoints to part's directory).
+  {
+    INFO("resumed on 1 rank: the shards joined into one optimizer");
+    Run one = full;
+    one.name = "one-rank";
+    std::string out;
+    const Trace t = train_ok(ws.dir, 1, one, from, &out);
+    CHECK(out.find("resumed from") != std::string::npos);
+    INFO("steps 6..10, 1 rank resumed | 2 ranks straight:\n" << side_by_side(t.loss, tail));
+    REQUIRE(t.loss.size() == 5);
+    // Step 6 runs the restored weights: exactly the straight run's. Later steps accumulate the
+    // two micro-batches on one rank (see layout_loss_tolerance).
+    CHECK(t.loss[0] == tail[0]);
+    CHECK(max_relative_difference(t.loss, tail) <= layout_loss_tolerance("bf16"));
+  }
+  {
+    INFO("resumed on 2 ranks under ZeRO-0: the shards joined, every rank holding all of them");
+    Run zero0 = full;
+    zero0.name = "zero0";
+    zero0.zero_stage = 0;
+    train_ok(ws.dir, 2, zero0, from);
+    const std::vector<double> resumed = losses(ws.dir, zero0.name);
+    INFO("steps 6..10, ZeRO-0 resumed | ZeRO-1 straight:\n" << side_by_side(resumed, tail));
+    CHECK(resumed == tail);
+  }
+  {
+    INFO("resumed on 2 ranks in place, as after an interruption");
+    std::string out;
+    const Trace t = train_ok(ws.dir, 2, part, "--set checkpoint.resume=auto", &out);
+    CHECK(out.find("resumed from") != std::string::npos);
+    INFO("losses, stopped and resumed | straight:\n" << side_by_side(t.loss, straight.loss));
+    CHECK(t.steps == straight.steps);  // steps 1..5, then 6..10 appended
+    CHECK(t.loss == straight.loss);
+    CHECK(t.grad_norm == straight.grad_norm);
+    CHECK(t.val_loss == straight.val_loss);
+    for (const char* file : {"weights.safetensors", "optimizer.rank00000-of-00002.safetensors",
+                             "optimizer.rank00001-of-00002.safetensors"}) {
+      INFO(file << " of step 10");
+      CHECK(read_file(ws.run("part") / "checkpoints/step_00000010" / file) ==
+            read_file(ws.run("full") / "checkpoints/step_00000010" / file));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A rank that dies
+
+// A file of /proc/<pid>, as raw bytes (NUL-separated lists); empty once the process is gone.
+std::string proc_file(const std::string& pid, const char* what) {
+  std::ifstream in("/proc/" + pid + "/" + what, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> nul_split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  for (size_t end; (end = s.find('\0', begin)) != std::string::npos; begin = end + 1)
+    out.push_back(s.substr(begin, end - begin));
+  if (begin < s.size()) out.push_back(s.substr(begin));
+  return out;
+}
+
+// Processes other than this one whose command line contains `marker`; with `ptrain_only`, only
+// those running the ptrain binary (the ranks, not mpirun or the shell).
+std::vector<pid_t> processes_mentioning(const std::string& marker, bool ptrain_only) {
+  std::vector<pid_t> pids;
+  std::error_code ec;
+  const std::string binary = fs::path(PTRAIN_BINARY).filename().string();
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (std::stoi(pid) == getpid()) continue;
+    const std::vector<std::string> argv = nul_split(proc_file(pid, "cmdline"));
+    if (argv.empty()) continue;
+    bool mentions = false;
+    for (const auto& a : argv) mentions = mentions || a.find(marker) != std::string::npos;
+    if (mentions && (!ptrain_only || fs::path(argv[0]).filename().string() == binary)) pids.push_back(std::stoi(pid));
+  }
+  return pids;
+}
+
+// The rank `rank` of the job whose command line holds `marker`: the ptrain process whose
+// environment has OMPI_COMM_WORLD_RANK=rank. -1 if there is none.
+pid_t find_rank(const std::string& marker, int rank) {
+  const std::string wanted = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (const pid_t pid : processes_mentioning(marker, true))
+    for (const auto& var : nul_split(proc_file(std::to_string(pid), "environ")))
+      if (var == wanted) return pid;
+  return -1;
+}
+
+// A shell script in the background, in a process group of its own. However the test ends, the
+// destructor kills the group (the shell and mpirun) and every process whose command line holds
+// `marker` (the ranks, which mpirun may have put in groups of their own), and reaps the shell.
+class BackgroundJob {
+ public:
+  BackgroundJob(const std::string& script, std::string marker) : marker_(std::move(marker)) {
+    shell_ = fork();
+    if (shell_ == 0) {
+      setpgid(0, 0);
+      execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (shell_ > 0) setpgid(shell_, shell_);  // either side may win the race
+  }
+  ~BackgroundJob() {
+    if (shell_ <= 0) return;
+    kill(-shell_, SIGKILL);
+    for (const pid_t pid : processes_mentioning(marker_, false)) kill(pid, SIGKILL);
+    waitpid(shell_, nullptr, 0);
+  }
+  BackgroundJob(const BackgroundJob&) = delete;
+  BackgroundJob& operator=(const BackgroundJob&) = delete;
+  bool started() const { return shell_ > 0; }
+
+ private:
+  pid_t shell_ = -1;
+  std::string marker_;
+};
+
+// Polls every 100 ms until `done()` or `seconds` have passed; returns done().
+template <typename Done>
+bool wait_until(Done done, double seconds) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (Clock::now() >= deadline) return done();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return true;
+}
+
+// Step records in a metrics file that may be mid-write (a partial last line is not counted).
+int step_records(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j.contains("loss")) ++n;
+  }
+  return n;
+}
+
+// The newest complete checkpoint directory (step_NNNNNNNN) under `dir`; empty if none.
+fs::path newest_checkpoint(const fs::path& dir) {
+  fs::path newest;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+        (newest.empty() || name > newest.filename().string()))
+      newest = entry.path();
+  }
+  return newest;
+}
+
+TEST_CASE("a killed rank ends the job within 60 s and names the rank", "[mpi]") {
+  Workspace ws("kill");
+  Run run{"kill"};
+  run.steps = 100000;
+  run.checkpoint = "{every: 2, keep_last: 2}";
+  write_file(ws.dir / "kill.yaml", config_yaml(run));
+  // A name no other process has: it identifies this job's processes by their command lines.
+  const std::string name = "killed-" + std::to_string(getpid()) + "-" +
+                           std::to_string(Clock::now().time_since_epoch().count() % 1000000007);
+  const std::string script = "cd '" + ws.dir.string() + "' && " +
+                             mpi_command(2, "train kill.yaml --set run.name=" + name) +
+                             " > out.txt 2>&1; echo $? > rc.tmp; mv rc.tmp rc.txt";
+  const fs::path rc_file = ws.dir / "rc.txt";
+  const auto output = [&] { return read_file(ws.dir / "out.txt"); };
+
+  BackgroundJob job(script, name);
+  REQUIRE(job.started());
+  // Training is under way (and has checkpoints) once 3 steps are logged.
+  const bool training = wait_until(
+      [&] { return fs::exists(rc_file) || step_records(ws.run(name) / "metrics.jsonl") >= 3; }, 60);
+  INFO("mpirun's output:\n" << output());
+  REQUIRE_FALSE(fs::exists(rc_file));  // the job must not have ended by itself
+  REQUIRE(training);
+
+  const pid_t rank1 = find_rank(name, 1);
+  if (rank1 <= 0)
+    FAIL("rank 1's process (ptrain with OMPI_COMM_WORLD_RANK=1 and run.name " << name << ") is not in /proc");
+  REQUIRE(kill(rank1, SIGKILL) == 0);
+  const auto killed_at = Clock::now();
+  const bool ended = wait_until([&] { return fs::exists(rc_file); }, 60);
+  const double seconds = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  const std::string out = output();
+  INFO("mpirun's output after the kill:\n" << out);
+  if (!ended) FAIL("the job still runs 60 s after rank 1 was killed");
+  CHECK(seconds < 60);
+  const int rc = std::stoi(read_file(rc_file));
+  CAPTURE(rc, seconds);
+  CHECK(rc != 0);
+  CHECK(out.find("rank 1") != std::string::npos);
+  // No rank outlives the job (rank 0 must not be left waiting in a collective).
+  CHECK(wait_until([&] { return processes_mentioning(name, true).empty(); }, 10));
+
+  // The newest checkpoint is whole: inspect verifies every file's SHA-256, and a run resumes from it.
+  const fs::path ckpt = newest_checkpoint(ws.run(name) / "checkpoints");
+  REQUIRE_FALSE(ckpt.empty());
+  INFO("checkpoint " << ckpt);
+  const CommandResult inspected = run_ptrain("inspect '" + ckpt.string() + "'", ws.dir);
+  INFO(inspected.output);
+  CHECK(inspected.exit_code == 0);
+  CHECK(inspected.output.find("\n  valid\n") != std::string::npos);
+  CHECK(inspected.output.find("NOT valid") == std::string::npos);
+  const int64_t step = std::stoll(ckpt.filename().string().substr(5));
+  const CommandResult resumed =
+      run_ptrain("train kill.yaml --set run.name=" + name + "-resumed --set checkpoint.resume='" + ckpt.string() +
+                     "' --stop-at " + std::to_string(step + 1),
+                 ws.dir);
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from") != std::string::npos);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A global batch the ranks cannot share
+
+TEST_CASE("a config that the ranks cannot share is refused", "[mpi]") {
+  Workspace ws("refused");
+  Run run{"odd"};
+  run.batch_tokens = 256;  // micro_batch 8 x seq_len 32 x 1: one micro-batch, not one per rank
+  run.steps = 1;
+  const CommandResult r = train(ws.dir, 2, run);
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("training.batch_tokens") != std::string::npos);
+  CHECK(r.output.find("ranks") != std::string::npos);
+  CHECK(r.output.find("ptrain: error on rank ") != std::string::npos);
+  CHECK_FALSE(fs::exists(ws.run("odd")));
+  // The same config is fine for one process: what it cannot do is split.
+  const CommandResult single = train(ws.dir, 1, run);
+  INFO(single.output);
+  CHECK(single.exit_code == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. FP8 delayed scaling sees the whole global batch
+
+TEST_CASE("fp8 delayed scaling agrees across ranks", "[mpi]") {
+  Workspace ws("fp8");
+  Run one{"fp8-one"};
+  one.precision = "fp8";
+  one.n_embd = 128;  // FP8 GEMMs need multiples of 16
+  one.steps = 6;
+  Run two = one;
+  two.name = "fp8-two";
+  const Trace a = train_ok(ws.dir, 1, one);
+  const Trace b = train_ok(ws.dir, 2, two);
+  INFO("losses, 1 rank | 2 ranks:\n" << side_by_side(a.loss, b.loss));
+  INFO("gradient norms, 1 rank | 2 ranks:\n" << side_by_side(a.grad_norm, b.grad_norm));
+  REQUIRE(a.loss.size() == 6);
+  REQUIRE(b.loss.size() == 6);
+  // Each rank's amaxes are max-reduced before the history moves on, so every rank's scales are
+  // those of one rank that saw the whole batch; without that, each rank would scale by its own
+  // half, and from step 2 on the activations would be rounded to FP8 under other scales, a
+  // difference far above this tolerance (see layout_loss_tolerance).
+  CHECK(b.loss[0] == a.loss[0]);
+  CHECK(max_relative_difference(b.loss, a.loss) <= layout_loss_tolerance("fp8"));
+  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= layout_norm_tolerance("fp8"));
+  CHECK(max_relative_difference(b.val_loss, a.val_loss) <= layout_loss_tolerance("fp8"));
+}
+
+}  // namespace
+}  // namespace ptrain::test
