@@ -58,6 +58,16 @@ echo "built"
 section "gpu tests"
 run "gpu tests" ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 120
 
+section "2 ranks on 2 GPUs (NCCL)"
+gpus=$(nvidia-smi -L | wc -l)
+if [ "$gpus" -lt 2 ]; then
+  not_run+=("the 2-rank NCCL case: this machine has $gpus GPU(s)")
+elif [ ! -x build-gpu/tests/ptrain_multigpu_tests ]; then
+  not_run+=("the 2-rank NCCL case: this build has no MPI (install libopenmpi-dev) or no NCCL")
+else
+  run "multigpu tests" ctest --test-dir build-gpu -L multigpu --output-on-failure --timeout 300
+fi
+
 section "compute-sanitizer (memcheck, racecheck) on the gpu tests"
 if command -v compute-sanitizer >/dev/null; then
   # The kernel tests, and one whole forward/backward through the backend (every op once).

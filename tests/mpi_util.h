@@ -1,0 +1,42 @@
+// Running the ptrain binary on several ranks under the MPI launcher CMake found
+// (PTRAIN_MPIEXEC), for the data-parallel tests (tests/dist on CPUs, tests/multigpu on GPUs).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#include "test_util.h"
+
+namespace ptrain::test {
+
+static_assert(sizeof(PTRAIN_MPIEXEC) > 1, "PTRAIN_MPIEXEC is empty: CMake found MPI but no mpiexec");
+
+// `ranks` processes of the binary with `args`, as a shell command. Open MPI's flags let two ranks
+// share however few cores this machine has and run as root in containers; single-copy (CMA)
+// transfers are off because containers often forbid the ptrace access they need.
+inline std::string mpi_command(int ranks, const std::string& args) {
+  return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" PTRAIN_MPIEXEC
+         "' --oversubscribe --allow-run-as-root --bind-to none -np " +
+         std::to_string(ranks) + " '" PTRAIN_BINARY "' " + args;
+}
+
+// Runs the binary on `ranks` ranks from `cwd`, stdout and stderr together. One rank runs the
+// binary directly, without mpirun: the single-process path every user without MPI takes.
+inline CommandResult run_mpi(int ranks, const std::string& args, const std::filesystem::path& cwd) {
+  if (ranks == 1) return run_ptrain(args, cwd);
+  const std::string cmd = "cd '" + cwd.string() + "' && " + mpi_command(ranks, args) + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace ptrain::test
