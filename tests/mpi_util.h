@@ -2,11 +2,7 @@
 // (PTRAIN_MPIEXEC), for the data-parallel tests (tests/dist on CPUs, tests/multigpu on GPUs).
 #pragma once
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <filesystem>
-#include <stdexcept>
 #include <string>
 
 #include "test_util.h"
@@ -28,15 +24,7 @@ inline std::string mpi_command(int ranks, const std::string& args) {
 // binary directly, without mpirun: the single-process path every user without MPI takes.
 inline CommandResult run_mpi(int ranks, const std::string& args, const std::filesystem::path& cwd) {
   if (ranks == 1) return run_ptrain(args, cwd);
-  const std::string cmd = "cd '" + cwd.string() + "' && " + mpi_command(ranks, args) + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) throw std::runtime_error("popen failed");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return run_shell("cd '" + cwd.string() + "' && " + mpi_command(ranks, args));
 }
 
 }  // namespace ptrain::test

@@ -93,10 +93,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs the ptrain binary with `args` (a shell-quoted string) from directory `cwd`.
-inline CommandResult run_ptrain(const std::string& args, const std::filesystem::path& cwd,
-                                const std::string& env = "") {
-  const std::string cmd = "cd '" + cwd.string() + "' && " + env + " '" PTRAIN_BINARY "' " + args + " 2>&1";
+// Runs a shell command, stdout and stderr together.
+inline CommandResult run_shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed");
   std::string out;
@@ -105,6 +104,12 @@ inline CommandResult run_ptrain(const std::string& args, const std::filesystem::
   while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// Runs the ptrain binary with `args` (a shell-quoted string) from directory `cwd`.
+inline CommandResult run_ptrain(const std::string& args, const std::filesystem::path& cwd,
+                                const std::string& env = "") {
+  return run_shell("cd '" + cwd.string() + "' && " + env + " '" PTRAIN_BINARY "' " + args);
 }
 
 }  // namespace ptrain::test
