@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "dist/mpi_communicator.h"
 
 #ifdef PTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -37,6 +38,14 @@ CudaProbe probe_cuda() {
 }
 
 #ifdef PTRAIN_HAVE_CUDA
+// The rank's index on its node (MPI's shared-memory split under a launcher), else 0.
+static int local_rank() {
+#ifdef PTRAIN_HAVE_MPI
+  if (launcher_world_size() > 1) return node_local_rank();
+#endif
+  return 0;
+}
+
 static std::string describe(const CudaDeviceInfo& d) {
   return d.name + " (sm_" + std::to_string(d.major) + std::to_string(d.minor) + ", " +
          std::to_string(d.memory_bytes >> 30) + " GiB)";
@@ -54,7 +63,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bo
 #ifdef PTRAIN_HAVE_CUDA
   if (!probe.devices.empty()) {
     // Data parallel: one GPU per rank of this node.
-    const CudaDeviceInfo& gpu = probe.devices[static_cast<size_t>(launcher_local_rank()) % probe.devices.size()];
+    const CudaDeviceInfo& gpu = probe.devices[static_cast<size_t>(local_rank()) % probe.devices.size()];
     *chosen = "device cuda:" + std::to_string(gpu.index) + " " + describe(gpu) + " (run.device: " + device +
               (tf32 ? "; FP32 GEMMs on TF32 tensor cores" : "") + ")";
     return make_cuda_backend(gpu.index, 0, tf32);

@@ -85,10 +85,9 @@ std::unique_ptr<Communicator> make_single_process_communicator();
 std::unique_ptr<Communicator> make_communicator(Device device);
 
 // The rank and world size an MPI launcher gave this process (0 and 1 without one), read from
-// the environment before MPI starts: which device to take and whether to print.
+// the environment before MPI starts: whether to start MPI, and how to name a failing rank.
 int launcher_rank();
 int launcher_world_size();
-int launcher_local_rank();
 
 // A rank that fails takes the whole job down at once (MPI_Abort), so no other rank waits
 // forever in a collective; without MPI this returns and the caller exits with `code`.

@@ -41,6 +41,15 @@ struct MpiSession {
 
 void start_mpi() { static MpiSession session; }
 
+int split_local_rank(int rank) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_free(&node);
+  return local;
+}
+
 int to_count(int64_t n, const char* what) {
   if (n > INT_MAX)
     throw EnvironmentError(std::string("MPI: ") + what + " of " + std::to_string(n) +
@@ -61,11 +70,7 @@ class MpiCommunicator final : public Communicator {
     start_mpi();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
-    // The ranks that share this node's memory: their order gives the local rank (the GPU index).
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-    MPI_Comm_rank(node, &local_rank_);
-    MPI_Comm_free(&node);
+    local_rank_ = split_local_rank(rank_);
     int first_on_node = local_rank_ == 0 ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &first_on_node, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     nodes_ = first_on_node;
@@ -240,6 +245,13 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator() { return std::make_unique<MpiCommunicator>(); }
+
+int node_local_rank() {
+  start_mpi();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return split_local_rank(rank);
+}
 
 void abort_mpi_job(int code) {
   int initialized = 0, finalized = 0;

@@ -15,5 +15,8 @@ std::unique_ptr<Communicator> make_mpi_communicator();
 std::unique_ptr<Communicator> make_gpu_communicator();
 // MPI_Abort on the world if MPI is running; returns otherwise.
 void abort_mpi_job(int code);
+// This rank's place among the ranks on its node, from MPI's shared-memory split (starts MPI):
+// which GPU the rank takes, decided before the CUDA backend is made.
+int node_local_rank();
 
 }  // namespace ptrain

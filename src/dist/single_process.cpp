@@ -63,10 +63,6 @@ int launcher_rank() {
   const int r = env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"});
   return r >= 0 && launcher_world_size() > 1 ? r : 0;
 }
-int launcher_local_rank() {
-  const int r = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"});
-  return r >= 0 && launcher_world_size() > 1 ? r : 0;
-}
 
 std::unique_ptr<Communicator> make_single_process_communicator() { return std::make_unique<SingleProcess>(); }
 
