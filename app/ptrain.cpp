@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@
 #include "data/synthetic.h"
 #include "dist/communicator.h"
 #include "train/bench.h"
+#include "train/compare.h"
+#include "metrics/report.h"
 #include "train/tools.h"
 #include "train/trainer.h"
 
@@ -22,6 +25,7 @@ namespace {
 
 constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
+constexpr int kExitRegressed = 3;  // ptrain compare --fail-on-regression
 
 void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
                        bool& dry_run, int64_t& stop_at) {
@@ -50,6 +54,45 @@ void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std:
       "  ptrain bench configs/bench-cpu.yaml");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+}
+
+struct CompareArgs {
+  std::vector<std::string> inputs;  // one config, or run directories
+  std::string modes;                // comma-separated
+  bool fail_on_regression = false;
+  ptrain::CompareOptions options;
+};
+
+void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, CompareArgs& args) {
+  CLI::App* cmd = app.add_subcommand("compare", "Train a config in several precision modes and report what each cost and bought");
+  cmd->footer(
+      "Trains CONFIG once per mode with the same seed and data order (reusing finished runs in\n"
+      "OUT/runs), or reads finished RUN_DIRs, then writes OUT/report.md, OUT/report.html and SVG\n"
+      "charts: final train/val loss against the reference, the largest divergence along the curve,\n"
+      "the gap to the oracle loss (synthetic data), tokens/s and speedup, peak memory, skipped\n"
+      "steps, FP8 underflow and saturation, and a verdict per mode.\n"
+      "Exit codes: 0 done, 2 bad input, 3 a mode regressed (with --fail-on-regression), 1 other.\n"
+      "Examples:\n"
+      "  ptrain compare configs/quickstart.yaml --modes fp32,bf16,fp8:delayed\n"
+      "  ptrain compare runs/a runs/b --reference fp32 --out compare-ab --fail-on-regression");
+  cmd->add_option("inputs", args.inputs, "A YAML run config, or two or more run directories")->required();
+  cmd->add_option("--modes", args.modes, "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block");
+  cmd->add_option("--steps", args.options.steps, "With a config: override training.steps");
+  cmd->add_option("--out", args.options.out_dir, "Report directory (default: <out_dir>/compare-<run.name>, or compare-report)");
+  cmd->add_option("--reference", args.options.reference, "The mode the others are measured against (default: the first)");
+  cmd->add_option("--tolerance", args.options.tolerance_pct,
+                  "Largest |final val loss difference| in % of the reference's still within tolerance")
+      ->capture_default_str();
+  cmd->add_flag("--fail-on-regression", args.fail_on_regression, "Exit 3 when any mode is outside the tolerance");
+  cmd->add_option("--set", overrides, "With a config: override a config key (repeatable)");
+}
+
+// Prints the report's table and where the report is; the exit code --fail-on-regression asks for.
+int report_comparison(const ptrain::Comparison& c, const CompareArgs& args) {
+  std::printf("%s\nreport: %s/report.md, %s/report.html\n", ptrain::report_markdown_table(c).c_str(),
+              args.options.out_dir.c_str(), args.options.out_dir.c_str());
+  if (c.any_regressed()) std::printf("at least one mode is outside the tolerance of %g%%\n", c.tolerance_pct);
+  return args.fail_on_regression && c.any_regressed() ? kExitRegressed : 0;
 }
 
 struct CheckpointArgs {
@@ -128,6 +171,20 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, std::vector<std::string>
   p->add_option("--val-fraction", prepare_val_fraction, "Share of bytes in the val split")->capture_default_str();
 }
 
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::string part;
+  for (const char ch : text + ",") {
+    if (ch != ',') {
+      part += ch;
+    } else if (!part.empty()) {
+      parts.push_back(part);
+      part.clear();
+    }
+  }
+  return parts;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"ptrain: pre-train GPT-style language models in FP32, BF16, FP16 with loss scaling, or FP8"};
   app.set_version_flag("--version", std::string("ptrain ") + PTRAIN_VERSION);
@@ -138,6 +195,7 @@ int run(int argc, char** argv) {
       "  ptrain data synth --out data/markov --tokens 2000000\n"
       "  ptrain data prepare --input notes.txt --out data/notes\n"
       "  ptrain bench configs/bench-cpu.yaml\n"
+      "  ptrain compare configs/quickstart.yaml --modes fp32,bf16,fp8:delayed\n"
       "Run 'ptrain COMMAND --help' for a command's options.");
 
   std::string config_path;
@@ -153,13 +211,15 @@ int run(int argc, char** argv) {
   std::string prepare_out;
   double prepare_val_fraction = 0.1;
   add_data_commands(app, synth, inputs, prepare_out, prepare_val_fraction);
+  CompareArgs compare;
+  add_compare_command(app, overrides, compare);
 
   // CLI11 reports a mistyped command only as "A subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
-  const std::vector<std::string> commands = {"train", "eval", "sample", "inspect", "export", "bench", "data"};
+  const std::vector<std::string> commands = {"train", "eval", "sample", "inspect", "export", "bench", "compare", "data"};
   if (!first.empty() && first[0] != '-' && std::find(commands.begin(), commands.end(), first) == commands.end()) {
     std::fprintf(stderr,
-                 "ptrain: error: unknown command \"%s\"; expected train, eval, sample, inspect, export, bench or data "
+                 "ptrain: error: unknown command \"%s\"; expected train, eval, sample, inspect, export, bench, compare or data "
                  "(see ptrain --help)\n",
                  first.c_str());
     return kExitBadInput;
@@ -191,6 +251,20 @@ int run(int argc, char** argv) {
   if (app.got_subcommand("export")) {
     ptrain::export_llmc(ckpt.sample.checkpoint, ckpt.out, ckpt.dtype);
     return 0;
+  }
+  if (app.got_subcommand("compare")) {
+    const bool one_config = compare.inputs.size() == 1 && !std::filesystem::is_directory(compare.inputs[0]);
+    if (one_config) {
+      const ptrain::Config base = ptrain::load_config(compare.inputs[0], overrides);
+      if (compare.options.out_dir.empty())
+        compare.options.out_dir = (std::filesystem::path(base.run.out_dir) / ("compare-" + base.run.name)).string();
+      compare.options.modes = split_commas(compare.modes);
+      return report_comparison(ptrain::compare_modes(base, compare.options), compare);
+    }
+    if (!compare.modes.empty() || compare.options.steps > 0 || !overrides.empty())
+      throw ptrain::UserError("compare: --modes, --steps and --set go with a config, not with run directories");
+    if (compare.options.out_dir.empty()) compare.options.out_dir = "compare-report";
+    return report_comparison(ptrain::compare_run_dirs(compare.inputs, compare.options), compare);
   }
   if (app.got_subcommand("bench")) {
     ptrain::benchmark(ptrain::load_config(config_path, overrides));

@@ -1,0 +1,227 @@
+#include "metrics/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "precision/policy.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+// The keys that must agree for two runs to be compared: everything that shapes the model, the
+// data and the optimisation, but not the precision, the run's name or where it lives.
+nlohmann::json comparable_keys(const Config& c) {
+  nlohmann::json j = {
+      {"model.n_layer", c.model.n_layer},
+      {"model.n_head", c.model.n_head},
+      {"model.n_embd", c.model.n_embd},
+      {"model.seq_len", c.model.seq_len},
+      {"model.vocab_size", c.model.vocab_size},
+      {"model.init_from", c.model.init_from},
+      {"run.seed", c.run.seed},
+      {"training.steps", c.training.steps},
+      {"training.batch_tokens", c.training.batch_tokens},
+      {"training.micro_batch", c.training.micro_batch},
+      {"training.seq_len", c.training.effective_seq_len(c.model)},
+      {"training.grad_clip", c.training.grad_clip},
+      {"training.eval_every", c.training.eval_every},
+      {"training.eval_batches", c.training.eval_batches},
+      {"optimizer.lr", c.optimizer.lr},
+      {"optimizer.beta1", c.optimizer.beta1},
+      {"optimizer.beta2", c.optimizer.beta2},
+      {"optimizer.weight_decay", c.optimizer.weight_decay},
+      {"schedule.warmup_steps", c.schedule.warmup_steps},
+      {"schedule.decay", c.schedule.decay},
+      {"schedule.min_lr_ratio", c.schedule.min_lr_ratio},
+  };
+  if (c.data.synthetic_enabled) {
+    const SyntheticDataConfig& s = c.data.synthetic;
+    j["data.synthetic.vocab"] = s.vocab;
+    j["data.synthetic.order"] = s.order;
+    j["data.synthetic.branching"] = s.branching;
+    j["data.synthetic.tokens"] = s.tokens;
+    j["data.synthetic.seed"] = s.seed;
+    j["data.synthetic.val_fraction"] = s.val_fraction;
+  } else {
+    j["data.train"] = c.data.train;
+    j["data.val"] = c.data.val;
+  }
+  return j;
+}
+
+nlohmann::json read_json(const fs::path& path, const std::string& run) {
+  std::ifstream in(path);
+  if (!in) throw UserError("run \"" + run + "\": no " + path.filename().string() + " (not a finished ptrain run?)");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("run \"" + run + "\": " + path.filename().string() + " is malformed (" + e.what() + ")");
+  }
+}
+
+std::optional<double> number_or_none(const nlohmann::json& j, const char* key) {
+  if (j.contains(key) && j[key].is_number()) return j[key].get<double>();
+  return std::nullopt;
+}
+
+void take_max(std::optional<double>& worst, double value) {
+  if (!worst || value > *worst) worst = value;
+}
+
+double percent(double diff, double reference) { return reference != 0 ? 100.0 * diff / std::fabs(reference) : 0.0; }
+
+}  // namespace
+
+bool Comparison::any_regressed() const {
+  return std::any_of(results.begin(), results.end(), [](const ModeResult& r) { return !r.within_tolerance; });
+}
+
+double median_after_first(const std::vector<double>& values) {
+  std::vector<double> v(values.size() > 1 ? values.begin() + 1 : values.begin(), values.end());
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+RunRecord read_run(const std::string& dir) {
+  const fs::path path(dir);
+  if (!fs::is_directory(path)) throw UserError("run \"" + dir + "\": not a directory");
+  RunRecord r;
+  r.dir = dir;
+  if (!fs::exists(path / "config.yaml")) throw UserError("run \"" + dir + "\": no config.yaml (not a ptrain run directory?)");
+  const Config config = load_config((path / "config.yaml").string());
+  r.mode = PrecisionPolicy::from_config(config.precision).label();
+  r.config = comparable_keys(config);
+
+  const nlohmann::json summary = read_json(path / "summary.json", dir);
+  r.peak_memory_mib = summary.value("peak_memory_mib", 0.0);
+  const double device = summary.value("peak_device_memory_mib", 0.0);
+  if (device > 0) r.peak_device_memory_mib = device;
+  r.skipped_steps = summary.value("skipped_steps", int64_t{0});
+  r.oracle_loss = number_or_none(summary, "oracle_loss");
+
+  // A resumed run repeats the steps after its checkpoint: the last record of a step counts.
+  std::map<int64_t, std::pair<double, double>> steps;  // step -> (loss, tokens/s)
+  std::map<int64_t, double> vals;
+  std::ifstream in(path / "metrics.jsonl");
+  if (!in) throw UserError("run \"" + dir + "\": no metrics.jsonl");
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    nlohmann::json m;
+    try {
+      m = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw UserError("run \"" + dir + "\": metrics.jsonl line " + std::to_string(line_no) + " is not JSON");
+    }
+    if (!m.contains("step")) continue;
+    const int64_t step = m["step"].get<int64_t>();
+    if (m.contains("loss") && m.contains("tokens_per_s"))
+      steps[step] = {m["loss"].get<double>(), m["tokens_per_s"].get<double>()};
+    if (m.contains("val_loss")) vals[step] = m["val_loss"].get<double>();
+    if (m.contains("numerics") && m["numerics"].contains("fp8"))
+      for (const auto& t : m["numerics"]["fp8"]) {
+        take_max(r.fp8_underflow, t.value("underflow", 0.0));
+        take_max(r.fp8_saturation, t.value("saturated", 0.0));
+      }
+  }
+  if (steps.empty()) throw UserError("run \"" + dir + "\": metrics.jsonl holds no training steps");
+  for (const auto& [step, v] : steps) {
+    r.steps.push_back(step);
+    r.loss.push_back(v.first);
+    r.tokens_per_s.push_back(v.second);
+  }
+  for (const auto& [step, v] : vals) {
+    r.val_steps.push_back(step);
+    r.val_loss.push_back(v);
+  }
+  return r;
+}
+
+std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : a.config.items()) {
+    const nlohmann::json other = b.config.contains(key) ? b.config[key] : nlohmann::json();
+    if (other != value)
+      out.push_back(key + ": " + value.dump() + " in " + a.dir + ", " + (other.is_null() ? "absent" : other.dump()) +
+                    " in " + b.dir);
+  }
+  for (const auto& [key, value] : b.config.items())
+    if (!a.config.contains(key)) out.push_back(key + ": absent in " + a.dir + ", " + value.dump() + " in " + b.dir);
+  return out;
+}
+
+Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct) {
+  if (runs.size() < 2) throw UserError("compare: needs at least two runs, got " + std::to_string(runs.size()));
+  const auto ref_it =
+      std::find_if(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.mode == reference; });
+  if (ref_it == runs.end()) {
+    std::string modes;
+    for (const RunRecord& r : runs) modes += (modes.empty() ? "" : ", ") + r.mode;
+    throw UserError("compare: --reference " + reference + " is none of the runs' modes (" + modes + ")");
+  }
+  std::rotate(runs.begin(), ref_it, ref_it + 1);  // the reference first, the others in their order
+  std::vector<std::string> problems;
+  for (size_t i = 1; i < runs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j)
+      if (runs[j].mode == runs[i].mode)
+        problems.push_back("compare: " + runs[j].dir + " and " + runs[i].dir + " are both " + runs[i].mode +
+                           ": one run per mode");
+    for (const std::string& m : run_mismatches(runs[0], runs[i]))
+      problems.push_back("compare: the runs differ in more than precision: " + m);
+  }
+  if (!problems.empty()) throw UserErrors(problems);
+
+  Comparison c;
+  c.reference = reference;
+  c.tolerance_pct = tolerance_pct;
+  const RunRecord& ref = runs[0];
+  std::map<int64_t, double> ref_loss;
+  for (size_t i = 0; i < ref.steps.size(); ++i) ref_loss[ref.steps[i]] = ref.loss[i];
+  const double ref_speed = median_after_first(ref.tokens_per_s);
+  for (const RunRecord& r : runs) {
+    ModeResult m;
+    m.mode = r.mode;
+    m.final_loss = r.loss.back();
+    m.loss_diff = m.final_loss - ref.loss.back();
+    m.loss_diff_pct = percent(m.loss_diff, ref.loss.back());
+    if (!r.val_loss.empty()) {
+      m.final_val_loss = r.val_loss.back();
+      if (!ref.val_loss.empty()) {
+        m.val_diff = *m.final_val_loss - ref.val_loss.back();
+        m.val_diff_pct = percent(*m.val_diff, ref.val_loss.back());
+      }
+      if (r.oracle_loss) m.oracle_gap = *m.final_val_loss - *r.oracle_loss;
+    }
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      const auto it = ref_loss.find(r.steps[i]);
+      if (it == ref_loss.end()) continue;
+      const double d = std::fabs(r.loss[i] - it->second);
+      if (d > m.max_divergence || std::isnan(d)) {
+        m.max_divergence = d;
+        m.max_divergence_step = r.steps[i];
+      }
+    }
+    m.tokens_per_s = median_after_first(r.tokens_per_s);
+    m.speedup = ref_speed > 0 ? m.tokens_per_s / ref_speed : 0;
+    m.device_memory = r.peak_device_memory_mib.has_value();
+    m.peak_memory_mib = m.device_memory ? *r.peak_device_memory_mib : r.peak_memory_mib;
+    m.skipped_steps = r.skipped_steps;
+    m.fp8_underflow = r.fp8_underflow;
+    m.fp8_saturation = r.fp8_saturation;
+    const double judged = m.val_diff_pct ? *m.val_diff_pct : m.loss_diff_pct;
+    m.within_tolerance = std::fabs(judged) <= tolerance_pct;  // NaN: regressed
+    c.results.push_back(m);
+  }
+  c.runs = std::move(runs);
+  return c;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,76 @@
+// `ptrain compare`: what reduced precision cost and bought, from finished runs of one config in
+// several precision modes. Runs are read back from their directories (config.yaml,
+// metrics.jsonl, summary.json); the numbers of the report are computed here, the report itself
+// (Markdown, HTML, SVG charts) is written by metrics/report.h.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ptrain {
+
+// One finished run, as its directory records it.
+struct RunRecord {
+  std::string dir;       // the run directory
+  std::string mode;      // the precision label: "fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"
+  nlohmann::json config;  // the keys runs must share, flat: {"model.n_embd": 128, "data.synthetic.seed": 7, ...}
+  std::vector<int64_t> steps;      // per training step, in order
+  std::vector<double> loss;        // training loss of each step
+  std::vector<double> tokens_per_s;
+  std::vector<int64_t> val_steps;  // evaluations
+  std::vector<double> val_loss;
+  double peak_memory_mib = 0;                  // host resident memory (the CPU backend's)
+  std::optional<double> peak_device_memory_mib;  // a GPU's arena peak
+  int64_t skipped_steps = 0;                     // loss scaling's skipped (overflowed) steps
+  std::optional<double> oracle_loss;             // synthetic data: the floor of the val loss
+  // FP8 telemetry, worst over every tensor and report: fraction of non-zero inputs flushed to
+  // zero, and fraction saturated (absent without FP8).
+  std::optional<double> fp8_underflow, fp8_saturation;
+};
+
+// One row of the report: a mode against the reference mode.
+struct ModeResult {
+  std::string mode;
+  double final_loss = 0;                 // the last step's training loss
+  std::optional<double> final_val_loss;  // the last evaluation's
+  double loss_diff = 0, loss_diff_pct = 0;  // final_loss - the reference's, absolute and in % of it
+  std::optional<double> val_diff, val_diff_pct;
+  double max_divergence = 0;  // largest |loss - reference loss| over the steps both have
+  int64_t max_divergence_step = 0;
+  std::optional<double> oracle_gap;  // final_val_loss - oracle loss
+  double tokens_per_s = 0;           // median over steps 2..N (step 1 warms up)
+  double speedup = 1;                // tokens_per_s / the reference's
+  double peak_memory_mib = 0;        // device peak on a GPU, else host peak
+  bool device_memory = false;
+  int64_t skipped_steps = 0;
+  std::optional<double> fp8_underflow, fp8_saturation;
+  bool within_tolerance = true;  // |val_diff_pct| (or |loss_diff_pct| without evaluations) <= tolerance
+};
+
+struct Comparison {
+  std::string reference;   // the mode the others are measured against
+  double tolerance_pct = 0;
+  std::vector<RunRecord> runs;      // in report order, the reference first
+  std::vector<ModeResult> results;  // one per run, same order
+  bool any_regressed() const;
+};
+
+// Reads a run directory; throws UserError naming the directory and what is missing or malformed.
+RunRecord read_run(const std::string& dir);
+
+// The differences that make two runs incomparable (model, data, seed, steps, batch, schedule,
+// optimizer), e.g. "model.n_embd: 128 in runs/a, 256 in runs/b"; empty when comparable.
+std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b);
+
+// Computes every row. Throws UserError when the runs are not comparable (listing what differs)
+// or the reference mode is not among them.
+Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct);
+
+// The median of the values after the first (all of them when there is one).
+double median_after_first(const std::vector<double>& values);
+
+}  // namespace ptrain

@@ -1,0 +1,93 @@
+#include "train/compare.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/error.h"
+#include "metrics/report.h"
+#include "metrics/run_log.h"
+#include "precision/policy.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+
+Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options) {
+  Config c = base;
+  const size_t colon = mode.find(':');
+  const std::string precision = mode.substr(0, colon);
+  const std::vector<std::string> precisions = {"fp32", "bf16", "fp16", "fp8"};
+  const std::vector<std::string> recipes = {"delayed", "current", "block"};
+  if (std::find(precisions.begin(), precisions.end(), precision) == precisions.end())
+    throw UserError("--modes: unknown mode \"" + mode +
+                    "\"; expected fp32, bf16, fp16, fp8 or fp8:RECIPE (delayed, current, block)");
+  c.precision.mode = precision;
+  if (colon != std::string::npos) {
+    const std::string recipe = mode.substr(colon + 1);
+    if (precision != "fp8" || std::find(recipes.begin(), recipes.end(), recipe) == recipes.end())
+      throw UserError("--modes: unknown mode \"" + mode + "\"; a recipe goes with fp8 only: fp8:delayed, fp8:current "
+                      "or fp8:block");
+    c.precision.fp8.recipe = recipe;
+  }
+  std::string tag = PrecisionPolicy::from_config(c.precision).label();
+  std::replace(tag.begin(), tag.end(), ':', '-');
+  c.run.name = base.run.name + "-" + tag;
+  c.run.out_dir = (fs::path(options.out_dir) / "runs").string();
+  c.run.overwrite = true;  // the compare directory's own runs: an unfinished or stale one is redone
+  c.checkpoint.resume = "never";
+  c.checkpoint.dir.clear();
+  if (options.steps > 0) c.training.steps = options.steps;
+  return c;
+}
+
+namespace {
+
+// A finished run (it wrote summary.json) of exactly this config can stand in for training it again.
+bool finished_run_of(const Config& c) {
+  const fs::path dir = fs::path(c.run.out_dir) / c.run.name;
+  if (!fs::exists(dir / "summary.json") || !fs::exists(dir / "config.yaml")) return false;
+  try {
+    return config_to_yaml(load_config((dir / "config.yaml").string())) == config_to_yaml(c);
+  } catch (const UserError&) {
+    return false;
+  }
+}
+
+Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
+  const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
+  Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct);
+  write_report(c, options.out_dir);
+  return c;
+}
+
+}  // namespace
+
+Comparison compare_modes(const Config& base, const CompareOptions& options) {
+  if (options.modes.size() < 2) throw UserError("--modes: name at least two modes, e.g. --modes fp32,bf16");
+  std::vector<Config> configs;
+  for (const std::string& mode : options.modes) configs.push_back(config_for_mode(base, mode, options));
+  RunLog log;
+  std::vector<RunRecord> runs;
+  for (const Config& c : configs) {
+    const std::string dir = (fs::path(c.run.out_dir) / c.run.name).string();
+    if (finished_run_of(c)) {
+      log.info("compare: reusing the finished run " + dir);
+    } else {
+      log.info("compare: training " + dir + " (" + PrecisionPolicy::from_config(c.precision).label() + ")");
+      const TrainResult result = train(c, TrainOptions{});
+      if (result.interrupted) throw EnvironmentError("compare: the run " + dir + " was interrupted; run compare again to finish it");
+    }
+    runs.push_back(read_run(dir));
+  }
+  return finish(std::move(runs), options);
+}
+
+Comparison compare_run_dirs(const std::vector<std::string>& run_dirs, const CompareOptions& options) {
+  if (run_dirs.size() < 2) throw UserError("compare: give a config, or at least two run directories");
+  std::vector<RunRecord> runs;
+  for (const std::string& dir : run_dirs) runs.push_back(read_run(dir));
+  return finish(std::move(runs), options);
+}
+
+}  // namespace ptrain

@@ -1,0 +1,32 @@
+// `ptrain compare`: one config trained in several precision modes with the same seed and data
+// order (or runs found finished), then the report of what each mode cost and bought.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "metrics/compare.h"
+
+namespace ptrain {
+
+struct CompareOptions {
+  std::vector<std::string> modes;  // fp32, bf16, fp16, fp8 (the config's recipe) or fp8:RECIPE
+  int64_t steps = 0;               // > 0: overrides training.steps
+  std::string out_dir;             // the report's directory; the runs go to <out_dir>/runs
+  std::string reference;           // empty: the first mode
+  double tolerance_pct = 2.0;      // a mode regresses when its final (val) loss is this much worse or better
+};
+
+// The run config of `base` in `mode`: precision.mode (and fp8 recipe) set, run.name suffixed
+// with the mode, runs kept under <out_dir>/runs. Throws UserError for an unknown mode.
+Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options);
+
+// Trains `base` in every mode of `options` (a finished run of the same config found in
+// <out_dir>/runs is reused) and compares them; writes the report into options.out_dir.
+Comparison compare_modes(const Config& base, const CompareOptions& options);
+
+// Compares finished runs; writes the report into options.out_dir.
+Comparison compare_run_dirs(const std::vector<std::string>& run_dirs, const CompareOptions& options);
+
+}  // namespace ptrain
