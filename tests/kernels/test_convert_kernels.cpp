@@ -9,6 +9,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "backend/cuda/kernel_formats.h"
 #include "convert.cuh"
 #include "kernel_test.h"
 #include "precision/fp8_scaling.h"
@@ -22,19 +23,6 @@ using kernels::fp8;
 const Format kAllFormats[] = {Format::fp32, Format::bf16, Format::fp16, Format::e4m3, Format::e5m2};
 const Format kFp8Formats[] = {Format::e4m3, Format::e5m2};
 constexpr size_t kGpt2Activation = 64 * 768;  // 64 rows of GPT-2 124M's 768 channels
-
-kernels::RoundFormat round_format(Format f) {
-  switch (f) {
-    case Format::fp32: return kernels::RoundFormat::fp32;
-    case Format::bf16: return kernels::RoundFormat::bf16;
-    case Format::fp16: return kernels::RoundFormat::fp16;
-    case Format::e4m3: return kernels::RoundFormat::e4m3;
-    case Format::e5m2: return kernels::RoundFormat::e5m2;
-  }
-  return kernels::RoundFormat::fp32;
-}
-
-__nv_fp8_interpretation_t interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
 
 uint32_t bits_of(float x) {
   uint32_t b;
@@ -250,7 +238,7 @@ TEMPLATE_TEST_CASE("fp8_dequantize kernel matches the CPU backend's fp8_cast out
         INFO(format_name(f) << " " << describe(s, order));
         auto out = poisoned<TestType>(n + s.out_offset + 1);
         kernels::fp8_dequantize(out.data() + s.out_offset, codes.data() + s.in_offset, n, 1.0f / kCastScale,
-                                interpretation(f), nullptr);
+                                fp8_interpretation(f), nullptr);
         expect_identical("fp8_dequantize", slice(out, s.out_offset, n), ref);
         CHECK(surroundings_untouched(out, s.out_offset, n));
       }
@@ -292,7 +280,7 @@ TEMPLATE_TEST_CASE("fp8_dequantize_blocks kernel matches the CPU backend's fp8_c
                               << " order " << order.name());
           auto out = poisoned<TestType>(n);
           kernels::fp8_dequantize_blocks(out.data(), codes.data(), scale_inv.data(), s.rows, s.cols, b.rows, b.cols,
-                                         interpretation(f), nullptr);
+                                         fp8_interpretation(f), nullptr);
           expect_identical("fp8_dequantize_blocks", out, ref);
         }
       }

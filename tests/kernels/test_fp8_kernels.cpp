@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "backend/cuda/kernel_formats.h"
 #include "fp8.cuh"
 #include "kernel_test.h"
 #include "precision/fp8_scaling.h"
@@ -15,8 +16,6 @@ namespace {
 using kernels::fp8;
 
 const Format kFp8Formats[] = {Format::e4m3, Format::e5m2};
-
-__nv_fp8_interpretation_t interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
 
 struct Shape {
   int rows, cols;
@@ -91,7 +90,7 @@ void check_cast(const std::vector<T>& x, const Shape s, Format f, float scale, c
         float got_amax = 0.0f;
         kernels::Fp8Counts counts{};
         kernels::fp8_cast(out.data(), transpose ? out_t.data() : nullptr, &got_amax, &counts, x.data(), s.rows, s.cols,
-                          &scale, interpretation(f), nullptr, max_blocks);
+                          &scale, fp8_interpretation(f), nullptr, max_blocks);
         expect_identical("fp8_cast codes", out, ref.codes);
         expect_identical("fp8_cast dequantised", dequantise(out, f, 1.0f / scale), ref.dequantised);
         expect_same_amax("fp8_cast amax", got_amax, ref.stats.amax);
@@ -227,7 +226,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
             float got_amax = 0.0f;
             kernels::Fp8Counts counts{};
             kernels::fp8_quantize_blocks(out.data(), scale_inv.data(), &got_amax, &counts, d_x.data(), s.rows, s.cols,
-                                         b.rows, b.cols, interpretation(f), nullptr, max_blocks);
+                                         b.rows, b.cols, fp8_interpretation(f), nullptr, max_blocks);
             expect_identical("block codes", out, ref_codes);
             expect_identical("block scale_inv", scale_inv, ref_scale_inv);
             std::vector<float> dequantised(n);

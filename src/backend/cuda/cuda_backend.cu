@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -47,6 +48,7 @@
 
 #include "backend/cuda/cuda_error.h"
 #include "backend/cuda/cudnn_attention.h"
+#include "backend/cuda/kernel_formats.h"
 #include "backend/cuda/matmul.h"
 #include "core/error.h"
 #include "precision/formats.h"
@@ -120,20 +122,6 @@ cudaDataType_t cuda_type(DType t) {
   return CUDA_R_32F;
 }
 
-__nv_fp8_interpretation_t fp8_interpretation(Format f) { return f == Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
-
-// The kernels' name for a format a conversion rounds to (kernels/ does not include src/).
-kernels::RoundFormat round_format(Format f) {
-  switch (f) {
-    case Format::fp32: return kernels::RoundFormat::fp32;
-    case Format::bf16: return kernels::RoundFormat::bf16;
-    case Format::fp16: return kernels::RoundFormat::fp16;
-    case Format::e4m3: return kernels::RoundFormat::e4m3;
-    case Format::e5m2: return kernels::RoundFormat::e5m2;
-  }
-  fail("convert", "unknown format");
-}
-
 // Calls fn(Tag<T>{}) with T the storage type of dtype t (float, bf16 or fp16).
 template <typename T>
 struct Tag {
@@ -149,6 +137,7 @@ void with_float_type(DType t, const char* op, Fn&& fn) {
       fail(op, std::string("dtype ") + dtype_name(t) + " is not a float dtype of the CUDA backend (f32, bf16, f16)");
   }
 }
+
 // Names the element type of a with_float_type callback (and marks its tag as used).
 #define PTRAIN_ELEMENT_TYPE(T, tag)       \
   using T = typename decltype(tag)::type; \
@@ -175,6 +164,20 @@ struct Operand {
   const char* name;
   const Tensor* tensor;
 };
+
+// An elementwise op's operands: non-empty float tensors with the first one's element count,
+// which is returned.
+int64_t elementwise_size(const char* op, std::initializer_list<Operand> operands) {
+  const Tensor& first = *operands.begin()->tensor;
+  for (const Operand& o : operands) {
+    PTRAIN_EXPECT(!o.tensor->empty(), op, std::string(o.name) + " must not be empty");
+    expect_float(op, o.name, *o.tensor);
+    PTRAIN_EXPECT(o.tensor->numel() == first.numel(), op,
+                  "shape mismatch: " + std::string(operands.begin()->name) + " " + first.shape_string() + ", " +
+                      o.name + " " + o.tensor->shape_string());
+  }
+  return first.numel();
+}
 
 // The kernels index with int: sizes must fit.
 int to_int(int64_t v, const char* op, const char* what) {
@@ -905,11 +908,7 @@ class CudaBackend final : public Backend {
 
   void gelu_forward(Tensor out, Tensor inp) override {
     const char* op = "gelu_forward";
-    PTRAIN_EXPECT(!out.empty() && !inp.empty(), op, "empty operand");
-    expect_float(op, "out", out);
-    expect_float(op, "inp", inp);
-    const int64_t n = inp.numel();
-    PTRAIN_EXPECT(out.numel() == n, op, "shape mismatch: out " + out.shape_string() + " inp " + inp.shape_string());
+    const int64_t n = elementwise_size(op, {{"inp", &inp}, {"out", &out}});
     if (n == 0) return;
     Staged st(*this);
     const DType dt = inp.dtype;
@@ -923,12 +922,7 @@ class CudaBackend final : public Backend {
 
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
     const char* op = "gelu_backward";
-    PTRAIN_EXPECT(!dinp.empty() && !inp.empty() && !dout.empty(), op, "empty operand");
-    expect_float(op, "dinp", dinp);
-    expect_float(op, "inp", inp);
-    expect_float(op, "dout", dout);
-    const int64_t n = inp.numel();
-    PTRAIN_EXPECT(dinp.numel() == n && dout.numel() == n, op, "shape mismatch");
+    const int64_t n = elementwise_size(op, {{"inp", &inp}, {"dinp", &dinp}, {"dout", &dout}});
     if (n == 0) return;
     Staged st(*this);
     const DType dt = inp.dtype;
@@ -942,12 +936,7 @@ class CudaBackend final : public Backend {
 
   void add(Tensor out, Tensor a, Tensor b) override {
     const char* op = "add";
-    PTRAIN_EXPECT(!out.empty() && !a.empty() && !b.empty(), op, "empty operand");
-    expect_float(op, "out", out);
-    expect_float(op, "a", a);
-    expect_float(op, "b", b);
-    const int64_t n = a.numel();
-    PTRAIN_EXPECT(out.numel() == n && b.numel() == n, op, "shape mismatch");
+    const int64_t n = elementwise_size(op, {{"a", &a}, {"b", &b}, {"out", &out}});
     if (n == 0) return;
     Staged st(*this);
     const DType dt = a.dtype;
