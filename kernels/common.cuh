@@ -60,6 +60,11 @@ constexpr int kWarpSize = 32;
 __host__ __device__ constexpr inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// Elements of the run of K that starts at `base` of a flat buffer of n (fewer only at its end).
+__host__ __device__ __forceinline__ int run_len(size_t n, size_t base, int K) {
+  return n - base < static_cast<size_t>(K) ? static_cast<int>(n - base) : K;
+}
+
 // ---------------------------------------------------------------------------- storage types
 
 // Kernels read storage (float, bf16, fp16), compute in FP32 and round once when they write.

@@ -43,11 +43,6 @@ struct RunLength {
 
 constexpr int kDequantRun = 16;  // FP8 codes per thread run: one 16-byte load
 
-// Elements of the run of K that starts at `base` of n (fewer only at the end).
-__host__ __device__ __forceinline__ int convert_run_len(size_t n, size_t base, int K) {
-  return n - base < static_cast<size_t>(K) ? static_cast<int>(n - base) : K;
-}
-
 // Elements [0, count) of p as floats (count <= K), in 16-byte vectors where whole and aligned;
 // elements from count on read as 0.
 template <int K, typename T>
@@ -96,7 +91,7 @@ __global__ void convert_kernel(Dst* out, const Src* in, size_t n, RoundFormat ro
   for (size_t r = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < runs;
        r += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t base = r * K;
-    const int count = convert_run_len(n, base, K);
+    const int count = run_len(n, base, K);
     float v[K];
     load_run(v, in + base, count);
     for (int k = 0; k < K; ++k) v[k] = round_to_format(v[k], round);
@@ -118,7 +113,7 @@ __global__ void gemm_finish_kernel(Dst* out, const float* acc, const Bias* bias,
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t row = idx / runs_per_row, col = (idx % runs_per_row) * K;
     const size_t offset = row * cols + col;
-    const int count = convert_run_len(cols, col, K);
+    const int count = run_len(cols, col, K);
     float v[K];
     load_run(v, acc + offset, count);
     if (accumulate) {
@@ -145,7 +140,7 @@ __global__ void fp8_dequantize_kernel(Dst* out, const fp8* codes, size_t n, floa
   for (size_t r = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < runs;
        r += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t base = r * K;
-    const int count = convert_run_len(n, base, K);
+    const int count = run_len(n, base, K);
     fp8 q[K];
     load_codes(q, codes + base, count);
     float v[K];

@@ -75,11 +75,6 @@ __device__ __forceinline__ void store_codes(fp8* p, const Fp8Vec<V>& codes, int 
   }
 }
 
-// Elements in the chunk of V that starts at `base` of a flat buffer of n.
-__host__ __device__ __forceinline__ int fp8_chunk_len(size_t n, size_t base, int V) {
-  return n - base < static_cast<size_t>(V) ? static_cast<int>(n - base) : V;
-}
-
 // One thread's share of a cast's telemetry, and the cast itself.
 struct Fp8Tally {
   unsigned amax_bits = 0, nonzero = 0, underflow = 0, saturated = 0;
@@ -147,7 +142,7 @@ __global__ void fp8_cast_kernel(fp8* out, float* amax, Fp8Counts* counts, const 
   Fp8Tally tally;
   for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
     const size_t base = c * V;
-    const int count = fp8_chunk_len(n, base, V);
+    const int count = run_len(n, base, V);
     float x[V];
     load_chunk(x, in + base, 0, count);
     Fp8Vec<V> codes{};
@@ -215,7 +210,7 @@ __global__ void amax_kernel(float* amax, const T* in, size_t n) {
   unsigned bits = 0;
   for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
     float x[V];
-    load_chunk(x, in + c * V, 0, fp8_chunk_len(n, c * V, V));
+    load_chunk(x, in + c * V, 0, run_len(n, c * V, V));
     for (int k = 0; k < V; ++k) {  // missing elements read as 0
       const unsigned a = abs_bits(x[k]);
       bits = a > bits ? a : bits;

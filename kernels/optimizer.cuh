@@ -20,11 +20,6 @@ constexpr int kOptimizerThreads = 256;
 // the number of floats of the `partials` buffer grad_norm_squared needs.
 constexpr int kGradNormPartials = 264;
 
-// Elements in the chunk of V that starts at `base` of a flat buffer of n (V at the end's tail).
-__host__ __device__ __forceinline__ int optim_chunk_len(size_t n, size_t base, int V) {
-  return n - base < static_cast<size_t>(V) ? static_cast<int>(n - base) : V;
-}
-
 // Elements [0, count) of a run of N floats (N a multiple of 4), as 16-byte vectors where whole
 // and aligned; elements past count read as 0.
 template <int N>
@@ -56,7 +51,7 @@ __global__ void adamw_kernel(float* master, T* copy, const T* grad, float* m, fl
   constexpr int V = Packed128<T>::size;
   const size_t base = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (base >= n) return;
-  const int count = optim_chunk_len(n, base, V);
+  const int count = run_len(n, base, V);
   float g[V], p[V], mv[V], vv[V];
   load_chunk(g, grad + base, 0, count);
   load_float_chunk(p, master + base, count);
@@ -86,7 +81,7 @@ __global__ void grad_norm_partial_kernel(float* partials, const T* grad, size_t 
   float sum = 0.0f;
   for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += stride) {
     float x[V];
-    load_chunk(x, grad + c * V, 0, optim_chunk_len(n, c * V, V));
+    load_chunk(x, grad + c * V, 0, run_len(n, c * V, V));
     for (int k = 0; k < V; ++k) sum += x[k] * x[k];  // missing elements read as 0
   }
   sum = block_sum(sum, scratch);
@@ -109,7 +104,7 @@ __global__ void grad_unscale_kernel(T* grad, size_t n, float inv_scale, int* fou
   constexpr int V = Packed128<T>::size;
   const size_t base = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (base >= n) return;
-  const int count = optim_chunk_len(n, base, V);
+  const int count = run_len(n, base, V);
   float x[V];
   load_chunk(x, grad + base, 0, count);
   bool nonfinite = false;

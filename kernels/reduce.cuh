@@ -32,7 +32,7 @@ __global__ void double_sum_partial_kernel(double* partials, const T* x, size_t n
   for (size_t c = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks;
        c += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t base = c * V;
-    const int count = n - base < static_cast<size_t>(V) ? static_cast<int>(n - base) : V;
+    const int count = run_len(n, base, V);
     float v[V];
     load_chunk(v, x + base, 0, count);
     for (int k = 0; k < V; ++k) {

@@ -56,7 +56,12 @@ fi
 echo "built"
 
 section "gpu tests"
-run "gpu tests" ctest --test-dir build-gpu -L gpu --output-on-failure --timeout 120
+# With a GPU present, a test that reports "Skipped" (ptrain found no usable device) is a failure.
+gpu_log=/tmp/ptrain-gpu-tests.log
+run "gpu tests" ctest --test-dir build-gpu -L '^gpu$' --no-tests=error --output-on-failure --timeout 120 \
+  >"$gpu_log" 2>&1
+cat "$gpu_log"
+grep -q "(Skipped)" "$gpu_log" && failed+=("gpu tests: skipped on a machine with a GPU (ptrain found no usable device)")
 
 section "2 ranks on 2 GPUs (NCCL)"
 gpus=$(nvidia-smi -L | wc -l)
@@ -93,7 +98,7 @@ bench() {  # bench MODEL MODE [--set ...]: one row of the table
   local status=$?
   if [ $status -ne 0 ]; then
     echo "$out" | tail -5
-    [ $status -eq 124 ] && not_run+=("bench $model $mode $*: over 60 s") || failed+=("bench $model $mode $* (exit $status)")
+    [ $status -eq 124 ] && failed+=("bench $model $mode $*: over 60 s (hung?)") || failed+=("bench $model $mode $* (exit $status)")
     return
   fi
   local field

@@ -21,13 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Workspace {
-  fs::path dir = make_temp_dir("compare");
-  ~Workspace() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
 
 // A small GPT on a synthetic corpus, 6 steps with two evaluations; `precision` is a YAML mapping.
 std::string tiny_config(const std::string& name, const std::string& precision = "{mode: fp32}", int n_embd = 64) {
@@ -40,6 +33,8 @@ std::string tiny_config(const std::string& name, const std::string& precision = 
          "precision: " + precision + "\n"
          "checkpoint: {save_final: false}\n";
 }
+
+nlohmann::json read_json_file(const fs::path& p) { return nlohmann::json::parse(read_file(p)); }
 
 std::string fmt(const char* format, double value) {
   char buf[64];
@@ -69,12 +64,6 @@ double median_from_step_2(const std::map<int64_t, double>& per_step) {
     if (step >= 2) v.push_back(x);
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
 }
 
 // The values of attribute `attr` on the elements whose opening tag contains `marker`.
@@ -107,7 +96,7 @@ bool well_formed_svg(const std::string& svg, std::string* why) {
     const size_t gt = svg.find('>', lt);
     if (gt == std::string::npos) return *why = "an unclosed tag", false;
     std::string tag = svg.substr(lt + 1, gt - lt - 1);
-    if (count(tag, "\"") % 2) return *why = "an attribute quote left open in <" + tag + ">", false;
+    if (count_of(tag, "\"") % 2) return *why = "an attribute quote left open in <" + tag + ">", false;
     if (tag.rfind("!--", 0) == 0) {
     } else if (tag[0] == '/') {
       if (open.empty() || open.back() != tag.substr(1)) return *why = "</" + tag.substr(1) + "> closes nothing open", false;
@@ -125,7 +114,7 @@ bool well_formed_svg(const std::string& svg, std::string* why) {
 }
 
 TEST_CASE("compare trains each mode, and the report's numbers are those of the runs' metrics", "[compare]") {
-  Workspace ws;
+  TempDir ws("compare");
   write_file(ws.dir / "tiny.yaml", tiny_config("tiny"));
   const CommandResult r = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);
   INFO(r.output);
@@ -162,7 +151,8 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   CHECK(m.max_divergence_step == divergence_step);
   CHECK(m.tokens_per_s == median_from_step_2(b.tokens_per_s));
   CHECK(m.speedup == Approx(speedup).epsilon(1e-12));
-  CHECK(m.oracle_gap.has_value());
+  const double oracle = read_json_file(bf16_dir / "summary.json")["oracle_loss"].get<double>();
+  CHECK(*m.oracle_gap == b.val_loss.at(6) - oracle);
   CHECK(m.within_tolerance == (std::fabs(val_diff_pct) <= 2.0));
 
   // The Markdown table shows those numbers, on the bf16 row.
@@ -181,13 +171,13 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   const CommandResult again = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);
   INFO(again.output);
   CHECK(again.exit_code == 0);
-  CHECK(count(again.output, "reusing the finished run") == 2);
+  CHECK(count_of(again.output, "reusing the finished run") == 2);
   CHECK(read_file(ws.dir / "out/report.md") == md);
 }
 
 TEST_CASE("compare of run directories: well-formed charts with one curve per mode, and the verdict's exit code",
           "[compare]") {
-  Workspace ws;
+  TempDir ws("compare");
   const std::vector<std::pair<std::string, std::string>> modes = {
       {"fp32", "{mode: fp32}"}, {"bf16", "{mode: bf16}"}, {"fp8:delayed", "{mode: fp8, fp8: {recipe: delayed}}"}};
   std::string dirs;
@@ -222,19 +212,21 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
   }
   // Every curve is drawn: a path with at least one segment per logged step.
   for (const std::string& d : attribute_values(read_file(ws.dir / "report/loss.svg"), "class=\"curve\"", "d"))
-    CHECK(count(d, "L") >= 5);
+    CHECK(count_of(d, "L") >= 5);
   // The validation curves: one per mode.
   CHECK(attribute_values(read_file(ws.dir / "report/loss.svg"), "class=\"val-curve\"", "data-mode").size() == 3);
   // The HTML report carries the charts inline and no external resource.
   const std::string html = read_file(ws.dir / "report/report.html");
-  CHECK(count(html, "<svg") == 4);
+  CHECK(count_of(html, "<svg") == 4);
   CHECK(html.find("src=\"http") == std::string::npos);
   CHECK(html.find("<script") == std::string::npos);
 
   // A tolerance of 0: bf16 and fp8 differ from fp32, so they regressed; exit 3 only when asked.
   const CommandResult strict = run_ptrain("compare" + dirs + " --out strict --tolerance 0", ws.dir);
   CHECK(strict.exit_code == 0);
-  CHECK(read_file(ws.dir / "strict/report.md").find("regressed") != std::string::npos);
+  const std::string strict_md = read_file(ws.dir / "strict/report.md");
+  CHECK(strict_md.find("Verdict: regressed beyond the tolerance: bf16, fp8:delayed.") != std::string::npos);
+  CHECK(count_of(strict_md, "| regressed |") == 2);
   const CommandResult failing = run_ptrain("compare" + dirs + " --out strict --tolerance 0 --fail-on-regression", ws.dir);
   INFO(failing.output);
   CHECK(failing.exit_code == 3);
@@ -247,7 +239,7 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
 }
 
 TEST_CASE("compare refuses runs that differ in more than precision, and bad modes", "[compare]") {
-  Workspace ws;
+  TempDir ws("compare");
   write_file(ws.dir / "a.yaml", tiny_config("a"));
   write_file(ws.dir / "b.yaml", tiny_config("b", "{mode: bf16}", 32));
   for (const char* name : {"a", "b"}) REQUIRE(run_ptrain(std::string("train ") + name + ".yaml", ws.dir).exit_code == 0);
@@ -263,7 +255,13 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
 
   const CommandResult bad_mode = run_ptrain("compare a.yaml --modes fp32,int4", ws.dir);
   CHECK(bad_mode.exit_code == 2);
-  CHECK(bad_mode.output.find("unknown mode \"int4\"") != std::string::npos);
+  CHECK(bad_mode.output.find("mode \"int4\" cannot run this config") != std::string::npos);
+  CHECK(bad_mode.output.find("precision.mode: int4 is not a valid choice") != std::string::npos);
+  // A mode's own constraints apply: the block recipe needs n_embd a multiple of 128.
+  const CommandResult block = run_ptrain("compare a.yaml --modes fp32,fp8:block", ws.dir);
+  INFO(block.output);
+  CHECK(block.exit_code == 2);
+  CHECK(block.output.find("mode \"fp8:block\" cannot run this config") != std::string::npos);
 }
 
 }  // namespace

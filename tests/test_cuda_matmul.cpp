@@ -535,7 +535,7 @@ TEST_CASE("call arguments are checked against the spec", "[cuda][matmul]") {
   args.a_scale_inv = scale;
   args.b_scale_inv = scale;
   CHECK_NOTHROW(validate_gemm_args(s, args));
-  CHECK(gemm_pointer_alignment(s, args) == 16);
+  CHECK(gemm_pointer_alignment(args) == 16);
 
   GemmArgs misaligned = args;
   misaligned.a = at(0x10008);
@@ -567,7 +567,7 @@ TEST_CASE("call arguments are checked against the spec", "[cuda][matmul]") {
   odd.b = at(0x20000);
   odd.d = at(0x30008);
   CHECK_NOTHROW(validate_gemm_args(f32, odd));
-  CHECK(gemm_pointer_alignment(f32, odd) == 4);
+  CHECK(gemm_pointer_alignment(odd) == 4);
   odd.a = at(0x10002);
   CHECK_THAT(args_rejection(f32, odd), Contains("pointer A") && Contains("not 4-byte aligned"));
 }

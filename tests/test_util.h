@@ -88,6 +88,25 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& fil
   return records;
 }
 
+// Non-overlapping occurrences of `what` in `text`.
+inline size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// A temporary directory, removed however the test ends.
+struct TempDir {
+  std::filesystem::path dir;
+  explicit TempDir(const std::string& tag) : dir(make_temp_dir(tag)) {}
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
 struct CommandResult {
   int exit_code;
   std::string output;  // stdout and stderr together

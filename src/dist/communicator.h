@@ -34,8 +34,6 @@ class Communicator {
   virtual std::string description() const = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Rank among the ranks on this node: which GPU a rank takes.
-  virtual int local_rank() const = 0;
   bool is_main() const { return rank() == 0; }
 
   // ---- host values (metrics, flags, norms), the same result on every rank

@@ -70,8 +70,7 @@ class MpiCommunicator final : public Communicator {
     start_mpi();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
-    local_rank_ = split_local_rank(rank_);
-    int first_on_node = local_rank_ == 0 ? 1 : 0;
+    int first_on_node = split_local_rank(rank_) == 0 ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &first_on_node, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     nodes_ = first_on_node;
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -87,7 +86,6 @@ class MpiCommunicator final : public Communicator {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  int local_rank() const override { return local_rank_; }
 
   void barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
 
@@ -238,7 +236,7 @@ class MpiCommunicator final : public Communicator {
                  std::string("MPI ") + op + ": host f32/f64 tensors only (GPU tensors go through NCCL)");
   }
 
-  int rank_ = 0, world_ = 1, local_rank_ = 0, nodes_ = 1;
+  int rank_ = 0, world_ = 1, nodes_ = 1;
   std::string library_;
 };
 

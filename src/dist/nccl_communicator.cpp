@@ -116,7 +116,6 @@ class NcclCommunicator final : public Communicator {
   }
   int rank() const override { return mpi_->rank(); }
   int world_size() const override { return mpi_->world_size(); }
-  int local_rank() const override { return mpi_->local_rank(); }
 
   void barrier() override { mpi_->barrier(); }
   void all_reduce_sum(double* values, size_t n) override { mpi_->all_reduce_sum(values, n); }

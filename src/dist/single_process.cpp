@@ -24,7 +24,6 @@ class SingleProcess final : public Communicator {
   std::string description() const override { return "one process"; }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  int local_rank() const override { return 0; }
   void barrier() override {}
   void all_reduce_sum(double*, size_t) override {}
   void all_reduce_max(float*, size_t) override {}

@@ -8,6 +8,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "metrics/run_log.h"
 #include "precision/policy.h"
 
 namespace fs = std::filesystem;
@@ -25,21 +26,25 @@ nlohmann::json comparable_keys(const Config& c) {
       {"model.seq_len", c.model.seq_len},
       {"model.vocab_size", c.model.vocab_size},
       {"model.init_from", c.model.init_from},
+      {"model.init_std", c.model.init_std},
       {"run.seed", c.run.seed},
       {"training.steps", c.training.steps},
       {"training.batch_tokens", c.training.batch_tokens},
       {"training.micro_batch", c.training.micro_batch},
       {"training.seq_len", c.training.effective_seq_len(c.model)},
       {"training.grad_clip", c.training.grad_clip},
+      {"training.loss_weight", c.training.loss_weight},
       {"training.eval_every", c.training.eval_every},
       {"training.eval_batches", c.training.eval_batches},
       {"optimizer.lr", c.optimizer.lr},
       {"optimizer.beta1", c.optimizer.beta1},
       {"optimizer.beta2", c.optimizer.beta2},
+      {"optimizer.eps", c.optimizer.eps},
       {"optimizer.weight_decay", c.optimizer.weight_decay},
       {"schedule.warmup_steps", c.schedule.warmup_steps},
       {"schedule.decay", c.schedule.decay},
       {"schedule.min_lr_ratio", c.schedule.min_lr_ratio},
+      {"schedule.wsd_decay_fraction", c.schedule.wsd_decay_fraction},
   };
   if (c.data.synthetic_enabled) {
     const SyntheticDataConfig& s = c.data.synthetic;
@@ -81,14 +86,6 @@ double percent(double diff, double reference) { return reference != 0 ? 100.0 * 
 
 bool Comparison::any_regressed() const {
   return std::any_of(results.begin(), results.end(), [](const ModeResult& r) { return !r.within_tolerance; });
-}
-
-double median_after_first(const std::vector<double>& values) {
-  std::vector<double> v(values.size() > 1 ? values.begin() + 1 : values.begin(), values.end());
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 RunRecord read_run(const std::string& dir) {
@@ -146,15 +143,15 @@ RunRecord read_run(const std::string& dir) {
 }
 
 std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b) {
+  // Both come from comparable_keys: a key only b has (shards against synthetic data) comes with
+  // one only a has, which is named.
   std::vector<std::string> out;
   for (const auto& [key, value] : a.config.items()) {
-    const nlohmann::json other = b.config.contains(key) ? b.config[key] : nlohmann::json();
+    const nlohmann::json other = b.config.value(key, nlohmann::json());
     if (other != value)
       out.push_back(key + ": " + value.dump() + " in " + a.dir + ", " + (other.is_null() ? "absent" : other.dump()) +
                     " in " + b.dir);
   }
-  for (const auto& [key, value] : b.config.items())
-    if (!a.config.contains(key)) out.push_back(key + ": absent in " + a.dir + ", " + value.dump() + " in " + b.dir);
   return out;
 }
 
@@ -204,9 +201,10 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
       const auto it = ref_loss.find(r.steps[i]);
       if (it == ref_loss.end()) continue;
       const double d = std::fabs(r.loss[i] - it->second);
-      if (d > m.max_divergence || std::isnan(d)) {
+      if (d > m.max_divergence || std::isnan(d)) {  // the first NaN is where the curves part for good
         m.max_divergence = d;
         m.max_divergence_step = r.steps[i];
+        if (std::isnan(d)) break;
       }
     }
     m.tokens_per_s = median_after_first(r.tokens_per_s);
@@ -217,7 +215,7 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
     m.fp8_underflow = r.fp8_underflow;
     m.fp8_saturation = r.fp8_saturation;
     const double judged = m.val_diff_pct ? *m.val_diff_pct : m.loss_diff_pct;
-    m.within_tolerance = std::fabs(judged) <= tolerance_pct;  // NaN: regressed
+    m.within_tolerance = &r == &runs[0] || std::fabs(judged) <= tolerance_pct;  // NaN: regressed
     c.results.push_back(m);
   }
   c.runs = std::move(runs);

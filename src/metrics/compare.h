@@ -70,7 +70,4 @@ std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b);
 // or the reference mode is not among them.
 Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct);
 
-// The median of the values after the first (all of them when there is one).
-double median_after_first(const std::vector<double>& values);
-
 }  // namespace ptrain

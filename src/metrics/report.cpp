@@ -193,7 +193,7 @@ void draw_legend(std::string& s, const std::vector<LegendEntry>& entries) {
 // without finite neighbours becomes a zero-length segment, which round caps draw as a dot.
 std::string path_data(const Frame& f, const std::vector<int64_t>& steps, const std::vector<double>& values) {
   std::vector<std::vector<std::pair<double, double>>> pieces(1);
-  for (size_t i = 0; i < std::min(steps.size(), values.size()); ++i) {
+  for (size_t i = 0; i < steps.size(); ++i) {
     if (std::isfinite(values[i]))
       pieces.back().emplace_back(f.px(static_cast<double>(steps[i])), f.py(values[i]));
     else if (!pieces.back().empty())
@@ -258,12 +258,6 @@ std::string bar_chart(const std::string& title, const std::string& y_title, cons
 
 // ---- The report's text ----
 
-const RunRecord* find_run(const Comparison& c, const std::string& mode) {
-  for (const RunRecord& r : c.runs)
-    if (r.mode == mode) return &r;
-  return nullptr;
-}
-
 // What "peak memory" measured: a GPU's arena, the process's resident memory, or a mix.
 std::string memory_kind(const Comparison& c) {
   size_t on_device = 0;
@@ -279,19 +273,9 @@ std::string report_title(const Comparison& c) {
   return "ptrain compare: " + c.reference + (others.empty() ? "" : " vs " + others);
 }
 
-// A config value by its dotted key: a flat key as compare.cpp records them ("model.n_embd"),
-// or else a path through nested objects.
-const nlohmann::json* config_find(const nlohmann::json& config, const std::string& dotted_key) {
-  if (config.is_object() && config.contains(dotted_key)) return &config.at(dotted_key);
-  const nlohmann::json* node = &config;
-  size_t start = 0;
-  for (size_t end = 0; end != std::string::npos; start = end + 1) {
-    end = dotted_key.find('.', start);
-    const std::string part = dotted_key.substr(start, end - start);
-    if (!node->is_object() || !node->contains(part)) return nullptr;
-    node = &node->at(part);
-  }
-  return node;
+// A config value by its flat key, as RunRecord::config holds them ("model.n_embd").
+const nlohmann::json* config_find(const nlohmann::json& config, const std::string& key) {
+  return config.is_object() && config.contains(key) ? &config.at(key) : nullptr;
 }
 
 // A config value as text: strings bare, anything else as JSON writes it, "?" when absent.
@@ -305,9 +289,8 @@ std::string config_text(const nlohmann::json& config, const std::string& dotted_
 std::vector<std::string> summary_lines(const Comparison& c) {
   const nlohmann::json config = c.runs.empty() ? nlohmann::json::object() : c.runs[0].config;
   const auto key = [&](const std::string& k) { return config_text(config, k); };
-  const nlohmann::json* synthetic = config_find(config, "data.synthetic.vocab");
   const std::string data =
-      synthetic && !synthetic->is_null()
+      config_find(config, "data.synthetic.vocab")
           ? "synthetic (vocab " + key("data.synthetic.vocab") + ", order " + key("data.synthetic.order") +
                 ", branching " + key("data.synthetic.branching") + ", " + key("data.synthetic.tokens") +
                 " tokens, seed " + key("data.synthetic.seed") + ")"
@@ -435,7 +418,7 @@ std::string loss_chart_svg(const Comparison& c) {
     if (!r.val_steps.empty()) {
       s += curve_path("val-curve", r.mode, color(i), path_data(f, r.val_steps, r.val_loss),
                       " stroke-dasharray=\"6 4\"");
-      for (size_t j = 0; j < std::min(r.val_steps.size(), r.val_loss.size()); ++j) {
+      for (size_t j = 0; j < r.val_steps.size(); ++j) {
         if (!std::isfinite(r.val_loss[j])) continue;
         s += "<circle class=\"val-point\" data-mode=\"" + xml_escape(r.mode) + "\" cx=\"" +
              coord(f.px(static_cast<double>(r.val_steps[j]))) + "\" cy=\"" + coord(f.py(r.val_loss[j])) +
@@ -450,10 +433,10 @@ std::string loss_chart_svg(const Comparison& c) {
 }
 
 std::string loss_diff_chart_svg(const Comparison& c) {
+  // compare_runs puts the reference first.
   std::map<int64_t, double> reference;
-  const RunRecord* ref = find_run(c, c.reference);
-  if (ref)
-    for (size_t j = 0; j < std::min(ref->steps.size(), ref->loss.size()); ++j) reference[ref->steps[j]] = ref->loss[j];
+  const RunRecord* ref = &c.runs.front();
+  for (size_t j = 0; j < ref->steps.size(); ++j) reference[ref->steps[j]] = ref->loss[j];
 
   struct Curve {
     size_t run;
@@ -461,14 +444,14 @@ std::string loss_diff_chart_svg(const Comparison& c) {
     std::vector<double> diff;  // not finite where either loss is not
   };
   std::vector<Curve> curves;
-  Extent steps = ref ? step_extent(ref->steps) : Extent{};
+  Extent steps = step_extent(ref->steps);
   Extent diffs;
   diffs.add(0);  // the zero line is always in view
   for (size_t i = 0; i < c.runs.size(); ++i) {
     const RunRecord& r = c.runs[i];
     if (&r == ref) continue;
     Curve curve{i, {}, {}};
-    for (size_t j = 0; j < std::min(r.steps.size(), r.loss.size()); ++j) {
+    for (size_t j = 0; j < r.steps.size(); ++j) {
       const auto it = reference.find(r.steps[j]);
       if (it == reference.end()) continue;
       curve.steps.push_back(r.steps[j]);

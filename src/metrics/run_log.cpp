@@ -1,5 +1,7 @@
 #include "metrics/run_log.h"
 
+#include <algorithm>
+
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -51,6 +53,14 @@ void RunLog::metrics(const nlohmann::json& record) {
   if (!metrics_.is_open()) return;
   metrics_ << record.dump() << '\n';
   metrics_.flush();
+}
+
+double median_after_first(const std::vector<double>& values) {
+  std::vector<double> v(values.size() > 1 ? values.begin() + 1 : values.begin(), values.end());
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string format_duration(double seconds) {

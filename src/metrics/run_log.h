@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,6 +47,10 @@ class RunLog {
 std::string format_duration(double seconds);   // "45s", "3m07s", "2h05m"
 std::string format_thousands(double value);    // "53,780"
 std::string format_mib(int64_t bytes);         // "123.4 MiB"
+
+// The median of per-step values after the first (the step that warms caches up); all of them
+// when there is only one, 0 when there are none.
+double median_after_first(const std::vector<double>& values);
 
 // Resident memory of this process now and at its peak, in bytes.
 int64_t current_rss_bytes();

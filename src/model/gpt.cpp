@@ -410,9 +410,7 @@ void Gpt::backward(const std::function<void(int block)>& grads_done) {
   }
 }
 
-void Gpt::zero_grad() {
-  backend_.zero(grads_flat_);
-  if (!accum_flat_.empty()) backend_.zero(accum_flat_);
-}
+// With an accumulator, backward() leaves the per-micro-batch gradients zeroed behind it.
+void Gpt::zero_grad() { backend_.zero(accum_flat_.empty() ? grads_flat_ : accum_flat_); }
 
 }  // namespace ptrain

@@ -50,13 +50,10 @@ double AdamW::reduce_gradients(bool summed_in_backward) {
     comm_->wait();
   else
     comm_->all_reduce_sum(grads);
-  // The squares summed per ZeRO-1 shard, in rank order: both stages clip by the same norm.
-  double sum = 0;
-  for (int r = 0; r < world_; ++r) {
-    const Shard s = shard_of(grads.numel(), r, world_);
-    sum += backend_.sum_squares(grads.range(s.begin, s.count));
-  }
-  return std::sqrt(sum);
+  // Each rank squares its ZeRO-1 shard of the summed gradients and the ranks add them, as ZeRO-1
+  // does: both stages clip by the same norm, and a GPU syncs once.
+  const Shard s = shard_of(grads.numel(), comm_->rank(), world_);
+  return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grads.range(s.begin, s.count))));
 }
 
 void AdamW::step(double lr, double grad_norm, double loss_scale) {

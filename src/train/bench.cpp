@@ -9,16 +9,11 @@
 #include "core/error.h"
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
+#include "metrics/run_log.h"
 #include "precision/policy.h"
 #include "train/trainer.h"
 
 namespace ptrain {
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // A run's speed over its timed steps (all but the first, which warms up).
 struct StepRate {
@@ -26,10 +21,9 @@ struct StepRate {
   double step_s = 0, tokens_per_s = 0, model_flops = 0;
 };
 static StepRate step_rate(const TrainResult& result) {
-  const std::vector<double> timed(result.step_seconds.begin() + 1, result.step_seconds.end());
   StepRate r;
-  r.steps = timed.size();
-  r.step_s = median(timed);
+  r.steps = result.step_seconds.size() - 1;
+  r.step_s = median_after_first(result.step_seconds);
   r.tokens_per_s = static_cast<double>(result.tokens_per_step) / r.step_s;
   r.model_flops = result.flops_per_token * r.tokens_per_s;
   return r;

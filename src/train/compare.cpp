@@ -14,21 +14,21 @@ namespace fs = std::filesystem;
 namespace ptrain {
 
 Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options) {
-  Config c = base;
+  // The mode as --set overrides on the resolved config, validated as any config is: the mode's
+  // own checks (fp8 shapes, block sizes, ...) apply, and an unknown mode is named by the parser.
   const size_t colon = mode.find(':');
-  const std::string precision = mode.substr(0, colon);
-  const std::vector<std::string> precisions = {"fp32", "bf16", "fp16", "fp8"};
-  const std::vector<std::string> recipes = {"delayed", "current", "block"};
-  if (std::find(precisions.begin(), precisions.end(), precision) == precisions.end())
-    throw UserError("--modes: unknown mode \"" + mode +
-                    "\"; expected fp32, bf16, fp16, fp8 or fp8:RECIPE (delayed, current, block)");
-  c.precision.mode = precision;
+  std::vector<std::string> overrides = {"precision.mode=" + mode.substr(0, colon)};
   if (colon != std::string::npos) {
-    const std::string recipe = mode.substr(colon + 1);
-    if (precision != "fp8" || std::find(recipes.begin(), recipes.end(), recipe) == recipes.end())
-      throw UserError("--modes: unknown mode \"" + mode + "\"; a recipe goes with fp8 only: fp8:delayed, fp8:current "
-                      "or fp8:block");
-    c.precision.fp8.recipe = recipe;
+    if (mode.substr(0, colon) != "fp8")
+      throw UserError("--modes: \"" + mode + "\": a recipe goes with fp8 only (fp8:delayed, fp8:current, fp8:block)");
+    overrides.push_back("precision.fp8.recipe=" + mode.substr(colon + 1));
+  }
+  if (options.steps > 0) overrides.push_back("training.steps=" + std::to_string(options.steps));
+  Config c;
+  try {
+    c = parse_config(config_to_yaml(base), "--modes " + mode, overrides);
+  } catch (const UserError& e) {
+    throw UserError("--modes: mode \"" + mode + "\" cannot run this config: " + e.what());
   }
   std::string tag = PrecisionPolicy::from_config(c.precision).label();
   std::replace(tag.begin(), tag.end(), ':', '-');
@@ -37,7 +37,6 @@ Config config_for_mode(const Config& base, const std::string& mode, const Compar
   c.run.overwrite = true;  // the compare directory's own runs: an unfinished or stale one is redone
   c.checkpoint.resume = "never";
   c.checkpoint.dir.clear();
-  if (options.steps > 0) c.training.steps = options.steps;
   return c;
 }
 

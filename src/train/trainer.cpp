@@ -173,7 +173,15 @@ class Trainer {
     comm_->set_compute_stream(backend_->stream());
   }
 
-  TrainResult run(const std::optional<LoadedCheckpoint>& resume_from, const std::optional<LlmcModel>& init_from) {
+  // The communicator goes first: a GPU one orders its work against the backend's stream and may
+  // have collectives in flight.
+  ~Trainer() { comm_.reset(); }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // `resume_from` is released once restored: its host copies of the weights and moments are
+  // not kept for the whole run.
+  TrainResult run(std::optional<LoadedCheckpoint>& resume_from, const std::optional<LlmcModel>& init_from) {
     announce();
     model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
     if (init_from && !resume_from) {
@@ -184,7 +192,10 @@ class Trainer {
                 std::to_string(init_from->version) + ")");
     }
     int64_t first_step = 1;
-    if (resume_from) first_step = resume(*resume_from) + 1;
+    if (resume_from) {
+      first_step = resume(*resume_from) + 1;
+      resume_from.reset();
+    }
     optimizer_.adopt_master();  // ZeRO-1: from here on each rank keeps only its shard
     announce_ranks();
     const int64_t steps = cfg_.training.steps;
@@ -206,9 +217,13 @@ class Trainer {
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
       // One slot per micro-batch of the global batch: each rank fills its own, the sum over
-      // ranks gathers them, and they are added in global order, as one rank would.
+      // ranks gathers them, and they are added in global order, as one rank would. A last slot
+      // carries the stop signal, so that every rank stops after the same step (a signal reaches
+      // each rank at its own moment, and a rank that stopped alone would leave the others
+      // waiting in a collective).
       const int world = comm_->world_size(), rank = comm_->rank();
-      std::vector<double> micro_losses(static_cast<size_t>(accum_ * world), 0.0);
+      const size_t global_micros = static_cast<size_t>(accum_ * world);
+      std::vector<double> micro_losses(global_micros + 1, 0.0);
       // The loss is multiplied by the loss scale (1 unless loss scaling is on) so that small
       // gradients survive fp16; the optimizer divides it out again.
       const double loss_scale = scaler_.scale();
@@ -233,10 +248,12 @@ class Trainer {
         else
           model_.backward();
       }
+      micro_losses[global_micros] = g_stop_signal != 0 ? 1.0 : 0.0;
       comm_->all_reduce_sum(micro_losses.data(), micro_losses.size());
+      const bool signalled = micro_losses[global_micros] > 0;
       double loss = 0;
-      for (const double l : micro_losses) loss += l;
-      loss /= static_cast<double>(micro_losses.size());
+      for (size_t i = 0; i < global_micros; ++i) loss += micro_losses[i];
+      loss /= static_cast<double>(global_micros);
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
       double norm;
@@ -261,7 +278,7 @@ class Trainer {
       if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
 
-      const bool stop = g_stop_signal != 0 || (options_.stop_at > 0 && step >= options_.stop_at);
+      const bool stop = signalled || (options_.stop_at > 0 && step >= options_.stop_at);
       const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
       const bool saved = (stop || periodic || (step == steps && cfg_.checkpoint.save_final)) && save(step);
       if (stop && !saved)
@@ -269,7 +286,7 @@ class Trainer {
                                " without a checkpoint of it (the save failed); the newest checkpoint is " +
                                (result_.last_checkpoint.empty() ? std::string("an earlier one") : result_.last_checkpoint));
       if (stop && step < steps) {
-        log_.info(std::string(g_stop_signal ? "stopped by signal" : "stopped as asked (--stop-at)") + " after step " +
+        log_.info(std::string(signalled ? "stopped by signal" : "stopped as asked (--stop-at)") + " after step " +
                   std::to_string(step) + "; checkpoint " + result_.last_checkpoint +
                   "\nresume with: ptrain train CONFIG --set checkpoint.resume=auto (same run.name)");
         result_.interrupted = true;

@@ -34,13 +34,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 // A temporary directory, removed however the test ends.
-struct Workspace {
-  fs::path dir;
-  explicit Workspace(const std::string& tag) : dir(make_temp_dir("mpi-" + tag)) {}
-  ~Workspace() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Workspace : TempDir {
+  explicit Workspace(const std::string& tag) : TempDir("mpi-" + tag) {}
   fs::path run(const std::string& name) const { return dir / "runs" / name; }
 };
 
@@ -146,14 +141,8 @@ std::vector<double> slice(const std::vector<double>& v, size_t from) {
 // the last bits of a few gradients. The bar is 1e-6 relative on the loss, in every mode.
 // A wrong data split moves the very first step's loss, which must match exactly; a wrong
 // gradient average shows in the gradient norm.
-double layout_loss_tolerance(const std::string&) { return 1e-6; }
-double layout_norm_tolerance(const std::string&) { return 1e-5; }
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
-}
+constexpr double kLayoutLossTolerance = 1e-6;
+constexpr double kLayoutNormTolerance = 1e-5;
 
 // The parameter count the run log states ("model: GPT-2 ... | 123,456 parameters"); -1 if absent.
 int64_t parameter_count(const std::string& log) {
@@ -226,9 +215,9 @@ TEST_CASE("2 ranks equal 1 rank on the same global batch", "[mpi]") {
       CHECK(b.loss[0] == a.loss[0]);
       const double loss_diff = max_relative_difference(b.loss, a.loss);
       const double norm_diff = max_relative_difference(b.grad_norm, a.grad_norm);
-      CHECK(loss_diff <= layout_loss_tolerance(mode));
-      CHECK(norm_diff <= layout_norm_tolerance(mode));
-      CHECK(max_relative_difference(b.val_loss, a.val_loss) <= layout_loss_tolerance(mode));
+      CHECK(loss_diff <= kLayoutLossTolerance);
+      CHECK(norm_diff <= kLayoutNormTolerance);
+      CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLayoutLossTolerance);
       if (a.loss == b.loss)
         WARN(label << ": 2-rank losses bitwise identical to 1 rank's");
       else
@@ -341,9 +330,9 @@ TEST_CASE("2-rank runs resume exactly", "[mpi]") {
     INFO("steps 6..10, 1 rank resumed | 2 ranks straight:\n" << side_by_side(t.loss, tail));
     REQUIRE(t.loss.size() == 5);
     // Step 6 runs the restored weights: exactly the straight run's. Later steps accumulate the
-    // two micro-batches on one rank (see layout_loss_tolerance).
+    // two micro-batches on one rank (see kLayoutLossTolerance).
     CHECK(t.loss[0] == tail[0]);
-    CHECK(max_relative_difference(t.loss, tail) <= layout_loss_tolerance("bf16"));
+    CHECK(max_relative_difference(t.loss, tail) <= kLayoutLossTolerance);
   }
   {
     INFO("resumed on 2 ranks under ZeRO-0: the shards joined, every rank holding all of them");
@@ -590,11 +579,11 @@ TEST_CASE("fp8 delayed scaling agrees across ranks", "[mpi]") {
   // Each rank's amaxes are max-reduced before the history moves on, so every rank's scales are
   // those of one rank that saw the whole batch; without that, each rank would scale by its own
   // half, and from step 2 on the activations would be rounded to FP8 under other scales, a
-  // difference far above this tolerance (see layout_loss_tolerance).
+  // difference far above this tolerance (see kLayoutLossTolerance).
   CHECK(b.loss[0] == a.loss[0]);
-  CHECK(max_relative_difference(b.loss, a.loss) <= layout_loss_tolerance("fp8"));
-  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= layout_norm_tolerance("fp8"));
-  CHECK(max_relative_difference(b.val_loss, a.val_loss) <= layout_loss_tolerance("fp8"));
+  CHECK(max_relative_difference(b.loss, a.loss) <= kLayoutLossTolerance);
+  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kLayoutNormTolerance);
+  CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLayoutLossTolerance);
 }
 
 }  // namespace

@@ -51,6 +51,7 @@
 #include "backend/cuda/kernel_formats.h"
 #include "backend/cuda/matmul.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "precision/formats.h"
 
 // The kernels (kernels/ is on the include path).
@@ -663,7 +664,7 @@ class CudaBackend final : public Backend {
     void* k = scratch(kAttnK, n);
     void* v = scratch(kAttnV, n);
     void* y = scratch(kAttnY, n);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));  // the CPU's float expression
+    const float scale = attention_scale(HS);  // the CPU's float expression
     with_float_type(dt, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
       kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
@@ -724,7 +725,7 @@ class CudaBackend final : public Backend {
     void* dq = scratch(kAttnDq, n);
     void* dk = scratch(kAttnDk, n);
     void* dv = scratch(kAttnDv, n);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+    const float scale = attention_scale(HS);
     with_float_type(dt, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
       kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
@@ -761,13 +762,7 @@ class CudaBackend final : public Backend {
     PTRAIN_EXPECT(cudnn_ != nullptr, op, "the fused attention path was not chosen (choose_attention)");
     PTRAIN_EXPECT((qkv.dtype == DType::bf16 || qkv.dtype == DType::f16) && out.dtype == qkv.dtype, op,
                   "the fused path takes bf16 or fp16 qkv and out of one dtype");
-    SdpaShape s;
-    s.B = B;
-    s.T = Tn;
-    s.NH = NH;
-    s.HS = HS;
-    s.type = cuda_type(qkv.dtype);
-    return s;
+    return SdpaShape{B, Tn, NH, HS, cuda_type(qkv.dtype)};
   }
 
   static float attention_scale(int64_t HS) { return 1.0f / std::sqrt(static_cast<float>(HS)); }
@@ -812,12 +807,7 @@ class CudaBackend final : public Backend {
     } catch (const CudaError& e) {
       return fallback(std::string("cuDNN could not start: ") + e.what());
     }
-    SdpaShape s;
-    s.B = B;
-    s.T = Tn;
-    s.NH = n_head;
-    s.HS = head_size;
-    s.type = cuda_type(dtype);
+    const SdpaShape s{B, Tn, n_head, head_size, cuda_type(dtype)};
     std::string why, mismatch;
     try {  // a cuDNN failure here (never seen on a GPU yet) must not end an `auto` run
       if (!cudnn_->supported(s, &why)) return fallback(why);
@@ -849,15 +839,9 @@ class CudaBackend final : public Backend {
     const Format f = dt == DType::f16 ? Format::fp16 : Format::bf16;
     const int64_t C = s.NH * s.HS, n_qkv = s.B * s.T * 3 * C, n_out = s.B * s.T * C;
     std::vector<float> host_qkv(static_cast<size_t>(n_qkv)), host_dout(static_cast<size_t>(n_out));
-    uint64_t state = 0x9e3779b97f4a7c15ull;
-    const auto uniform = [&state] {  // splitmix64 -> [-1, 1)
-      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      return static_cast<float>(static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1.0p-52 - 1.0);
-    };
-    for (float& x : host_qkv) x = uniform();
-    for (float& x : host_dout) x = uniform();
+    Rng rng(/*seed=*/7);
+    for (float& x : host_qkv) x = 2.0f * rng.uniform() - 1.0f;
+    for (float& x : host_dout) x = 2.0f * rng.uniform() - 1.0f;
     std::vector<void*> blocks;
     const auto tensor = [&](std::vector<int64_t> shape, DType type, Format format) {
       int64_t numel = 1;

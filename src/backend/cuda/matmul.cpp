@@ -155,11 +155,6 @@ static std::string compute_name(cublasComputeType_t c) {
 // GemmSpec
 // ---------------------------------------------------------------------------------------------
 
-bool GemmSpec::block_scaled() const {
-  auto block = [](GemmScale s) { return s == GemmScale::block_1x128 || s == GemmScale::block_128x128; };
-  return block(a_scale) || block(b_scale);
-}
-
 static auto spec_tie(const GemmSpec& s) {
   return std::tie(s.m, s.n, s.k, s.trans_a, s.trans_b, s.lda, s.ldb, s.ldc, s.ldd, s.a_type, s.b_type, s.c_type,
                   s.d_type, s.compute, s.epilogue, s.bias_type, s.aux_type, s.aux_ld, s.a_scale, s.b_scale,
@@ -385,9 +380,9 @@ GemmSpec row_major_gemm(const RowMajorGemm& g) {
   s.k = g.inner;
   s.trans_a = g.y_transposed;  // A = Y: (inner, cols) row-major is (cols, inner) column-major
   s.trans_b = g.x_transposed;  // B = X: (rows, inner) row-major is (inner, rows) column-major
-  s.lda = g.ld_y ? g.ld_y : (g.y_transposed ? g.inner : g.cols);
-  s.ldb = g.ld_x ? g.ld_x : (g.x_transposed ? g.rows : g.inner);
-  s.ldd = g.ld_out ? g.ld_out : g.cols;
+  s.lda = g.y_transposed ? g.inner : g.cols;
+  s.ldb = g.x_transposed ? g.rows : g.inner;
+  s.ldd = g.cols;
   s.ldc = s.ldd;
   s.a_type = g.y_type;
   s.b_type = g.x_type;
@@ -623,12 +618,11 @@ void validate_gemm_args(const GemmSpec& s, const GemmArgs& g) {
   }
 }
 
-int gemm_pointer_alignment(const GemmSpec& spec, const GemmArgs& args) {
+int gemm_pointer_alignment(const GemmArgs& args) {
   int a = 16;
   for (const void* p : {args.a, args.b, args.c, static_cast<const void*>(args.d), static_cast<const void*>(args.bias),
                         static_cast<const void*>(args.aux)})
     a = std::min(a, alignment_of(p));
-  (void)spec;
   return a;
 }
 
@@ -702,7 +696,7 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
 
 void Matmul::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   validate_gemm_args(spec, args);
-  Plan& plan = plan_for(spec, gemm_pointer_alignment(spec, args));
+  Plan& plan = plan_for(spec, gemm_pointer_alignment(args));
   cublasLtMatmulDesc_t desc = plan.desc.matmul.get();
 
   if (epilogue_uses_bias(spec.epilogue)) PTRAIN_SET_DESC(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, args.bias);
@@ -717,25 +711,6 @@ void Matmul::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream
   PTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &args.alpha, args.a, plan.desc.a.get(), args.b,
                                      plan.desc.b.get(), &args.beta, c, plan.desc.c.get(), args.d, plan.desc.d.get(),
                                      &plan.algo, workspace_, workspace_bytes_, stream));
-}
-
-void Matmul::run(const GemmSpec& spec, const void* A, const void* B, const void* C, void* D, float alpha, float beta,
-                 void* bias, void* aux, const float* a_scale_inv, const float* b_scale_inv, const float* d_scale,
-                 float* amax_d, cudaStream_t stream) {
-  GemmArgs args;
-  args.a = A;
-  args.b = B;
-  args.c = C;
-  args.d = D;
-  args.alpha = alpha;
-  args.beta = beta;
-  args.bias = bias;
-  args.aux = aux;
-  args.a_scale_inv = a_scale_inv;
-  args.b_scale_inv = b_scale_inv;
-  args.d_scale = d_scale;
-  args.amax_d = amax_d;
-  run(spec, args, stream);
 }
 
 #undef PTRAIN_SET_DESC

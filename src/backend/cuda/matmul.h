@@ -126,7 +126,6 @@ struct GemmSpec {
   int64_t ld_d() const { return ldd ? ldd : m; }
   int64_t ld_aux() const { return aux_ld ? aux_ld : m; }
   bool fp8() const { return is_fp8_type(a_type) || is_fp8_type(b_type); }
-  bool block_scaled() const;
 
   bool operator==(const GemmSpec& o) const;
   bool operator!=(const GemmSpec& o) const { return !(*this == o); }
@@ -149,7 +148,6 @@ struct RowMajorGemm {
   int64_t rows = 0, cols = 0, inner = 0;
   bool x_transposed = false;  // X stored as (inner, rows) instead of (rows, inner)
   bool y_transposed = false;  // Y stored as (cols, inner) instead of (inner, cols)
-  int64_t ld_x = 0, ld_y = 0, ld_out = 0;  // row strides in elements; 0 = packed
   cudaDataType_t x_type = CUDA_R_32F, y_type = CUDA_R_32F, out_type = CUDA_R_32F;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
   int32_t batch = 1;
@@ -216,7 +214,7 @@ struct GemmArgs {
 void validate_gemm_args(const GemmSpec& spec, const GemmArgs& args);
 // The largest power of two, at most 16, dividing every pointer the GEMM reads or writes as a
 // matrix (A, B, C, D, bias, aux): the alignment class a plan's heuristic was chosen for.
-int gemm_pointer_alignment(const GemmSpec& spec, const GemmArgs& args);
+int gemm_pointer_alignment(const GemmArgs& args);
 
 class Matmul {
  public:
@@ -233,9 +231,6 @@ class Matmul {
   // D = alpha op(A) op(B) + beta C (+ epilogue) on `stream`. The first call for a spec (and
   // pointer alignment class) builds and caches its plan.
   void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
-  void run(const GemmSpec& spec, const void* A, const void* B, const void* C, void* D, float alpha, float beta,
-           void* bias, void* aux, const float* a_scale_inv, const float* b_scale_inv, const float* d_scale,
-           float* amax_d, cudaStream_t stream);
 
   size_t cached_plans() const { return plans_.size(); }
   cublasLtHandle_t handle() const { return handle_; }
