@@ -105,8 +105,9 @@ TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[
     const auto gpu = train_losses(dir, "gpu-" + tag, "cuda", mode);
     for (size_t s = 0; s < cpu.size(); ++s) {
       INFO("step " << s + 1 << ": cpu " << cpu[s] << " gpu " << gpu[s]);
-      CHECK(std::fabs(gpu[s] - cpu[s]) <= mode_tolerance(mode) * std::fabs(cpu[s]) * (1 + s));
+      CHECK(std::fabs(gpu[s] - cpu[s]) <= mode_tolerance(mode) * std::fabs(cpu[s]));
     }
+    CHECK(gpu.back() < gpu.front());  // and the GPU run learns
   }
   fs::remove_all(dir);
 }
