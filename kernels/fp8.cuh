@@ -26,6 +26,25 @@ struct Fp8Counts {
   unsigned long long saturated;  // inputs whose scaled value was clipped to the format's max
 };
 
+// Where each block's dequantisation factor goes in a scale_inv array: block (i, j) (the i-th
+// block row, the j-th block column of the tensor) at i * row_stride + j * col_stride. Row-major
+// is {number of block columns, 1}; cuBLASLt's block-scaled GEMMs want their own layouts
+// (src/backend/cuda/matmul.h, gemm_scale_floats).
+struct BlockScaleLayout {
+  int row_stride = 0, col_stride = 1;
+};
+
+// What a block quantisation writes: the (rows, cols) codes and/or their (cols, rows) transpose,
+// each with its factors in its own layout. A null pointer skips that output.
+struct Fp8BlockCodes {
+  fp8* codes = nullptr;
+  float* scale_inv = nullptr;
+  BlockScaleLayout layout;
+  fp8* codes_t = nullptr;
+  float* scale_inv_t = nullptr;
+  BlockScaleLayout layout_t;
+};
+
 constexpr int kFp8Threads = 256;
 constexpr int kFp8MaxBlocks = 1024;  // about one wave on an H100/H200; grids stride beyond it
 constexpr int kFp8Tile = 64;         // transposing cast: 64 x 64 tiles
@@ -236,8 +255,8 @@ __global__ void current_scale_kernel(float* scale, float* scale_inv, const float
 // the tile's rows in turn). Two passes over the tile: its amax, then the cast with its scale
 // (the second read mostly hits cache).
 template <typename T, bool kWarpPerTile>
-__global__ void fp8_quantize_blocks_kernel(fp8* out, float* scale_inv, float* amax, Fp8Counts* counts, const T* in,
-                                           int rows, int cols, int block_rows, int block_cols,
+__global__ void fp8_quantize_blocks_kernel(Fp8BlockCodes dst, float* amax, Fp8Counts* counts, const T* in, int rows,
+                                           int cols, int block_rows, int block_cols,
                                            __nv_fp8_interpretation_t format) {
   PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords (its first 32 also serve block_reduce)
   constexpr int V = Packed128<T>::size;
@@ -278,10 +297,53 @@ __global__ void fp8_quantize_blocks_kernel(fp8* out, float* scale_inv, float* am
         const int count = width - i < V ? width - i : V;
         Fp8Vec<V> codes{};
         for (int k = 0; k < count; ++k) codes.v[k] = tally.cast(x[k], scale, format);
-        store_codes(out + row + i, codes, count);
+        if (dst.codes) store_codes(dst.codes + row + i, codes, count);
+        if (dst.codes_t)  // byte by byte down a transposed column: the weight's, cast once per step
+          for (int k = 0; k < count; ++k) dst.codes_t[static_cast<size_t>(c0 + i + k) * rows + r] = codes.v[k];
       }
     }
-    if (lane == 0 && row_offset == 0) scale_inv[t] = 1.0f / scale;
+    if (lane == 0 && row_offset == 0) {
+      const int i = t / tile_cols, j = t % tile_cols;
+      if (dst.scale_inv) dst.scale_inv[i * dst.layout.row_stride + j * dst.layout.col_stride] = 1.0f / scale;
+      if (dst.scale_inv_t) dst.scale_inv_t[i * dst.layout_t.row_stride + j * dst.layout_t.col_stride] = 1.0f / scale;
+    }
+  }
+  tally.commit(scratch, amax, counts);
+}
+
+// Column tiles (block_rows x 1) written transposed: the operands of the weight-gradient GEMM,
+// which contracts over tokens (cuBLASLt reads them as (cols, rows) with 1 x block_rows tiles).
+// A warp takes 32 columns of one block row: lane j reads column c0 + j down the block's rows
+// (a warp's reads are 32 neighbouring elements of a row), takes the column's amax, then casts
+// it, parking 16 codes at a time for one 16-byte store along its transposed row.
+template <typename T>
+__global__ void fp8_quantize_columns_transposed_kernel(fp8* out_t, float* scale_inv, BlockScaleLayout layout,
+                                                       float* amax, Fp8Counts* counts, const T* in, int rows,
+                                                       int cols, int block_rows, __nv_fp8_interpretation_t format) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords
+  constexpr int kRun = 16;                   // codes per store
+  const int lane = threadIdx.x % kWarpSize;
+  const int warps = blockDim.x / kWarpSize;
+  const int strips_per_row = ceil_div(cols, kWarpSize);
+  const int strips = ceil_div(rows, block_rows) * strips_per_row;
+  const float max_value = fp8_max(format);
+  Fp8Tally tally;
+  for (int strip = static_cast<int>(blockIdx.x) * warps + static_cast<int>(threadIdx.x) / kWarpSize; strip < strips;
+       strip += static_cast<int>(gridDim.x) * warps) {
+    const int i = strip / strips_per_row, r0 = i * block_rows;
+    const int c = (strip % strips_per_row) * kWarpSize + lane;
+    if (c >= cols) continue;  // no barrier below: lanes may leave
+    const int r1 = rows - r0 < block_rows ? rows : r0 + block_rows;
+    float m = 0.0f;  // fmaxf skips NaN, as the CPU's std::max(amax, |x|) does
+    for (int r = r0; r < r1; ++r) m = fmaxf(m, fabsf(to_float(in[static_cast<size_t>(r) * cols + c])));
+    const float scale = fp8_current_scale(m, max_value);
+    for (int r = r0; r < r1; r += kRun) {
+      const int count = r1 - r < kRun ? r1 - r : kRun;
+      Fp8Vec<kRun> codes{};
+      for (int k = 0; k < count; ++k) codes.v[k] = tally.cast(to_float(in[static_cast<size_t>(r + k) * cols + c]), scale, format);
+      store_codes(out_t + static_cast<size_t>(c) * rows + r, codes, count);
+    }
+    scale_inv[i * layout.row_stride + c * layout.col_stride] = 1.0f / scale;
   }
   tally.commit(scratch, amax, counts);
 }
@@ -357,27 +419,50 @@ inline void current_scale_from_amax(float* scale, float* scale_inv, const float*
 }
 
 // Block scaling of `in` (rows, cols): each block_rows x block_cols block (1 x 128 tiles,
-// 128 x 128 blocks; ragged at the edges) gets scale = ptrain::current_scale(amax of the block),
-// out = its codes of x * scale, and scale_inv[block] = 1 / scale, with scale_inv
-// (ceil(rows / block_rows), ceil(cols / block_cols)) row-major. *amax and *counts accumulate
-// over the whole tensor as in fp8_cast.
+// 128 x 128 blocks, 128 x 1 tiles; ragged at the edges) gets scale = ptrain::current_scale(amax
+// of the block), its codes of x * scale, and 1 / scale as its factor, written where `dst` says.
+// Column tiles (block_cols 1) with only a transposed output take a kernel of their own. *amax
+// and *counts accumulate over the whole tensor as in fp8_cast.
+template <typename T>
+void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* counts, const T* in, int rows, int cols,
+                         int block_rows, int block_cols, __nv_fp8_interpretation_t format, cudaStream_t stream,
+                         int max_blocks = kFp8MaxBlocks) {
+  if (block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_quantize_blocks: block shape must be positive");
+  if ((!dst.codes && !dst.codes_t) || (!dst.scale_inv && !dst.scale_inv_t) || (dst.codes_t && !dst.scale_inv_t))
+    throw std::invalid_argument("fp8_quantize_blocks_into: each output needs its codes and its factors");
+  if (rows <= 0 || cols <= 0) return;
+  const size_t shared = kFp8TallyWords * sizeof(unsigned);
+  if (block_cols == 1 && !dst.codes) {
+    const size_t strips = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, kWarpSize));
+    PTRAIN_LAUNCH(fp8_quantize_columns_transposed_kernel<T>, fp8_grid(strips, kFp8Threads / kWarpSize, max_blocks),
+                  kFp8Threads, shared, stream, dst.codes_t, dst.scale_inv_t, dst.layout_t, amax, counts, in, rows,
+                  cols, block_rows, format);
+    return;
+  }
+  if (!dst.scale_inv) throw std::invalid_argument("fp8_quantize_blocks_into: the codes need their factors");
+  const size_t tiles = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, block_cols));
+  if (block_rows == 1) {
+    auto kernel = fp8_quantize_blocks_kernel<T, true>;
+    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, kFp8Threads / kWarpSize, max_blocks), kFp8Threads, shared, stream, dst, amax,
+                  counts, in, rows, cols, block_rows, block_cols, format);
+  } else {
+    auto kernel = fp8_quantize_blocks_kernel<T, false>;
+    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, dst, amax, counts, in, rows,
+                  cols, block_rows, block_cols, format);
+  }
+}
+
+// The row-major form: codes (rows, cols) and scale_inv (ceil(rows / block_rows),
+// ceil(cols / block_cols)) row-major (what fp8_dequantize_blocks reads).
 template <typename T>
 void fp8_quantize_blocks(fp8* out, float* scale_inv, float* amax, Fp8Counts* counts, const T* in, int rows, int cols,
                          int block_rows, int block_cols, __nv_fp8_interpretation_t format, cudaStream_t stream,
                          int max_blocks = kFp8MaxBlocks) {
-  if (block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_quantize_blocks: block shape must be positive");
-  if (rows <= 0 || cols <= 0) return;
-  const size_t tiles = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, block_cols));
-  const size_t shared = kFp8TallyWords * sizeof(unsigned);
-  if (block_rows == 1) {
-    auto kernel = fp8_quantize_blocks_kernel<T, true>;
-    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, kFp8Threads / kWarpSize, max_blocks), kFp8Threads, shared, stream, out,
-                  scale_inv, amax, counts, in, rows, cols, block_rows, block_cols, format);
-  } else {
-    auto kernel = fp8_quantize_blocks_kernel<T, false>;
-    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, out, scale_inv, amax, counts, in,
-                  rows, cols, block_rows, block_cols, format);
-  }
+  Fp8BlockCodes dst;
+  dst.codes = out;
+  dst.scale_inv = scale_inv;
+  dst.layout = BlockScaleLayout{block_cols >= 1 ? ceil_div(cols, block_cols) : 0, 1};
+  fp8_quantize_blocks_into(dst, amax, counts, in, rows, cols, block_rows, block_cols, format, stream, max_blocks);
 }
 
 // Delayed scaling, all tensors in one launch: for each tensor t, DelayedScaling::end_step on row

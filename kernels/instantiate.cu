@@ -46,6 +46,7 @@ void instantiate_launchers_for() {
   (void)&fp8_cast<T>;
   (void)&amax<T>;
   (void)&fp8_quantize_blocks<T>;
+  (void)&fp8_quantize_blocks_into<T>;
   (void)&fp8_dequantize<T>;
   (void)&fp8_dequantize_blocks<T>;
   (void)&double_sum<T>;

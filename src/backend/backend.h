@@ -58,15 +58,24 @@ struct AdamWParams {
 };
 
 // Native FP8 GEMMs of one linear layer (a GPU with FP8 tensor cores): the backend casts each
-// operand to FP8 codes with one scale and keeps what the GEMMs read (the codes, their transpose,
-// 1/scale); the three GEMMs then read the codes directly, with FP32 accumulation. The CPU has
-// none: it emulates with fp8_cast (dequantised values) and matmul.
+// operand to FP8 codes and keeps what the GEMMs read (the codes, their transpose, the
+// dequantisation factors); the three GEMMs then read the codes directly, with FP32
+// accumulation. The CPU has none: it emulates with fp8_cast (dequantised values) and matmul.
 class Fp8Gemms {
  public:
   enum Operand { kInput, kWeight, kGrad };  // (rows, C), (OC, C), (rows, OC)
+  // How the factors are given: one per tensor (delayed and current recipes), or one per 1x128
+  // tile / 128x128 block (the block recipe: Hopper's block-scaled GEMMs).
+  enum class Scaling { tensor, blocks };
   virtual ~Fp8Gemms() = default;
   // Casts `in` (the operand's shape) to `format` with `scale`; returns what the cast did.
+  // Scaling::tensor only.
   virtual Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) = 0;
+  // Scaling::blocks only: casts `in` in blocks of block_rows x block_cols, each with scale
+  // fp8_max / amax(block), as Backend::fp8_cast_blocks does. The layer's tilings: 128x128 for the
+  // weight; 1x128 for input and grad (forward and dgrad GEMMs); 128x1 for input and grad again
+  // (the wgrad GEMM, which contracts over tokens).
+  virtual Fp8CastStats cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols) = 0;
   // out(rows, OC) = input weight^T + bias (bias may be empty).
   virtual void forward(Tensor out, Tensor bias) = 0;
   // dinp(rows, C) += grad weight; dweight(OC, C) += grad^T input. Either may be empty.
@@ -137,6 +146,26 @@ class Backend {
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;
   virtual void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) = 0;
 
+  // The MLP's GELU together with the GEMM beside it. A GPU backend folds the GELU into the
+  // GEMM's epilogue (one pass less over the (N, 4C) activations each way); these defaults run
+  // the separate ops, so a backend without such GEMMs computes exactly what they do.
+  //   forward:  pre = inp weight^T + bias, out = gelu(pre).
+  virtual void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias) {
+    matmul_forward(pre, inp, weight, bias);
+    gelu_forward(out, pre);
+  }
+  //   backward of y = gelu(pre) weight^T + bias, where inp = gelu(pre): dpre = gelu'(pre) *
+  //   (dout weight) (written, not added), dweight += dout^T inp, dbias += column sums of dout.
+  //   `dgelu` (pre's shape) is scratch for the gradient at the GELU's output; a fusing backend
+  //   leaves it alone.
+  virtual void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                                    Tensor pre, Tensor dgelu) {
+    zero(dgelu);
+    matmul_backward(dgelu, dweight, dbias, dout, inp, weight);
+    zero(dpre);
+    gelu_backward(dpre, pre, dgelu);
+  }
+
   // out = a + b, elementwise.
   virtual void add(Tensor out, Tensor a, Tensor b) = 0;
 
@@ -163,10 +192,11 @@ class Backend {
                                        int block_cols) = 0;
 
   // The native FP8 GEMMs of a linear layer from C to OC features over `rows` tokens, with
-  // per-tensor scales; null, with the reason in *why, on a backend that emulates FP8 or for a
-  // shape its FP8 GEMMs cannot take.
-  virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, std::string* why) {
-    (void)rows, (void)C, (void)OC;
+  // `scaling`; null, with the reason in *why, on a backend that emulates FP8 or for a shape (or
+  // scaling) its FP8 GEMMs cannot take.
+  virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
+                                                   std::string* why) {
+    (void)rows, (void)C, (void)OC, (void)scaling;
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }

@@ -126,6 +126,8 @@ Schema make_schema(Config& c) {
            Empty::kNull),
       choice("model.attention", &m.attention, {"auto", "cudnn", "fallback"},
              "attention implementation on GPU"),
+      flag("model.fused_gelu", &m.fused_gelu,
+           "GPU: GELU in the epilogues of the GEMMs beside it (the CPU computes the same ops apart)"),
       number("model.init_std", &m.init_std, above(0),
              "std of the initial weights (residual projections: / sqrt(2 n_layer))"),
 

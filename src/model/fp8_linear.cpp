@@ -17,15 +17,18 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)) {
-  if (policy.recipe == Fp8Recipe::block)
-    why_emulated_ = "the block recipe's scale layouts for cuBLASLt are not yet confirmed on a GPU";
+  const bool blocks = policy.recipe == Fp8Recipe::block;
+  if (blocks && policy.block != kNativeBlock)
+    why_emulated_ = "block size " + std::to_string(policy.block) + ": block-scaled GEMMs take " +
+                    std::to_string(kNativeBlock) + " only";
   else
-    gemms_ = backend.make_fp8_gemms(rows, C, OC, &why_emulated_);
+    gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
+                                    &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});
   allocate_like(grad_q_, {rows, OC});
-  if (policy.recipe == Fp8Recipe::block) {
+  if (blocks) {
     allocate_like(input_qt_, {rows, C});
     allocate_like(grad_qt_, {rows, OC});
   }
@@ -69,7 +72,8 @@ void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor ou
       break;
     case Fp8Recipe::block:
       state.scale = NAN;  // one scale per block: no single scale to report
-      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
+      s = gemms_ ? gemms_->cast_blocks(operand, in, state.format, block_rows, block_cols)
+                 : backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
       break;
   }
   if (!training) return;
@@ -87,20 +91,22 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
   cast(input_, Fp8Gemms::kInput, input_q_, inp, 1, block, training);
+  // The block recipe's wgrad contracts over tokens: 128x1 tiles, kept for the backward pass.
+  if (training && policy_.recipe == Fp8Recipe::block) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
   if (gemms_) return gemms_->forward(out, bias);
-  if (training && !input_qt_.empty()) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {
   const int block = policy_.block;
   cast(grad_, Fp8Gemms::kGrad, grad_q_, dout, 1, block, /*training=*/true);
+  const bool blocks = policy_.recipe == Fp8Recipe::block;
+  if (blocks) cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);
   if (gemms_) {
     gemms_->backward(dinp, dweight);
-  } else if (grad_qt_.empty()) {
+  } else if (!blocks) {
     backend_.matmul_backward(dinp, dweight, Tensor(), grad_q_, input_q_, weight_q_);
   } else {
-    cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);
     backend_.matmul_backward(dinp, Tensor(), Tensor(), grad_q_, input_q_, weight_q_);
     backend_.matmul_backward(Tensor(), dweight, Tensor(), grad_qt_, input_qt_, weight_q_);
   }

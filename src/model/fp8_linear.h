@@ -6,9 +6,10 @@
 // unquantised output gradient. Block scaling tiles along each GEMM's contraction dimension, as
 // Hopper's block-scaled GEMMs need: 1x128 tiles of input and gradient for fprop and dgrad,
 // 128x1 tiles of both for wgrad (which contracts over tokens), 128x128 blocks of the weight.
-// On a backend with native FP8 GEMMs (Backend::make_fp8_gemms) the per-tensor recipes cast to
-// FP8 codes that the GEMMs read directly; elsewhere, and for the block recipe, the casts produce
-// dequantised values and the backend's ordinary GEMMs multiply them (the CPU's emulation).
+// On a backend with native FP8 GEMMs (Backend::make_fp8_gemms) the casts produce FP8 codes that
+// the GEMMs read directly (per-tensor scale pointers, or Hopper's block-scaled modes for the
+// block recipe with 128-element blocks); elsewhere the casts produce dequantised values and the
+// backend's ordinary GEMMs multiply them (the CPU's emulation).
 #pragma once
 
 #include <memory>
@@ -56,6 +57,8 @@ class Fp8Linear {
 
   // Bytes of the cast copies one such layer allocates.
   static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC);
+  // The only block size block-scaled GEMMs take (cuBLASLt's VEC128 / BLK128x128 modes).
+  static constexpr int kNativeBlock = 128;
 
  private:
   void cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows, int block_cols,

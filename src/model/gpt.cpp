@@ -135,14 +135,15 @@ int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, i
 }
 
 Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
-         AttentionPath attention)
+         AttentionPath attention, bool fused_gelu)
     : shape_(shape),
       backend_(backend),
       dtype_(dtype),
       B_(B),
       T_(T),
       specs_(gpt_param_specs(shape)),
-      attention_(attention) {
+      attention_(attention),
+      fused_gelu_(fused_gelu) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
@@ -330,8 +331,12 @@ void Gpt::forward_logits(const int32_t* inputs, bool training) {
     linear_forward(fp8_linear(l, kAttproj), a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], training);
     be.add(a_.residual2[l], residual_in(l), a_.attproj[l]);
     be.layernorm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.residual2[l], params_[kLn2w][l], params_[kLn2b][l]);
-    linear_forward(fp8_linear(l, kFc), a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l], training);
-    be.gelu_forward(a_.fch_gelu[l], a_.fch[l]);
+    if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
+      linear_forward(fc, a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l], training);
+      be.gelu_forward(a_.fch_gelu[l], a_.fch[l]);
+    } else {
+      be.matmul_gelu_forward(a_.fch_gelu[l], a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l]);
+    }
     linear_forward(fp8_linear(l, kFcproj), a_.fcproj[l], a_.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l], training);
     be.add(a_.residual3[l], a_.residual2[l], a_.fcproj[l]);
   }
@@ -383,11 +388,16 @@ void Gpt::backward(const std::function<void(int block)>& grads_done) {
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange range(block_names_[l].c_str());
     // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
-    be.zero(a_.dfch_gelu);
-    linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l],
-                    p[kFcprojw][l]);
-    be.zero(a_.dfch);
-    be.gelu_backward(a_.dfch, a_.fch[l], a_.dfch_gelu);
+    if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
+      be.zero(a_.dfch_gelu);
+      linear_backward(fcproj, a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l],
+                      p[kFcprojw][l]);
+      be.zero(a_.dfch);
+      be.gelu_backward(a_.dfch, a_.fch[l], a_.dfch_gelu);
+    } else {
+      be.matmul_gelu_backward(a_.dfch, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l], p[kFcprojw][l],
+                              a_.fch[l], a_.dfch_gelu);
+    }
     be.zero(a_.dln);
     linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[l], p[kFcw][l]);
     be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[l], p[kLn2w][l], a_.ln2_mean[l], a_.ln2_rstd[l]);

@@ -80,9 +80,12 @@ class Gpt {
  public:
   // Allocates parameters, gradients and activations for micro-batch B x T on the backend, in
   // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format);
-  // `attention` is the path Backend::choose_attention picked (it decides what attention saves).
+  // `attention` is the path Backend::choose_attention picked (it decides what attention saves);
+  // `fused_gelu` (model.fused_gelu) lets the backend fold the MLP's GELU into the GEMMs beside
+  // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8.
   Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T,
-      const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback);
+      const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
+      bool fused_gelu = true);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -162,6 +165,7 @@ class Gpt {
   std::array<Tensor, kNumParams> accum_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
+  bool fused_gelu_;
   bool has_master_ = false;
   GptActivations a_;
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names

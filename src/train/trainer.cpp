@@ -156,7 +156,7 @@ class Trainer {
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
-        model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path),
+        model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path, config.model.fused_gelu),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
                                config.optimizer.weight_decay, config.training.grad_clip},

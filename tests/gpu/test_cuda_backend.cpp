@@ -8,6 +8,7 @@
 // leaves unwritten fails. Skipped without a CUDA device (tests/gpu/main.cpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -558,6 +559,54 @@ TEST_CASE("gpu: gelu_forward gelu_backward and add match the CPU backend", "[gpu
     }
 }
 
+// The MLP's GELU in the GEMM epilogues against the CPU's separate ops. Each value is rounded
+// once instead of twice, and cuBLASLt evaluates its own tanh, hence the looser fp32 tolerance.
+// On the GPT-2 shape the fused path must run: the scratch it never touches stays NaN.
+TEST_CASE("gpu: matmul_gelu_forward and matmul_gelu_backward match the CPU's separate ops", "[gpu]") {
+  struct Mlp {
+    int N, C, H;  // tokens, width, hidden width (fc: C -> H, fc proj: H -> C)
+    bool fused;   // aux leading dimensions multiples of 8: cuBLASLt takes the epilogue
+  };
+  const Mlp kShapes[] = {{7, 19, 111, false}, {kB * kT, kC, 4 * kC, true}};
+  for (const Format f : kFormats)
+    for (const Mlp& s : kShapes)
+      for (const bool with_bias : {false, true}) {
+        INFO(format_name(f) << " N=" << s.N << " C=" << s.C << " H=" << s.H << (with_bias ? " bias" : " no bias"));
+        const double tol = f == Format::fp32 ? 1e-4 : tolerance(f);
+        const size_t nc = size_t(s.N) * s.C, nh = size_t(s.N) * s.H, hc = size_t(s.H) * s.C;
+        Twin inp({s.N, s.C}, f, on_grid(nc, 71, 1.0f, f)), fc_w({s.H, s.C}, f, on_grid(hc, 72, 0.1f, f));
+        Twin fc_b({s.H}, f, on_grid(size_t(s.H), 73, 1.0f, f));
+        Twin pre({s.N, s.H}, f, zeros(nh)), out({s.N, s.H}, f, zeros(nh));
+        pre.poison_device();
+        out.poison_device();
+        const Tensor cpu_bias = with_bias ? fc_b.cpu_view() : Tensor(), gpu_bias = with_bias ? fc_b.device_view() : Tensor();
+        cpu().matmul_gelu_forward(out.cpu_view(), pre.cpu_view(), inp.cpu_view(), fc_w.cpu_view(), cpu_bias);
+        gpu().matmul_gelu_forward(out.device_view(), pre.device_view(), inp.device_view(), fc_w.device_view(), gpu_bias);
+        expect_close("matmul_gelu_forward pre", pre, gemm_tolerance(f));
+        expect_close("matmul_gelu_forward out", out, tol);
+
+        // fc proj (C, H) after the GELU: dpre is written, dweight and dbias add.
+        Twin dout({s.N, s.C}, f, on_grid(nc, 74, 1.0f, f)), proj_w({s.C, s.H}, f, on_grid(hc, 75, 0.1f, f));
+        Twin dpre({s.N, s.H}, f, zeros(nh)), dgelu({s.N, s.H}, f, zeros(nh));
+        Twin dweight({s.C, s.H}, f, on_grid(hc, 76, 0.5f, f)), dbias({s.C}, f, on_grid(size_t(s.C), 77, 0.5f, f));
+        out.to_device();  // the CPU's GELU output and pre-activation on both sides
+        pre.to_device();
+        dpre.poison_device();
+        dgelu.poison_device();
+        cpu().matmul_gelu_backward(dpre.cpu_view(), dweight.cpu_view(), dbias.cpu_view(), dout.cpu_view(), out.cpu_view(),
+                                   proj_w.cpu_view(), pre.cpu_view(), dgelu.cpu_view());
+        gpu().matmul_gelu_backward(dpre.device_view(), dweight.device_view(), dbias.device_view(), dout.device_view(),
+                                   out.device_view(), proj_w.device_view(), pre.device_view(), dgelu.device_view());
+        expect_close("matmul_gelu_backward dpre", dpre, tol);
+        expect_close("matmul_gelu_backward dweight", dweight, gemm_tolerance(f));
+        expect_close("matmul_gelu_backward dbias", dbias, tolerance(f));
+        if (s.fused) {
+          const std::vector<float> scratch = dgelu.from_device();
+          CHECK(std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isnan(x); }));
+        }
+      }
+}
+
 // Operands of another dtype than the op computes in are converted first; outputs stored wider
 // than their format are rounded to it, bit for bit as the CPU rounds.
 TEST_CASE("gpu: ops stage operands of other dtypes and round outputs stored wider than their format", "[gpu]") {
@@ -702,61 +751,91 @@ TEST_CASE("gpu: fp8_cast_blocks equals the CPU emulation bit for bit", "[gpu]") 
         }
 }
 
-// Native FP8 GEMMs (cuBLASLt reading E4M3/E5M2 codes with scale pointers) against the CPU's
-// emulation of the same casts: dequantised values through an FP32-accumulating GEMM. The casts
-// agree bit for bit; the GEMMs differ only in summation order (and the forward's fast
-// accumulation), so the outputs agree to bf16's tolerance.
+// Native FP8 GEMMs (Backend::make_fp8_gemms) against the CPU's FP8 emulation of the same
+// casts: dequantised values through an FP32-accumulating GEMM. The casts agree bit for bit (amax
+// and counts); the GEMMs differ only in summation order (and the per-tensor forward's fast
+// accumulation), so the outputs agree to bf16's tolerance. Per-tensor scales take the
+// delayed/current recipes' path; block scales the block recipe's (1x128 input and grad tiles,
+// 128x128 weight blocks, 128x1 tiles for wgrad), which needs every dimension a multiple of 128.
 TEST_CASE("gpu: native FP8 GEMMs match the CPU's FP8 emulation", "[gpu]") {
   struct LinearShape {
     int rows, C, OC;
   };
   const LinearShape shapes[] = {{64, 128, 512}, {kB * kT, kC, 3 * kC}, {kB * kT, 4 * kC, kC}, {256, 1024, 1024}};
   const Format f = Format::bf16;
-  for (const Format grad_format : {Format::e5m2, Format::e4m3})
-    for (const LinearShape& s : shapes) {
-      INFO("rows " << s.rows << " C " << s.C << " OC " << s.OC << ", grads " << format_name(grad_format));
-      std::string why;
-      const std::unique_ptr<Fp8Gemms> gemms = gpu().make_fp8_gemms(s.rows, s.C, s.OC, &why);
-      INFO(why);
-      REQUIRE(gemms);
-      const size_t n_in = size_t(s.rows) * s.C, n_w = size_t(s.OC) * s.C, n_out = size_t(s.rows) * s.OC;
-      Twin inp({s.rows, s.C}, f, on_grid(n_in, 131, 3.0f, f)), weight({s.OC, s.C}, f, on_grid(n_w, 132, 0.05f, f));
-      Twin bias({s.OC}, f, on_grid(size_t(s.OC), 133, 0.5f, f)), dout({s.rows, s.OC}, f, on_grid(n_out, 134, 1e-3f, f));
-      Twin out({s.rows, s.OC}, f, zeros(n_out));
-      Twin dinp({s.rows, s.C}, f, on_grid(n_in, 135, 0.01f, f)), dweight({s.OC, s.C}, f, on_grid(n_w, 136, 0.01f, f));
-      out.poison_device();
-      // The CPU: dequantised copies, then its GEMMs.
-      std::vector<float> inp_q(n_in), weight_q(n_w), dout_q(n_out);
-      const auto q_view = [](std::vector<float>& v, int64_t r, int64_t c, Format f8) {
-        Tensor t(v.data(), DType::f32, {r, c});
-        t.format = f8;
-        return t;
-      };
-      struct Cast {
-        Fp8Gemms::Operand operand;
-        Twin* in;
-        std::vector<float>* q;
-        int64_t rows, cols;
-        Format format;
-      };
-      for (const Cast& c : {Cast{Fp8Gemms::kInput, &inp, &inp_q, s.rows, s.C, Format::e4m3},
-                            Cast{Fp8Gemms::kWeight, &weight, &weight_q, s.OC, s.C, Format::e4m3},
-                            Cast{Fp8Gemms::kGrad, &dout, &dout_q, s.rows, s.OC, grad_format}}) {
-        const float scale = current_scale(cpu().amax(c.in->cpu_view()), format_max(c.format));
-        const Fp8CastStats want = cpu().fp8_cast(q_view(*c.q, c.rows, c.cols, c.format), c.in->cpu_view(), c.format, scale);
-        const Fp8CastStats got = gemms->cast(c.operand, c.in->device_view(), c.format, scale);
-        expect_same_stats(got, want);
+  using Scaling = Fp8Gemms::Scaling;
+  for (const Scaling scaling : {Scaling::tensor, Scaling::blocks})
+    for (const Format grad_format : {Format::e5m2, Format::e4m3})
+      for (const LinearShape& s : shapes) {
+        const bool blocks = scaling == Scaling::blocks;
+        INFO((blocks ? "block" : "per-tensor") << " scaling, rows " << s.rows << " C " << s.C << " OC " << s.OC
+                                               << ", grads " << format_name(grad_format));
+        std::string why;
+        const std::unique_ptr<Fp8Gemms> gemms = gpu().make_fp8_gemms(s.rows, s.C, s.OC, scaling, &why);
+        INFO(why);
+        if (blocks && s.rows % 128 != 0) {  // refused, saying why
+          CHECK_FALSE(gemms);
+          CHECK_THAT(why, Catch::Contains("multiples of 128"));
+          continue;
+        }
+        REQUIRE(gemms);
+        const size_t n_in = size_t(s.rows) * s.C, n_w = size_t(s.OC) * s.C, n_out = size_t(s.rows) * s.OC;
+        Twin inp({s.rows, s.C}, f, on_grid(n_in, 131, 3.0f, f)), weight({s.OC, s.C}, f, on_grid(n_w, 132, 0.05f, f));
+        Twin bias({s.OC}, f, on_grid(size_t(s.OC), 133, 0.5f, f)), dout({s.rows, s.OC}, f, on_grid(n_out, 134, 1e-3f, f));
+        Twin out({s.rows, s.OC}, f, zeros(n_out));
+        Twin dinp({s.rows, s.C}, f, on_grid(n_in, 135, 0.01f, f)), dweight({s.OC, s.C}, f, on_grid(n_w, 136, 0.01f, f));
+        out.poison_device();
+        // The CPU: dequantised copies, then its GEMMs. Block scaling casts input and grad twice.
+        std::vector<float> inp_q(n_in), weight_q(n_w), dout_q(n_out), inp_qt(n_in), dout_qt(n_out);
+        const auto q_view = [](std::vector<float>& v, int64_t r, int64_t c, Format f8) {
+          Tensor t(v.data(), DType::f32, {r, c});
+          t.format = f8;
+          return t;
+        };
+        struct Cast {
+          Fp8Gemms::Operand operand;
+          Twin* in;
+          std::vector<float>* q;
+          int64_t rows, cols;
+          Format format;
+          int block_rows, block_cols;
+        };
+        std::vector<Cast> casts = {Cast{Fp8Gemms::kInput, &inp, &inp_q, s.rows, s.C, Format::e4m3, 1, 128},
+                                   Cast{Fp8Gemms::kWeight, &weight, &weight_q, s.OC, s.C, Format::e4m3, 128, 128},
+                                   Cast{Fp8Gemms::kGrad, &dout, &dout_q, s.rows, s.OC, grad_format, 1, 128}};
+        if (blocks) {
+          casts.push_back(Cast{Fp8Gemms::kInput, &inp, &inp_qt, s.rows, s.C, Format::e4m3, 128, 1});
+          casts.push_back(Cast{Fp8Gemms::kGrad, &dout, &dout_qt, s.rows, s.OC, grad_format, 128, 1});
+        }
+        for (const Cast& c : casts) {
+          INFO("cast of operand " << c.operand << " in " << c.block_rows << "x" << c.block_cols << " blocks");
+          const Tensor q = q_view(*c.q, c.rows, c.cols, c.format);
+          if (blocks) {
+            const Fp8CastStats want = cpu().fp8_cast_blocks(q, c.in->cpu_view(), c.format, c.block_rows, c.block_cols);
+            const Fp8CastStats got =
+                gemms->cast_blocks(c.operand, c.in->device_view(), c.format, c.block_rows, c.block_cols);
+            expect_same_stats(got, want);
+          } else {
+            const float scale = current_scale(cpu().amax(c.in->cpu_view()), format_max(c.format));
+            const Fp8CastStats want = cpu().fp8_cast(q, c.in->cpu_view(), c.format, scale);
+            const Fp8CastStats got = gemms->cast(c.operand, c.in->device_view(), c.format, scale);
+            expect_same_stats(got, want);
+          }
+        }
+        const Tensor in_q = q_view(inp_q, s.rows, s.C, Format::e4m3), w_q = q_view(weight_q, s.OC, s.C, Format::e4m3);
+        const Tensor g_q = q_view(dout_q, s.rows, s.OC, grad_format);
+        cpu().matmul_forward(out.cpu_view(), in_q, w_q, bias.cpu_view());
+        cpu().matmul_backward(dinp.cpu_view(), Tensor(), Tensor(), g_q, in_q, w_q);
+        cpu().matmul_backward(Tensor(), dweight.cpu_view(), Tensor(),
+                              blocks ? q_view(dout_qt, s.rows, s.OC, grad_format) : g_q,
+                              blocks ? q_view(inp_qt, s.rows, s.C, Format::e4m3) : in_q, w_q);
+        gemms->forward(out.device_view(), bias.device_view());
+        gemms->backward(dinp.device_view(), dweight.device_view());
+        // Per-tensor forward: fast accumulation, TransformerEngine's forward setting.
+        expect_close("fp8 forward", out, blocks ? tolerance(f) : 2e-2);
+        expect_close("fp8 dgrad", dinp, tolerance(f));
+        expect_close("fp8 wgrad", dweight, tolerance(f));
       }
-      cpu().matmul_forward(out.cpu_view(), q_view(inp_q, s.rows, s.C, Format::e4m3),
-                           q_view(weight_q, s.OC, s.C, Format::e4m3), bias.cpu_view());
-      cpu().matmul_backward(dinp.cpu_view(), dweight.cpu_view(), Tensor(), q_view(dout_q, s.rows, s.OC, grad_format),
-                            q_view(inp_q, s.rows, s.C, Format::e4m3), q_view(weight_q, s.OC, s.C, Format::e4m3));
-      gemms->forward(out.device_view(), bias.device_view());
-      gemms->backward(dinp.device_view(), dweight.device_view());
-      expect_close("fp8 forward", out, 2e-2);  // fast accumulation: TransformerEngine's forward setting
-      expect_close("fp8 dgrad", dinp, tolerance(f));
-      expect_close("fp8 wgrad", dweight, tolerance(f));
-    }
 }
 
 // ---------------------------------------------------------------------------- optimizer

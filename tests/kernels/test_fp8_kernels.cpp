@@ -243,6 +243,84 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
       }
 }
 
+// The layouts the native block-scaled GEMMs read: codes transposed, and the factors scattered
+// by a BlockScaleLayout (here column-major with padding, so a wrong stride lands elsewhere).
+// Column tiles with only a transposed output run their own kernel. Factors the layout leaves
+// out stay poisoned; codes, factors, amax and counts equal the row-major cast's.
+TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors in the GEMMs' layouts",
+                   "[kernels][fp8]", float, bf16, fp16) {
+  constexpr Format storage = format_of<TestType>();
+  constexpr Format f = Format::e4m3;
+  const std::vector<Shape> shapes{{1, 1}, {7, 19}, {129, 257}, {256, 384}};
+  struct Case {
+    Shape block;
+    bool codes, transposed;
+  };
+  const Case cases[] = {{{1, 128}, true, false}, {{128, 128}, true, true}, {{128, 1}, false, true}, {{128, 1}, true, true}};
+  for (const Case& k : cases)
+    for (const Shape s : shapes) {
+      const size_t n = static_cast<size_t>(s.rows) * s.cols;
+      std::vector<float> x = block_input(s, k.block.rows, k.block.cols, storage, /*with_nan=*/s.rows == 7);
+      const BlockReference ref = block_reference(x, s.rows, s.cols, k.block.rows, k.block.cols, f);
+      const int tile_rows = (s.rows + k.block.rows - 1) / k.block.rows, tile_cols = ref.tile_cols;
+      const kernels::BlockScaleLayout layout{1, tile_rows + 1}, layout_t{1, tile_rows + 3};
+      const size_t factors = static_cast<size_t>(tile_rows + 3) * tile_cols;
+      std::vector<float> stats_out(n);
+      CpuReference cpu;
+      const Fp8CastStats stats = cpu->fp8_cast_blocks(cpu.view(stats_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}),
+                                                      f, k.block.rows, k.block.cols);
+      const auto d_x = to_storage<TestType>(x);
+      for (const auto& order : thread_orders()) {
+        simt::ScopedOptions use(order);
+        for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
+          INFO("blocks " << k.block.rows << "x" << k.block.cols << " codes " << k.codes << " transposed " << k.transposed
+                         << " rows=" << s.rows << " cols=" << s.cols << " max_blocks=" << max_blocks << " order "
+                         << order.name());
+          auto codes = poisoned<fp8>(n), codes_t = poisoned<fp8>(n);
+          auto scale_inv = poisoned<float>(factors), scale_inv_t = poisoned<float>(factors);
+          kernels::Fp8BlockCodes dst;
+          if (k.codes) {
+            dst.codes = codes.data();
+            dst.scale_inv = scale_inv.data();
+            dst.layout = layout;
+          }
+          if (k.transposed) {
+            dst.codes_t = codes_t.data();
+            dst.scale_inv_t = scale_inv_t.data();
+            dst.layout_t = layout_t;
+          }
+          float got_amax = 0.0f;
+          kernels::Fp8Counts counts{};
+          kernels::fp8_quantize_blocks_into(dst, &got_amax, &counts, d_x.data(), s.rows, s.cols, k.block.rows,
+                                            k.block.cols, fp8_interpretation(f), nullptr, max_blocks);
+          // The expected arrays: each block's factor at its place in the layout, the rest poisoned.
+          const auto expected_factors = [&](const kernels::BlockScaleLayout& l) {
+            std::vector<float> want = poisoned<float>(factors);
+            for (int i = 0; i < tile_rows; ++i)
+              for (int j = 0; j < tile_cols; ++j)
+                want[static_cast<size_t>(i) * l.row_stride + static_cast<size_t>(j) * l.col_stride] =
+                    ref.scale_inv[static_cast<size_t>(i) * tile_cols + j];
+            return want;
+          };
+          if (k.codes) {
+            expect_identical("codes", codes, ref.codes);
+            expect_identical("factors", scale_inv, expected_factors(layout));
+          }
+          if (k.transposed) {
+            std::vector<fp8> want_t(n);
+            for (int r = 0; r < s.rows; ++r)
+              for (int c = 0; c < s.cols; ++c)
+                want_t[static_cast<size_t>(c) * s.rows + r] = ref.codes[static_cast<size_t>(r) * s.cols + c];
+            expect_identical("transposed codes", codes_t, want_t);
+            expect_identical("transposed factors", scale_inv_t, expected_factors(layout_t));
+          }
+          expect_same_amax("amax", got_amax, stats.amax);
+          expect_same_counts(counts, stats);
+        }
+      }
+    }
+}
+
 // A history value: mostly ordinary amaxes over a wide range, sometimes 0, NaN, inf or a
 // subnormal (whose scale would overflow to inf and becomes FLT_MAX).
 float random_amax(Rng& rng) {

@@ -635,6 +635,58 @@ class CudaBackend final : public Backend {
     st.finish();
   }
 
+  // GELU in the GEMM's epilogue (llm.c fuses both directions on Hopper): forward GELU_AUX_BIAS
+  // writes gelu(acc + bias) and keeps acc + bias as the aux matrix (pre); backward DGELU
+  // multiplies the dgrad GEMM's result by gelu'(pre). Each value is rounded once, from FP32,
+  // where the separate ops round the GEMM's output first: about an ulp apart in bf16. Operands
+  // the GEMM cannot take as they are (mixed dtypes, a rounding format, an aux leading dimension
+  // cuBLASLt refuses, a misaligned bias) take the separate ops.
+  void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias) override {
+    const char* op = "matmul_gelu_forward";
+    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
+    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t N = C > 0 ? inp.numel() / C : 0;
+    GemmSpec spec;
+    if (!gelu_epilogue_fits({&out, &pre, &inp, &weight}, bias) || N == 0 || last_dim(inp) != C ||
+        out.numel() != N * OC || pre.numel() != N * OC || (!bias.empty() && bias.numel() != OC) ||
+        !gelu_spec_valid(spec = linear_forward_gemm(N, C, OC, cuda_type(inp.dtype), cuda_type(inp.dtype),
+                                                    cuda_type(inp.dtype), compute_for(inp.dtype)),
+                         bias.empty() ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU_AUX_BIAS, OC))
+      return Backend::matmul_gelu_forward(out, pre, inp, weight, bias);
+    GemmArgs args;
+    args.a = weight.data;
+    args.b = inp.data;
+    args.d = out.data;
+    args.aux = pre.data;
+    args.bias = bias.empty() ? nullptr : bias.data;
+    if (!matmul_->can_run(spec, args)) return Backend::matmul_gelu_forward(out, pre, inp, weight, bias);
+    matmul_->run(spec, args, stream_);
+  }
+
+  void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
+                            Tensor pre, Tensor dgelu) override {
+    const char* op = "matmul_gelu_backward";
+    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
+    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t N = OC > 0 ? dout.numel() / OC : 0;
+    GemmSpec spec;
+    if (!gelu_epilogue_fits({&dpre, &dout, &weight, &pre}, Tensor()) || N == 0 || last_dim(dout) != OC ||
+        dpre.numel() != N * C || pre.numel() != N * C ||
+        !gelu_spec_valid(spec = linear_dgrad_gemm(N, C, OC, cuda_type(dout.dtype), cuda_type(dout.dtype),
+                                                  cuda_type(dout.dtype), false, compute_for(dout.dtype)),
+                         CUBLASLT_EPILOGUE_DGELU, C))
+      return Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre, dgelu);
+    GemmArgs args;  // dpre(N,C) = gelu'(pre) * (dout(N,OC) W(OC,C)), written (beta 0)
+    args.a = weight.data;
+    args.b = dout.data;
+    args.d = dpre.data;
+    args.aux = pre.data;
+    if (!matmul_->can_run(spec, args))
+      return Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre, dgelu);
+    matmul_->run(spec, args, stream_);
+    matmul_backward(Tensor(), dweight, dbias, dout, inp, weight);
+  }
+
   // ------------------------------------------------------------------------ attention
 
   // The saved tensor's shape picks the path: (B,NH,T) FP32 log-sum-exps are the fused path's.
@@ -1046,18 +1098,26 @@ class CudaBackend final : public Backend {
 
   // One linear layer's FP8 operands in the arena: the codes of input (rows,C), weight (OC,C) and
   // grad (rows,OC), each with its transpose (cuBLASLt's FP8 GEMMs are TN only: dgrad reads W^T,
-  // wgrad reads input^T and grad^T; matmul.h), written by one cast-transpose pass, and each
-  // operand's dequantisation factor 1/scale in device memory for the scale pointers.
+  // wgrad reads input^T and grad^T; matmul.h), and their dequantisation factors in device
+  // memory for the scale pointers.
+  //  - Per-tensor scaling: one cast-transpose pass per operand; one factor 1/scale each.
+  //  - Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128 blocks (codes and
+  //    transpose share the blocks, each with its factors in its GEMM's layout); input and grad
+  //    twice, 1x128 tiles for the forward and dgrad GEMMs and 128x1 tiles, written transposed,
+  //    for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
   class CudaFp8Gemms final : public Fp8Gemms {
    public:
-    CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC) : be_(be), rows_(rows), C_(C), OC_(OC) {
+    CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling)
+        : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling) {
       const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
       try {
         for (int i = 0; i < 3; ++i) {
           codes_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
           transposed_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
+          for (const bool t : {false, true})
+            factors(static_cast<Operand>(i), t) = static_cast<float*>(
+                be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(static_cast<Operand>(i), t))));
         }
-        scale_inv_ = static_cast<float*>(be_.allocate(3 * sizeof(float)));
       } catch (...) {
         release();
         throw;
@@ -1068,41 +1128,94 @@ class CudaBackend final : public Backend {
     CudaFp8Gemms& operator=(const CudaFp8Gemms&) = delete;
 
     // The three GEMMs' specs, for one combination of formats and output dtypes.
-    static GemmSpec forward_spec(int64_t rows, int64_t C, int64_t OC, Format in, Format w, DType out) {
+    static GemmSpec forward_spec(int64_t rows, int64_t C, int64_t OC, Format in, Format w, DType out, Scaling sc) {
       GemmSpec spec = linear_forward_gemm(rows, C, OC, cuda_data_type(in), cuda_data_type(w), cuda_type(out));
-      spec.a_scale = spec.b_scale = GemmScale::tensor;
-      spec.fast_accum = true;  // forward only: TransformerEngine's choice (REFERENCE.md)
+      scale_modes(spec, sc, GemmScale::block_128x128, GemmScale::block_1x128);
+      spec.fast_accum = sc == Scaling::tensor;  // forward only, and never with block scaling (REFERENCE.md)
       return spec;
     }
-    static GemmSpec dgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format w, DType out) {
+    static GemmSpec dgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format w, DType out, Scaling sc) {
       GemmSpec spec = linear_dgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(w), cuda_type(out), true);
-      spec.a_scale = spec.b_scale = GemmScale::tensor;
+      scale_modes(spec, sc, GemmScale::block_128x128, GemmScale::block_1x128);
       return spec;
     }
-    static GemmSpec wgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format in, DType out) {
+    static GemmSpec wgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format in, DType out, Scaling sc) {
       GemmSpec spec = linear_wgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(in), cuda_type(out), true);
-      spec.a_scale = spec.b_scale = GemmScale::tensor;
+      scale_modes(spec, sc, GemmScale::block_1x128, GemmScale::block_1x128);
       return spec;
+    }
+
+    // Whether cuBLASLt on this GPU runs all three GEMMs (bf16 outputs, e4m3 and e5m2 gradients)
+    // on this layer's buffers; if not, *why says which it refused.
+    bool runs_here(std::string* why) {
+      for (const Format g : {Format::e4m3, Format::e5m2}) {
+        const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
+            {"forward", {forward_spec(rows_, C_, OC_, Format::e4m3, Format::e4m3, DType::bf16, scaling_),
+                         forward_args(codes_[kInput])}},
+            {"dgrad", {dgrad_spec(rows_, C_, OC_, g, Format::e4m3, DType::bf16, scaling_), dgrad_args(codes_[kInput])}},
+            {"wgrad", {wgrad_spec(rows_, C_, OC_, g, Format::e4m3, DType::bf16, scaling_), wgrad_args(codes_[kWeight])}}};
+        for (const auto& [name, gemm] : gemms)
+          if (!be_.matmul_->can_run(gemm.first, gemm.second)) {
+            *why = std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " +
+                   describe_gemm(gemm.first);
+            return false;
+          }
+      }
+      return true;
     }
 
     Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) override {
       const char* op = "fp8 cast";
-      expect_float(op, "in", in);
-      const std::array<int64_t, 3> rows = {rows_, OC_, rows_}, cols = {C_, C_, OC_};
-      PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
-      PTRAIN_EXPECT(in.numel() == rows[which] * cols[which], op,
-                    "expected " + std::to_string(rows[which]) + " x " + std::to_string(cols[which]) + " elements, got " +
-                        in.shape_string());
+      PTRAIN_CHECK(scaling_ == Scaling::tensor, "fp8 cast: these GEMMs take block-scaled operands (cast_blocks)");
+      const std::pair<int, int> shape = expect_operand(op, which, in, format);
+      const int r = shape.first, c = shape.second;  // named, not bound: lambdas capture them (C++17)
       formats_[which] = format;
       be_.reset_scalars(scale);
       const float inv = 1.0f / scale;  // the CPU emulation's dequantisation factor
       PTRAIN_CUDA_CHECK(
-          cudaMemcpyAsync(scale_inv_ + which, &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
-      const int r = to_int(rows[which], op, "rows"), c = to_int(cols[which], op, "columns");
+          cudaMemcpyAsync(factors(which, false), &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
+      PTRAIN_CUDA_CHECK(
+          cudaMemcpyAsync(factors(which, true), &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
       with_float_type(in.dtype, op, [&](auto tag) {
         PTRAIN_ELEMENT_TYPE(T, tag);
         kernels::fp8_cast<T>(codes_[which], transposed_[which], be_.amax_ptr(), be_.counts_ptr(), in.as<T>(), r, c,
                              be_.scale_ptr(), fp8_interpretation(format), be_.stream_);
+      });
+      return be_.read_fp8_stats();
+    }
+
+    Fp8CastStats cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols) override {
+      const char* op = "fp8 block cast";
+      PTRAIN_CHECK(scaling_ == Scaling::blocks, "fp8 block cast: these GEMMs take per-tensor scales (cast)");
+      const std::pair<int, int> shape = expect_operand(op, which, in, format);
+      const int r = shape.first, c = shape.second;
+      constexpr int kB = 128;
+      kernels::Fp8BlockCodes dst;
+      if (which == kWeight && block_rows == kB && block_cols == kB) {  // codes and transpose, one pass
+        dst.codes = codes_[which];
+        dst.scale_inv = factors(which, false);
+        dst.layout = factor_layout(which, false);
+        dst.codes_t = transposed_[which];
+        dst.scale_inv_t = factors(which, true);
+        dst.layout_t = factor_layout(which, true);
+      } else if (which != kWeight && block_rows == 1 && block_cols == kB) {
+        dst.codes = codes_[which];
+        dst.scale_inv = factors(which, false);
+        dst.layout = factor_layout(which, false);
+      } else if (which != kWeight && block_rows == kB && block_cols == 1) {
+        dst.codes_t = transposed_[which];
+        dst.scale_inv_t = factors(which, true);
+        dst.layout_t = factor_layout(which, true);
+      } else {
+        PTRAIN_CHECK(false, "fp8 block cast: " + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
+                                " blocks are not this operand's tiling");
+      }
+      formats_[which] = format;
+      be_.reset_scalars(1.0f);
+      with_float_type(in.dtype, op, [&](auto tag) {
+        PTRAIN_ELEMENT_TYPE(T, tag);
+        kernels::fp8_quantize_blocks_into<T>(dst, be_.amax_ptr(), be_.counts_ptr(), in.as<T>(), r, c, block_rows,
+                                             block_cols, fp8_interpretation(format), be_.stream_);
       });
       return be_.read_fp8_stats();
     }
@@ -1115,20 +1228,22 @@ class CudaBackend final : public Backend {
                     "shape mismatch: out " + out.shape_string() + " bias " + bias.shape_string());
       Staged st(be_);
       const Tensor o = st.out(out, out.dtype, false);
-      GemmSpec spec = forward_spec(rows_, C_, OC_, formats_[kInput], formats_[kWeight], out.dtype);
-      GemmArgs args;
-      args.a = codes_[kWeight];
-      args.b = codes_[kInput];
-      args.d = o.data;
-      args.a_scale_inv = scale_inv_ + kWeight;
-      args.b_scale_inv = scale_inv_ + kInput;
+      GemmSpec spec = forward_spec(rows_, C_, OC_, formats_[kInput], formats_[kWeight], out.dtype, scaling_);
+      GemmArgs args = forward_args(o.data);
       // cuBLASLt's FP8 GEMMs take a bf16/fp16 bias with an output of that type, never an f32 bias.
-      const bool fused_bias = !bias.empty() && bias.dtype == out.dtype && out.dtype != DType::f32 &&
-                              reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+      bool fused_bias = !bias.empty() && bias.dtype == out.dtype && out.dtype != DType::f32 &&
+                        reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
       if (fused_bias) {
-        spec.epilogue = CUBLASLT_EPILOGUE_BIAS;
-        spec.bias_type = cuda_type(bias.dtype);
-        args.bias = bias.data;
+        GemmSpec with_bias = spec;
+        with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+        with_bias.bias_type = cuda_type(bias.dtype);
+        GemmArgs bias_args = args;
+        bias_args.bias = bias.data;
+        fused_bias = be_.matmul_->can_run(with_bias, bias_args);
+        if (fused_bias) {
+          spec = with_bias;
+          args = bias_args;
+        }
       }
       be_.matmul_->run(spec, args, be_.stream_);
       if (!bias.empty() && !fused_bias) {
@@ -1149,38 +1264,99 @@ class CudaBackend final : public Backend {
       PTRAIN_EXPECT((dinp.empty() || dinp.numel() == rows_ * C_) && (dweight.empty() || dweight.numel() == OC_ * C_),
                     op, "shape mismatch: dinp " + dinp.shape_string() + " dweight " + dweight.shape_string());
       Staged st(be_);
-      if (!dinp.empty()) {  // dinp(rows,C) += grad(rows,OC) W(OC,C): A = W^T codes, B = grad codes
+      if (!dinp.empty()) {  // dinp(rows,C) += grad(rows,OC) W(OC,C)
         const Tensor o = st.out(dinp, dinp.dtype, true);
-        GemmArgs args;
-        args.a = transposed_[kWeight];
-        args.b = codes_[kGrad];
-        args.d = o.data;
-        args.beta = 1.0f;
-        args.a_scale_inv = scale_inv_ + kWeight;
-        args.b_scale_inv = scale_inv_ + kGrad;
-        be_.matmul_->run(dgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kWeight], dinp.dtype), args,
-                         be_.stream_);
+        be_.matmul_->run(dgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kWeight], dinp.dtype, scaling_),
+                         dgrad_args(o.data), be_.stream_);
       }
-      if (!dweight.empty()) {  // dW(OC,C) += grad^T input: A = input^T codes, B = grad^T codes
+      if (!dweight.empty()) {  // dW(OC,C) += grad^T input
         const Tensor o = st.out(dweight, dweight.dtype, true);
-        GemmArgs args;
-        args.a = transposed_[kInput];
-        args.b = transposed_[kGrad];
-        args.d = o.data;
-        args.beta = 1.0f;
-        args.a_scale_inv = scale_inv_ + kInput;
-        args.b_scale_inv = scale_inv_ + kGrad;
-        be_.matmul_->run(wgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kInput], dweight.dtype), args,
-                         be_.stream_);
+        be_.matmul_->run(wgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kInput], dweight.dtype, scaling_),
+                         wgrad_args(o.data), be_.stream_);
       }
       st.finish();
     }
 
    private:
+    static void scale_modes(GemmSpec& spec, Scaling sc, GemmScale a_blocks, GemmScale b_blocks) {
+      spec.a_scale = sc == Scaling::tensor ? GemmScale::tensor : a_blocks;
+      spec.b_scale = sc == Scaling::tensor ? GemmScale::tensor : b_blocks;
+    }
+    // out(rows,OC) = input W^T: A = W codes, B = input codes.
+    GemmArgs forward_args(void* d) {
+      GemmArgs args;
+      args.a = codes_[kWeight];
+      args.b = codes_[kInput];
+      args.d = d;
+      args.a_scale_inv = factors(kWeight, false);
+      args.b_scale_inv = factors(kInput, false);
+      return args;
+    }
+    // dinp += grad W: A = W^T codes, B = grad codes.
+    GemmArgs dgrad_args(void* d) {
+      GemmArgs args;
+      args.a = transposed_[kWeight];
+      args.b = codes_[kGrad];
+      args.d = d;
+      args.beta = 1.0f;
+      args.a_scale_inv = factors(kWeight, true);
+      args.b_scale_inv = factors(kGrad, false);
+      return args;
+    }
+    // dW += grad^T input: A = input^T codes, B = grad^T codes.
+    GemmArgs wgrad_args(void* d) {
+      GemmArgs args;
+      args.a = transposed_[kInput];
+      args.b = transposed_[kGrad];
+      args.d = d;
+      args.beta = 1.0f;
+      args.a_scale_inv = factors(kInput, true);
+      args.b_scale_inv = factors(kGrad, true);
+      return args;
+    }
+
+    std::pair<int, int> expect_operand(const char* op, Operand which, const Tensor& in, Format format) const {
+      expect_float(op, "in", in);
+      PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+      const auto [rows, cols] = shape_of(which);
+      PTRAIN_EXPECT(in.numel() == rows * cols, op,
+                    "expected " + std::to_string(rows) + " x " + std::to_string(cols) + " elements, got " +
+                        in.shape_string());
+      return {to_int(rows, op, "rows"), to_int(cols, op, "columns")};
+    }
+    std::pair<int64_t, int64_t> shape_of(Operand which) const {
+      return which == kInput ? std::pair{rows_, C_} : which == kWeight ? std::pair{OC_, C_} : std::pair{rows_, OC_};
+    }
+
+    // The dequantisation factors of an operand's codes (transposed: of its transpose). As GEMM
+    // operands (matmul.h, gemm_scale_floats): the weight is BLK128x128, the codes (outer OC, K
+    // = C) and the transpose (outer C, K = OC); input and grad are VEC128, the codes (outer
+    // rows, K = columns) and the transposes (outer columns, K = rows).
+    float*& factors(Operand which, bool transposed) { return (transposed ? factors_t_ : factors_)[which]; }
+    int64_t factor_count(Operand which, bool transposed) const {
+      if (scaling_ == Scaling::tensor) return 1;
+      const auto [rows, cols] = shape_of(which);
+      const GemmScale mode = which == kWeight ? GemmScale::block_128x128 : GemmScale::block_1x128;
+      return transposed ? gemm_scale_floats(mode, rows, cols) : gemm_scale_floats(mode, cols, rows);
+    }
+    // Where block (i, j) of the (rows, cols) operand puts its factor. VEC128 factors run along
+    // the outer dimension (index outer + k_block * outer_length); BLK128x128 factors run along K
+    // (index k_block + outer_block * ceil(K/128) rounded up to 4).
+    kernels::BlockScaleLayout factor_layout(Operand which, bool transposed) const {
+      const auto [rows, cols] = shape_of(which);
+      const auto k_blocks_padded = [](int64_t k) { return static_cast<int>((k + 128 * 4 - 1) / (128 * 4) * 4); };
+      if (which == kWeight)
+        return transposed ? kernels::BlockScaleLayout{1, k_blocks_padded(rows)}
+                          : kernels::BlockScaleLayout{k_blocks_padded(cols), 1};
+      return transposed ? kernels::BlockScaleLayout{static_cast<int>(cols), 1}
+                        : kernels::BlockScaleLayout{1, static_cast<int>(rows)};
+    }
+
     void release() noexcept {
       for (fp8*& p : codes_) free_quietly(p);
       for (fp8*& p : transposed_) free_quietly(p);
-      free_quietly(scale_inv_);
+      for (float*& p : factors_) free_quietly(p);
+      for (float*& p : factors_t_) free_quietly(p);
     }
     template <typename P>
     void free_quietly(P*& p) noexcept {
@@ -1194,26 +1370,32 @@ class CudaBackend final : public Backend {
 
     CudaBackend& be_;
     int64_t rows_, C_, OC_;
+    Scaling scaling_;
     std::array<fp8*, 3> codes_{}, transposed_{};
+    std::array<float*, 3> factors_{}, factors_t_{};
     std::array<Format, 3> formats_{Format::e4m3, Format::e4m3, Format::e5m2};
-    float* scale_inv_ = nullptr;
   };
 
   // The model's FP8 operands are bf16 (or f32) in device memory and its outputs bf16, fp16 or
   // f32: cuBLASLt takes all of them. What can refuse is the shape (FP8 leading dimensions must
-  // be multiples of 16 bytes): each of the GEMMs the layer will run is validated here, once.
-  std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, std::string* why) override {
+  // be multiples of 16 bytes; block scaling wants multiples of 128) and, for block scaling, the
+  // GPU and cuBLASLt version (Hopper, cuBLASLt >= 12.9): each GEMM the layer will run is
+  // validated here, then asked of cuBLASLt on the layer's own buffers, once.
+  std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
+                                           std::string* why) override {
     try {
-      validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, Format::e4m3, Format::e4m3, DType::bf16));
+      validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, Format::e4m3, Format::e4m3, DType::bf16, scaling));
       for (const Format g : {Format::e4m3, Format::e5m2}) {
-        validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16));
-        validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16));
+        validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16, scaling));
+        validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16, scaling));
       }
     } catch (const UserError& e) {
       *why = std::string("this layer's shape does not suit cuBLASLt's FP8 GEMMs: ") + e.what();
       return nullptr;
     }
-    return std::make_unique<CudaFp8Gemms>(*this, rows, C, OC);
+    auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling);
+    if (!gemms->runs_here(why)) return nullptr;
+    return gemms;
   }
 
   // ------------------------------------------------------------------------ optimizer
@@ -1404,6 +1586,30 @@ class CudaBackend final : public Backend {
     args.b = x;
     args.d = out;
     matmul_->run(row_major_gemm(g), args, stream_);
+  }
+
+  // Whether a GELU epilogue can read and write these operands as they are: one GEMM dtype for
+  // all, none needing a rounding pass, a bias (if any) 16-byte aligned as gemm_into wants it.
+  static bool gelu_epilogue_fits(std::initializer_list<const Tensor*> operands, const Tensor& bias) {
+    const DType dt = (*operands.begin())->dtype;
+    if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16) return false;
+    const auto fits = [dt](const Tensor& t) { return t.device == Device::cuda && t.dtype == dt && !needs_rounding(t); };
+    for (const Tensor* t : operands)
+      if (t->empty() || !fits(*t)) return false;
+    return bias.empty() || (fits(bias) && reinterpret_cast<uintptr_t>(bias.data) % 16 == 0);
+  }
+  // spec with a GELU epilogue whose aux matrix is (N, aux_ld); false if cuBLASLt would refuse it.
+  static bool gelu_spec_valid(GemmSpec& spec, cublasLtEpilogue_t epilogue, int64_t aux_ld) {
+    spec.epilogue = epilogue;
+    spec.aux_ld = aux_ld;
+    spec.aux_type = static_cast<int32_t>(spec.d_type);
+    if (epilogue_uses_bias(epilogue)) spec.bias_type = static_cast<int32_t>(spec.d_type);
+    try {
+      validate_gemm_spec(spec);
+    } catch (const UserError&) {
+      return false;
+    }
+    return true;
   }
 
   // dbias(OC) += column sums of dout(N, OC), in dout's dtype (kernels::bias_backward: partial

@@ -694,6 +694,20 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
   return ref;
 }
 
+bool Matmul::can_run(const GemmSpec& spec, const GemmArgs& args) {
+  validate_gemm_args(spec, args);
+  const PlanKey key{spec, gemm_pointer_alignment(args)};
+  if (plans_.count(key)) return true;
+  if (refused_.count(key)) return false;
+  try {
+    plan_for(spec, key.alignment);
+    return true;
+  } catch (const EnvironmentError&) {  // no algorithm, or cuBLASLt refused the descriptor
+    refused_.insert(key);
+    return false;
+  }
+}
+
 void Matmul::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   validate_gemm_args(spec, args);
   Plan& plan = plan_for(spec, gemm_pointer_alignment(args));

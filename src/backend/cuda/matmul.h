@@ -60,6 +60,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "backend/cuda/cuda_error.h"
 #include "precision/formats.h"
@@ -87,10 +88,12 @@ const char* gemm_scale_name(GemmScale s);
 // The CUBLASLT_MATMUL_DESC_{A,B}_SCALE_MODE value for s (SCALAR_32F for none and tensor).
 int32_t cublaslt_scale_mode(GemmScale s);
 // Floats in the scale tensor of an operand with contraction length k and outer length `outer`
-// (m for A, n for B), in cuBLASLt's layouts: tensor 1; 1x128: ceil(k/128) rows of `outer`
-// factors, outer-major, each row padded to a multiple of 4; 128x128: ceil(outer/128) columns of
-// ceil(k/128) factors, K-major, padded to a multiple of 4. (Layouts as cuBLASMp's tests read
-// them; the cast kernels must write the same. To be confirmed on a GPU.)
+// (m for A, n for B), in cuBLASLt's layouts (cuBLAS documentation, "1D and 128x128 2D block
+// scaling for FP8"; TransformerEngine's GEMM-ready block quantisers write the same): tensor 1;
+// 1x128 (VEC128): outer-major, the factor of element (o, kk) at o + (kk / 128) * outer, outer a
+// multiple of 4 (there is no leading-dimension attribute), ceil(k/128) * outer floats; 128x128
+// (BLK128x128): K-major, the factor of block (o / 128, kk / 128) at kk / 128 + (o / 128) * L
+// with L = ceil(k/128) rounded up to a multiple of 4. Scale pointers 16-byte aligned.
 int64_t gemm_scale_floats(GemmScale s, int64_t k, int64_t outer);
 
 bool epilogue_uses_bias(cublasLtEpilogue_t e);  // BIAS, GELU_BIAS, GELU_AUX_BIAS, DGELU_BGRAD, BGRADA, BGRADB
@@ -232,6 +235,11 @@ class Matmul {
   // pointer alignment class) builds and caches its plan.
   void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
+  // Whether cuBLASLt has an algorithm for spec with these pointers' alignment, asked once per
+  // spec and alignment class (a plan found is kept for run(); a refusal is remembered). For
+  // optional paths (epilogues, block scaling) that have a fallback.
+  bool can_run(const GemmSpec& spec, const GemmArgs& args);
+
   size_t cached_plans() const { return plans_.size(); }
   cublasLtHandle_t handle() const { return handle_; }
 
@@ -256,6 +264,7 @@ class Matmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
+  std::unordered_set<PlanKey, PlanKeyHash> refused_;
 };
 
 }  // namespace ptrain
