@@ -348,6 +348,14 @@ __global__ void fp8_quantize_columns_transposed_kernel(fp8* out_t, float* scale_
   tally.commit(scratch, amax, counts);
 }
 
+template <int = 0>
+__global__ void fixed_scale_kernel(float* scale, float* scale_inv, float value) {
+  if (threadIdx.x == 0) {
+    *scale = value;
+    *scale_inv = 1.0f / value;
+  }
+}
+
 // One thread per tensor: DelayedScaling::end_step on row t of the (n_tensors, H) history.
 template <bool kMaxAlgo>
 __global__ void delayed_scaling_kernel(float* history, float* scale, float* scale_inv, const float* max_values,
@@ -416,6 +424,13 @@ void amax(float* amax, const T* in, size_t n, cudaStream_t stream, int max_block
 inline void current_scale_from_amax(float* scale, float* scale_inv, const float* amax, float max_value,
                                     cudaStream_t stream) {
   PTRAIN_LAUNCH(current_scale_kernel<0>, 1, kWarpSize, 0, stream, scale, scale_inv, amax, max_value);
+}
+
+// *scale = value, *scale_inv = 1 / value, in stream order: a scale the host chose (delayed
+// scaling) reaches the device as a kernel argument, without a copy from pageable memory (which
+// may synchronise the stream).
+inline void set_scale(float* scale, float* scale_inv, float value, cudaStream_t stream) {
+  PTRAIN_LAUNCH(fixed_scale_kernel<0>, 1, kWarpSize, 0, stream, scale, scale_inv, value);
 }
 
 // Block scaling of `in` (rows, cols): each block_rows x block_cols block (1 x 128 tiles,

@@ -12,6 +12,7 @@
 //    are bit-identical run to run and across thread counts.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -67,15 +68,29 @@ class Fp8Gemms {
   // How the factors are given: one per tensor (delayed and current recipes), or one per 1x128
   // tile / 128x128 block (the block recipe: Hopper's block-scaled GEMMs).
   enum class Scaling { tensor, blocks };
+  // What an operand's casts did, and the scale of its latest one (NaN with block scaling).
+  struct OperandStats {
+    Fp8CastStats stats;
+    float scale = 0;
+  };
   virtual ~Fp8Gemms() = default;
-  // Casts `in` (the operand's shape) to `format` with `scale`; returns what the cast did.
-  // Scaling::tensor only.
-  virtual Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) = 0;
-  // Scaling::blocks only: casts `in` in blocks of block_rows x block_cols, each with scale
-  // fp8_max / amax(block), as Backend::fp8_cast_blocks does. The layer's tilings: 128x128 for the
-  // weight; 1x128 for input and grad (forward and dgrad GEMMs); 128x1 for input and grad again
-  // (the wgrad GEMM, which contracts over tokens).
-  virtual Fp8CastStats cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols) = 0;
+
+  // The casts queue on the device and return at once: each operand's statistics gather there
+  // (amax the NaN-sticky max, counts summed) until take_stats() reads them, so a step's casts
+  // never wait for the GPU. `record` false (an evaluation's cast) leaves them out.
+  //   Scaling::tensor, with a scale the host chose (delayed scaling).
+  virtual void cast(Operand which, Tensor in, Format format, float scale, bool record) = 0;
+  //   Scaling::tensor, with scale fp8_max / amax(in) found on the device (current scaling).
+  virtual void cast_current(Operand which, Tensor in, Format format, bool record) = 0;
+  //   Scaling::blocks: blocks of block_rows x block_cols, each with scale fp8_max / amax(block),
+  //   as Backend::fp8_cast_blocks does. The layer's tilings: 128x128 for the weight; 1x128 for
+  //   input and grad (forward and dgrad GEMMs); 128x1 for input and grad again (the wgrad GEMM,
+  //   which contracts over tokens).
+  virtual void cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols, bool record) = 0;
+  // The recorded casts' statistics per operand since the last call (one read from the device),
+  // which then start again from zero.
+  virtual std::array<OperandStats, 3> take_stats() = 0;
+
   // out(rows, OC) = input weight^T + bias (bias may be empty).
   virtual void forward(Tensor out, Tensor bias) = 0;
   // dinp(rows, C) += grad weight; dweight(OC, C) += grad^T input. Either may be empty.

@@ -1,6 +1,7 @@
 #include "model/fp8_linear.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace ptrain {
@@ -53,35 +54,59 @@ void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) 
   return p;
 }
 
-void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows,
-                     int block_cols, bool training) {
-  const auto cast_with_scale = [&] {
-    return gemms_ ? gemms_->cast(operand, in, state.format, state.scale)
-                  : backend_.fp8_cast(out, in, state.format, state.scale);
-  };
-  Fp8CastStats s;
-  switch (policy_.recipe) {
-    case Fp8Recipe::delayed:
-      state.scale = state.delayed.scale();
-      s = cast_with_scale();
-      if (training) state.delayed.record(s.amax);
-      break;
-    case Fp8Recipe::current:
-      state.scale = current_scale(backend_.amax(in), format_max(state.format));
-      s = cast_with_scale();
-      break;
-    case Fp8Recipe::block:
-      state.scale = NAN;  // one scale per block: no single scale to report
-      s = gemms_ ? gemms_->cast_blocks(operand, in, state.format, block_rows, block_cols)
-                 : backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
-      break;
-  }
-  if (!training) return;
-  Fp8CastStats& acc = state.stats;
+// Telemetry over a step's casts: amax the NaN-sticky max, counts summed.
+static void accumulate(Fp8CastStats& acc, const Fp8CastStats& s) {
   acc.amax = std::isnan(s.amax) || std::isnan(acc.amax) ? NAN : std::max(acc.amax, s.amax);
   acc.nonzero += s.nonzero;
   acc.underflow += s.underflow;
   acc.saturated += s.saturated;
+}
+
+void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows,
+                     int block_cols, bool training) {
+  if (gemms_) {  // queued on the device; its statistics are read in settle()
+    switch (policy_.recipe) {
+      case Fp8Recipe::delayed: gemms_->cast(operand, in, state.format, state.delayed.scale(), training); break;
+      case Fp8Recipe::current: gemms_->cast_current(operand, in, state.format, training); break;
+      case Fp8Recipe::block: gemms_->cast_blocks(operand, in, state.format, block_rows, block_cols, training); break;
+    }
+    unsettled_ = unsettled_ || training;
+    return;
+  }
+  Fp8CastStats s;
+  switch (policy_.recipe) {
+    case Fp8Recipe::delayed:
+      state.scale = state.delayed.scale();
+      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      if (training) state.delayed.record(s.amax);
+      break;
+    case Fp8Recipe::current:
+      state.scale = current_scale(backend_.amax(in), format_max(state.format));
+      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      break;
+    case Fp8Recipe::block:
+      state.scale = NAN;  // one scale per block: no single scale to report
+      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
+      break;
+  }
+  if (training) accumulate(state.stats, s);
+}
+
+void Fp8Linear::settle() {
+  if (!unsettled_) return;
+  unsettled_ = false;
+  const std::array<Fp8Gemms::OperandStats, 3> taken = gemms_->take_stats();
+  Fp8TensorState* states[3] = {&input_, &weight_, &grad_};  // in Fp8Gemms::Operand order
+  for (int i = 0; i < 3; ++i) {
+    Fp8TensorState& state = *states[i];
+    accumulate(state.stats, taken[i].stats);
+    if (policy_.recipe == Fp8Recipe::delayed) {
+      state.delayed.record(taken[i].stats.amax);
+      state.scale = state.delayed.scale();  // what this step's casts used
+    } else if (taken[i].scale != 0) {       // 0: no cast of this operand since the last read
+      state.scale = taken[i].scale;         // the latest cast's (NaN with block scaling)
+    }
+  }
 }
 
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
@@ -114,6 +139,7 @@ void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout)
 }
 
 void Fp8Linear::end_step() {
+  settle();
   if (policy_.recipe == Fp8Recipe::delayed)
     for (Fp8TensorState* s : tensors()) s->delayed.end_step();
   weight_cast_ = false;

@@ -50,7 +50,12 @@ class Fp8Linear {
   // After each optimizer step: delayed scales move on, the weight is cast afresh next step.
   void end_step();
 
-  std::vector<Fp8TensorState*> tensors() { return {&input_, &weight_, &grad_}; }
+  // The three tensors' scaling states and telemetry, with the native casts' statistics read
+  // from the device first (settle()).
+  std::vector<Fp8TensorState*> tensors() {
+    settle();
+    return {&input_, &weight_, &grad_};
+  }
   // Whether the GEMMs read FP8 codes directly; if not, native_fp8_absent() says why.
   bool native() const { return gemms_ != nullptr; }
   const std::string& native_fp8_absent() const { return why_emulated_; }
@@ -64,6 +69,9 @@ class Fp8Linear {
   void cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows, int block_cols,
             bool training);
   void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
+  // Native casts gather their statistics on the device (no wait per cast); this reads them into
+  // the states (telemetry, and the delayed recipe's amax history) once they are needed.
+  void settle();
 
   Fp8Policy policy_;
   Backend& backend_;
@@ -74,6 +82,7 @@ class Fp8Linear {
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
   bool weight_cast_ = false;
+  bool unsettled_ = false;  // native casts recorded statistics on the device since settle()
 };
 
 }  // namespace ptrain

@@ -807,19 +807,29 @@ TEST_CASE("gpu: native FP8 GEMMs match the CPU's FP8 emulation", "[gpu]") {
           casts.push_back(Cast{Fp8Gemms::kInput, &inp, &inp_qt, s.rows, s.C, Format::e4m3, 128, 1});
           casts.push_back(Cast{Fp8Gemms::kGrad, &dout, &dout_qt, s.rows, s.OC, grad_format, 128, 1});
         }
+        // Each cast's statistics (taken right after it) equal the CPU's; an unrecorded cast (an
+        // evaluation's) leaves none; current scaling finds the CPU's scale on the device.
+        const auto taken = [&](Fp8Gemms::Operand operand) { return gemms->take_stats()[operand]; };
         for (const Cast& c : casts) {
           INFO("cast of operand " << c.operand << " in " << c.block_rows << "x" << c.block_cols << " blocks");
           const Tensor q = q_view(*c.q, c.rows, c.cols, c.format);
           if (blocks) {
+            gemms->cast_blocks(c.operand, c.in->device_view(), c.format, c.block_rows, c.block_cols, false);
+            expect_same_stats(taken(c.operand).stats, Fp8CastStats{});
             const Fp8CastStats want = cpu().fp8_cast_blocks(q, c.in->cpu_view(), c.format, c.block_rows, c.block_cols);
-            const Fp8CastStats got =
-                gemms->cast_blocks(c.operand, c.in->device_view(), c.format, c.block_rows, c.block_cols);
-            expect_same_stats(got, want);
+            gemms->cast_blocks(c.operand, c.in->device_view(), c.format, c.block_rows, c.block_cols, true);
+            expect_same_stats(taken(c.operand).stats, want);
           } else {
             const float scale = current_scale(cpu().amax(c.in->cpu_view()), format_max(c.format));
             const Fp8CastStats want = cpu().fp8_cast(q, c.in->cpu_view(), c.format, scale);
-            const Fp8CastStats got = gemms->cast(c.operand, c.in->device_view(), c.format, scale);
-            expect_same_stats(got, want);
+            gemms->cast_current(c.operand, c.in->device_view(), c.format, true);
+            const Fp8Gemms::OperandStats current = taken(c.operand);
+            expect_same_stats(current.stats, want);
+            CHECK(std::memcmp(&current.scale, &scale, sizeof(float)) == 0);
+            gemms->cast(c.operand, c.in->device_view(), c.format, scale, false);
+            expect_same_stats(taken(c.operand).stats, Fp8CastStats{});
+            gemms->cast(c.operand, c.in->device_view(), c.format, scale, true);
+            expect_same_stats(taken(c.operand).stats, want);
           }
         }
         const Tensor in_q = q_view(inp_q, s.rows, s.C, Format::e4m3), w_q = q_view(weight_q, s.OC, s.C, Format::e4m3);

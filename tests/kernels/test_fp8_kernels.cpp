@@ -178,6 +178,16 @@ TEST_CASE("current_scale_from_amax kernel matches ptrain::current_scale", "[kern
     }
 }
 
+TEST_CASE("set_scale kernel writes the scale and its reciprocal", "[kernels][fp8]") {
+  for (const float value : {1.0f, 37.5f, 3.0f, 1e-30f, FLT_MAX}) {
+    INFO("scale " << value);
+    std::vector<float> scale = poisoned<float>(1), scale_inv = poisoned<float>(1);
+    kernels::set_scale(scale.data(), scale_inv.data(), value, nullptr);
+    expect_identical("scale", scale, std::vector<float>{value});
+    expect_identical("scale_inv", scale_inv, std::vector<float>{1.0f / value});
+  }
+}
+
 // Block-scaling input: a different range in every row (so blocks get different scales), small
 // values beside large ones in a block (underflow), one all-zero block (scale 1), and optionally
 // a NaN (which the block amax skips but the tensor amax reports).

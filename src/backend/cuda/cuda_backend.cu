@@ -90,6 +90,15 @@ struct DeviceScalars {
 
 // ================================================================================ host helpers
 
+Fp8CastStats to_stats(const DeviceScalars& d) {
+  Fp8CastStats stats;
+  stats.amax = d.amax;
+  stats.nonzero = static_cast<int64_t>(d.counts.nonzero);
+  stats.underflow = static_cast<int64_t>(d.counts.underflow);
+  stats.saturated = static_cast<int64_t>(d.counts.saturated);
+  return stats;
+}
+
 [[noreturn]] void fail(const char* op, const std::string& what) {
   throw std::logic_error(std::string("cuda backend ") + op + ": " + what);
 }
@@ -1112,12 +1121,16 @@ class CudaBackend final : public Backend {
       const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
       try {
         for (int i = 0; i < 3; ++i) {
+          const Operand which = static_cast<Operand>(i);
           codes_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
           transposed_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
-          for (const bool t : {false, true})
-            factors(static_cast<Operand>(i), t) = static_cast<float*>(
-                be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(static_cast<Operand>(i), t))));
+          factors_[i] = static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
+          if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
+            factors_t_[i] = static_cast<float*>(
+                be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
         }
+        stats_ = static_cast<DeviceScalars*>(be_.allocate(sizeof(DeviceScalars) * (kDiscard + 1)));
+        current_amax_ = static_cast<float*>(be_.allocate(sizeof(float)));
       } catch (...) {
         release();
         throw;
@@ -1164,31 +1177,36 @@ class CudaBackend final : public Backend {
       return true;
     }
 
-    Fp8CastStats cast(Operand which, Tensor in, Format format, float scale) override {
+    void cast(Operand which, Tensor in, Format format, float scale, bool record) override {
       const char* op = "fp8 cast";
       PTRAIN_CHECK(scaling_ == Scaling::tensor, "fp8 cast: these GEMMs take block-scaled operands (cast_blocks)");
       const std::pair<int, int> shape = expect_operand(op, which, in, format);
-      const int r = shape.first, c = shape.second;  // named, not bound: lambdas capture them (C++17)
       formats_[which] = format;
-      be_.reset_scalars(scale);
-      const float inv = 1.0f / scale;  // the CPU emulation's dequantisation factor
-      PTRAIN_CUDA_CHECK(
-          cudaMemcpyAsync(factors(which, false), &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
-      PTRAIN_CUDA_CHECK(
-          cudaMemcpyAsync(factors(which, true), &inv, sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
-      with_float_type(in.dtype, op, [&](auto tag) {
-        PTRAIN_ELEMENT_TYPE(T, tag);
-        kernels::fp8_cast<T>(codes_[which], transposed_[which], be_.amax_ptr(), be_.counts_ptr(), in.as<T>(), r, c,
-                             be_.scale_ptr(), fp8_interpretation(format), be_.stream_);
-      });
-      return be_.read_fp8_stats();
+      DeviceScalars* slot = stats_slot(which, record);
+      kernels::set_scale(&slot->scale, factors_[which], scale, be_.stream_);  // the factor: 1/scale, as the CPU's
+      cast_codes(op, which, in, format, shape, slot);
     }
 
-    Fp8CastStats cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols) override {
+    void cast_current(Operand which, Tensor in, Format format, bool record) override {
+      const char* op = "fp8 cast (current scaling)";
+      PTRAIN_CHECK(scaling_ == Scaling::tensor, "fp8 cast: these GEMMs take block-scaled operands (cast_blocks)");
+      const std::pair<int, int> shape = expect_operand(op, which, in, format);
+      formats_[which] = format;
+      DeviceScalars* slot = stats_slot(which, record);
+      PTRAIN_CUDA_CHECK(cudaMemsetAsync(current_amax_, 0, sizeof(float), be_.stream_));
+      with_float_type(in.dtype, op, [&](auto tag) {
+        PTRAIN_ELEMENT_TYPE(T, tag);
+        kernels::amax<T>(current_amax_, in.as<T>(), static_cast<size_t>(in.numel()), be_.stream_);
+      });
+      kernels::current_scale_from_amax(&slot->scale, factors_[which], current_amax_, format_max(format), be_.stream_);
+      cast_codes(op, which, in, format, shape, slot);
+    }
+
+    void cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols, bool record) override {
       const char* op = "fp8 block cast";
       PTRAIN_CHECK(scaling_ == Scaling::blocks, "fp8 block cast: these GEMMs take per-tensor scales (cast)");
       const std::pair<int, int> shape = expect_operand(op, which, in, format);
-      const int r = shape.first, c = shape.second;
+      const int r = shape.first, c = shape.second;  // named, not bound: lambdas capture them (C++17)
       constexpr int kB = 128;
       kernels::Fp8BlockCodes dst;
       if (which == kWeight && block_rows == kB && block_cols == kB) {  // codes and transpose, one pass
@@ -1211,13 +1229,26 @@ class CudaBackend final : public Backend {
                                 " blocks are not this operand's tiling");
       }
       formats_[which] = format;
-      be_.reset_scalars(1.0f);
+      DeviceScalars* slot = stats_slot(which, record);
       with_float_type(in.dtype, op, [&](auto tag) {
         PTRAIN_ELEMENT_TYPE(T, tag);
-        kernels::fp8_quantize_blocks_into<T>(dst, be_.amax_ptr(), be_.counts_ptr(), in.as<T>(), r, c, block_rows,
-                                             block_cols, fp8_interpretation(format), be_.stream_);
+        kernels::fp8_quantize_blocks_into<T>(dst, &slot->amax, &slot->counts, in.as<T>(), r, c, block_rows, block_cols,
+                                             fp8_interpretation(format), be_.stream_);
       });
-      return be_.read_fp8_stats();
+    }
+
+    std::array<OperandStats, 3> take_stats() override {
+      std::array<DeviceScalars, 3> host{};
+      PTRAIN_CUDA_CHECK(
+          cudaMemcpyAsync(host.data(), stats_, sizeof(host), cudaMemcpyDeviceToHost, be_.stream_));
+      be_.sync();
+      PTRAIN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, sizeof(host), be_.stream_));
+      std::array<OperandStats, 3> out;
+      for (int i = 0; i < 3; ++i) {
+        out[i].stats = to_stats(host[i]);
+        out[i].scale = scaling_ == Scaling::tensor ? host[i].scale : NAN;
+      }
+      return out;
     }
 
     void forward(Tensor out, Tensor bias) override {
@@ -1315,6 +1346,22 @@ class CudaBackend final : public Backend {
       return args;
     }
 
+    // Where an operand's casts gather their statistics; an evaluation's go to a slot never read.
+    static constexpr int kDiscard = 3;
+    // (A device address: never dereferenced here, only offset to its fields.)
+    DeviceScalars* stats_slot(Operand which, bool record) const { return stats_ + (record ? which : kDiscard); }
+
+    // The per-tensor cast with the scale in slot.scale: codes and transpose in one pass.
+    void cast_codes(const char* op, Operand which, const Tensor& in, Format format, std::pair<int, int> shape,
+                    DeviceScalars* slot) {
+      const int r = shape.first, c = shape.second;
+      with_float_type(in.dtype, op, [&](auto tag) {
+        PTRAIN_ELEMENT_TYPE(T, tag);
+        kernels::fp8_cast<T>(codes_[which], transposed_[which], &slot->amax, &slot->counts, in.as<T>(), r, c,
+                             &slot->scale, fp8_interpretation(format), be_.stream_);
+      });
+    }
+
     std::pair<int, int> expect_operand(const char* op, Operand which, const Tensor& in, Format format) const {
       expect_float(op, "in", in);
       PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
@@ -1332,7 +1379,9 @@ class CudaBackend final : public Backend {
     // operands (matmul.h, gemm_scale_floats): the weight is BLK128x128, the codes (outer OC, K
     // = C) and the transpose (outer C, K = OC); input and grad are VEC128, the codes (outer
     // rows, K = columns) and the transposes (outer columns, K = rows).
-    float*& factors(Operand which, bool transposed) { return (transposed ? factors_t_ : factors_)[which]; }
+    float* factors(Operand which, bool transposed) const {
+      return transposed && scaling_ == Scaling::blocks ? factors_t_[which] : factors_[which];
+    }
     int64_t factor_count(Operand which, bool transposed) const {
       if (scaling_ == Scaling::tensor) return 1;
       const auto [rows, cols] = shape_of(which);
@@ -1357,6 +1406,8 @@ class CudaBackend final : public Backend {
       for (fp8*& p : transposed_) free_quietly(p);
       for (float*& p : factors_) free_quietly(p);
       for (float*& p : factors_t_) free_quietly(p);
+      free_quietly(stats_);
+      free_quietly(current_amax_);
     }
     template <typename P>
     void free_quietly(P*& p) noexcept {
@@ -1374,6 +1425,8 @@ class CudaBackend final : public Backend {
     std::array<fp8*, 3> codes_{}, transposed_{};
     std::array<float*, 3> factors_{}, factors_t_{};
     std::array<Format, 3> formats_{Format::e4m3, Format::e4m3, Format::e5m2};
+    DeviceScalars* stats_ = nullptr;  // per operand, then the discard slot
+    float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
   };
 
   // The model's FP8 operands are bf16 (or f32) in device memory and its outputs bf16, fp16 or
@@ -1656,12 +1709,7 @@ class CudaBackend final : public Backend {
     DeviceScalars host{};
     PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&host, scalars_, sizeof(DeviceScalars), cudaMemcpyDeviceToHost, stream_));
     sync();
-    Fp8CastStats stats;
-    stats.amax = host.amax;
-    stats.nonzero = static_cast<int64_t>(host.counts.nonzero);
-    stats.underflow = static_cast<int64_t>(host.counts.underflow);
-    stats.saturated = static_cast<int64_t>(host.counts.saturated);
-    return stats;
+    return to_stats(host);
   }
 
   char* scalar_field(size_t offset) const { return reinterpret_cast<char*>(scalars_) + offset; }
