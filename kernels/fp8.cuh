@@ -313,9 +313,9 @@ __global__ void fp8_quantize_blocks_kernel(Fp8BlockCodes dst, float* amax, Fp8Co
 
 // Column tiles (block_rows x 1) written transposed: the operands of the weight-gradient GEMM,
 // which contracts over tokens (cuBLASLt reads them as (cols, rows) with 1 x block_rows tiles).
-// A warp takes 32 columns of one block row: lane j reads column c0 + j down the block's rows
-// (a warp's reads are 32 neighbouring elements of a row), takes the column's amax, then casts
-// it, parking 16 codes at a time for one 16-byte store along its transposed row.
+// A warp takes 32 neighbouring columns of one block row: each lane reads its column down the
+// block's rows (a warp's reads are 32 neighbouring elements of a row), takes the column's amax,
+// then casts it, parking 16 codes at a time for one 16-byte store along its transposed row.
 template <typename T>
 __global__ void fp8_quantize_columns_transposed_kernel(fp8* out_t, float* scale_inv, BlockScaleLayout layout,
                                                        float* amax, Fp8Counts* counts, const T* in, int rows,
@@ -443,8 +443,8 @@ void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* 
                          int block_rows, int block_cols, __nv_fp8_interpretation_t format, cudaStream_t stream,
                          int max_blocks = kFp8MaxBlocks) {
   if (block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_quantize_blocks: block shape must be positive");
-  if ((!dst.codes && !dst.codes_t) || (!dst.scale_inv && !dst.scale_inv_t) || (dst.codes_t && !dst.scale_inv_t))
-    throw std::invalid_argument("fp8_quantize_blocks_into: each output needs its codes and its factors");
+  if ((!dst.codes && !dst.codes_t) || (!dst.codes != !dst.scale_inv) || (!dst.codes_t != !dst.scale_inv_t))
+    throw std::invalid_argument("fp8_quantize_blocks_into: each output needs both its codes and its factors");
   if (rows <= 0 || cols <= 0) return;
   const size_t shared = kFp8TallyWords * sizeof(unsigned);
   if (block_cols == 1 && !dst.codes) {
@@ -454,7 +454,6 @@ void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* 
                   cols, block_rows, format);
     return;
   }
-  if (!dst.scale_inv) throw std::invalid_argument("fp8_quantize_blocks_into: the codes need their factors");
   const size_t tiles = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, block_cols));
   if (block_rows == 1) {
     auto kernel = fp8_quantize_blocks_kernel<T, true>;

@@ -207,11 +207,12 @@ class Backend {
                                        int block_cols) = 0;
 
   // The native FP8 GEMMs of a linear layer from C to OC features over `rows` tokens, with
-  // `scaling`; null, with the reason in *why, on a backend that emulates FP8 or for a shape (or
-  // scaling) its FP8 GEMMs cannot take.
+  // `scaling`, input and weight in the `forward` format and the output gradient in `backward`;
+  // null, with the reason in *why, on a backend that emulates FP8 or for a shape (or scaling)
+  // its FP8 GEMMs cannot take.
   virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                                   std::string* why) {
-    (void)rows, (void)C, (void)OC, (void)scaling;
+                                                   Format forward, Format backward, std::string* why) {
+    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward;
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }

@@ -24,7 +24,7 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
                     std::to_string(kNativeBlock) + " only";
   else
     gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
-                                    &why_emulated_);
+                                    policy.forward, policy.backward, &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});

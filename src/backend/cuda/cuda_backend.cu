@@ -1158,22 +1158,20 @@ class CudaBackend final : public Backend {
       return spec;
     }
 
-    // Whether cuBLASLt on this GPU runs all three GEMMs (bf16 outputs, e4m3 and e5m2 gradients)
-    // on this layer's buffers; if not, *why says which it refused.
-    bool runs_here(std::string* why) {
-      for (const Format g : {Format::e4m3, Format::e5m2}) {
-        const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
-            {"forward", {forward_spec(rows_, C_, OC_, Format::e4m3, Format::e4m3, DType::bf16, scaling_),
-                         forward_args(codes_[kInput])}},
-            {"dgrad", {dgrad_spec(rows_, C_, OC_, g, Format::e4m3, DType::bf16, scaling_), dgrad_args(codes_[kInput])}},
-            {"wgrad", {wgrad_spec(rows_, C_, OC_, g, Format::e4m3, DType::bf16, scaling_), wgrad_args(codes_[kWeight])}}};
-        for (const auto& [name, gemm] : gemms)
-          if (!be_.matmul_->can_run(gemm.first, gemm.second)) {
-            *why = std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " +
-                   describe_gemm(gemm.first);
-            return false;
-          }
-      }
+    // Whether cuBLASLt on this GPU has algorithms for the three GEMMs with these formats (bf16
+    // outputs, as the model's FP8 layers write) on this layer's buffers; if not, *why says which
+    // it refused. The code buffers stand in for the outputs: only their alignment is read.
+    bool runs_here(Format forward, Format backward, std::string* why) {
+      const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
+          {"forward", {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(codes_[kInput])}},
+          {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(codes_[kInput])}},
+          {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), wgrad_args(codes_[kWeight])}}};
+      for (const auto& [name, gemm] : gemms)
+        if (!be_.matmul_->can_run(gemm.first, gemm.second)) {
+          *why = std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " +
+                 describe_gemm(gemm.first);
+          return false;
+        }
       return true;
     }
 
@@ -1435,19 +1433,17 @@ class CudaBackend final : public Backend {
   // GPU and cuBLASLt version (Hopper, cuBLASLt >= 12.9): each GEMM the layer will run is
   // validated here, then asked of cuBLASLt on the layer's own buffers, once.
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                           std::string* why) override {
+                                           Format forward, Format backward, std::string* why) override {
     try {
-      validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, Format::e4m3, Format::e4m3, DType::bf16, scaling));
-      for (const Format g : {Format::e4m3, Format::e5m2}) {
-        validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16, scaling));
-        validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, g, Format::e4m3, DType::bf16, scaling));
-      }
+      validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling));
+      validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
+      validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
     } catch (const UserError& e) {
       *why = std::string("this layer's shape does not suit cuBLASLt's FP8 GEMMs: ") + e.what();
       return nullptr;
     }
     auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling);
-    if (!gemms->runs_here(why)) return nullptr;
+    if (!gemms->runs_here(forward, backward, why)) return nullptr;
     return gemms;
   }
 
@@ -1654,9 +1650,7 @@ class CudaBackend final : public Backend {
   // spec with a GELU epilogue whose aux matrix is (N, aux_ld); false if cuBLASLt would refuse it.
   static bool gelu_spec_valid(GemmSpec& spec, cublasLtEpilogue_t epilogue, int64_t aux_ld) {
     spec.epilogue = epilogue;
-    spec.aux_ld = aux_ld;
-    spec.aux_type = static_cast<int32_t>(spec.d_type);
-    if (epilogue_uses_bias(epilogue)) spec.bias_type = static_cast<int32_t>(spec.d_type);
+    spec.aux_ld = aux_ld;  // aux and bias keep cuBLASLt's default type, D's (as llm.c leaves them)
     try {
       validate_gemm_spec(spec);
     } catch (const UserError&) {
