@@ -24,7 +24,7 @@ struct ModelConfig {
   int vocab_size = 0;  // required
   std::string init_from;  // empty = null
   std::string attention = "auto";  // auto | cudnn | fallback
-  bool fused_gelu = true;          // GELU in the neighbouring GEMMs' epilogues (GPU, non-FP8 layers)
+  bool fused_gelu = true;          // GELU in the neighbouring GEMMs' epilogues (GPU: bf16/fp16, non-FP8 layers)
   double init_std = 0.02;  // GPT-2 initialisation (Megatron's --init-method-std)
 
   // Vocabulary padded to a multiple of 128 (the padded logits never win, never get gradient).

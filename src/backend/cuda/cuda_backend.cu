@@ -1311,38 +1311,23 @@ class CudaBackend final : public Backend {
       spec.a_scale = sc == Scaling::tensor ? GemmScale::tensor : a_blocks;
       spec.b_scale = sc == Scaling::tensor ? GemmScale::tensor : b_blocks;
     }
+    // A GEMM reading operand a's codes (or their transpose) as A and b's as B, with their factors.
+    GemmArgs operand_args(Operand a, bool a_transposed, Operand b, bool b_transposed, void* d, float beta) const {
+      GemmArgs args;
+      args.a = a_transposed ? transposed_[a] : codes_[a];
+      args.b = b_transposed ? transposed_[b] : codes_[b];
+      args.d = d;
+      args.beta = beta;
+      args.a_scale_inv = factors(a, a_transposed);
+      args.b_scale_inv = factors(b, b_transposed);
+      return args;
+    }
     // out(rows,OC) = input W^T: A = W codes, B = input codes.
-    GemmArgs forward_args(void* d) {
-      GemmArgs args;
-      args.a = codes_[kWeight];
-      args.b = codes_[kInput];
-      args.d = d;
-      args.a_scale_inv = factors(kWeight, false);
-      args.b_scale_inv = factors(kInput, false);
-      return args;
-    }
+    GemmArgs forward_args(void* d) const { return operand_args(kWeight, false, kInput, false, d, 0.0f); }
     // dinp += grad W: A = W^T codes, B = grad codes.
-    GemmArgs dgrad_args(void* d) {
-      GemmArgs args;
-      args.a = transposed_[kWeight];
-      args.b = codes_[kGrad];
-      args.d = d;
-      args.beta = 1.0f;
-      args.a_scale_inv = factors(kWeight, true);
-      args.b_scale_inv = factors(kGrad, false);
-      return args;
-    }
+    GemmArgs dgrad_args(void* d) const { return operand_args(kWeight, true, kGrad, false, d, 1.0f); }
     // dW += grad^T input: A = input^T codes, B = grad^T codes.
-    GemmArgs wgrad_args(void* d) {
-      GemmArgs args;
-      args.a = transposed_[kInput];
-      args.b = transposed_[kGrad];
-      args.d = d;
-      args.beta = 1.0f;
-      args.a_scale_inv = factors(kInput, true);
-      args.b_scale_inv = factors(kGrad, true);
-      return args;
-    }
+    GemmArgs wgrad_args(void* d) const { return operand_args(kInput, true, kGrad, true, d, 1.0f); }
 
     // Where an operand's casts gather their statistics; an evaluation's go to a slot never read.
     static constexpr int kDiscard = 3;
@@ -1637,11 +1622,13 @@ class CudaBackend final : public Backend {
     matmul_->run(row_major_gemm(g), args, stream_);
   }
 
-  // Whether a GELU epilogue can read and write these operands as they are: one GEMM dtype for
-  // all, none needing a rounding pass, a bias (if any) 16-byte aligned as gemm_into wants it.
+  // Whether a GELU epilogue can read and write these operands as they are: one 16-bit GEMM dtype
+  // for all (FP32 runs keep the separate ops: cuBLASLt's GELU need not be the CPU's to FP32
+  // precision), none needing a rounding pass, a bias (if any) 16-byte aligned as gemm_into
+  // wants it.
   static bool gelu_epilogue_fits(std::initializer_list<const Tensor*> operands, const Tensor& bias) {
     const DType dt = (*operands.begin())->dtype;
-    if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16) return false;
+    if (dt != DType::bf16 && dt != DType::f16) return false;
     const auto fits = [dt](const Tensor& t) { return t.device == Device::cuda && t.dtype == dt && !needs_rounding(t); };
     for (const Tensor* t : operands)
       if (t->empty() || !fits(*t)) return false;
