@@ -68,7 +68,8 @@ class Fp8Gemms {
   // How the factors are given: one per tensor (delayed and current recipes), or one per 1x128
   // tile / 128x128 block (the block recipe: Hopper's block-scaled GEMMs).
   enum class Scaling { tensor, blocks };
-  // What an operand's casts did, and the scale of its latest one (NaN with block scaling).
+  // What an operand's recorded casts did, and the scale of the latest one: NaN with block
+  // scaling, 0 if there was none since the last take_stats().
   struct OperandStats {
     Fp8CastStats stats;
     float scale = 0;

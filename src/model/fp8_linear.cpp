@@ -74,22 +74,22 @@ void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor ou
     return;
   }
   Fp8CastStats s;
+  float scale = NAN;  // block scaling: one scale per block, no single one to report
   switch (policy_.recipe) {
     case Fp8Recipe::delayed:
-      state.scale = state.delayed.scale();
-      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      scale = state.delayed.scale();
+      s = backend_.fp8_cast(out, in, state.format, scale);
       if (training) state.delayed.record(s.amax);
       break;
     case Fp8Recipe::current:
-      state.scale = current_scale(backend_.amax(in), format_max(state.format));
-      s = backend_.fp8_cast(out, in, state.format, state.scale);
+      scale = current_scale(backend_.amax(in), format_max(state.format));
+      s = backend_.fp8_cast(out, in, state.format, scale);
       break;
-    case Fp8Recipe::block:
-      state.scale = NAN;  // one scale per block: no single scale to report
-      s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols);
-      break;
+    case Fp8Recipe::block: s = backend_.fp8_cast_blocks(out, in, state.format, block_rows, block_cols); break;
   }
-  if (training) accumulate(state.stats, s);
+  if (!training) return;
+  state.scale = scale;
+  accumulate(state.stats, s);
 }
 
 void Fp8Linear::settle() {

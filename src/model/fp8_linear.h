@@ -27,7 +27,7 @@ struct Fp8TensorState {
   std::string name;  // e.g. "h3.fc.input"
   Format format;
   DelayedScaling delayed;
-  float scale = 1;         // scale of the latest cast (per-tensor recipes)
+  float scale = 1;         // scale of the latest training cast (per-tensor recipes; NaN for block)
   Fp8CastStats stats;      // amax is the max over the casts since the last reset
   void reset_stats() { stats = Fp8CastStats{}; }
 };
@@ -51,7 +51,8 @@ class Fp8Linear {
   void end_step();
 
   // The three tensors' scaling states and telemetry, with the native casts' statistics read
-  // from the device first (settle()).
+  // from the device first (settle()). Call it again rather than keep the pointers across casts:
+  // what they point to is current only after a settle.
   std::vector<Fp8TensorState*> tensors() {
     settle();
     return {&input_, &weight_, &grad_};
