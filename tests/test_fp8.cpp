@@ -182,11 +182,7 @@ class DeferredFp8Gemms final : public Fp8Gemms {
   }
   void gather(Operand which, bool record, const Fp8CastStats& s, float scale) {
     OperandStats& slot = slots_[record ? which : 3];
-    Fp8CastStats& acc = slot.stats;
-    acc.amax = std::isnan(s.amax) || std::isnan(acc.amax) ? NAN : std::max(acc.amax, s.amax);
-    acc.nonzero += s.nonzero;
-    acc.underflow += s.underflow;
-    acc.saturated += s.saturated;
+    slot.stats.merge(s);
     slot.scale = scale;
   }
 

@@ -12,7 +12,9 @@
 //    are bit-identical run to run and across thread counts.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -36,6 +38,14 @@ struct Fp8CastStats {
   int64_t nonzero = 0;    // non-zero inputs
   int64_t underflow = 0;  // non-zero inputs that became zero
   int64_t saturated = 0;  // inputs whose scaled value overflowed the format and was clipped to max
+
+  // Adds another cast's (or casts') statistics: amax the NaN-sticky max, counts summed.
+  void merge(const Fp8CastStats& s) {
+    amax = std::isnan(s.amax) || std::isnan(amax) ? NAN : std::max(amax, s.amax);
+    nonzero += s.nonzero;
+    underflow += s.underflow;
+    saturated += s.saturated;
+  }
 };
 
 // How attention saves its forward pass for the backward pass.

@@ -54,14 +54,6 @@ void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) 
   return p;
 }
 
-// Telemetry over a step's casts: amax the NaN-sticky max, counts summed.
-static void accumulate(Fp8CastStats& acc, const Fp8CastStats& s) {
-  acc.amax = std::isnan(s.amax) || std::isnan(acc.amax) ? NAN : std::max(acc.amax, s.amax);
-  acc.nonzero += s.nonzero;
-  acc.underflow += s.underflow;
-  acc.saturated += s.saturated;
-}
-
 void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows,
                      int block_cols, bool training) {
   if (gemms_) {  // queued on the device; its statistics are read in settle()
@@ -89,7 +81,7 @@ void Fp8Linear::cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor ou
   }
   if (!training) return;
   state.scale = scale;
-  accumulate(state.stats, s);
+  state.stats.merge(s);
 }
 
 void Fp8Linear::settle() {
@@ -99,7 +91,7 @@ void Fp8Linear::settle() {
   Fp8TensorState* states[3] = {&input_, &weight_, &grad_};  // in Fp8Gemms::Operand order
   for (int i = 0; i < 3; ++i) {
     Fp8TensorState& state = *states[i];
-    accumulate(state.stats, taken[i].stats);
+    state.stats.merge(taken[i].stats);
     if (policy_.recipe == Fp8Recipe::delayed) {
       state.delayed.record(taken[i].stats.amax);
       state.scale = state.delayed.scale();  // what this step's casts used
@@ -141,7 +133,7 @@ void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout)
 void Fp8Linear::end_step() {
   settle();
   if (policy_.recipe == Fp8Recipe::delayed)
-    for (Fp8TensorState* s : tensors()) s->delayed.end_step();
+    for (Fp8TensorState* s : {&input_, &weight_, &grad_}) s->delayed.end_step();
   weight_cast_ = false;
 }
 

@@ -399,12 +399,6 @@ void fp8_cast_run(float* out, const float* in, int64_t n, Format f, float scale,
   }
 }
 
-void add_counts(Fp8CastStats& into, const Fp8CastStats& s) {
-  into.nonzero += s.nonzero;
-  into.underflow += s.underflow;
-  into.saturated += s.saturated;
-}
-
 // ---------------------------------------------------------------------------- the backend
 
 // Calls fn with the element type of `t` (float or double).
@@ -694,7 +688,7 @@ class CpuBackend final : public Backend {
       fp8_cast_run(out.as<float>() + begin, in.as<float>() + begin, count, format, scale, partial[c]);
     }
     Fp8CastStats stats;
-    for (const auto& p : partial) add_counts(stats, p);
+    for (const auto& p : partial) stats.merge(p);  // counts; the amax is the tensor's, below
     stats.amax = amax_impl(in.as<float>(), n);
     return stats;
   }
@@ -727,7 +721,7 @@ class CpuBackend final : public Backend {
         }
     }
     Fp8CastStats stats;
-    for (const auto& p : partial) add_counts(stats, p);
+    for (const auto& p : partial) stats.merge(p);  // counts; the amax is the tensor's, below
     stats.amax = amax_impl(x, in.numel());
     return stats;
   }

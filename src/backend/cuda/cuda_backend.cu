@@ -651,49 +651,44 @@ class CudaBackend final : public Backend {
   // the GEMM cannot take as they are (mixed dtypes, a rounding format, an aux leading dimension
   // cuBLASLt refuses, a misaligned bias) take the separate ops.
   void matmul_gelu_forward(Tensor out, Tensor pre, Tensor inp, Tensor weight, Tensor bias) override {
-    const char* op = "matmul_gelu_forward";
-    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
-    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t OC = weight.ndim == 2 ? weight.dim(0) : 0, C = weight.ndim == 2 ? weight.dim(1) : 0;
     const int64_t N = C > 0 ? inp.numel() / C : 0;
-    GemmSpec spec;
-    if (!gelu_epilogue_fits({&out, &pre, &inp, &weight}, bias) || N == 0 || last_dim(inp) != C ||
-        out.numel() != N * OC || pre.numel() != N * OC || (!bias.empty() && bias.numel() != OC) ||
-        !gelu_spec_valid(spec = linear_forward_gemm(N, C, OC, cuda_type(inp.dtype), cuda_type(inp.dtype),
-                                                    cuda_type(inp.dtype), compute_for(inp.dtype)),
-                         bias.empty() ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU_AUX_BIAS, OC))
-      return Backend::matmul_gelu_forward(out, pre, inp, weight, bias);
-    GemmArgs args;
-    args.a = weight.data;
-    args.b = inp.data;
-    args.d = out.data;
-    args.aux = pre.data;
-    args.bias = bias.empty() ? nullptr : bias.data;
-    if (!matmul_->can_run(spec, args)) return Backend::matmul_gelu_forward(out, pre, inp, weight, bias);
-    matmul_->run(spec, args, stream_);
+    const bool shapes_fit = N > 0 && last_dim(inp) == C && out.numel() == N * OC && pre.numel() == N * OC &&
+                            (bias.empty() || bias.numel() == OC);
+    if (shapes_fit && gelu_epilogue_fits({&out, &pre, &inp, &weight}, bias)) {
+      const cudaDataType_t t = cuda_type(inp.dtype);
+      GemmSpec spec = linear_forward_gemm(N, C, OC, t, t, t, compute_for(inp.dtype));
+      spec.epilogue = bias.empty() ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+      spec.aux_ld = OC;  // aux and bias keep cuBLASLt's default type, D's (as llm.c leaves them)
+      GemmArgs args;
+      args.a = weight.data;
+      args.b = inp.data;
+      args.d = out.data;
+      args.aux = pre.data;
+      args.bias = bias.empty() ? nullptr : bias.data;
+      if (matmul_->try_run(spec, args, stream_)) return;
+    }
+    Backend::matmul_gelu_forward(out, pre, inp, weight, bias);  // the separate ops (and their checks)
   }
 
   void matmul_gelu_backward(Tensor dpre, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp, Tensor weight,
                             Tensor pre, Tensor dgelu) override {
-    const char* op = "matmul_gelu_backward";
-    PTRAIN_EXPECT(weight.ndim == 2, op, "weight must be (OC, C), got " + weight.shape_string());
-    const int64_t OC = weight.dim(0), C = weight.dim(1);
+    const int64_t OC = weight.ndim == 2 ? weight.dim(0) : 0, C = weight.ndim == 2 ? weight.dim(1) : 0;
     const int64_t N = OC > 0 ? dout.numel() / OC : 0;
-    GemmSpec spec;
-    if (!gelu_epilogue_fits({&dpre, &dout, &weight, &pre}, Tensor()) || N == 0 || last_dim(dout) != OC ||
-        dpre.numel() != N * C || pre.numel() != N * C ||
-        !gelu_spec_valid(spec = linear_dgrad_gemm(N, C, OC, cuda_type(dout.dtype), cuda_type(dout.dtype),
-                                                  cuda_type(dout.dtype), false, compute_for(dout.dtype)),
-                         CUBLASLT_EPILOGUE_DGELU, C))
-      return Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre, dgelu);
-    GemmArgs args;  // dpre(N,C) = gelu'(pre) * (dout(N,OC) W(OC,C)), written (beta 0)
-    args.a = weight.data;
-    args.b = dout.data;
-    args.d = dpre.data;
-    args.aux = pre.data;
-    if (!matmul_->can_run(spec, args))
-      return Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre, dgelu);
-    matmul_->run(spec, args, stream_);
-    matmul_backward(Tensor(), dweight, dbias, dout, inp, weight);
+    const bool shapes_fit = N > 0 && last_dim(dout) == OC && dpre.numel() == N * C && pre.numel() == N * C;
+    if (shapes_fit && gelu_epilogue_fits({&dpre, &dout, &weight, &pre}, Tensor())) {
+      const cudaDataType_t t = cuda_type(dout.dtype);
+      GemmSpec spec = linear_dgrad_gemm(N, C, OC, t, t, t, false, compute_for(dout.dtype));
+      spec.epilogue = CUBLASLT_EPILOGUE_DGELU;
+      spec.aux_ld = C;
+      GemmArgs args;  // dpre(N,C) = gelu'(pre) * (dout(N,OC) W(OC,C)), written (beta 0)
+      args.a = weight.data;
+      args.b = dout.data;
+      args.d = dpre.data;
+      args.aux = pre.data;
+      if (matmul_->try_run(spec, args, stream_)) return matmul_backward(Tensor(), dweight, dbias, dout, inp, weight);
+    }
+    Backend::matmul_gelu_backward(dpre, dweight, dbias, dout, inp, weight, pre, dgelu);
   }
 
   // ------------------------------------------------------------------------ attention
@@ -1268,13 +1263,9 @@ class CudaBackend final : public Backend {
         with_bias.bias_type = cuda_type(bias.dtype);
         GemmArgs bias_args = args;
         bias_args.bias = bias.data;
-        fused_bias = be_.matmul_->can_run(with_bias, bias_args);
-        if (fused_bias) {
-          spec = with_bias;
-          args = bias_args;
-        }
+        fused_bias = be_.matmul_->try_run(with_bias, bias_args, be_.stream_);
       }
-      be_.matmul_->run(spec, args, be_.stream_);
+      if (!fused_bias) be_.matmul_->run(spec, args, be_.stream_);
       if (!bias.empty() && !fused_bias) {
         const Tensor bb = st.in(bias, out.dtype);
         with_float_type(out.dtype, op, [&](auto tag) {
@@ -1634,18 +1625,6 @@ class CudaBackend final : public Backend {
       if (t->empty() || !fits(*t)) return false;
     return bias.empty() || (fits(bias) && reinterpret_cast<uintptr_t>(bias.data) % 16 == 0);
   }
-  // spec with a GELU epilogue whose aux matrix is (N, aux_ld); false if cuBLASLt would refuse it.
-  static bool gelu_spec_valid(GemmSpec& spec, cublasLtEpilogue_t epilogue, int64_t aux_ld) {
-    spec.epilogue = epilogue;
-    spec.aux_ld = aux_ld;  // aux and bias keep cuBLASLt's default type, D's (as llm.c leaves them)
-    try {
-      validate_gemm_spec(spec);
-    } catch (const UserError&) {
-      return false;
-    }
-    return true;
-  }
-
   // dbias(OC) += column sums of dout(N, OC), in dout's dtype (kernels::bias_backward: partial
   // sums per 32 rows, then the slices in order).
   void bias_backward_into(Staged& st, const Tensor& dbias, const Tensor& dout, int64_t N, int64_t OC) {

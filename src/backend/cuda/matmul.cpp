@@ -694,23 +694,32 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
   return ref;
 }
 
-bool Matmul::can_run(const GemmSpec& spec, const GemmArgs& args) {
-  validate_gemm_args(spec, args);
+Matmul::Plan* Matmul::plan_or_refusal(const GemmSpec& spec, const GemmArgs& args) {
   const PlanKey key{spec, gemm_pointer_alignment(args)};
-  if (plans_.count(key)) return true;
-  if (refused_.count(key)) return false;
+  if (refused_.count(key)) return nullptr;
   try {
-    plan_for(spec, key.alignment);
-    return true;
-  } catch (const EnvironmentError&) {  // no algorithm, or cuBLASLt refused the descriptor
+    validate_gemm_args(spec, args);
+    return &plan_for(spec, key.alignment);
+  } catch (const std::exception&) {  // a spec cuBLASLt (or ptrain's rules for it) refuses, or no algorithm
     refused_.insert(key);
-    return false;
+    return nullptr;
   }
 }
 
+bool Matmul::can_run(const GemmSpec& spec, const GemmArgs& args) { return plan_or_refusal(spec, args) != nullptr; }
+
 void Matmul::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   validate_gemm_args(spec, args);
-  Plan& plan = plan_for(spec, gemm_pointer_alignment(args));
+  launch(plan_for(spec, gemm_pointer_alignment(args)), spec, args, stream);
+}
+
+bool Matmul::try_run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
+  Plan* plan = plan_or_refusal(spec, args);
+  if (plan) launch(*plan, spec, args, stream);
+  return plan != nullptr;
+}
+
+void Matmul::launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   cublasLtMatmulDesc_t desc = plan.desc.matmul.get();
 
   if (epilogue_uses_bias(spec.epilogue)) PTRAIN_SET_DESC(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, args.bias);

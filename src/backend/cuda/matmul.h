@@ -235,10 +235,12 @@ class Matmul {
   // pointer alignment class) builds and caches its plan.
   void run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
-  // Whether cuBLASLt has an algorithm for spec with these pointers' alignment, asked once per
-  // spec and alignment class (a plan found is kept for run(); a refusal is remembered). For
-  // optional paths (epilogues, block scaling) that have a fallback.
+  // For optional paths (epilogues, block scaling) that have a fallback: whether the GEMM can run
+  // (a spec ptrain's rules or cuBLASLt refuse, or no algorithm, is a refusal), asked once per
+  // spec and alignment class; a plan found is kept, a refusal remembered. try_run() runs it if
+  // it can, in the same lookup.
   bool can_run(const GemmSpec& spec, const GemmArgs& args);
+  bool try_run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
   size_t cached_plans() const { return plans_.size(); }
   cublasLtHandle_t handle() const { return handle_; }
@@ -259,6 +261,8 @@ class Matmul {
   };
 
   Plan& plan_for(const GemmSpec& spec, int alignment);
+  Plan* plan_or_refusal(const GemmSpec& spec, const GemmArgs& args);  // null: refused
+  void launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
