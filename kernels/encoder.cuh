@@ -9,6 +9,7 @@
 // one thread per (position, chunk).
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "common.cuh"
@@ -16,6 +17,21 @@
 namespace ptrain::kernels {
 
 constexpr int kEncoderThreads = 256;
+
+// The buckets of n positions (TokenBuckets below) packed into 3n + 2 ints in a layout that
+// depends on n only: [count | ids (n) | starts (n + 1) | positions (n)], unused slots left as
+// they are. A kernel launched on one batch's buffer (a CUDA graph replays exactly that launch)
+// then reads whatever batch was packed into it since.
+struct PackedBucketsView {
+  int count;
+  const int* ids;
+  const int* starts;
+  const int* positions;
+  __host__ __device__ static PackedBucketsView of(const int* packed, int n) {
+    return {packed[0], packed + 1, packed + 1 + n, packed + 2 + 2 * static_cast<size_t>(n)};
+  }
+};
+__host__ __device__ constexpr size_t packed_bucket_ints(int n) { return 3 * static_cast<size_t>(n) + 2; }
 
 // out(N, C) = wte[tokens[bt]] + wpe[bt % Tn], one rounding per element.
 template <typename T>
@@ -56,23 +72,24 @@ __global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int T
 }
 
 // dwte(id, :) += dout rows of the bucket's positions in ascending order, one thread per
-// (bucket, chunk). Buckets own distinct rows, so no two threads write the same element.
+// (bucket, chunk). Buckets own distinct rows, so no two threads write the same element. The
+// bucket count is read from device memory (PackedBuckets), so that one launch serves any batch.
 template <typename T>
-__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int* bucket_ids, const int* bucket_starts,
-                                            const int* bucket_positions, int n_buckets, int C) {
+__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int* packed_buckets, int n, int C) {
   constexpr int V = Packed128<T>::size;
+  const PackedBucketsView b = PackedBucketsView::of(packed_buckets, n);
   const size_t chunks = static_cast<size_t>(ceil_div(C, V));
-  const size_t total = static_cast<size_t>(n_buckets) * chunks;
+  const size_t total = static_cast<size_t>(b.count) * chunks;
   for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int bucket = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
-    T* row = dwte + static_cast<size_t>(bucket_ids[bucket]) * C;
+    T* row = dwte + static_cast<size_t>(b.ids[bucket]) * C;
     float acc[V];
     load_chunk(acc, row, i, C);
-    const int end = bucket_starts[bucket + 1];
-    for (int j = bucket_starts[bucket]; j < end; ++j) {
+    const int end = b.starts[bucket + 1];
+    for (int j = b.starts[bucket]; j < end; ++j) {
       float d[V];
-      load_chunk(d, dout + static_cast<size_t>(bucket_positions[j]) * C, i, C);
+      load_chunk(d, dout + static_cast<size_t>(b.positions[j]) * C, i, C);
       for (int k = 0; k < V; ++k) acc[k] += d[k];
     }
     store_chunk(row, i, C, acc);
@@ -131,19 +148,29 @@ void encoder_forward(T* out, const int* tokens, const T* wte, const T* wpe, int 
                 B * Tn, Tn, C);
 }
 
-// Adds into dwte (V, C) and dwpe (Tn, C). The bucket arrays are a TokenBuckets of the step's
-// tokens (bucket_tokens(tokens, B * Tn)) copied to the device; n_buckets = ids.size().
+// Writes `b`, the buckets of n positions, into packed (packed_bucket_ints(n) ints).
+inline void pack_buckets(const TokenBuckets& b, int n, int* packed) {
+  packed[0] = static_cast<int>(b.ids.size());
+  std::copy(b.ids.begin(), b.ids.end(), packed + 1);
+  std::copy(b.starts.begin(), b.starts.end(), packed + 1 + n);
+  std::copy(b.positions.begin(), b.positions.end(), packed + 2 + 2 * static_cast<size_t>(n));
+}
+
+// Adds into dwte (V, C) and dwpe (Tn, C). packed_buckets: pack_buckets() of the step's tokens
+// (bucket_tokens(tokens, B * Tn)) copied to the device. The grid covers as many buckets as
+// there are positions, the most a batch can have; the kernel reads how many there are.
 template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int* bucket_ids, const int* bucket_starts,
-                      const int* bucket_positions, int n_buckets, int B, int Tn, int C, cudaStream_t stream) {
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int* packed_buckets, int B, int Tn, int C,
+                      cudaStream_t stream) {
   const size_t chunks = static_cast<size_t>(ceil_div(C, Packed128<T>::size));
-  const size_t wpe_work = static_cast<size_t>(Tn) * chunks, wte_work = static_cast<size_t>(n_buckets) * chunks;
+  const int n = B * Tn;
+  const size_t wpe_work = static_cast<size_t>(Tn) * chunks, wte_work = static_cast<size_t>(n) * chunks;
   if (wpe_work > 0)
     PTRAIN_LAUNCH(encoder_backward_wpe_kernel<T>, encoder_blocks(wpe_work), kEncoderThreads, 0, stream, dwpe, dout, B,
                   Tn, C);
   if (wte_work > 0)
     PTRAIN_LAUNCH(encoder_backward_wte_kernel<T>, encoder_blocks(wte_work), kEncoderThreads, 0, stream, dwte, dout,
-                  bucket_ids, bucket_starts, bucket_positions, n_buckets, C);
+                  packed_buckets, n, C);
 }
 
 }  // namespace ptrain::kernels

@@ -113,6 +113,7 @@ bench() {  # bench MODEL MODE [--set ...]: one row of the table
 bench 124m fp32
 bench 124m bf16
 bench 124m bf16 --set model.fused_gelu=false  # what the GELU epilogues buy
+bench 124m bf16 --set training.cuda_graph=true  # what replaying CUDA graphs buys
 for recipe in delayed current block; do bench 124m fp8 --set precision.fp8.recipe=$recipe; done
 for model in 350m 774m; do
   bench "$model" bf16

@@ -66,6 +66,7 @@ TEST_CASE("a minimal config parses with defaults", "[config]") {
   CHECK(c.model.init_from.empty());
   CHECK(c.model.attention == "auto");
   CHECK(c.model.fused_gelu);
+  CHECK_FALSE(c.training.cuda_graph);
   CHECK(c.data.synthetic_enabled);
   CHECK(c.data.synthetic.vocab == 128);
   CHECK(c.data.synthetic.order == 2);
@@ -129,6 +130,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   c.model.fused_gelu = false;
   c.data.synthetic = {200, 3, 7, 123457, 99, 0.1 + 0.2};
   c.training = {77, 4096, 4, 32, 0.3, 0, 3, 2};
+  c.training.cuda_graph = true;
   c.optimizer = {3e-4, 0.8, 0.999, 1.0 / 3.0, 0.0};
   c.schedule = {7, "wsd", 0.0, 0.35};
   c.precision.tf32 = true;
@@ -148,6 +150,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   CHECK(back.run.seed == -42);
   CHECK(back.run.overwrite);
   CHECK_FALSE(back.model.fused_gelu);
+  CHECK(back.training.cuda_graph);
   CHECK(back.data.synthetic_enabled);
   CHECK(back.data.synthetic.val_fraction == c.data.synthetic.val_fraction);
   CHECK(back.data.synthetic.tokens == 123457);

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "model/fp8_linear.h"
 #include "model/gpt.h"
+#include "test_backends.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -137,134 +138,6 @@ TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per 
   layer.forward(out1.view(), inp.view(), w2.view(), Tensor(), true);
   CHECK(out1.data[0] == 16.0f);  // a new step casts the new weight: 16 * 4 * 0.25
 }
-
-// The native FP8 path's bookkeeping, checked without a GPU. These Fp8Gemms cast and multiply as
-// the CPU emulates, but gather each operand's statistics until take_stats() (unrecorded casts
-// into a slot never read), as the CUDA backend's do on the device; the model must then train
-// and report exactly as with the emulation, whose statistics arrive with each cast.
-class DeferredFp8Gemms final : public Fp8Gemms {
- public:
-  DeferredFp8Gemms(Backend& cpu, int64_t rows, int64_t C, int64_t OC, Scaling scaling)
-      : be_(cpu), blocks_(scaling == Scaling::blocks) {
-    shapes_ = {std::vector<int64_t>{rows, C}, {OC, C}, {rows, OC}};
-    for (int i = 0; i < 3; ++i) {
-      q_[i].assign(static_cast<size_t>(shapes_[i][0] * shapes_[i][1]), 0.0f);
-      qt_[i] = q_[i];
-    }
-  }
-  void cast(Operand which, Tensor in, Format format, float scale, bool record) override {
-    gather(which, record, be_.fp8_cast(view(q_, which), in, format, scale), scale);
-  }
-  void cast_current(Operand which, Tensor in, Format format, bool record) override {
-    cast(which, in, format, current_scale(be_.amax(in), format_max(format)), record);
-  }
-  void cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols, bool record) override {
-    const Tensor out = block_cols == 1 ? view(qt_, which) : view(q_, which);  // 128x1 tiles feed wgrad
-    gather(which, record, be_.fp8_cast_blocks(out, in, format, block_rows, block_cols), NAN);
-  }
-  std::array<OperandStats, 3> take_stats() override {
-    const std::array<OperandStats, 3> taken = {slots_[0], slots_[1], slots_[2]};
-    slots_ = {};
-    return taken;
-  }
-  void forward(Tensor out, Tensor bias) override {
-    be_.matmul_forward(out, view(q_, kInput), view(q_, kWeight), bias);
-  }
-  void backward(Tensor dinp, Tensor dweight) override {
-    be_.matmul_backward(dinp, Tensor(), Tensor(), view(q_, kGrad), view(q_, kInput), view(q_, kWeight));
-    auto& wgrad = blocks_ ? qt_ : q_;
-    be_.matmul_backward(Tensor(), dweight, Tensor(), view(wgrad, kGrad), view(wgrad, kInput), view(q_, kWeight));
-  }
-
- private:
-  Tensor view(std::array<std::vector<float>, 3>& q, Operand which) {
-    return Tensor(q[which].data(), DType::f32, shapes_[which]);
-  }
-  void gather(Operand which, bool record, const Fp8CastStats& s, float scale) {
-    OperandStats& slot = slots_[record ? which : 3];
-    slot.stats.merge(s);
-    slot.scale = scale;
-  }
-
-  Backend& be_;
-  bool blocks_;
-  std::array<std::vector<int64_t>, 3> shapes_;
-  std::array<std::vector<float>, 3> q_, qt_;  // dequantised casts; qt_: block scaling's wgrad tiles
-  std::array<OperandStats, 4> slots_{};       // per operand, then the unrecorded casts'
-};
-
-// The CPU backend with the Fp8Gemms above: every other op is the CPU's own.
-class DeferredFp8Backend final : public Backend {
- public:
-  explicit DeferredFp8Backend(Backend& cpu) : cpu_(cpu) {}
-  std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling, Format,
-                                           Format, std::string*) override {
-    return std::make_unique<DeferredFp8Gemms>(cpu_, rows, C, OC, scaling);
-  }
-
-  std::string name() const override { return cpu_.name(); }
-  Device device() const override { return cpu_.device(); }
-  std::string description() const override { return cpu_.description(); }
-  std::vector<std::string> performance_warnings() const override { return cpu_.performance_warnings(); }
-  DType storage_for(Format f, DType compute) const override { return cpu_.storage_for(f, compute); }
-  void* allocate(size_t bytes) override { return cpu_.allocate(bytes); }
-  void release(void* p) override { cpu_.release(p); }
-  void zero(Tensor t) override { cpu_.zero(t); }
-  void upload(Tensor dst, const float* src) override { cpu_.upload(dst, src); }
-  void download(float* dst, Tensor src) override { cpu_.download(dst, src); }
-  void upload_tokens(Tensor dst, const int32_t* src) override { cpu_.upload_tokens(dst, src); }
-  void copy(Tensor dst, Tensor src) override { cpu_.copy(dst, src); }
-  void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) override {
-    cpu_.embedding_forward(out, tokens, wte, wpe);
-  }
-  void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) override {
-    cpu_.embedding_backward(dwte, dwpe, dout, tokens);
-  }
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor w, Tensor b) override {
-    cpu_.layernorm_forward(out, mean, rstd, inp, w, b);
-  }
-  void layernorm_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w, Tensor mean,
-                          Tensor rstd) override {
-    cpu_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd);
-  }
-  void matmul_forward(Tensor out, Tensor inp, Tensor w, Tensor bias) override { cpu_.matmul_forward(out, inp, w, bias); }
-  void matmul_backward(Tensor dinp, Tensor dw, Tensor db, Tensor dout, Tensor inp, Tensor w) override {
-    cpu_.matmul_backward(dinp, dw, db, dout, inp, w);
-  }
-  void bias_backward(Tensor db, Tensor dout) override { cpu_.bias_backward(db, dout); }
-  void attention_forward(Tensor out, Tensor saved, Tensor qkv, int nh) override {
-    cpu_.attention_forward(out, saved, qkv, nh);
-  }
-  void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved, int nh) override {
-    cpu_.attention_backward(dqkv, dout, qkv, out, saved, nh);
-  }
-  AttentionChoice choose_attention(const std::string& want, DType dt, int64_t B, int64_t T, int nh,
-                                   int64_t hs) override {
-    return cpu_.choose_attention(want, dt, B, T, nh, hs);
-  }
-  void gelu_forward(Tensor out, Tensor inp) override { cpu_.gelu_forward(out, inp); }
-  void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override { cpu_.gelu_backward(dinp, inp, dout); }
-  void add(Tensor out, Tensor a, Tensor b) override { cpu_.add(out, a, b); }
-  void classifier(Tensor logits, Tensor losses, Tensor targets, int vocab, float dloss) override {
-    cpu_.classifier(logits, losses, targets, vocab, dloss);
-  }
-  double sum(Tensor t) override { return cpu_.sum(t); }
-  double sum_squares(Tensor t) override { return cpu_.sum_squares(t); }
-  float amax(Tensor t) override { return cpu_.amax(t); }
-  Fp8CastStats fp8_cast(Tensor out, Tensor in, Format f, float scale) override {
-    return cpu_.fp8_cast(out, in, f, scale);
-  }
-  Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format f, int br, int bc) override {
-    return cpu_.fp8_cast_blocks(out, in, f, br, bc);
-  }
-  void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p, Tensor copy) override {
-    cpu_.adamw(param, grad, m, v, p, copy);
-  }
-  GradNumerics take_grad_numerics() override { return cpu_.take_grad_numerics(); }
-
- private:
-  Backend& cpu_;
-};
 
 TEST_CASE("native FP8 casts with statistics read once per step train and report as the emulation", "[fp8]") {
   const GptShape shape{2, 2, 32, 16, 64, 128};

@@ -16,6 +16,8 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,6 +108,13 @@ class Fp8Gemms {
   virtual void forward(Tensor out, Tensor bias) = 0;
   // dinp(rows, C) += grad weight; dweight(OC, C) += grad^T input. Either may be empty.
   virtual void backward(Tensor dinp, Tensor dweight) = 0;
+};
+
+// Work recorded by Backend::record, replayed in the stream order of the backend's other ops.
+class RecordedWork {
+ public:
+  virtual ~RecordedWork() = default;
+  virtual void replay() = 0;
 };
 
 class Backend {
@@ -206,6 +215,11 @@ class Backend {
   // inf in double): loss scaling's overflow check.
   virtual double sum(Tensor t) = 0;
   virtual double sum_squares(Tensor t) = 0;
+  // out (one f64 element in this backend's memory) = sum(t), the same value, left where it is:
+  // results gathered this way are read together by one download_doubles, not one wait each.
+  virtual void sum_into(Tensor out, Tensor t) = 0;
+  // f64 elements to the host, exactly.
+  virtual void download_doubles(double* dst, Tensor src) = 0;
   // max |x| (NaN if any element is NaN).
   virtual float amax(Tensor t) = 0;
 
@@ -246,6 +260,24 @@ class Backend {
 
   // Returns the gradient-rounding counters since the last call and resets them.
   virtual GradNumerics take_grad_numerics() = 0;
+
+  // Recording (CUDA graphs): the work of a sequence of ops captured once and replayed as one
+  // launch, without the host's per-op calls. Why record() cannot succeed here; "" if it can.
+  virtual std::string cannot_record() const {
+    return "the " + name() + " backend runs each op as it is called and records none";
+  }
+  // Records the work `body` queues, without running it. Null, with the reason in *why, when
+  // this backend cannot record or `body` did what a recording cannot hold (waited for the
+  // device, read a result back): none of body's device work has then run, though its host-side
+  // effects have. Errors that have nothing to do with recording propagate.
+  virtual std::unique_ptr<RecordedWork> record(const std::function<void()>& body, std::string* why) {
+    (void)body;
+    *why = cannot_record();
+    return nullptr;
+  }
+  // Changes whenever memory is allocated or released: a recording from another epoch may point
+  // at memory that has been handed out again since.
+  virtual uint64_t memory_epoch() const { return 0; }
 };
 
 // The CPU reference backend (OpenMP + OpenBLAS). `threads` = 0 uses every available core.

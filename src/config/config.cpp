@@ -155,6 +155,8 @@ Schema make_schema(Config& c) {
       number("training.threads", &t.threads, at_least(0), "CPU threads; 0 = all available"),
       number("training.loss_weight", &t.loss_weight, above(0),
              "multiplies the loss and so every gradient (the logged loss is unweighted)"),
+      flag("training.cuda_graph", &t.cuda_graph,
+           "GPU: replay each micro-batch's forward and backward as one recorded CUDA graph"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),

@@ -57,6 +57,7 @@ struct TrainingConfig {
   int eval_batches = 20;
   int threads = 0;  // CPU threads; 0 = all available
   double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
+  bool cuda_graph = false;   // GPU: record each kind of micro-batch once, replay it as one CUDA graph
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
 };

@@ -130,6 +130,14 @@ void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout)
   if (!dbias.empty()) backend_.bias_backward(dbias, dout);
 }
 
+std::string Fp8Linear::unrecordable() const {
+  if (!gemms_) return "FP8 layers that emulate read every cast's statistics back at once (" + why_emulated_ + ")";
+  // Current and block scaling find their scales on the device; delayed scales come from the
+  // host's amax history, new every step, and a recording would keep the first step's.
+  if (policy_.recipe == Fp8Recipe::delayed) return "delayed FP8 scaling hands the casts each step's new scales from the host";
+  return "";
+}
+
 void Fp8Linear::end_step() {
   settle();
   if (policy_.recipe == Fp8Recipe::delayed)

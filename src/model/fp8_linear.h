@@ -61,6 +61,22 @@ class Fp8Linear {
   bool native() const { return gemms_ != nullptr; }
   const std::string& native_fp8_absent() const { return why_emulated_; }
 
+  // What the host keeps between a layer's calls: whether this step's weight cast is done and
+  // whether native casts left statistics on the device. A recorded micro-batch (CUDA graph)
+  // replays the device work only, so its caller sets these to what the recording left.
+  struct HostState {
+    bool weight_cast = false, unsettled = false;
+    bool operator==(const HostState& o) const { return weight_cast == o.weight_cast && unsettled == o.unsettled; }
+  };
+  HostState host_state() const { return {weight_cast_, unsettled_}; }
+  void restore(const HostState& s) {
+    weight_cast_ = s.weight_cast;
+    unsettled_ = s.unsettled;
+  }
+  // Why a recorded training micro-batch would not replay this layer's casts as they run
+  // anew, or "" when it would.
+  std::string unrecordable() const;
+
   // Bytes of the cast copies one such layer allocates.
   static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC);
   // The only block size block-scaled GEMMs take (cuBLASLt's VEC128 / BLK128x128 modes).

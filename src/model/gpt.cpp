@@ -1,6 +1,8 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/rng.h"
 #include "metrics/nvtx.h"
@@ -300,27 +302,115 @@ Tensor Gpt::residual_in(int layer) const {
 }
 
 double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
-  const bool training = dloss != 0;
-  forward_logits(inputs, training);
+  load_batch(inputs, targets);
+  forward_loss(dloss);
+  return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
+}
+
+void Gpt::load_batch(const int32_t* inputs, const int32_t* targets) {
+  backend_.upload_tokens(a_.tokens, inputs);
   backend_.upload_tokens(a_.targets, targets);
+}
+
+void Gpt::forward_loss(float dloss) {
+  const bool training = dloss != 0;
+  forward_logits(training);
   backend_.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
   grads_ready_ = training;
-  return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
+}
+
+void Gpt::train_micro_batch(const int32_t* inputs, const int32_t* targets, float dloss, Tensor loss_sum,
+                            const std::function<void(int block)>& grads_done) {
+  PTRAIN_CHECK(dloss != 0, "train_micro_batch needs a loss gradient (dloss != 0)");
+  load_batch(inputs, targets);
+  if (recording_on_ && !grads_done) {
+    run_recorded(dloss);
+  } else {
+    forward_and_backward(dloss, grads_done);
+  }
+  backend_.sum_into(loss_sum, a_.losses);
+}
+
+void Gpt::forward_and_backward(float dloss, const std::function<void(int block)>& grads_done) {
+  {
+    NvtxRange range("forward");
+    forward_loss(dloss);
+  }
+  NvtxRange range("backward");
+  backward(grads_done);
+}
+
+std::string Gpt::record_micro_batches() {
+  std::string why = backend_.cannot_record();
+  for (const auto& f : fp8_)
+    if (why.empty() && f) why = f->unrecordable();
+  recording_on_ = why.empty();
+  return why;
+}
+
+Gpt::HostProgress Gpt::host_progress(float dloss) const {
+  HostProgress p;
+  std::memcpy(&p.dloss_bits, &dloss, sizeof dloss);
+  p.grads_ready = grads_ready_;
+  for (const auto& f : fp8_) p.fp8.push_back(f ? f->host_state() : Fp8Linear::HostState{});
+  return p;
+}
+
+void Gpt::restore(const HostProgress& progress) {
+  grads_ready_ = progress.grads_ready;
+  for (size_t i = 0; i < fp8_.size(); ++i)
+    if (fp8_[i]) fp8_[i]->restore(progress.fp8[i]);
+}
+
+void Gpt::run_recorded(float dloss) {
+  const auto run = [&] { forward_and_backward(dloss, {}); };
+  const HostProgress before = host_progress(dloss);
+  // Loss scaling moved to a new dloss: the recordings made with the old one are done with.
+  recordings_.erase(std::remove_if(recordings_.begin(), recordings_.end(),
+                                   [&](const Recording& r) { return r.before.dloss_bits != before.dloss_bits; }),
+                    recordings_.end());
+  auto it = std::find_if(recordings_.begin(), recordings_.end(), [&](const Recording& r) { return r.before == before; });
+  if (it == recordings_.end() || it->memory_epoch != backend_.memory_epoch()) {
+    // The first of its kind, or memory was handed out anew since its recording (which may point
+    // at it): run as called, which also lets the backend settle its caches and scratch memory.
+    if (it == recordings_.end()) it = recordings_.insert(recordings_.end(), Recording{before, {}, 0, nullptr});
+    it->work.reset();
+    run();
+    it->memory_epoch = backend_.memory_epoch();
+    return;
+  }
+  if (!it->work) {
+    std::string why;
+    it->work = backend_.record(run, &why);
+    if (!it->work) {  // nothing of it ran on the device: run it as called, and from now on
+      recording_on_ = false;
+      recording_failure_ = why;
+      recordings_.clear();
+      restore(before);
+      run();
+      return;
+    }
+    it->after = host_progress(dloss);
+    it->memory_epoch = backend_.memory_epoch();
+  }
+  NvtxRange range("forward and backward (CUDA graph replay)");
+  it->work->replay();
+  restore(it->after);
 }
 
 std::vector<float> Gpt::next_token_logits(const int32_t* inputs, int position) {
   PTRAIN_CHECK(position >= 0 && position < T_, "position outside the sequence");
-  forward_logits(inputs, /*training=*/false);
+  backend_.upload_tokens(a_.tokens, inputs);
+  forward_logits(/*training=*/false);
   std::vector<float> row(static_cast<size_t>(shape_.padded_vocab));
   backend_.download(row.data(), a_.logits[0][position]);  // batch row 0
   row.resize(static_cast<size_t>(shape_.vocab));
   return row;
 }
 
-void Gpt::forward_logits(const int32_t* inputs, bool training) {
+void Gpt::forward_logits(bool training) {
   const int L = shape_.n_layer, NH = shape_.n_head;
   Backend& be = backend_;
-  be.upload_tokens(a_.tokens, inputs);
 
   be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
   for (int l = 0; l < L; ++l) {

@@ -98,6 +98,20 @@ class Gpt {
   // With dloss != 0 the classifier also leaves d(loss)/d(logits) * dloss in place for
   // backward(); dloss = 1 / (B*T*accumulation steps) gives the mean over the batch.
   double forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // One training micro-batch that does not wait for the device: uploads inputs and targets,
+  // runs the forward pass with loss gradient dloss and backward() (grads_done as there), and
+  // leaves the sum of the B*T token losses in loss_sum, one f64 element in backend memory (the
+  // mean loss forward() returns is that sum / (B*T)).
+  void train_micro_batch(const int32_t* inputs, const int32_t* targets, float dloss, Tensor loss_sum,
+                         const std::function<void(int block)>& grads_done = {});
+  // From now on train_micro_batch runs each kind of micro-batch (its dloss and the FP8 layers'
+  // host state) once as called, which warms the backend's caches, then records it
+  // (Backend::record: a CUDA graph) and replays the recording. Micro-batches with grads_done
+  // always run as called. Returns why recording cannot work here, or "" when it is on.
+  std::string record_micro_batches();
+  // Why recording stopped after it was switched on (a recording failed; micro-batches run as
+  // called since), or "".
+  const std::string& recording_failure() const { return recording_failure_; }
   // The logits (real vocabulary) at `position` of the first sequence of `inputs` (B*T tokens):
   // what sampling draws the next token from.
   std::vector<float> next_token_logits(const int32_t* inputs, int position);
@@ -147,7 +161,22 @@ class Gpt {
 
   Tensor residual_in(int layer) const;
   Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
-  void forward_logits(const int32_t* inputs, bool training);
+  void load_batch(const int32_t* inputs, const int32_t* targets);
+  void forward_logits(bool training);            // on the loaded inputs
+  void forward_loss(float dloss);                // forward_logits and the classifier
+  void forward_and_backward(float dloss, const std::function<void(int block)>& grads_done);
+  void run_recorded(float dloss);                // forward_and_backward, recorded or replayed
+  // The host state that a recorded micro-batch depends on and changes.
+  struct HostProgress {
+    uint32_t dloss_bits = 0;
+    bool grads_ready = false;
+    std::vector<Fp8Linear::HostState> fp8;  // per fp8_ entry
+    bool operator==(const HostProgress& o) const {
+      return dloss_bits == o.dloss_bits && grads_ready == o.grads_ready && fp8 == o.fp8;
+    }
+  };
+  HostProgress host_progress(float dloss) const;
+  void restore(const HostProgress& progress);
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
   void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
@@ -172,6 +201,15 @@ class Gpt {
   size_t act_bytes_ = 0;
   void* act_memory_ = nullptr;
   bool grads_ready_ = false;
+  // Recorded micro-batches, by the host state they start from.
+  struct Recording {
+    HostProgress before, after;
+    uint64_t memory_epoch = 0;  // the backend's when made; another means memory moved since
+    std::unique_ptr<RecordedWork> work;  // null until the kind has run once as called
+  };
+  bool recording_on_ = false;
+  std::string recording_failure_;
+  std::vector<Recording> recordings_;
 };
 
 }  // namespace ptrain

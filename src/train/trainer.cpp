@@ -171,11 +171,16 @@ class Trainer {
     schedule_.min_lr_ratio = config.schedule.min_lr_ratio;
     schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
     comm_->set_compute_stream(backend_->stream());
+    loss_sums_ = Tensor(backend_->allocate(sizeof(double) * static_cast<size_t>(accum_)), DType::f64, {accum_},
+                        backend_->device());
   }
 
   // The communicator goes first: a GPU one orders its work against the backend's stream and may
   // have collectives in flight.
-  ~Trainer() { comm_.reset(); }
+  ~Trainer() {
+    comm_.reset();
+    backend_->release(loss_sums_.data);
+  }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -231,22 +236,31 @@ class Trainer {
                                              static_cast<double>(int64_t{B_} * T_ * accum_ * comm_->world_size()));
       // On GPUs the gradient all-reduce of each block starts as soon as the last micro-batch's
       // backward pass has finished that block (ZeRO-1 reduce-scatters the whole buffer after).
-      const bool overlap = world > 1 && comm_->overlaps_compute() && !optimizer_.sharded();
+      const bool overlap = overlaps_all_reduce();
       for (int micro = 0; micro < accum_; ++micro) {
         // Rank r trains micro-batches r * accum_ ... of the global batch: disjoint samples, and
         // the same global batch for any number of ranks.
         const int global_micro = rank * accum_ + micro;
         const int64_t first_sample = ((step - 1) * accum_ * world + global_micro) * B_;
         train_sampler_.fill(first_sample, B_, inputs_.data(), targets_.data());
-        {
-          NvtxRange range("forward");
-          micro_losses[static_cast<size_t>(global_micro)] = model_.forward(inputs_.data(), targets_.data(), dloss);
-        }
-        NvtxRange range("backward");
+        NvtxRange range("micro-batch");
+        const Tensor loss_sum = loss_sums_.range(micro, 1);
         if (overlap && micro == accum_ - 1)
-          model_.backward([&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
+          model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum,
+                                   [&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
         else
-          model_.backward();
+          model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum);
+      }
+      // The losses stay on the device until all micro-batches are queued: one wait, not one each.
+      std::vector<double> loss_sums(static_cast<size_t>(accum_));
+      backend_->download_doubles(loss_sums.data(), loss_sums_);
+      for (int micro = 0; micro < accum_; ++micro)
+        micro_losses[static_cast<size_t>(rank * accum_ + micro)] =
+            loss_sums[static_cast<size_t>(micro)] / static_cast<double>(int64_t{B_} * T_);
+      if (const std::string& failed = model_.recording_failure(); !failed.empty() && !recording_failure_logged_) {
+        log_.warn("training.cuda_graph: recording a micro-batch failed, so micro-batches run as called from here "
+                  "on: " + failed);
+        recording_failure_logged_ = true;
       }
       micro_losses[global_micros] = g_stop_signal != 0 ? 1.0 : 0.0;
       comm_->all_reduce_sum(micro_losses.data(), micro_losses.size());
@@ -299,6 +313,11 @@ class Trainer {
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
     return result_;
+  }
+
+  // Whether each block's gradient all-reduce starts during the last micro-batch's backward pass.
+  bool overlaps_all_reduce() const {
+    return comm_->world_size() > 1 && comm_->overlaps_compute() && !optimizer_.sharded();
   }
 
   void warn(const std::string& message) { log_.warn(message); }
@@ -387,6 +406,16 @@ class Trainer {
               " | precision " + policy_.label());
     log_.info(device_choice_);
     log_.info("attention: " + attention_.reason);
+    if (cfg_.training.cuda_graph) {
+      const std::string refused = model_.record_micro_batches();
+      if (refused.empty())
+        log_.info(std::string("cuda graph: each kind of micro-batch runs once as called, then its forward and backward "
+                              "are recorded and replayed as one CUDA graph") +
+                  (overlaps_all_reduce() ? "; a step's last micro-batch runs as called, beside its per-block all-reduces"
+                                         : ""));
+      else
+        log_.warn("training.cuda_graph: micro-batches run as called: " + refused);
+    }
     const std::string fp8_gemms = model_.fp8_gemm_summary();
     if (!fp8_gemms.empty()) log_.info("fp8: " + fp8_gemms);
     for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
@@ -612,6 +641,8 @@ class Trainer {
   LossScaler scaler_;
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
+  Tensor loss_sums_;  // f64 per micro-batch of a step, in backend memory: each one's summed token losses
+  bool recording_failure_logged_ = false;
   std::optional<double> best_val_;
   double last_val_ = NAN;
   int64_t best_val_step_ = 0;

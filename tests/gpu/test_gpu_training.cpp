@@ -1,6 +1,7 @@
 // Whole training on the GPU against the CPU backend: one micro-batch's gradients tensor by
-// tensor, 10 steps of a small model per precision mode through the real binary, and two GPU runs
-// with the same seed giving identical losses. Skipped without a CUDA device.
+// tensor, 10 steps of a small model per precision mode through the real binary, two GPU runs
+// with the same seed giving identical losses, and runs replaying CUDA graphs giving the losses
+// of runs without. Skipped without a CUDA device.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -69,10 +70,12 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
     }
 }
 
-// A small synthetic run through the real binary; returns its per-step training losses.
-// `mode` is precision.mode, or fp8:RECIPE.
+// A small synthetic run through the real binary (two micro-batches a step); returns its
+// per-step training losses. `mode` is precision.mode, or fp8:RECIPE; `training_extra` more
+// training keys (", key: value"); *output receives what the run printed.
 std::vector<double> train_losses(const fs::path& dir, const std::string& name, const std::string& device,
-                                 const std::string& mode) {
+                                 const std::string& mode, const std::string& training_extra = "",
+                                 std::string* output = nullptr) {
   const size_t colon = mode.find(':');
   const std::string precision = colon == std::string::npos
                                     ? "{mode: " + mode + "}"
@@ -81,13 +84,15 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
       "run: {name: " + name + ", out_dir: runs, seed: 3, device: " + device + "}\n"
       "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
       "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
-      "training: {steps: 10, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2}\n"
+      "training: {steps: 10, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2" + training_extra +
+      "}\n"
       "precision: " + precision + "\n"
       "checkpoint: {save_final: false}\n";
   write_file(dir / (name + ".yaml"), config);
   const CommandResult r = run_ptrain("train " + name + ".yaml", dir);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
+  if (output) *output = r.output;
   std::vector<double> losses;
   for (const auto& m : read_metrics(dir / "runs" / name / "metrics.jsonl"))
     if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
@@ -118,6 +123,22 @@ TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu]") {
     INFO("mode " << mode);
     CHECK(train_losses(dir, std::string("a-") + mode, "cuda", mode) ==
           train_losses(dir, std::string("b-") + mode, "cuda", mode));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("gpu: micro-batches replayed as CUDA graphs train exactly as ops run one by one", "[gpu]") {
+  const fs::path dir = make_temp_dir("gpu-graphs");
+  for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:current", "fp8:block"}) {
+    INFO("mode " << mode);
+    std::string tag = mode;
+    std::replace(tag.begin(), tag.end(), ':', '-');
+    std::string log;
+    const auto replayed = train_losses(dir, "graph-" + tag, "cuda", mode, ", cuda_graph: true", &log);
+    INFO(log);
+    CHECK(log.find("replayed as one CUDA graph") != std::string::npos);  // recording was on
+    CHECK(log.find("run as called") == std::string::npos);               // and never failed
+    CHECK(replayed == train_losses(dir, "eager-" + tag, "cuda", mode));
   }
   fs::remove_all(dir);
 }

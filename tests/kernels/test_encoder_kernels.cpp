@@ -123,7 +123,10 @@ TEMPLATE_TEST_CASE("encoder_backward kernels match the CPU backend bit for bit",
     std::vector<float> ref_dwte = dwte0, ref_dwpe = dwpe0;
     cpu->embedding_backward(cpu.view(ref_dwte, {R, s.C}, f), cpu.view(ref_dwpe, {s.Tn, s.C}, f),
                             cpu.view(dout, {s.B, s.Tn, s.C}), cpu.tokens(vocab.tokens, {s.B, s.Tn}));
-    const kernels::TokenBuckets buckets = kernels::bucket_tokens(tokens.data(), s.B * s.Tn);
+    const int n_pos = s.B * s.Tn;
+    // Packed as the backend uploads them: unused slots hold garbage the kernel must not read.
+    std::vector<int> packed(kernels::packed_bucket_ints(n_pos), -7);
+    kernels::pack_buckets(kernels::bucket_tokens(tokens.data(), n_pos), n_pos, packed.data());
     const auto d_dout = to_storage<TestType>(dout);
     auto dwte = full_table<TestType>(dwte0, vocab.rows, s.V, s.C);
     for (const auto& order : thread_orders()) {
@@ -131,9 +134,7 @@ TEMPLATE_TEST_CASE("encoder_backward kernels match the CPU backend bit for bit",
       INFO("B=" << s.B << " T=" << s.Tn << " C=" << s.C << " V=" << s.V << " order " << order.name());
       scatter_rows(dwte, dwte0, vocab.rows, s.C);  // the starting values again
       auto dwpe = to_storage<TestType>(dwpe0);
-      kernels::encoder_backward(dwte.data(), dwpe.data(), d_dout.data(), buckets.ids.data(), buckets.starts.data(),
-                                buckets.positions.data(), static_cast<int>(buckets.ids.size()), s.B, s.Tn, s.C,
-                                nullptr);
+      kernels::encoder_backward(dwte.data(), dwpe.data(), d_dout.data(), packed.data(), s.B, s.Tn, s.C, nullptr);
       // Each element sums its positions in the CPU's order into the old value and rounds once,
       // so even bf16 and fp16 results are the CPU's exactly.
       expect_identical("encoder_backward dwte", gather_rows(dwte, vocab.rows, s.C), ref_dwte);
@@ -148,6 +149,20 @@ TEST_CASE("bucket_tokens groups positions by token id in order", "[kernels][enco
   CHECK(b.ids == std::vector<int>{0, 2, 5, 9});
   CHECK(b.starts == std::vector<int>{0, 1, 3, 6, 7});
   CHECK(b.positions == std::vector<int>{3, 1, 4, 0, 2, 5, 6});
+}
+
+TEST_CASE("pack_buckets lays the buckets out by position count only", "[kernels][encoder]") {
+  const std::vector<int> tokens{5, 2, 5, 0, 2, 5, 9};
+  const int n = static_cast<int>(tokens.size());
+  std::vector<int> packed(kernels::packed_bucket_ints(n), -1);
+  kernels::pack_buckets(kernels::bucket_tokens(tokens.data(), n), n, packed.data());
+  // count | ids (n slots, 4 used) | starts (n + 1 slots, 5 used) | positions (n)
+  CHECK(packed == std::vector<int>{4, 0, 2, 5, 9, -1, -1, -1, 0, 1, 3, 6, 7, -1, -1, -1, 3, 1, 4, 0, 2, 5, 6});
+  const kernels::PackedBucketsView view = kernels::PackedBucketsView::of(packed.data(), n);
+  CHECK(view.count == 4);
+  CHECK(view.ids[3] == 9);
+  CHECK(view.starts[4] == 7);
+  CHECK(view.positions[0] == 3);
 }
 
 TEST_CASE("bucket_tokens places every position once in its token's bucket", "[kernels][encoder]") {

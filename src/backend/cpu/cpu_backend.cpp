@@ -661,6 +661,16 @@ class CpuBackend final : public Backend {
     return result;
   }
 
+  void sum_into(Tensor out, Tensor t) override {
+    expect(out.dtype == DType::f64 && out.numel() == 1, "sum_into", "out must be one f64 element");
+    *out.as<double>() = sum(t);
+  }
+
+  void download_doubles(double* dst, Tensor src) override {
+    expect(src.dtype == DType::f64, "download_doubles", "src must be f64");
+    std::copy(src.as<double>(), src.as<double>() + src.numel(), dst);
+  }
+
   double sum_squares(Tensor t) override {
     double result = 0;
     dispatch(t, [&](auto z) {

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <map>
@@ -235,17 +236,69 @@ enum Slot : int {
   kSlotCount
 };
 
-// The deterministic encoder backward's buckets of one tokens tensor, in one arena block:
-// ids (n_buckets) | starts (n_buckets + 1) | positions (tokens), all int.
+// An instantiated CUDA graph, launched on the backend's stream.
+class CudaGraph final : public RecordedWork {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  void replay() override { PTRAIN_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+// Page-locked host memory to upload from without waiting: the copy is queued and the host goes
+// on; an event tells when the copy has read the memory, so that it may be written again.
+class PinnedStaging {
+ public:
+  PinnedStaging() = default;
+  PinnedStaging(const PinnedStaging&) = delete;
+  PinnedStaging& operator=(const PinnedStaging&) = delete;
+  ~PinnedStaging() {
+    if (copied_) {
+      (void)cudaEventSynchronize(copied_);  // a queued copy may still read the memory
+      (void)cudaEventDestroy(copied_);
+    }
+    if (host_) (void)cudaFreeHost(host_);
+  }
+
+  // At least `bytes` to write, once the copy queued from here last has read them.
+  void* acquire(size_t bytes) {
+    if (copied_)
+      PTRAIN_CUDA_CHECK(cudaEventSynchronize(copied_));
+    else
+      PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
+    if (bytes > bytes_) {
+      if (host_) PTRAIN_CUDA_CHECK(cudaFreeHost(host_));
+      host_ = nullptr;
+      bytes_ = 0;
+      PTRAIN_CUDA_CHECK(cudaMallocHost(&host_, bytes));
+      bytes_ = bytes;
+    }
+    return host_;
+  }
+  // After the copies that read the memory are queued on `stream`.
+  void queued(cudaStream_t stream) { PTRAIN_CUDA_CHECK(cudaEventRecord(copied_, stream)); }
+
+ private:
+  void* host_ = nullptr;
+  size_t bytes_ = 0;
+  cudaEvent_t copied_ = nullptr;
+};
+
+// The deterministic encoder backward's buckets of one tokens tensor, packed as
+// kernels::pack_buckets lays them out in one arena block whose layout depends on the token
+// count only: a CUDA graph recorded with this block reads every later batch uploaded into it.
 struct DeviceBuckets {
-  void* memory = nullptr;
-  size_t capacity = 0;  // ints the block holds
-  int64_t tokens = 0;   // positions bucketed: the tokens tensor's numel when built
-  int n_buckets = 0;
+  int* packed = nullptr;  // kernels::packed_bucket_ints(tokens) ints
+  int64_t tokens = 0;     // positions bucketed: the tokens tensor's numel when built
   int max_id = -1;
-  const int* ids() const { return static_cast<const int*>(memory); }
-  const int* starts() const { return ids() + n_buckets; }
-  const int* positions() const { return starts() + n_buckets + 1; }
+  // Two, used in turn: the host fills one while the other's copy may still be queued.
+  std::array<PinnedStaging, 2> staging;
+  int next_staging = 0;
 };
 
 class CudaBackend final : public Backend {
@@ -313,6 +366,43 @@ class CudaBackend final : public Backend {
   MemoryUse memory_use() const override { return MemoryUse{arena_bytes_, in_use_, peak_}; }
   void* stream() const override { return stream_; }
 
+  // ------------------------------------------------------------------------ CUDA graphs
+
+  std::string cannot_record() const override { return ""; }
+  uint64_t memory_epoch() const override { return memory_epoch_; }
+
+  // Stream capture in thread-local mode: a synchronisation, a copy to pageable memory or an
+  // allocation inside `body` fails the capture (a CudaError), which ends it as a refusal.
+  std::unique_ptr<RecordedWork> record(const std::function<void()>& body, std::string* why) override {
+    PTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    std::string failure;
+    try {
+      body();
+    } catch (const CudaError& e) {
+      failure = e.what();
+    } catch (...) {
+      cudaGraph_t partial = nullptr;
+      if (cudaStreamEndCapture(stream_, &partial) == cudaSuccess && partial) (void)cudaGraphDestroy(partial);
+      (void)cudaGetLastError();
+      throw;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (failure.empty() && ended != cudaSuccess) failure = "cudaStreamEndCapture: " + cuda_status_name(ended);
+    cudaGraphExec_t exec = nullptr;
+    if (failure.empty()) {
+      const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+      if (made != cudaSuccess) failure = "cudaGraphInstantiate: " + cuda_status_name(made);
+    }
+    if (graph) (void)cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+    (void)cudaGetLastError();                   // a failed capture is not an error of later calls
+    if (!failure.empty()) {
+      *why = failure;
+      return nullptr;
+    }
+    return std::make_unique<CudaGraph>(exec, stream_);
+  }
+
   // ------------------------------------------------------------------------ identity
 
   std::string name() const override { return "cuda"; }
@@ -360,6 +450,7 @@ class CudaBackend final : public Backend {
       if (size > need) free_.emplace(offset + need, size - need);
       void* p = arena_ + offset;
       allocations_.emplace(p, need);
+      ++memory_epoch_;
       in_use_ += need;
       peak_ = std::max(peak_, in_use_);
       PTRAIN_CUDA_CHECK(cudaMemsetAsync(p, 0, need, stream_));
@@ -430,16 +521,15 @@ class CudaBackend final : public Backend {
   }
 
   // Also builds the deterministic encoder backward's buckets of these tokens (kept per tokens
-  // tensor, keyed by its data pointer, until the memory holding it is released).
+  // tensor, keyed by its data pointer, until the memory holding it is released). Both go up
+  // through pinned staging: the call does not wait for the device.
   void upload_tokens(Tensor dst, const int32_t* src) override {
     const char* op = "upload_tokens";
     expect_tokens(op, "dst", dst);
     const int64_t n = dst.numel();
     if (n == 0) return;
     to_int(n, op, "tokens");
-    PTRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(dst.data, src, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-    build_buckets(dst.data, src, n);  // synchronises: src and the host buckets may go away after
+    build_buckets(dst.data, src, n, dst.data);
   }
 
   void copy(Tensor dst, Tensor src) override {
@@ -509,9 +599,8 @@ class CudaBackend final : public Backend {
     const Tensor te = st.out(dwte, dt, true), pe = st.out(dwpe, dt, true);
     with_float_type(dt, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      kernels::encoder_backward<T>(te.as<T>(), pe.as<T>(), dout.as<T>(), buckets.ids(), buckets.starts(),
-                                   buckets.positions(), buckets.n_buckets, static_cast<int>(B), static_cast<int>(Tn),
-                                   to_int(C, op, "C"), stream_);
+      kernels::encoder_backward<T>(te.as<T>(), pe.as<T>(), dout.as<T>(), buckets.packed, static_cast<int>(B),
+                                   static_cast<int>(Tn), to_int(C, op, "C"), stream_);
     });
     st.finish();
   }
@@ -1015,6 +1104,20 @@ class CudaBackend final : public Backend {
 
   double sum(Tensor t) override { return reduce("sum", t, false); }
   double sum_squares(Tensor t) override { return reduce("sum_squares", t, true); }
+
+  void sum_into(Tensor out, Tensor t) override {
+    PTRAIN_EXPECT(out.dtype == DType::f64 && out.numel() == 1 && out.device == Device::cuda, "sum_into",
+                  "out must be one f64 element in device memory");
+    queue_reduce("sum_into", t, false, out.as<double>());
+  }
+
+  void download_doubles(double* dst, Tensor src) override {
+    PTRAIN_EXPECT(src.dtype == DType::f64 && src.device == Device::cuda, "download_doubles",
+                  "src must be f64 in device memory");
+    if (src.numel() == 0) return;
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, stream_));
+    sync();
+  }
 
   float amax(Tensor t) override {
     const char* op = "amax";
@@ -1642,19 +1745,27 @@ class CudaBackend final : public Backend {
   // ------------------------------------------------------------------------ reductions
 
   double reduce(const char* op, const Tensor& t, bool squares) {
-    expect_float(op, "t", t);
-    const size_t n = t.empty() ? 0 : static_cast<size_t>(t.numel());
-    if (n == 0) return 0.0;
-    double* partials = static_cast<double*>(scratch(kReduce, kernels::kReducePartials * sizeof(double)));
     double* device_result = result_ptr();
-    with_float_type(t.dtype, op, [&](auto tag) {
-      PTRAIN_ELEMENT_TYPE(T, tag);
-      kernels::double_sum<T>(device_result, partials, t.as<T>(), n, squares, stream_);
-    });
+    queue_reduce(op, t, squares, device_result);
     double result = 0.0;
     PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&result, device_result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     sync();
     return result;
+  }
+
+  // *device_out = the sum (of squares) of t, queued on the stream.
+  void queue_reduce(const char* op, const Tensor& t, bool squares, double* device_out) {
+    expect_float(op, "t", t);
+    const size_t n = t.empty() ? 0 : static_cast<size_t>(t.numel());
+    if (n == 0) {
+      PTRAIN_CUDA_CHECK(cudaMemsetAsync(device_out, 0, sizeof(double), stream_));
+      return;
+    }
+    double* partials = static_cast<double*>(scratch(kReduce, kernels::kReducePartials * sizeof(double)));
+    with_float_type(t.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::double_sum<T>(device_out, partials, t.as<T>(), n, squares, stream_);
+    });
   }
 
   // Before an FP8 cast: zeroes the device scalars (counts, amax, result) and sets the cast's
@@ -1700,28 +1811,32 @@ class CudaBackend final : public Backend {
 
   // ------------------------------------------------------------------------ token buckets
 
-  // Buckets of `tokens` (host copy) for the tensor at `key`, built on the host and uploaded.
-  const DeviceBuckets& build_buckets(const void* key, const int32_t* tokens, int64_t n) {
-    const kernels::TokenBuckets host = kernels::bucket_tokens(tokens, static_cast<int>(n));
-    std::vector<int> packed;
-    packed.reserve(host.ids.size() + host.starts.size() + host.positions.size());
-    packed.insert(packed.end(), host.ids.begin(), host.ids.end());
-    packed.insert(packed.end(), host.starts.begin(), host.starts.end());
-    packed.insert(packed.end(), host.positions.begin(), host.positions.end());
+  // Buckets of `tokens` (host copy) for the tensor at `key`, built on the host and uploaded
+  // through pinned staging, with the tokens themselves to `copy_tokens_to` unless null. Nothing
+  // waits for the device, unless the staging's previous copy is still queued.
+  const DeviceBuckets& build_buckets(const void* key, const int32_t* tokens, int64_t n, void* copy_tokens_to) {
+    const int count = static_cast<int>(n);
+    const kernels::TokenBuckets host = kernels::bucket_tokens(tokens, count);
+    const size_t packed_ints = kernels::packed_bucket_ints(count);
     DeviceBuckets& entry = buckets_[key];
-    const size_t capacity = std::max(packed.size(), static_cast<size_t>(2 * n + 1));
-    if (entry.capacity < packed.size()) {
-      if (entry.memory) free_block(entry.memory);
-      entry = DeviceBuckets{};
-      entry.memory = allocate(capacity * sizeof(int));
-      entry.capacity = capacity;
+    if (!entry.packed || entry.tokens != n) {
+      if (entry.packed) free_block(entry.packed);
+      entry.packed = nullptr;
+      entry.packed = static_cast<int*>(allocate(packed_ints * sizeof(int)));
+      entry.tokens = n;
     }
+    PinnedStaging& staging = entry.staging[static_cast<size_t>(entry.next_staging)];
+    entry.next_staging ^= 1;
+    int* pinned = static_cast<int*>(staging.acquire((static_cast<size_t>(n) + packed_ints) * sizeof(int)));
+    std::copy(tokens, tokens + n, pinned);
+    kernels::pack_buckets(host, count, pinned + n);
+    if (copy_tokens_to)
+      PTRAIN_CUDA_CHECK(cudaMemcpyAsync(copy_tokens_to, pinned, static_cast<size_t>(n) * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, stream_));
     PTRAIN_CUDA_CHECK(
-        cudaMemcpyAsync(entry.memory, packed.data(), packed.size() * sizeof(int), cudaMemcpyHostToDevice, stream_));
-    entry.tokens = n;
-    entry.n_buckets = static_cast<int>(host.ids.size());
+        cudaMemcpyAsync(entry.packed, pinned + n, packed_ints * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    staging.queued(stream_);
     entry.max_id = host.ids.empty() ? -1 : host.ids.back();
-    sync();  // `packed` goes away
     return entry;
   }
 
@@ -1735,7 +1850,7 @@ class CudaBackend final : public Backend {
     PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host.data(), tokens.data, static_cast<size_t>(n) * sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream_));
     sync();
-    return build_buckets(tokens.data, host.data(), n);
+    return build_buckets(tokens.data, host.data(), n, nullptr);
   }
 
   // Drops the buckets of tokens tensors inside [ptr, ptr + bytes): that memory is being released.
@@ -1744,7 +1859,7 @@ class CudaBackend final : public Backend {
     for (auto it = buckets_.begin(); it != buckets_.end();) {
       const uintptr_t key = reinterpret_cast<uintptr_t>(it->first);
       if (key >= begin && key < end) {
-        if (it->second.memory) free_block(it->second.memory);
+        if (it->second.packed) free_block(it->second.packed);
         it = buckets_.erase(it);
       } else {
         ++it;
@@ -1760,6 +1875,7 @@ class CudaBackend final : public Backend {
     PTRAIN_CHECK(it != allocations_.end(), "cuda backend: freeing a block the arena did not hand out");
     const size_t size = it->second;
     allocations_.erase(it);
+    ++memory_epoch_;
     in_use_ -= size;
     const size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - arena_);
     auto pos = free_.emplace(offset, size).first;
@@ -1822,6 +1938,7 @@ class CudaBackend final : public Backend {
   size_t arena_bytes_ = 0, in_use_ = 0, peak_ = 0;
   std::map<size_t, size_t> free_;                  // offset -> size of each free block, by address
   std::unordered_map<void*, size_t> allocations_;  // pointer -> size of each block handed out
+  uint64_t memory_epoch_ = 0;                      // counts allocations and releases
 
   DeviceScalars* scalars_ = nullptr;
   void* workspace_ = nullptr;
