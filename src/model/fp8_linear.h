@@ -57,6 +57,11 @@ class Fp8Linear {
     settle();
     return {&input_, &weight_, &grad_};
   }
+  // Starts reading the native casts' statistics back without waiting (Fp8Gemms::queue_stats_read):
+  // call it on every layer before tensors() or end_step() on any, for one wait in all.
+  void queue_settle() {
+    if (unsettled_) gemms_->queue_stats_read();
+  }
   // Whether the GEMMs read FP8 codes directly; if not, native_fp8_absent() says why.
   bool native() const { return gemms_ != nullptr; }
   const std::string& native_fp8_absent() const { return why_emulated_; }

@@ -242,12 +242,19 @@ void Gpt::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor db
     backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight);
 }
 
+void Gpt::queue_fp8_settle() {
+  for (auto& f : fp8_)
+    if (f) f->queue_settle();
+}
+
 void Gpt::end_step() {
+  queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->end_step();
 }
 
 std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
+  queue_fp8_settle();
   std::vector<Fp8TensorState*> all;
   for (auto& f : fp8_)
     if (f)

@@ -179,6 +179,7 @@ class Gpt {
   void restore(const HostProgress& progress);
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
+  void queue_fp8_settle();  // every FP8 layer's statistics on their way, for one wait
   void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
   void linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                        Tensor weight);

@@ -250,8 +250,9 @@ class CudaGraph final : public RecordedWork {
   cudaStream_t stream_;
 };
 
-// Page-locked host memory to upload from without waiting: the copy is queued and the host goes
-// on; an event tells when the copy has read the memory, so that it may be written again.
+// Page-locked host memory for copies that do not wait: the copy is queued and the host goes
+// on; an event tells when the copy is done, so that the memory may be written again (an
+// upload's source) or read (a download's destination).
 class PinnedStaging {
  public:
   PinnedStaging() = default;
@@ -265,7 +266,7 @@ class PinnedStaging {
     if (host_) (void)cudaFreeHost(host_);
   }
 
-  // At least `bytes` to write, once the copy queued from here last has read them.
+  // At least `bytes`, once the copy queued last with this memory is done.
   void* acquire(size_t bytes) {
     if (copied_)
       PTRAIN_CUDA_CHECK(cudaEventSynchronize(copied_));
@@ -280,7 +281,7 @@ class PinnedStaging {
     }
     return host_;
   }
-  // After the copies that read the memory are queued on `stream`.
+  // After the copies that use the memory are queued on `stream`.
   void queued(cudaStream_t stream) { PTRAIN_CUDA_CHECK(cudaEventRecord(copied_, stream)); }
 
  private:
@@ -1333,12 +1334,20 @@ class CudaBackend final : public Backend {
       });
     }
 
+    void queue_stats_read() override {
+      if (read_queued_) return;
+      constexpr size_t kBytes = 3 * sizeof(DeviceScalars);
+      void* host = stats_read_.acquire(kBytes);
+      PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host, stats_, kBytes, cudaMemcpyDeviceToHost, be_.stream_));
+      PTRAIN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, kBytes, be_.stream_));
+      stats_read_.queued(be_.stream_);
+      read_queued_ = true;
+    }
+
     std::array<OperandStats, 3> take_stats() override {
-      std::array<DeviceScalars, 3> host{};
-      PTRAIN_CUDA_CHECK(
-          cudaMemcpyAsync(host.data(), stats_, sizeof(host), cudaMemcpyDeviceToHost, be_.stream_));
-      be_.sync();
-      PTRAIN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, sizeof(host), be_.stream_));
+      queue_stats_read();
+      const auto* host = static_cast<const DeviceScalars*>(stats_read_.acquire(3 * sizeof(DeviceScalars)));
+      read_queued_ = false;
       std::array<OperandStats, 3> out;
       for (int i = 0; i < 3; ++i) {
         out[i].stats = to_stats(host[i]);
@@ -1503,6 +1512,8 @@ class CudaBackend final : public Backend {
     std::array<float*, 3> factors_{}, factors_t_{};
     std::array<Format, 3> formats_{Format::e4m3, Format::e4m3, Format::e5m2};
     DeviceScalars* stats_ = nullptr;  // per operand, then the discard slot
+    PinnedStaging stats_read_;        // where take_stats() reads the operands' slots to
+    bool read_queued_ = false;        // a read into stats_read_ is queued and not taken yet
     float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
   };
 
