@@ -160,3 +160,21 @@ TEST_CASE("backward reports each block's finished gradients, which equal a plain
     }
   }
 }
+
+TEST_CASE("a token id outside the vocabulary is refused before the model reads it", "[model]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape shape{1, 2, 8, 7, 11, 128};
+  const int B = 2, T = 5;
+  Gpt model(shape, *backend, DType::f32, B, T);
+  model.init(1);
+  auto inputs = random_tokens(B * T, shape.vocab, 1);
+  auto targets = random_tokens(B * T, shape.vocab, 2);
+  inputs[7] = shape.vocab;
+  CHECK_THROWS_WITH(model.forward(inputs.data(), targets.data(), 0.0f),
+                    Catch::Contains("input token id 11 at position 7") && Catch::Contains("[0, 11)"));
+  inputs[7] = 0;
+  targets[3] = -2;
+  double loss_sum = 0;
+  CHECK_THROWS_WITH(model.train_micro_batch(inputs.data(), targets.data(), 0.1f, Tensor(&loss_sum, DType::f64, {1})),
+                    Catch::Contains("target token id -2 at position 3"));
+}

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "metrics/nvtx.h"
 
@@ -315,6 +316,15 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) 
 }
 
 void Gpt::load_batch(const int32_t* inputs, const int32_t* targets) {
+  // Checked here, on the host: a replayed micro-batch runs no host-side check of its own, and an
+  // id past the vocabulary would make the embedding read and write outside its table.
+  const int64_t n = int64_t{B_} * T_;
+  for (const auto& [ids, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}})
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] < 0 || ids[i] >= shape_.vocab)
+        throw UserError(std::string(what) + " token id " + std::to_string(ids[i]) + " at position " +
+                        std::to_string(i) + " of the micro-batch is outside the vocabulary [0, " +
+                        std::to_string(shape_.vocab) + ")");
   backend_.upload_tokens(a_.tokens, inputs);
   backend_.upload_tokens(a_.targets, targets);
 }
@@ -388,6 +398,7 @@ void Gpt::run_recorded(float dloss) {
   }
   if (!it->work) {
     std::string why;
+    const uint64_t epoch = backend_.memory_epoch();
     it->work = backend_.record(run, &why);
     if (!it->work) {  // nothing of it ran on the device: run it as called, and from now on
       recording_on_ = false;
@@ -399,10 +410,22 @@ void Gpt::run_recorded(float dloss) {
     }
     it->after = host_progress(dloss);
     it->memory_epoch = backend_.memory_epoch();
+    if (it->memory_epoch != epoch) {
+      // Memory was handed out during the recording, whose replays would repeat that (zeroing
+      // it each time): this replay does the micro-batch's work, the next one records afresh.
+      replay(*it);
+      it->work.reset();
+      return;
+    }
   }
+  replay(*it);
+}
+
+void Gpt::replay(Recording& recording) {
   NvtxRange range("forward and backward (CUDA graph replay)");
-  it->work->replay();
-  restore(it->after);
+  recording.work->replay();
+  restore(recording.after);
+  ++replays_;
 }
 
 std::vector<float> Gpt::next_token_logits(const int32_t* inputs, int position) {

@@ -112,6 +112,8 @@ class Gpt {
   // Why recording stopped after it was switched on (a recording failed; micro-batches run as
   // called since), or "".
   const std::string& recording_failure() const { return recording_failure_; }
+  // How many micro-batches ran as a replayed recording.
+  int64_t replays() const { return replays_; }
   // The logits (real vocabulary) at `position` of the first sequence of `inputs` (B*T tokens):
   // what sampling draws the next token from.
   std::vector<float> next_token_logits(const int32_t* inputs, int position);
@@ -208,9 +210,11 @@ class Gpt {
     uint64_t memory_epoch = 0;  // the backend's when made; another means memory moved since
     std::unique_ptr<RecordedWork> work;  // null until the kind has run once as called
   };
+  void replay(Recording& recording);
   bool recording_on_ = false;
   std::string recording_failure_;
   std::vector<Recording> recordings_;
+  int64_t replays_ = 0;
 };
 
 }  // namespace ptrain

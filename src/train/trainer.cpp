@@ -616,6 +616,12 @@ class Trainer {
               fmt("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
     }
     log_.info(line);
+    if (cfg_.training.cuda_graph) {
+      const int64_t micro_batches = steps_here * accum_;
+      summary["cuda_graph_replays"] = model_.replays();
+      log_.info("cuda graph: " + std::to_string(model_.replays()) + " of " + std::to_string(micro_batches) +
+                " micro-batches replayed a recording");
+    }
     if (comm_->is_main())
       std::ofstream(fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json") << summary.dump(2) << '\n';
   }

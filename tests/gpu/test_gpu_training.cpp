@@ -136,9 +136,21 @@ TEST_CASE("gpu: micro-batches replayed as CUDA graphs train exactly as ops run o
     std::string log;
     const auto replayed = train_losses(dir, "graph-" + tag, "cuda", mode, ", cuda_graph: true", &log);
     INFO(log);
-    CHECK(log.find("replayed as one CUDA graph") != std::string::npos);  // recording was on
-    CHECK(log.find("run as called") == std::string::npos);               // and never failed
     CHECK(replayed == train_losses(dir, "eager-" + tag, "cuda", mode));
+    // A layer cuBLASLt has no block-scaled GEMMs for emulates, and emulated layers are not
+    // recorded: then only the losses are compared.
+    if (log.find("the others emulate") != std::string::npos) continue;
+    CHECK(log.find("replayed as one CUDA graph") != std::string::npos);  // recording was on,
+    CHECK(log.find("run as called") == std::string::npos);               // never failed,
+    // and 10 steps of 2 micro-batches replayed all but each kind's first (run as called): one
+    // kind, or two with FP8 (the first micro-batch of a step casts the weights). fp16's loss
+    // scale may move, and each new scale makes a new kind.
+    const int kinds = mode.rfind("fp8", 0) == 0 ? 2 : 1;
+    if (mode == "fp16")
+      CHECK(log.find("cuda graph: 0 of") == std::string::npos);
+    else
+      CHECK(log.find("cuda graph: " + std::to_string(20 - kinds) + " of 20 micro-batches replayed") !=
+            std::string::npos);
   }
   fs::remove_all(dir);
 }

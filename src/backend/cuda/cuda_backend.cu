@@ -372,19 +372,23 @@ class CudaBackend final : public Backend {
   std::string cannot_record() const override { return ""; }
   uint64_t memory_epoch() const override { return memory_epoch_; }
 
-  // Stream capture in thread-local mode: a synchronisation, a copy to pageable memory or an
-  // allocation inside `body` fails the capture (a CudaError), which ends it as a refusal.
+  // Stream capture in thread-local mode: a synchronisation or a copy between the device and
+  // pageable memory inside `body` fails the capture (a CudaError with a capture status), and a
+  // library call that cannot be captured fails with its library's error; either ends the
+  // recording as a refusal. Arena allocations are no CUDA calls: they do not fail it.
   std::unique_ptr<RecordedWork> record(const std::function<void()>& body, std::string* why) override {
     PTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     std::string failure;
     try {
       body();
     } catch (const CudaError& e) {
+      if (!refuses_capture(e)) {  // e.g. a fault of earlier work: not about recording
+        end_failed_capture();
+        throw;
+      }
       failure = e.what();
     } catch (...) {
-      cudaGraph_t partial = nullptr;
-      if (cudaStreamEndCapture(stream_, &partial) == cudaSuccess && partial) (void)cudaGraphDestroy(partial);
-      (void)cudaGetLastError();
+      end_failed_capture();
       throw;
     }
     cudaGraph_t graph = nullptr;
@@ -402,6 +406,32 @@ class CudaBackend final : public Backend {
       return nullptr;
     }
     return std::make_unique<CudaGraph>(exec, stream_);
+  }
+
+  // Whether `e`, thrown inside a capture, says the work cannot be captured.
+  static bool refuses_capture(const CudaError& e) {
+    if (e.library() != "CUDA") return true;  // cuBLASLt or cuDNN declined to run inside a capture
+    switch (static_cast<cudaError_t>(e.status())) {
+      case cudaErrorStreamCaptureUnsupported:
+      case cudaErrorStreamCaptureInvalidated:
+      case cudaErrorStreamCaptureMerge:
+      case cudaErrorStreamCaptureUnmatched:
+      case cudaErrorStreamCaptureUnjoined:
+      case cudaErrorStreamCaptureIsolation:
+      case cudaErrorStreamCaptureImplicit:
+      case cudaErrorStreamCaptureWrongThread:
+      case cudaErrorCapturedEvent:
+      case cudaErrorNotPermitted:
+        return true;
+      default:
+        return false;
+    }
+  }
+
+  void end_failed_capture() noexcept {
+    cudaGraph_t partial = nullptr;
+    if (cudaStreamEndCapture(stream_, &partial) == cudaSuccess && partial) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
   }
 
   // ------------------------------------------------------------------------ identity
