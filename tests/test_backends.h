@@ -14,6 +14,12 @@
 
 namespace ptrain::test {
 
+// The CPU backend (every core), made once for all the tests that share it.
+inline Backend& cpu_backend() {
+  static std::unique_ptr<Backend> be = make_cpu_backend(0);
+  return *be;
+}
+
 // Every op handed to `inner`; derive and override what the test changes.
 class ForwardingBackend : public Backend {
  public:

@@ -18,11 +18,6 @@ using namespace ptrain::test;
 
 namespace {
 
-Backend& backend() {
-  static std::unique_ptr<Backend> be = make_cpu_backend(0);
-  return *be;
-}
-
 // Per-tensor fake quantisation as the reference: round(x * scale) to the format, times 1/scale.
 std::vector<double> quantise(const std::vector<float>& x, Format f, float scale) {
   std::vector<double> q(x.size());
@@ -50,7 +45,7 @@ TEST_CASE("an fp8 cast equals round(x times scale) over scale and counts exactly
   // to 448 (round to nearest, no clipping); 0 is not counted.
   HostBuffer<float> x({7}), out({7}, NAN);
   x.data = {1.0f, 1e-6f, 500.0f, -1000.0f, 0.0f, 3.3f, 450.0f};
-  const Fp8CastStats s = backend().fp8_cast(out.view(), x.view(), Format::e4m3, 1.0f);
+  const Fp8CastStats s = cpu_backend().fp8_cast(out.view(), x.view(), Format::e4m3, 1.0f);
   CHECK(out.data == std::vector<float>({1.0f, 0.0f, 448.0f, -448.0f, 0.0f, 3.25f, 448.0f}));
   CHECK(s.amax == 1000.0f);
   CHECK(s.nonzero == 6);
@@ -61,7 +56,7 @@ TEST_CASE("an fp8 cast equals round(x times scale) over scale and counts exactly
   fill_normal(y.data, 41, 3.0);
   for (Format f : {Format::e4m3, Format::e5m2}) {
     const float scale = 37.5f;
-    backend().fp8_cast(q.view(), y.view(), f, scale);
+    cpu_backend().fp8_cast(q.view(), y.view(), f, scale);
     CHECK(std::vector<double>(q.data.begin(), q.data.end()) == quantise(y.data, f, scale));
   }
 }
@@ -71,7 +66,7 @@ TEST_CASE("block casts scale each tile by its own amax", "[fp8]") {
   HostBuffer<float> x({rows, cols}), out({rows, cols});
   fill_normal(x.data, 42);
   for (int c = 128; c < 256; ++c) x.data[c] *= 1000.0f;  // row 0, second tile: large values
-  backend().fp8_cast_blocks(out.view(), x.view(), Format::e4m3, 1, 128);
+  cpu_backend().fp8_cast_blocks(out.view(), x.view(), Format::e4m3, 1, 128);
   for (int r = 0; r < rows; ++r)
     for (int t = 0; t < 2; ++t) {
       std::vector<float> tile(x.data.begin() + r * cols + t * 128, x.data.begin() + r * cols + t * 128 + 128);
@@ -88,7 +83,7 @@ TEST_CASE("an fp8 linear layer matches a hand-quantised reference", "[fp8]") {
   fill_normal(bias.data, 45);
   fill_normal(dout.data, 46, 1e-3);
 
-  Fp8Linear layer("test", policy(Fp8Recipe::current), backend(), N, C, OC);
+  Fp8Linear layer("test", policy(Fp8Recipe::current), cpu_backend(), N, C, OC);
   layer.forward(out.view(), inp.view(), w.view(), bias.view(), true);
   const auto qi = quantise(inp.data, Format::e4m3, current_scale(amax_of(inp.data), 448.0f));
   const auto qw = quantise(w.data, Format::e4m3, current_scale(amax_of(w.data), 448.0f));
@@ -120,7 +115,7 @@ TEST_CASE("an fp8 linear layer matches a hand-quantised reference", "[fp8]") {
 
 TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per micro-batch", "[fp8]") {
   const int N = 4, C = 16, OC = 16;
-  Fp8Linear layer("test", policy(Fp8Recipe::delayed), backend(), N, C, OC);
+  Fp8Linear layer("test", policy(Fp8Recipe::delayed), cpu_backend(), N, C, OC);
   HostBuffer<float> w1({OC, C}, 0.5f), w2({OC, C}, 0.25f), inp({N, C}, 2.0f), out1({N, OC}), out2({N, OC});
   layer.forward(out1.view(), inp.view(), w1.view(), Tensor(), true);
   for (auto& v : inp.data) v = 4.0f;  // a second micro-batch with a larger amax
@@ -148,8 +143,8 @@ TEST_CASE("native FP8 casts with statistics read once per step train and report 
     pc.mode = "fp8";
     pc.fp8.recipe = recipe;
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
-    DeferredFp8Backend deferred(backend());
-    Gpt emulated(shape, backend(), DType::f32, B, T, policy), native(shape, deferred, DType::f32, B, T, policy);
+    DeferredFp8Backend deferred(cpu_backend());
+    Gpt emulated(shape, cpu_backend(), DType::f32, B, T, policy), native(shape, deferred, DType::f32, B, T, policy);
     REQUIRE(native.fp8_gemm_summary().rfind("8 of 8 ", 0) == 0);  // every FP8 layer took the Fp8Gemms
     emulated.init(5);
     native.init(5);
@@ -207,7 +202,7 @@ TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[f
       if (o == "lm_head") pc.fp8.bf16_lm_head = false;
       if (o == "e4m3") pc.fp8.format = "e4m3";
     }
-    Gpt model(shape, backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
+    Gpt model(shape, cpu_backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
     std::vector<std::pair<std::string, Format>> names;
     for (const Fp8TensorState* t : model.fp8_tensors()) names.emplace_back(t->name, t->format);
     return names;

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "backend/backend.h"
+#include "test_backends.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -15,11 +16,6 @@ namespace {
 
 constexpr double kFp32Tol = 1e-5;  // DESIGN.md: fp32 ops within 1e-5 relative
 constexpr double kFdTol = 1e-6;    // float64 analytic vs finite-difference gradients
-
-Backend& backend() {
-  static std::unique_ptr<Backend> be = make_cpu_backend(0);
-  return *be;
-}
 
 std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& loss,
                                       double eps = 1e-5) {
@@ -79,16 +75,16 @@ TEST_CASE("matmul forward and backward", "[ops]") {
         fi.data = cast<float>(inp.data);
         fw.data = cast<float>(w.data);
         fb.data = cast<float>(bias.data);
-        backend().matmul_forward(fo.view(), fi.view(), fw.view(), fb.view());
+        cpu_backend().matmul_forward(fo.view(), fi.view(), fw.view(), fb.view());
         CHECK(relative_error(fo.data, ref) < kFp32Tol);
 
         // Backward in float64 against finite differences.
         auto loss = [&] {
-          backend().matmul_forward(out.view(), inp.view(), w.view(), bias.view());
+          cpu_backend().matmul_forward(out.view(), inp.view(), w.view(), bias.view());
           return dot(out.data, R.data);
         };
         HostBuffer<double> dinp({N, C}), dw({OC, C}), db({OC});
-        backend().matmul_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view());
+        cpu_backend().matmul_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view());
         check_gradient(dinp.data, finite_difference(inp.data, loss));
         check_gradient(dw.data, finite_difference(w.data, loss));
         check_gradient(db.data, finite_difference(bias.data, loss));
@@ -96,7 +92,7 @@ TEST_CASE("matmul forward and backward", "[ops]") {
         // Float backward matches float64 backward.
         HostBuffer<float> fdi({N, C}), fdw({OC, C}), fdb({OC}), fR({N, OC});
         fR.data = cast<float>(R.data);
-        backend().matmul_backward(fdi.view(), fdw.view(), fdb.view(), fR.view(), fi.view(), fw.view());
+        cpu_backend().matmul_backward(fdi.view(), fdw.view(), fdb.view(), fR.view(), fi.view(), fw.view());
         CHECK(relative_error(fdi.data, dinp.data) < kFp32Tol);
         CHECK(relative_error(fdw.data, dw.data) < kFp32Tol);
         CHECK(relative_error(fdb.data, db.data) < kFp32Tol);
@@ -109,10 +105,10 @@ TEST_CASE("backward ops accumulate into their gradient outputs", "[ops]") {
   fill_normal(w.data, 2);
   fill_normal(R.data, 3);
   HostBuffer<double> dinp1({3, 5}), dw1({4, 5}), db1({4});
-  backend().matmul_backward(dinp1.view(), dw1.view(), db1.view(), R.view(), inp.view(), w.view());
+  cpu_backend().matmul_backward(dinp1.view(), dw1.view(), db1.view(), R.view(), inp.view(), w.view());
   HostBuffer<double> dinp2({3, 5}), dw2({4, 5}), db2({4});
-  backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
-  backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
+  cpu_backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
+  cpu_backend().matmul_backward(dinp2.view(), dw2.view(), db2.view(), R.view(), inp.view(), w.view());
   for (auto& x : dw1.data) x *= 2;
   for (auto& x : db1.data) x *= 2;
   for (auto& x : dinp1.data) x *= 2;
@@ -146,16 +142,16 @@ TEST_CASE("layernorm forward and backward", "[ops]") {
       fi.data = cast<float>(inp.data);
       fw.data = cast<float>(w.data);
       fb.data = cast<float>(b.data);
-      backend().layernorm_forward(fo.view(), fm.view(), fr.view(), fi.view(), fw.view(), fb.view());
+      cpu_backend().layernorm_forward(fo.view(), fm.view(), fr.view(), fi.view(), fw.view(), fb.view());
       CHECK(relative_error(fo.data, ref) < kFp32Tol);
 
       auto loss = [&] {
-        backend().layernorm_forward(out.view(), mean.view(), rstd.view(), inp.view(), w.view(), b.view());
+        cpu_backend().layernorm_forward(out.view(), mean.view(), rstd.view(), inp.view(), w.view(), b.view());
         return dot(out.data, R.data);
       };
       loss();  // fills mean/rstd at the unperturbed point
       HostBuffer<double> dinp({N, C}), dw({C}), db({C});
-      backend().layernorm_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view(), mean.view(), rstd.view());
+      cpu_backend().layernorm_backward(dinp.view(), dw.view(), db.view(), R.view(), inp.view(), w.view(), mean.view(), rstd.view());
       const std::vector<double> fd_inp = finite_difference(inp.data, loss);
       if (C > 1) check_gradient(dinp.data, fd_inp);
       check_gradient(dw.data, finite_difference(w.data, loss));
@@ -176,15 +172,15 @@ TEST_CASE("gelu forward and backward", "[ops]") {
     }
     HostBuffer<float> fi({n}), fo({n});
     fi.data = cast<float>(inp.data);
-    backend().gelu_forward(fo.view(), fi.view());
+    cpu_backend().gelu_forward(fo.view(), fi.view());
     CHECK(relative_error(fo.data, ref) < kFp32Tol);
 
     auto loss = [&] {
-      backend().gelu_forward(out.view(), inp.view());
+      cpu_backend().gelu_forward(out.view(), inp.view());
       return dot(out.data, R.data);
     };
     HostBuffer<double> dinp({n});
-    backend().gelu_backward(dinp.view(), inp.view(), R.view());
+    cpu_backend().gelu_backward(dinp.view(), inp.view(), R.view());
     check_gradient(dinp.data, finite_difference(inp.data, loss));
   }
 }
@@ -219,16 +215,16 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
             }
         HostBuffer<float> fq({B, Tn, 3 * C}), fo({B, Tn, C}), fa({B, NH, Tn, Tn});
         fq.data = cast<float>(qkv.data);
-        backend().attention_forward(fo.view(), fa.view(), fq.view(), NH);
+        cpu_backend().attention_forward(fo.view(), fa.view(), fq.view(), NH);
         CHECK(relative_error(fo.data, ref) < kFp32Tol);
 
         auto loss = [&] {
-          backend().attention_forward(out.view(), att.view(), qkv.view(), NH);
+          cpu_backend().attention_forward(out.view(), att.view(), qkv.view(), NH);
           return dot(out.data, R.data);
         };
         loss();
         HostBuffer<double> dqkv({B, Tn, 3 * C});
-        backend().attention_backward(dqkv.view(), R.view(), qkv.view(), out.view(), att.view(), NH);
+        cpu_backend().attention_backward(dqkv.view(), R.view(), qkv.view(), out.view(), att.view(), NH);
         check_gradient(dqkv.data, finite_difference(qkv.data, loss));
       }
 }
@@ -252,15 +248,15 @@ TEST_CASE("embedding forward and backward", "[ops]") {
       HostBuffer<float> fte({V, C}), fpe({maxT, C}), fo({B, Tn, C});
       fte.data = cast<float>(wte.data);
       fpe.data = cast<float>(wpe.data);
-      backend().embedding_forward(fo.view(), tokens.view(), fte.view(), fpe.view());
+      cpu_backend().embedding_forward(fo.view(), tokens.view(), fte.view(), fpe.view());
       CHECK(relative_error(fo.data, ref) < kFp32Tol);
 
       auto loss = [&] {
-        backend().embedding_forward(out.view(), tokens.view(), wte.view(), wpe.view());
+        cpu_backend().embedding_forward(out.view(), tokens.view(), wte.view(), wpe.view());
         return dot(out.data, R.data);
       };
       HostBuffer<double> dwte({V, C}), dwpe({maxT, C});
-      backend().embedding_backward(dwte.view(), dwpe.view(), R.view(), tokens.view());
+      cpu_backend().embedding_backward(dwte.view(), dwpe.view(), R.view(), tokens.view());
       check_gradient(dwte.data, finite_difference(wte.data, loss));
       check_gradient(dwpe.data, finite_difference(wpe.data, loss));
     }
@@ -288,7 +284,7 @@ TEST_CASE("fused classifier: loss, in-place gradient, padded vocabulary", "[ops]
       }
       HostBuffer<float> fl({N, Vp}), flo({N});
       fl.data = cast<float>(logits.data);
-      backend().classifier(fl.view(), flo.view(), targets.view(), V, 0.0f);
+      cpu_backend().classifier(fl.view(), flo.view(), targets.view(), V, 0.0f);
       CHECK(relative_error(flo.data, ref) < kFp32Tol);
 
       const double dloss = 1.0 / N;
@@ -296,7 +292,7 @@ TEST_CASE("fused classifier: loss, in-place gradient, padded vocabulary", "[ops]
       auto loss = [&] {
         HostBuffer<double> copy({N, Vp});
         copy.data = logits.data;
-        backend().classifier(copy.view(), losses.view(), targets.view(), V, 0.0f);
+        cpu_backend().classifier(copy.view(), losses.view(), targets.view(), V, 0.0f);
         double s = 0;
         for (double x : losses.data) s += x * dloss;
         return s;
@@ -304,7 +300,7 @@ TEST_CASE("fused classifier: loss, in-place gradient, padded vocabulary", "[ops]
       const std::vector<double> fd = finite_difference(logits.data, loss);
       HostBuffer<double> grad({N, Vp});
       grad.data = original;
-      backend().classifier(grad.view(), losses.view(), targets.view(), V, static_cast<float>(dloss));
+      cpu_backend().classifier(grad.view(), losses.view(), targets.view(), V, static_cast<float>(dloss));
       check_gradient(grad.data, fd);
       for (int n = 0; n < N; ++n)
         for (int i = V; i < Vp; ++i) REQUIRE(grad.data[n * Vp + i] == 0.0);
@@ -318,17 +314,17 @@ TEST_CASE("reductions and AdamW", "[ops]") {
     fill_normal(x.data, 19);
     double ref = 0;
     for (float v : x.data) ref += static_cast<double>(v) * v;
-    CHECK(backend().sum_squares(x.view()) == Approx(ref).epsilon(1e-12));
+    CHECK(cpu_backend().sum_squares(x.view()) == Approx(ref).epsilon(1e-12));
     double plain = 0;
     for (float v : x.data) plain += v;
-    CHECK(backend().sum(x.view()) == Approx(plain).epsilon(1e-9).margin(1e-9));
+    CHECK(cpu_backend().sum(x.view()) == Approx(plain).epsilon(1e-9).margin(1e-9));
     // Loss scaling detects overflow through the sum of squares: one inf or NaN must show.
     x.data[n / 2] = NAN;
-    CHECK_FALSE(std::isfinite(backend().sum_squares(x.view())));
+    CHECK_FALSE(std::isfinite(cpu_backend().sum_squares(x.view())));
     x.data[n / 2] = INFINITY;
-    CHECK_FALSE(std::isfinite(backend().sum_squares(x.view())));
+    CHECK_FALSE(std::isfinite(cpu_backend().sum_squares(x.view())));
     x.data[n / 2] = 3e38f;  // the largest floats square to finite doubles
-    CHECK(std::isfinite(backend().sum_squares(x.view())));
+    CHECK(std::isfinite(cpu_backend().sum_squares(x.view())));
   }
 
   const int n = 19;
@@ -342,7 +338,7 @@ TEST_CASE("reductions and AdamW", "[ops]") {
   a.grad_scale = 0.5f;
   for (int step = 1; step <= 3; ++step) {
     a.step = step;
-    backend().adamw(p.view(), g.view(), m.view(), v.view(), a, Tensor());
+    cpu_backend().adamw(p.view(), g.view(), m.view(), v.view(), a, Tensor());
     for (int i = 0; i < n; ++i) {
       const double gi = g.data[i] * 0.5;
       rm[i] = 0.9 * rm[i] + 0.1 * gi;
@@ -359,7 +355,7 @@ TEST_CASE("residual add", "[ops]") {
     HostBuffer<float> a({n}), b({n}), out({n}, NAN);
     fill_normal(a.data, 22);
     fill_normal(b.data, 23);
-    backend().add(out.view(), a.view(), b.view());
+    cpu_backend().add(out.view(), a.view(), b.view());
     std::vector<double> ref(n);
     for (int i = 0; i < n; ++i) ref[i] = static_cast<double>(a.data[i]) + b.data[i];
     CHECK(relative_error(out.data, ref) < kFp32Tol);

@@ -21,11 +21,6 @@ using namespace ptrain::test;
 
 namespace {
 
-Backend& cpu() {
-  static std::unique_ptr<Backend> be = make_cpu_backend(0);
-  return *be;
-}
-
 struct RecordingRefused : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -251,8 +246,8 @@ struct SideBySide {
   HostBuffer<double> eager_sums{std::vector<int64_t>{2}}, recorded_sums{std::vector<int64_t>{2}};
 
   SideBySide(const PrecisionPolicy& policy, bool native_fp8, const std::string& refused_op = "")
-      : eager_be(cpu(), native_fp8),
-        recording_be(cpu(), native_fp8, refused_op),
+      : eager_be(cpu_backend(), native_fp8),
+        recording_be(cpu_backend(), native_fp8, refused_op),
         eager(kShape, eager_be, DType::f32, kB, kT, policy),
         recorded(kShape, recording_be, DType::f32, kB, kT, policy) {
     eager.init(5);
@@ -347,17 +342,17 @@ TEST_CASE("a recording is not replayed after memory moved", "[recording]") {
 
 TEST_CASE("micro-batches that cannot be recorded run as called, and say why", "[recording]") {
   SECTION("delayed FP8 scaling") {
-    RecordingBackend be(cpu(), true);
+    RecordingBackend be(cpu_backend(), true);
     Gpt model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "delayed"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("delayed FP8 scaling"));
   }
   SECTION("emulated FP8 layers") {
-    RecordingBackend be(cpu(), /*native_fp8=*/false);
+    RecordingBackend be(cpu_backend(), /*native_fp8=*/false);
     Gpt model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "current"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("emulate"));
   }
   SECTION("the CPU backend") {
-    Gpt model(kShape, cpu(), DType::f32, kB, kT, policy_of("bf16"));
+    Gpt model(kShape, cpu_backend(), DType::f32, kB, kT, policy_of("bf16"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("records none"));
   }
   SECTION("an op the recording cannot hold") {
