@@ -1,14 +1,19 @@
 // Backends for tests that need the CPU backend's numbers with one part changed: a backend
-// that hands every op to another, and Fp8Gemms that keep their statistics as a GPU does.
+// that hands every op to another, and Fp8Gemms that keep their statistics as a GPU does; and
+// the check that two models' FP8 states agree bit for bit.
 #pragma once
+
+#include <catch2/catch.hpp>
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "model/fp8_linear.h"
 #include "precision/formats.h"
 #include "precision/fp8_scaling.h"
 
@@ -147,6 +152,18 @@ class DeferredFp8Gemms final : public Fp8Gemms {
   std::array<std::vector<float>, 3> q_, qt_;  // dequantised casts; qt_: block scaling's wgrad tiles
   std::array<OperandStats, 4> slots_{};       // per operand, then the unrecorded casts'
 };
+
+// Two FP8 tensors' telemetry, latest scale and delayed-scaling state, bit for bit.
+inline void check_same_fp8_state(const Fp8TensorState& a, const Fp8TensorState& b) {
+  INFO(a.name);
+  CHECK(std::memcmp(&a.stats.amax, &b.stats.amax, sizeof(float)) == 0);
+  CHECK(a.stats.nonzero == b.stats.nonzero);
+  CHECK(a.stats.underflow == b.stats.underflow);
+  CHECK(a.stats.saturated == b.stats.saturated);
+  CHECK(std::memcmp(&a.scale, &b.scale, sizeof(float)) == 0);
+  CHECK(a.delayed.history() == b.delayed.history());
+  CHECK(a.delayed.scale() == b.delayed.scale());
+}
 
 // The CPU backend with the Fp8Gemms above: every other op is the CPU's own.
 class DeferredFp8Backend final : public ForwardingBackend {

@@ -174,14 +174,7 @@ TEST_CASE("native FP8 casts with statistics read once per step train and report 
       const std::vector<Fp8TensorState*> e = emulated.fp8_tensors(), n = native.fp8_tensors();
       REQUIRE(e.size() == n.size());
       for (size_t i = 0; i < e.size(); ++i) {
-        INFO(e[i]->name);
-        CHECK(std::memcmp(&e[i]->stats.amax, &n[i]->stats.amax, sizeof(float)) == 0);
-        CHECK(e[i]->stats.nonzero == n[i]->stats.nonzero);
-        CHECK(e[i]->stats.underflow == n[i]->stats.underflow);
-        CHECK(e[i]->stats.saturated == n[i]->stats.saturated);
-        CHECK(std::memcmp(&e[i]->scale, &n[i]->scale, sizeof(float)) == 0);
-        CHECK(e[i]->delayed.history() == n[i]->delayed.history());
-        CHECK(e[i]->delayed.scale() == n[i]->delayed.scale());
+        check_same_fp8_state(*e[i], *n[i]);
         CHECK(n[i]->stats.nonzero > 0);
         if (step == 1) {  // telemetry starts afresh, as the trainer resets it after logging
           e[i]->reset_stats();

@@ -1861,8 +1861,10 @@ class CudaBackend final : public Backend {
     const size_t packed_ints = kernels::packed_bucket_ints(count);
     DeviceBuckets& entry = buckets_[key];
     if (!entry.packed || entry.tokens != n) {
-      if (entry.packed) free_block(entry.packed);
-      entry.packed = nullptr;
+      if (entry.packed) {
+        free_block(entry.packed);
+        entry.packed = nullptr;  // not left dangling if the allocation below throws
+      }
       entry.packed = static_cast<int*>(allocate(packed_ints * sizeof(int)));
       entry.tokens = n;
     }
