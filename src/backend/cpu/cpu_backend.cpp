@@ -1,7 +1,8 @@
 // The CPU reference backend. Readable loops with OpenMP, GEMMs through OpenBLAS. Every op is a
 // template over the element type so the same code runs in float (training) and double
 // (gradient checks by finite differences). Each parallel loop gives every output element to
-// exactly one thread and sums in a fixed order, so results do not depend on the thread count.
+// exactly one thread and sums in a fixed order, and GEMMs run in a decomposition fixed by their
+// shape (gemm.h), so results do not depend on the thread count.
 #include <cblas.h>
 #include <omp.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gemm.h"
 #include "precision/fp8_scaling.h"
 #include "precision/formats.h"
 
@@ -47,19 +49,6 @@ void round_output(const Tensor& t, GradNumerics* counters = nullptr) {
     counters->nonzero += nonzero;
     counters->underflow += underflow;
   }
-}
-
-// GEMM on row-major matrices: C(M,N) = alpha * op(A) op(B) + beta * C.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
-          const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
-          int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void expect(bool ok, const char* op, const std::string& what) {

@@ -1,0 +1,117 @@
+#include "backend/cpu/gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <tuple>
+
+namespace ptrain {
+namespace {
+
+// Rows (or columns) of C per BLAS call. Large enough that packing the shared operand once per
+// panel costs little beside the panel's arithmetic, small enough that the model's GEMMs give
+// every core several panels.
+constexpr int64_t kPanel = 256;
+
+struct Recording {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  int64_t next_gemm = 0;
+  std::vector<GemmCall> calls;
+};
+
+Recording& recording() {
+  static Recording r;
+  return r;
+}
+
+void blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+void blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+template <typename T>
+void panelled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+                   int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  Recording& rec = recording();
+  const bool recording_on = rec.on.load();
+  int64_t gemm_index = 0;
+  if (recording_on) {
+    std::lock_guard<std::mutex> lock(rec.mutex);
+    gemm_index = rec.next_gemm++;
+  }
+  // Cut the longer side of C, so a GEMM with few rows (a small batch) still makes panels.
+  const bool by_rows = M >= N;
+  const int64_t extent = by_rows ? M : N;
+  const int64_t panels = (extent + kPanel - 1) / kPanel;
+  // No `if` clause: OpenBLAS (OpenMP build) runs single-threaded only inside an active parallel
+  // region, or when OpenMP has one thread. An inactive region would let it thread a panel.
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t lo = p * kPanel, n = std::min(extent, lo + kPanel) - lo;
+    // Rows lo.. of C: rows of op(A); columns lo.. of C: columns of op(B).
+    const int64_t a_off = by_rows ? (ta ? lo : lo * lda) : 0;
+    const int64_t b_off = by_rows ? 0 : (tb ? lo * ldb : lo);
+    const int64_t c_off = by_rows ? lo * ldc : lo;
+    const int64_t m = by_rows ? n : M, cols = by_rows ? N : n;
+    blas(ta, tb, m, cols, K, alpha, A + a_off, lda, B + b_off, ldb, beta, C + c_off, ldc);
+    if (recording_on) {
+      GemmCall call{gemm_index, sizeof(T) == 8, ta, tb, m, cols, K, lda, ldb, ldc, a_off, b_off, c_off,
+                    static_cast<double>(alpha), static_cast<double>(beta),
+                    omp_in_parallel() != 0 || omp_get_max_threads() == 1};
+      std::lock_guard<std::mutex> lock(rec.mutex);
+      rec.calls.push_back(call);
+    }
+  }
+}
+
+auto key(const GemmCall& c) {
+  return std::tie(c.gemm, c.f64, c.trans_a, c.trans_b, c.M, c.N, c.K, c.lda, c.ldb, c.ldc, c.a_offset, c.b_offset,
+                  c.c_offset, c.alpha, c.beta, c.single_threaded);
+}
+
+}  // namespace
+
+bool GemmCall::operator==(const GemmCall& o) const { return key(*this) == key(o); }
+bool GemmCall::operator<(const GemmCall& o) const { return key(*this) < key(o); }
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  panelled_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  panelled_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void start_recording_gemm_calls() {
+  Recording& rec = recording();
+  std::lock_guard<std::mutex> lock(rec.mutex);
+  rec.calls.clear();
+  rec.next_gemm = 0;
+  rec.on = true;
+}
+
+std::vector<GemmCall> stop_recording_gemm_calls() {
+  Recording& rec = recording();
+  std::lock_guard<std::mutex> lock(rec.mutex);
+  rec.on = false;
+  std::vector<GemmCall> calls = std::move(rec.calls);
+  rec.calls.clear();
+  std::sort(calls.begin(), calls.end());
+  return calls;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,38 @@
+// The CPU backend's GEMMs, in a decomposition fixed by the shape alone. OpenBLAS's threaded
+// GEMMs split the work by thread count, and on some CPUs (its Zen kernels, for one) that changes
+// the summation order: one and two threads then give results a few ulps apart. Here each GEMM is
+// cut into fixed panels of output rows or columns, each panel is one single-threaded BLAS call
+// over the whole inner dimension, and OpenMP shares the panels among threads. The same calls
+// with the same operands run whatever the thread count, so the result cannot depend on it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace ptrain {
+
+// C(M,N) = alpha * op(A) op(B) + beta * C, row-major, op(X) = X or X^T.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// One BLAS call a GEMM was cut into: its shape, and where its operands start relative to the
+// whole GEMM's (in elements), so calls can be compared between runs and thread counts.
+struct GemmCall {
+  int64_t gemm = 0;  // which gemm() call of the recording this panel belongs to, in call order
+  bool f64 = false, trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
+  int64_t a_offset = 0, b_offset = 0, c_offset = 0;
+  double alpha = 0, beta = 0;
+  bool single_threaded = false;  // BLAS ran it on one thread (inside an active parallel region, or one thread)
+  bool operator==(const GemmCall& o) const;
+  bool operator<(const GemmCall& o) const;
+};
+
+// Starts recording every BLAS call the GEMMs make (tests); stop_recording returns them sorted by
+// (gemm, offsets), an order that does not depend on which thread ran which panel.
+void start_recording_gemm_calls();
+std::vector<GemmCall> stop_recording_gemm_calls();
+
+}  // namespace ptrain
