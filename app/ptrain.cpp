@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -12,6 +13,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/paths.h"
 #include "data/prepare.h"
 #include "data/synthetic.h"
 #include "dist/communicator.h"
@@ -42,7 +44,8 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
   cmd->add_option("--stop-at", stop_at,
-                  "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)");
+                  "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)")
+      ->check(CLI::PositiveNumber);
 }
 
 void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides) {
@@ -272,6 +275,7 @@ int run(int argc, char** argv) {
   }
   CLI::App* data = app.get_subcommand("data");
   if (data->got_subcommand("synth")) {
+    ptrain::check_creatable(synth.out, "--out", 32);
     const ptrain::SyntheticInfo info = ptrain::generate_synthetic(
         {synth.vocab, synth.order, synth.branching, synth.tokens, static_cast<uint64_t>(synth.seed), synth.val_fraction},
         synth.out);
@@ -302,6 +306,9 @@ int fail(const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) then fails the write with EFBIG, which names the file, instead
+  // of killing the process with SIGXFSZ halfway through a save.
+  std::signal(SIGXFSZ, SIG_IGN);
   try {
     return run(argc, argv);
   } catch (const ptrain::UserError& e) {

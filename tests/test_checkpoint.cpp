@@ -93,7 +93,7 @@ TEST_CASE("safetensors files follow the published layout", "[checkpoint]") {
   std::memcpy(&first, raw.data() + 8 + n, sizeof first);
   CHECK(first == 1.0f);
 
-  const SafetensorsFile file((dir / "x.safetensors").string());
+  const SafetensorsFile file = SafetensorsFile::read((dir / "x.safetensors").string());
   std::vector<float> back(6);
   file.copy_to("a", back.data(), 6);
   CHECK(back == a);
@@ -101,7 +101,7 @@ TEST_CASE("safetensors files follow the published layout", "[checkpoint]") {
 
   // A truncated file is refused, naming it.
   fs::resize_file(dir / "x.safetensors", raw.size() - 2);
-  CHECK_THROWS_WITH(SafetensorsFile((dir / "x.safetensors").string()), Catch::Contains("x.safetensors"));
+  CHECK_THROWS_WITH(SafetensorsFile::read((dir / "x.safetensors").string()), Catch::Contains("x.safetensors"));
   fs::remove_all(dir);
 }
 
@@ -184,7 +184,7 @@ TEST_CASE("bad checkpoints to resume from exit 2 and change nothing", "[checkpoi
     CHECK(read_file(ws.run("r") / "metrics.jsonl") == before);
   };
   SECTION("a path that is no checkpoint") {
-    expect_refused("--set checkpoint.resume=nowhere", {"checkpoint.resume", "nowhere", "not a directory"});
+    expect_refused("--set checkpoint.resume=nowhere", {"checkpoint.resume", "nowhere", "does not exist"});
   }
   SECTION("another model shape, naming the keys") {
     expect_refused("--set checkpoint.resume=" + ckpt.string() + " --set model.n_layer=3",
@@ -251,12 +251,16 @@ TEST_CASE("a failed save keeps the earlier checkpoints and stops or continues as
     CHECK(out.find("checkpoint at step 3 failed") != std::string::npos);
     CHECK(out.find("earlier checkpoints are intact") != std::string::npos);
   }
-  SECTION("continue") {
+  SECTION("continue covers periodic saves; a failed final save still ends the run with exit 1") {
     const std::string out = shell(ws, limited + "--set checkpoint.on_save_error=continue; echo rc=$?");
     INFO(out);
-    CHECK(out.find("rc=0") != std::string::npos);
+    CHECK(out.find("checkpoint at step 3 failed") != std::string::npos);
     CHECK(out.find("training continues") != std::string::npos);
     CHECK(out.find("step 4/4") != std::string::npos);
+    CHECK(out.find("checkpoint at step 4 failed") != std::string::npos);
+    CHECK(out.find("the final checkpoint") != std::string::npos);
+    CHECK(out.find("File too large") != std::string::npos);
+    CHECK(out.find("rc=1") != std::string::npos);
   }
   CHECK(read_file(ckpts / "latest") == "step_00000002\n");
   CHECK(read_file(ckpts / "step_00000002/weights.safetensors") == weights_before);
@@ -347,9 +351,12 @@ TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "
   AdamW optimizer(model, *backend, AdamWConfig{});
   CheckpointState state;
   state.step = 7;
+  state.precision = "fp8:delayed";
   state.fp8.push_back({"h0.qkv.grad", {NAN, INFINITY, 0.5f, -0.0f}, 3.5f});
-  state.fp8.push_back({"h0.qkv.input", {1.0f}, NAN});
-  state.model = model_json(ModelConfig{});
+  state.fp8.push_back({"h0.qkv.input", {1.0f}, 1e-30f});
+  ModelConfig shape;
+  shape.n_layer = 1, shape.n_head = 2, shape.n_embd = 16, shape.seq_len = 8, shape.vocab_size = 32;
+  state.model = model_json(shape);
   state.schedule = nlohmann::json::object();
   const std::string path = save_checkpoint(dir.string(), state, model, optimizer, 3);
   const LoadedCheckpoint loaded = load_checkpoint(path);
@@ -360,6 +367,10 @@ TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "
   CHECK(h[2] == 0.5f);
   CHECK(std::signbit(h[3]));
   CHECK(loaded.state.fp8[0].scale == 3.5f);
-  CHECK(std::isnan(loaded.state.fp8[1].scale));
+  CHECK(loaded.state.fp8[1].scale == 1e-30f);
+  // A scale itself is never NaN (a bad amax keeps the previous scale): such a state is refused.
+  nlohmann::json j = nlohmann::json::parse(read_file(fs::path(path) / "state.json"));
+  j["fp8"][1]["scale_bits"] = 0x7fc00000u;
+  CHECK_THROWS_WITH(state_from_json(j), Catch::Contains("fp8[1].scale_bits") && Catch::Contains("finite scale"));
   fs::remove_all(dir);
 }

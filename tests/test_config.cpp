@@ -295,10 +295,10 @@ TEST_CASE("enum values must be among the choices", "[config]") {
 
 TEST_CASE("out-of-range values are rejected with the allowed range", "[config]") {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"model.n_layer=0", "an integer >= 1"},
-      {"model.n_head=0", "an integer >= 1"},
-      {"model.n_embd=-64", "an integer >= 1"},
-      {"model.seq_len=0", "an integer >= 1"},
+      {"model.n_layer=0", "an integer in [1, 1024]"},
+      {"model.n_head=0", "an integer in [1, 65536]"},
+      {"model.n_embd=-64", "an integer in [1, 65536]"},
+      {"model.seq_len=0", "an integer in [1, 1048576]"},
       {"model.vocab_size=1", "an integer in [2, 65536]"},
       {"model.vocab_size=65537", "an integer in [2, 65536]"},
       {"training.micro_batch=0", "an integer >= 1"},
@@ -354,7 +354,7 @@ TEST_CASE("required model keys have no default", "[config]") {
   const auto problems = problems_of("model: {n_layer: 2, n_head: 4}\ndata: {synthetic: {}}\n");
   REQUIRE(problems.size() == 3);
   check_shape(problems[0], "cfg.yaml:1:1", "model.n_embd");
-  CHECK(contains(problems[0], "required, no default; expected an integer >= 1"));
+  CHECK(contains(problems[0], "required, no default; expected an integer in [1, "));
   check_shape(problems[1], "cfg.yaml:1:1", "model.seq_len");
   check_shape(problems[2], "cfg.yaml:1:1", "model.vocab_size");
 

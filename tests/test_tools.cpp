@@ -57,7 +57,7 @@ TEST_CASE("llm.c export and re-import give identical logits", "[tools]") {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
 
-  const LlmcModel file = read_llmc((t.dir / "m.bin").string());
+  const LlmcModel file = read_llmc((t.dir / "m.bin").string(), "test");
   CHECK(file.version == 3);
   CHECK(file.vocab_size == 200);
   CHECK(file.padded_vocab == 256);
@@ -89,7 +89,7 @@ TEST_CASE("llm.c export and re-import give identical logits", "[tools]") {
   }
   SECTION("bf16 files hold the weights rounded to bf16") {
     REQUIRE(run_ptrain("export --checkpoint " + t.checkpoint.string() + " --out b.bin --dtype bf16", t.dir).exit_code == 0);
-    const LlmcModel bf16 = read_llmc((t.dir / "b.bin").string());
+    const LlmcModel bf16 = read_llmc((t.dir / "b.bin").string(), "test");
     CHECK(bf16.version == 5);
     CHECK(fs::file_size(t.dir / "b.bin") == 1024 + 2 * file.params.size());
     for (size_t i = 0; i < file.params.size(); ++i) REQUIRE(bf16.params[i] == round_to_format(file.params[i], Format::bf16, false));
@@ -174,6 +174,7 @@ TEST_CASE("eval sample and inspect read a checkpoint", "[tools]") {
   const CommandResult broken = run_ptrain("inspect " + ck, t.dir);
   CHECK(broken.output.find("sha256 MISMATCH") != std::string::npos);
   CHECK(broken.output.find("NOT valid") != std::string::npos);
+  CHECK(broken.exit_code == 2);
   fs::remove(t.checkpoint / "state.json");
   const CommandResult incomplete = run_ptrain("inspect " + ck, t.dir);
   CHECK(incomplete.exit_code == 2);

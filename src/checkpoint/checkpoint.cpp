@@ -1,18 +1,15 @@
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cmath>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
+#include <regex>
 
-#include "checkpoint/sha256.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/output_file.h"
+#include "core/paths.h"
 
 namespace fs = std::filesystem;
 
@@ -23,6 +20,8 @@ constexpr const char* kWeightsFile = "weights.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kLatestFile = "latest";
+constexpr const char* kOwnerFile = ".ptrain-owner";
+constexpr int64_t kMaxStateBytes = 64 << 20;
 
 // ZeRO-1: rank r's moments, e.g. "optimizer.rank00001-of-00002.safetensors".
 std::string moment_shard_file(int rank, int world) {
@@ -31,29 +30,15 @@ std::string moment_shard_file(int rank, int world) {
   return name;
 }
 
+bool is_checkpoint_file_name(const std::string& name) {
+  static const std::regex shard(R"(optimizer\.rank[0-9]{5}-of-[0-9]{5}\.safetensors)");
+  return name == kWeightsFile || name == kOptimizerFile || std::regex_match(name, shard);
+}
+
 std::string step_dir_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
   return name;
-}
-
-// fsync a file or directory so a rename that follows is durable.
-void sync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError("cannot open \"" + p.string() + "\" to sync it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw UserError("cannot sync \"" + p.string() + "\": " + std::strerror(errno));
-}
-
-void write_text_synced(const fs::path& p, const std::string& text) {
-  {
-    std::ofstream out(p, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw UserError("cannot write \"" + p.string() + "\"");
-  }
-  sync_path(p);
 }
 
 // Host copies of tensors (which may live in device memory), kept alive while a file is written.
@@ -97,80 +82,6 @@ void read_into(const SafetensorsFile& file, const std::string& name, Backend& ba
   backend.upload(dst, host.data());
 }
 
-// A short fingerprint of the model-relevant config, for tools that compare checkpoints.
-std::string model_hash(const nlohmann::json& model) {
-  const std::string text = model.dump();
-  Sha256 h;
-  h.update(text.data(), text.size());
-  return h.hex_digest().substr(0, 16);
-}
-
-// FP8 histories may hold NaN or inf (an overflowed step), which JSON cannot: they are stored as
-// the floats' bit patterns, exact whatever the value.
-std::vector<uint32_t> float_bits(const std::vector<float>& values) {
-  std::vector<uint32_t> bits(values.size());
-  std::memcpy(bits.data(), values.data(), values.size() * sizeof(float));
-  return bits;
-}
-
-std::vector<float> bits_float(const std::vector<uint32_t>& bits) {
-  std::vector<float> values(bits.size());
-  std::memcpy(values.data(), bits.data(), bits.size() * sizeof(float));
-  return values;
-}
-
-nlohmann::json state_to_json(const CheckpointState& s) {
-  nlohmann::json fp8 = nlohmann::json::array();
-  for (const auto& f : s.fp8)
-    fp8.push_back({{"name", f.name},
-                   {"history_bits", float_bits(f.history)},
-                   {"scale_bits", float_bits({f.scale})[0]},
-                   {"scale", std::isfinite(f.scale) ? nlohmann::json(f.scale) : nlohmann::json()}});  // for people
-  return {{"format", "ptrain checkpoint 1"},
-          {"step", s.step},
-          {"tokens", s.tokens},
-          {"optimizer_steps", s.optimizer_steps},
-          // The only random state after initialisation: the counter-based training sampler.
-          {"rng", {{"data_sampler", {{"seed", s.data_seed}, {"next_sample", s.next_sample}}}}},
-          {"loss_scaler",
-           {{"mode", s.scaler_mode},
-            {"scale", s.scaler.scale},
-            {"growth_tracker", s.scaler.growth_tracker},
-            {"hysteresis_left", s.scaler.hysteresis_left},
-            {"skipped", s.scaler.skipped}}},
-          {"fp8", fp8},
-          {"best_val_loss", s.best_val_loss},
-          {"best_val_step", s.best_val_step},
-          {"precision", s.precision},
-          {"model", s.model},
-          {"model_hash", model_hash(s.model)},
-          {"schedule", s.schedule}};
-}
-
-CheckpointState state_from_json(const nlohmann::json& j) {
-  CheckpointState s;
-  j.at("step").get_to(s.step);
-  j.at("tokens").get_to(s.tokens);
-  j.at("optimizer_steps").get_to(s.optimizer_steps);
-  j.at("rng").at("data_sampler").at("seed").get_to(s.data_seed);
-  j.at("rng").at("data_sampler").at("next_sample").get_to(s.next_sample);
-  const auto& ls = j.at("loss_scaler");
-  ls.at("mode").get_to(s.scaler_mode);
-  ls.at("scale").get_to(s.scaler.scale);
-  ls.at("growth_tracker").get_to(s.scaler.growth_tracker);
-  ls.at("hysteresis_left").get_to(s.scaler.hysteresis_left);
-  ls.at("skipped").get_to(s.scaler.skipped);
-  for (const auto& f : j.at("fp8"))
-    s.fp8.push_back({f.at("name").get<std::string>(), bits_float(f.at("history_bits").get<std::vector<uint32_t>>()),
-                     bits_float({f.at("scale_bits").get<uint32_t>()})[0]});
-  if (j.at("best_val_loss").is_number()) j.at("best_val_loss").get_to(s.best_val_loss);
-  j.at("best_val_step").get_to(s.best_val_step);
-  j.at("precision").get_to(s.precision);
-  s.model = j.at("model");
-  s.schedule = j.at("schedule");
-  return s;
-}
-
 int64_t step_of(const std::string& name) {
   if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
   for (size_t i = 5; i < name.size(); ++i)
@@ -183,12 +94,120 @@ std::vector<fs::path> checkpoint_dirs(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.is_directory() && step_of(entry.path().filename().string()) >= 0)
+    if (entry.is_directory(ec) && step_of(entry.path().filename().string()) >= 0)
       found.emplace_back(step_of(entry.path().filename().string()), entry.path());
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<fs::path> out;
   for (auto& f : found) out.push_back(f.second);
   return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// Every tensor `file` must hold for the model, of exactly its shape: a crafted state.json can
+// then never size an allocation the files do not back.
+void expect_tensors(const SafetensorsFile& file, const std::string& file_name, const std::vector<ParamSpec>& specs,
+                    const std::string& prefix) {
+  for (const ParamSpec& spec : specs) {
+    const std::string name = prefix + spec.name;
+    if (!file.has(name)) throw UserError(file_name + " has no tensor " + name);
+    if (file.shape(name) != spec.shape)
+      throw UserError(file_name + ": tensor " + name + " has shape " + shape_text(file.shape(name)) +
+                      ", but state.json's model needs " + shape_text(spec.shape));
+  }
+}
+
+void expect_finite(const SafetensorsFile& file, const std::string& file_name) {
+  int64_t at = 0;
+  const std::string tensor = file.first_non_finite(&at);
+  if (!tensor.empty())
+    throw UserError(file_name + ": tensor " + tensor + " holds a NaN or infinity (element " + std::to_string(at) +
+                    "); a checkpoint to train from must hold finite values");
+}
+
+// A checkpoint directory, or the directory a `latest` file names.
+fs::path checkpoint_directory(const std::string& path) {
+  const PathKind kind = path_kind(path, "checkpoint");
+  if (kind == PathKind::missing) throw UserError("does not exist");
+  if (kind == PathKind::directory) return path;
+  if (fs::path(path).filename() != kLatestFile) throw UserError("is a file; expected a checkpoint directory (step_NNNNNNNN)");
+  std::string name = InputFile(path, "\"" + path + "\"").read_all(256);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (step_of(name) < 0) throw UserError("names \"" + name + "\"; expected a checkpoint directory name (step_NNNNNNNN)");
+  return fs::path(path).parent_path() / name;
+}
+
+LoadedCheckpoint load_verified(const std::string& path) {
+  const fs::path dir = checkpoint_directory(path);
+  if (path_kind((dir / kStateFile).string(), "state.json") == PathKind::missing)
+    throw UserError(std::string("no ") + kStateFile + " (an incomplete save?)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(InputFile((dir / kStateFile).string(), kStateFile).read_all(kMaxStateBytes));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(std::string("state.json is not JSON (") + e.what() + ")");
+  }
+  CheckpointState state = state_from_json(j);
+  const nlohmann::json& sums = j.contains("sha256") ? j["sha256"] : nlohmann::json();
+  if (!sums.is_object()) throw UserError("state.json has no sha256 object naming its files");
+  const bool sharded = j.contains("optimizer_shards");
+  for (const char* f : {kWeightsFile, kOptimizerFile})
+    if ((f == kWeightsFile || !sharded) && !sums.contains(f)) throw UserError(std::string("state.json lists no ") + f);
+
+  // Each listed file is read once, and its checksum taken from the same bytes that are parsed.
+  std::map<std::string, SafetensorsFile> files;
+  for (const auto& [file, expected] : sums.items()) {
+    if (!is_checkpoint_file_name(file))
+      throw UserError("state.json lists \"" + file + "\", which is not a checkpoint file name");
+    if (!expected.is_string()) throw UserError("state.json's sha256 of " + file + " is not a string");
+    if (path_kind((dir / file).string(), file) == PathKind::missing) throw UserError(file + " is missing");
+    files.emplace(file, SafetensorsFile::read_checked((dir / file).string(), expected.get<std::string>()));
+  }
+
+  const ModelConfig model = model_from_json(state.model);
+  const std::vector<ParamSpec> specs = gpt_param_specs(GptShape::of(model));
+  const int64_t num_params = gpt_num_params(GptShape::of(model));
+  SafetensorsFile& weights = files.at(kWeightsFile);
+  expect_tensors(weights, kWeightsFile, specs, "");
+  expect_finite(weights, kWeightsFile);
+  LoadedCheckpoint loaded{path, std::move(state), std::move(weights), std::nullopt, {}};
+  if (!sharded) {
+    SafetensorsFile& moments = files.at(kOptimizerFile);
+    expect_tensors(moments, kOptimizerFile, specs, "m.");
+    expect_tensors(moments, kOptimizerFile, specs, "v.");
+    expect_finite(moments, kOptimizerFile);
+    loaded.optimizer.emplace(std::move(moments));
+    return loaded;
+  }
+  const nlohmann::json& shards = j["optimizer_shards"];
+  if (!shards.is_array() || shards.empty()) throw UserError("state.json's optimizer_shards is not a list of shards");
+  int64_t covered = 0;  // the shards must tile the flat parameter vector in order
+  for (const auto& s : shards) {
+    if (!s.is_object() || !s.contains("file") || !s["file"].is_string() || !s.contains("begin") ||
+        !s["begin"].is_number_integer() || !s.contains("count") || !s["count"].is_number_integer())
+      throw UserError("state.json's optimizer_shards holds an entry without file, begin and count");
+    const std::string file = s["file"].get<std::string>();
+    const auto found = files.find(file);
+    if (found == files.end()) throw UserError(file + " has no SHA-256 in state.json");
+    const int64_t begin = s["begin"].get<int64_t>(), count = s["count"].get<int64_t>();
+    if (begin != covered || count < 0 || count > num_params - covered)
+      throw UserError("the optimizer shards do not tile the model's " + std::to_string(num_params) + " parameters (" +
+                      file + ")");
+    for (const char* moment : {"m", "v"})
+      if (!found->second.has(moment) || found->second.shape(moment) != std::vector<int64_t>{count})
+        throw UserError(file + " has no tensor " + moment + " of shape (" + std::to_string(count) + ")");
+    expect_finite(found->second, file);
+    covered += count;
+    loaded.shards.push_back({begin, count, std::move(found->second)});
+  }
+  if (covered != num_params)
+    throw UserError("the optimizer shards cover " + std::to_string(covered) + " of the model's " +
+                    std::to_string(num_params) + " parameters");
+  return loaded;
 }
 
 }  // namespace
@@ -209,15 +228,17 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     if (failed == 0) return;
     if (main) fs::remove_all(tmp_dir, ec);
     if (!error.empty() && !main) std::fprintf(stderr, "ptrain: rank %d: %s\n", rank, error.c_str());
-    throw UserError(!error.empty() ? error
-                                   : "cannot save checkpoint: " + std::to_string(static_cast<int>(failed)) +
-                                         " other rank(s) failed while writing " + stage + " (their stderr says why)");
+    throw EnvironmentError(!error.empty() ? error
+                                          : "cannot save checkpoint: " + std::to_string(static_cast<int>(failed)) +
+                                                " other rank(s) failed while writing " + stage + " (their stderr says why)");
   };
   const auto attempt = [&](auto&& fn) {
     try {
       fn();
     } catch (const fs::filesystem_error& e) {
       error = std::string("cannot save checkpoint: ") + e.what();
+    } catch (const EnvironmentError& e) {
+      error = e.what();
     } catch (const UserError& e) {
       error = e.what();
     }
@@ -226,10 +247,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
   if (main)
     attempt([&] {
       fs::create_directories(root, ec);
-      if (ec) throw UserError("checkpoint.dir: cannot create \"" + root.string() + "\": " + ec.message());
+      if (ec) throw EnvironmentError("cannot create \"" + root.string() + "\": " + ec.message());
       fs::remove_all(tmp_dir, ec);  // the leftover of an interrupted save of this step
       if (!fs::create_directory(tmp_dir, ec) || ec)
-        throw UserError("checkpoint.dir: cannot create \"" + tmp_dir.string() + "\": " + ec.message());
+        throw EnvironmentError("cannot create \"" + tmp_dir.string() + "\": " + ec.message());
     });
   agree("the temporary directory");
 
@@ -241,25 +262,25 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     if (main) master.resize(static_cast<size_t>(model.num_params()));
     comm->gather_shards(main ? master.data() : nullptr, shard.data(), model.num_params());
   }
-  // ZeRO-1: each rank writes the moments of its shard of the flat parameter vector.
+  // ZeRO-1: each rank writes the moments of its shard of the flat parameter vector; rank 0
+  // checks the other ranks' files when it records their checksums.
   if (optimizer.sharded())
     attempt([&] {
       const Shard s = optimizer.shard();
       HostTensors host;
       host.add(model.backend(), "m", {s.count}, optimizer.first_moment());
       host.add(model.backend(), "v", {s.count}, optimizer.second_moment());
-      const fs::path path = tmp_dir / moment_shard_file(rank, world);
-      write_safetensors(path.string(), host.views,
+      write_safetensors((tmp_dir / moment_shard_file(rank, world)).string(), host.views,
                         {{"producer", "ptrain"}, {"begin", std::to_string(s.begin)}, {"count", std::to_string(s.count)}});
-      sync_path(path);
     });
   agree("their optimizer shards");
 
   if (main)
     attempt([&] {
+      nlohmann::json j = state_to_json(state);
+      const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"producer", "ptrain"}};
       if (master.empty()) {
-        write_safetensors((tmp_dir / kWeightsFile).string(), weight_copies(model).views,
-                          {{"format", "pt"}, {"producer", "ptrain"}});
+        j["sha256"][kWeightsFile] = write_safetensors((tmp_dir / kWeightsFile).string(), weight_copies(model).views, metadata);
       } else {
         std::vector<SafetensorView> views;
         int64_t offset = 0;
@@ -267,31 +288,27 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
           views.push_back({model.specs()[i].name, model.specs()[i].shape, master.data() + offset});
           offset += model.param(static_cast<ParamId>(i)).numel();
         }
-        write_safetensors((tmp_dir / kWeightsFile).string(), views, {{"format", "pt"}, {"producer", "ptrain"}});
+        j["sha256"][kWeightsFile] = write_safetensors((tmp_dir / kWeightsFile).string(), views, metadata);
       }
-      nlohmann::json j = state_to_json(state);
-      j["sha256"][kWeightsFile] = sha256_file((tmp_dir / kWeightsFile).string());
       if (optimizer.sharded()) {
         for (int r = 0; r < world; ++r) {
           const Shard s = shard_of(model.num_params(), r, world);
           const std::string file = moment_shard_file(r, world);
           j["optimizer_shards"].push_back({{"file", file}, {"begin", s.begin}, {"count", s.count}});
-          j["sha256"][file] = sha256_file((tmp_dir / file).string());
+          j["sha256"][file] = SafetensorsFile::read((tmp_dir / file).string()).sha256();
         }
       } else {
-        write_safetensors((tmp_dir / kOptimizerFile).string(), moment_copies(model, optimizer).views,
-                          {{"producer", "ptrain"}});
-        j["sha256"][kOptimizerFile] = sha256_file((tmp_dir / kOptimizerFile).string());
+        j["sha256"][kOptimizerFile] = write_safetensors((tmp_dir / kOptimizerFile).string(),
+                                                        moment_copies(model, optimizer).views, {{"producer", "ptrain"}});
       }
-      write_text_synced(tmp_dir / kStateFile, j.dump(2) + "\n");
-      sync_path(tmp_dir);
+      OutputFile state_file((tmp_dir / kStateFile).string());
+      state_file.write(j.dump(2) + "\n");
+      state_file.finish(true);
+      sync_directory(tmp_dir.string());
       fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt
-      fs::rename(tmp_dir, final_dir);
-      sync_path(root);
-      const fs::path latest_tmp = root / (std::string(kLatestFile) + ".tmp");
-      write_text_synced(latest_tmp, final_dir.filename().string() + "\n");
-      fs::rename(latest_tmp, root / kLatestFile);
-      sync_path(root);
+      rename_path(tmp_dir.string(), final_dir.string());
+      sync_directory(root.string());
+      write_file_atomic((root / kLatestFile).string(), final_dir.filename().string() + "\n");
     });
   agree("the checkpoint");
 
@@ -306,58 +323,28 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 }
 
 LoadedCheckpoint load_checkpoint(const std::string& path) {
-  const fs::path dir(path);
-  auto invalid = [&](const std::string& what) {
-    return UserError("checkpoint \"" + path + "\" is not usable: " + what);
-  };
-  if (!fs::is_directory(dir)) throw invalid("not a directory");
-  if (!fs::exists(dir / kStateFile)) throw invalid(std::string("no ") + kStateFile + " (an incomplete save?)");
-  nlohmann::json j;
   try {
-    std::ifstream in(dir / kStateFile);
-    j = nlohmann::json::parse(in);
-    if (j.value("format", "") != "ptrain checkpoint 1") throw invalid("state.json is not a ptrain checkpoint state");
-    const nlohmann::json& sums = j.at("sha256");
-    const bool sharded = j.contains("optimizer_shards");
-    for (const char* f : {kWeightsFile, kOptimizerFile})
-      if ((f == kWeightsFile || !sharded) && !sums.contains(f)) throw invalid(std::string("state.json lists no ") + f);
-    for (const auto& [file, expected] : sums.items()) {
-      if (!fs::exists(dir / file)) throw invalid(file + " is missing");
-      if (sha256_file((dir / file).string()) != expected.get<std::string>())
-        throw invalid(file + " does not match its SHA-256 in state.json (truncated or corrupted)");
-    }
-    LoadedCheckpoint loaded{path, state_from_json(j), SafetensorsFile((dir / kWeightsFile).string()), std::nullopt, {}};
-    if (!sharded) {
-      loaded.optimizer.emplace((dir / kOptimizerFile).string());
-      return loaded;
-    }
-    int64_t covered = 0;  // the shards must tile the flat parameter vector in order
-    for (const auto& s : j.at("optimizer_shards")) {
-      const std::string file = s.at("file").get<std::string>();
-      if (!sums.contains(file)) throw invalid(file + " has no SHA-256 in state.json");
-      MomentShard shard{s.at("begin").get<int64_t>(), s.at("count").get<int64_t>(),
-                        SafetensorsFile((dir / file).string())};
-      if (shard.begin != covered) throw invalid("the optimizer shards do not tile the parameters (" + file + ")");
-      covered += shard.count;
-      loaded.shards.push_back(std::move(shard));
-    }
-    loaded.sharded_params = covered;
-    return loaded;
-  } catch (const nlohmann::json::exception& e) {
-    throw invalid(std::string("state.json is malformed (") + e.what() + ")");
+    return load_verified(path);
+  } catch (const UserError& e) {
+    throw UserError("checkpoint \"" + path + "\" is not usable: " + e.what());
   }
+}
+
+std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step) {
+  std::vector<std::string> later;
+  for (const fs::path& p : checkpoint_dirs(dir))
+    if (step_of(p.filename().string()) > step) later.push_back(p.string());
+  return later;
 }
 
 std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int64_t step) {
   std::vector<std::string> moved;
-  for (const fs::path& p : checkpoint_dirs(dir)) {
-    if (step_of(p.filename().string()) <= step) continue;
-    const fs::path aside = p.string() + ".superseded";
+  for (const std::string& p : checkpoints_after(dir, step)) {
+    const std::string aside = p + ".superseded";
     std::error_code ec;
     fs::remove_all(aside, ec);
-    fs::rename(p, aside, ec);
-    if (ec) throw EnvironmentError("cannot set aside \"" + p.string() + "\": " + ec.message());
-    moved.push_back(aside.string());
+    rename_path(p, aside);
+    moved.push_back(aside);
   }
   return moved;
 }
@@ -372,6 +359,36 @@ std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
     }
   }
   return std::nullopt;
+}
+
+bool holds_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  return !checkpoint_dirs(dir).empty() || fs::exists(fs::path(dir) / kLatestFile, ec);
+}
+
+std::optional<std::string> checkpoint_dir_owner(const std::string& dir) {
+  const std::string marker = (fs::path(dir) / kOwnerFile).string();
+  if (path_kind(marker, "checkpoint.dir") == PathKind::missing) return std::nullopt;
+  std::string owner = InputFile(marker, "checkpoint.dir's owner file \"" + marker + "\"").read_all(1 << 16);
+  while (!owner.empty() && owner.back() == '\n') owner.pop_back();
+  return owner;
+}
+
+void claim_checkpoint_dir(const std::string& dir, const std::string& run_dir) {
+  write_file_atomic((fs::path(dir) / kOwnerFile).string(), fs::weakly_canonical(run_dir).string() + "\n");
+}
+
+void remove_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name == kLatestFile || name == std::string(kLatestFile) + ".tmp" || step_of(name) >= 0 ||
+                      (name.rfind("step_", 0) == 0 && name.size() > 13 && step_of(name.substr(0, 13)) >= 0) ||
+                      (name.rfind(".step_", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp");
+    if (!ours) continue;
+    fs::remove_all(entry.path(), ec);
+    if (ec) throw EnvironmentError("cannot remove \"" + entry.path().string() + "\": " + ec.message());
+  }
 }
 
 void load_weights(const SafetensorsFile& weights, Gpt& model) {
@@ -404,10 +421,6 @@ std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Gpt& m
     }
     return out;
   }
-  if (checkpoint.sharded_params != model.num_params())
-    throw UserError("checkpoint \"" + checkpoint.path + "\": its optimizer shards cover " +
-                    std::to_string(checkpoint.sharded_params) + " parameters; the model has " +
-                    std::to_string(model.num_params()));
   for (const MomentShard& s : checkpoint.shards)
     take(s.begin, s.count, [&](float* dst) { s.file.copy_to(which, dst, s.count); });
   return out;
@@ -419,30 +432,6 @@ void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& opti
   for (const auto& [which, moment] : {std::pair{"m", optimizer.first_moment()}, {"v", optimizer.second_moment()}})
     model.backend().upload(moment, read_moments(checkpoint, model, which, s.begin, s.count).data());
   optimizer.restore_steps(checkpoint.state.optimizer_steps);
-}
-
-nlohmann::json model_json(const ModelConfig& m) {
-  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
-          {"vocab_size", m.vocab_size}};
-}
-
-ModelConfig model_from_json(const nlohmann::json& j) {
-  ModelConfig m;
-  j.at("n_layer").get_to(m.n_layer);
-  j.at("n_head").get_to(m.n_head);
-  j.at("n_embd").get_to(m.n_embd);
-  j.at("seq_len").get_to(m.seq_len);
-  j.at("vocab_size").get_to(m.vocab_size);
-  return m;
-}
-
-std::vector<std::string> model_differences(const nlohmann::json& saved, const nlohmann::json& current) {
-  std::vector<std::string> out;
-  for (const auto& [key, value] : current.items())
-    if (!saved.contains(key) || saved[key] != value)
-      out.push_back("model." + key + " " + (saved.contains(key) ? saved[key].dump() : "absent") + " in the checkpoint vs " +
-                    value.dump() + " now");
-  return out;
 }
 
 }  // namespace ptrain

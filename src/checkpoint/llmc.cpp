@@ -1,15 +1,11 @@
 #include "checkpoint/llmc.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <cmath>
 
 #include "core/error.h"
-#include "model/gpt.h"
+#include "core/input_file.h"
+#include "core/output_file.h"
+#include "model/gpt_params.h"
 #include "precision/formats.h"
 
 namespace ptrain {
@@ -23,15 +19,15 @@ GptShape shape_of(const LlmcModel& m) {
 
 }  // namespace
 
-LlmcModel read_llmc(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw UserError("model.init_from: cannot read \"" + path + "\"");
-  const auto size = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
-  auto bad = [&](const std::string& what) { return UserError("\"" + path + "\" is not a usable llm.c model file: " + what); };
+LlmcModel read_llmc(const std::string& path, const std::string& what) {
+  const InputFile in(path, what + " \"" + path + "\"");
+  const int64_t size = in.size();
+  auto bad = [&](const std::string& why) {
+    return UserError(what + " \"" + path + "\" is not a usable llm.c model file: " + why);
+  };
   int32_t header[kHeaderInts];
-  if (size < static_cast<int64_t>(sizeof header) || !in.read(reinterpret_cast<char*>(header), sizeof header))
-    throw bad("shorter than the 1024-byte header");
+  if (size < static_cast<int64_t>(sizeof header)) throw bad("shorter than the 1024-byte header");
+  in.read_at(0, header, sizeof header);
   if (header[0] != kLlmcMagic)
     throw bad("magic " + std::to_string(header[0]) + ", expected " + std::to_string(kLlmcMagic));
   LlmcModel m;
@@ -44,8 +40,10 @@ LlmcModel read_llmc(const std::string& path) {
   m.n_head = header[5];
   m.n_embd = header[6];
   m.padded_vocab = header[7];
-  if (m.max_seq_len < 1 || m.vocab_size < 1 || m.n_layer < 1 || m.n_head < 1 || m.n_embd < 1 ||
-      m.n_embd % m.n_head != 0 || m.padded_vocab < m.vocab_size)
+  // The same bounds as a config's, before any size is computed from them.
+  if (m.max_seq_len < 1 || m.max_seq_len > kMaxSeqLen || m.vocab_size < 2 || m.vocab_size > kMaxVocab || m.n_layer < 1 ||
+      m.n_layer > kMaxLayers || m.n_embd < 1 || m.n_embd > kMaxEmbd || m.n_head < 1 || m.n_embd % m.n_head != 0 ||
+      m.padded_vocab < m.vocab_size || m.padded_vocab > kMaxVocab + 128)
     throw bad("inconsistent header (max_seq_len " + std::to_string(m.max_seq_len) + ", vocab_size " +
               std::to_string(m.vocab_size) + ", n_layer " + std::to_string(m.n_layer) + ", n_head " +
               std::to_string(m.n_head) + ", n_embd " + std::to_string(m.n_embd) + ", padded_vocab_size " +
@@ -57,13 +55,15 @@ LlmcModel read_llmc(const std::string& path) {
               std::to_string(sizeof header + count * elem) + " for the header's shape");
   m.params.resize(static_cast<size_t>(count));
   if (m.version == 3) {
-    in.read(reinterpret_cast<char*>(m.params.data()), count * 4);
+    in.read_at(sizeof header, m.params.data(), static_cast<size_t>(count) * 4);
   } else {
     std::vector<uint16_t> bits(static_cast<size_t>(count));
-    in.read(reinterpret_cast<char*>(bits.data()), count * 2);
+    in.read_at(sizeof header, bits.data(), static_cast<size_t>(count) * 2);
     for (int64_t i = 0; i < count; ++i) m.params[i] = bf16_value(bits[i]);
   }
-  if (!in) throw bad("read failed");
+  for (int64_t i = 0; i < count; ++i)
+    if (!std::isfinite(m.params[i]))
+      throw bad("parameter " + std::to_string(i) + " is a NaN or infinity; a model to train from must hold finite values");
   return m;
 }
 
@@ -95,40 +95,16 @@ void write_llmc(const std::string& path, const LlmcModel& m) {
   header[7] = m.padded_vocab;
   // Written under a temporary name, synced, then renamed: a failed export never leaves a
   // half-written model file under the name asked for.
-  const std::string tmp = path + ".tmp";
-  std::vector<char> bytes(sizeof header);
-  std::memcpy(bytes.data(), header, sizeof header);
+  AtomicFile out(path);
+  out.write(header, sizeof header);
   if (m.version == 3) {
-    const auto* p = reinterpret_cast<const char*>(m.params.data());
-    bytes.insert(bytes.end(), p, p + m.params.size() * 4);
+    out.write(m.params.data(), m.params.size() * 4);
   } else {
     std::vector<uint16_t> bits(m.params.size());
     for (size_t i = 0; i < bits.size(); ++i) bits[i] = bf16_bits(m.params[i]);
-    const auto* p = reinterpret_cast<const char*>(bits.data());
-    bytes.insert(bytes.end(), p, p + bits.size() * 2);
+    out.write(bits.data(), bits.size() * 2);
   }
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw EnvironmentError("cannot create \"" + tmp + "\": " + std::strerror(errno));
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const int write_errno = errno;
-  const bool ok = done == bytes.size() && ::fsync(fd) == 0;
-  ::close(fd);
-  std::error_code ec;
-  if (!ok) {
-    std::filesystem::remove(tmp, ec);
-    throw EnvironmentError("cannot write \"" + tmp + "\": " + std::strerror(write_errno));
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw EnvironmentError("cannot write \"" + path + "\": " + ec.message());
-  }
+  out.commit();
 }
 
 }  // namespace ptrain

@@ -19,15 +19,17 @@ struct LlmcModel {
   std::vector<float> params;  // all parameters, in order, as float
 };
 
-// Reads and validates a model file: magic, version, header fields consistent with each other,
-// file size equal to header + parameters. Throws UserError naming the file and the field.
-LlmcModel read_llmc(const std::string& path);
+// Reads and validates a model file: magic, version, header fields consistent with each other and
+// within a config's bounds, file size equal to header + parameters, every parameter finite.
+// Throws UserError naming the file (as `what`, e.g. "model.init_from") and the field.
+LlmcModel read_llmc(const std::string& path, const std::string& what);
 
 // The header fields that disagree with a model config ("n_embd 768 in the file vs 128 in
 // model.n_embd"); empty when the file fits the config.
 std::vector<std::string> llmc_mismatches(const LlmcModel& file, const ModelConfig& model);
 
-// Writes a model file in fp32 (version 3) or bf16 (version 5, rounded to nearest even).
+// Writes a model file in fp32 (version 3) or bf16 (version 5, rounded to nearest even),
+// atomically; EnvironmentError on I/O failure.
 void write_llmc(const std::string& path, const LlmcModel& model);
 
 }  // namespace ptrain

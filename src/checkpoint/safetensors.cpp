@@ -1,33 +1,32 @@
 #include "checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
+#include <cmath>
 #include <cstring>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/sha256.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/output_file.h"
 
 namespace ptrain {
 namespace {
 
-void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw UserError("cannot write \"" + path + "\": " + std::strerror(errno));
-    }
-    p += n;
-    bytes -= static_cast<size_t>(n);
+// The element count of a shape, or -1 when a dimension is negative or the product would not fit
+// in the bytes a file can hold (a crafted header must not wrap around to a small size).
+int64_t checked_count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / 4 / d) return -1;
+    n *= d;
   }
+  return n;
 }
 
-int64_t product(const std::vector<int64_t>& shape) {
+int64_t count_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -35,13 +34,13 @@ int64_t product(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+std::string write_safetensors(const std::string& path, const std::vector<SafetensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const auto& t : tensors) {
-    const size_t bytes = static_cast<size_t>(product(t.shape)) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(count_of(t.shape)) * sizeof(float);
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -51,59 +50,74 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorView
   uint8_t length_le[8];
   for (int i = 0; i < 8; ++i) length_le[i] = static_cast<uint8_t>(length >> (8 * i));
 
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UserError("cannot create \"" + path + "\": " + std::strerror(errno));
-  try {
-    write_all(fd, length_le, sizeof length_le, path);
-    write_all(fd, text.data(), text.size(), path);
-    for (const auto& t : tensors) write_all(fd, t.data, static_cast<size_t>(product(t.shape)) * sizeof(float), path);
-    if (::fsync(fd) != 0) throw UserError("cannot sync \"" + path + "\": " + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::close(fd) != 0) throw UserError("cannot close \"" + path + "\": " + std::strerror(errno));
+  Sha256 hash;
+  OutputFile out(path);
+  const auto put = [&](const void* data, size_t bytes) {
+    out.write(data, bytes);
+    hash.update(data, bytes);
+  };
+  put(length_le, sizeof length_le);
+  put(text.data(), text.size());
+  for (const auto& t : tensors) put(t.data, static_cast<size_t>(count_of(t.shape)) * sizeof(float));
+  out.finish(true);
+  return hash.hex_digest();
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw UserError("cannot read \"" + path + "\"");
-  const auto size = static_cast<size_t>(in.tellg());
-  in.seekg(0);
-  auto bad = [&](const std::string& what) {
-    return UserError("\"" + path + "\" is not a valid safetensors file: " + what);
-  };
-  uint8_t length_le[8];
-  if (size < 8 || !in.read(reinterpret_cast<char*>(length_le), 8)) throw bad("shorter than its 8-byte header length");
+SafetensorsFile SafetensorsFile::read(const std::string& path) {
+  const std::string what = "\"" + path + "\"";
+  return SafetensorsFile(InputFile(path, what).read_all(std::numeric_limits<int64_t>::max()), what);
+}
+
+SafetensorsFile SafetensorsFile::read_checked(const std::string& path, const std::string& expected) {
+  const std::string what = "\"" + path + "\"";
+  std::string bytes = InputFile(path, what).read_all(std::numeric_limits<int64_t>::max());
+  std::string sha = sha256_hex(bytes.data(), bytes.size());
+  if (sha != expected)
+    throw UserError(what + " does not match its SHA-256 in state.json (truncated or corrupted)");
+  return SafetensorsFile(std::move(bytes), what, std::move(sha));
+}
+
+SafetensorsFile::SafetensorsFile(std::string bytes, std::string what)
+    : SafetensorsFile(bytes, std::move(what), sha256_hex(bytes.data(), bytes.size())) {}
+
+SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::string sha256)
+    : what_(std::move(what)), bytes_(std::move(bytes)), sha256_(std::move(sha256)) {
+  auto bad = [&](const std::string& why) { return UserError(what_ + " is not a valid safetensors file: " + why); };
+  const size_t size = bytes_.size();
+  if (size < 8) throw bad("shorter than its 8-byte header length");
   uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= uint64_t{length_le[i]} << (8 * i);
+  for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<uint8_t>(bytes_[i])} << (8 * i);
   if (length > size - 8) throw bad("header length " + std::to_string(length) + " exceeds the file size");
-  std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
-  data_.resize(size - 8 - length);
-  in.read(data_.data(), static_cast<std::streamsize>(data_.size()));
-  if (!in) throw bad("read failed");
+  data_start_ = 8 + static_cast<size_t>(length);
+  const size_t data_bytes = size - data_start_;
 
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_));
   } catch (const nlohmann::json::exception& e) {
     throw bad(std::string("header is not JSON (") + e.what() + ")");
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
+      if (!entry.is_object()) throw bad("__metadata__ is not an object");
       for (const auto& [k, v] : entry.items())
         if (v.is_string()) metadata_[k] = v.get<std::string>();
       continue;
     }
     try {
-      if (entry.at("dtype").get<std::string>() != "F32") throw bad("tensor " + name + " is not F32");
-      Entry e{entry.at("shape").get<std::vector<int64_t>>(), entry.at("data_offsets").at(0).get<size_t>(),
-              entry.at("data_offsets").at(1).get<size_t>()};
-      const bool negative = std::any_of(e.shape.begin(), e.shape.end(), [](int64_t d) { return d < 0; });
-      if (negative || e.begin > e.end || e.end > data_.size() ||
-          e.end - e.begin != static_cast<size_t>(product(e.shape)) * sizeof(float))
+      if (!entry.is_object() || entry.at("dtype") != "F32") throw bad("tensor " + name + " is not F32");
+      const auto& offsets = entry.at("data_offsets");
+      if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+          !offsets[1].is_number_unsigned())
+        throw bad("tensor " + name + " has data_offsets that are not two byte offsets");
+      const auto& shape = entry.at("shape");
+      if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), [](const auto& d) { return d.is_number_integer(); }))
+        throw bad("tensor " + name + " has a shape that is not a list of integers");
+      Entry e{shape.get<std::vector<int64_t>>(), offsets[0].get<size_t>(), offsets[1].get<size_t>()};
+      const int64_t count = checked_count(e.shape);
+      if (count < 0) throw bad("tensor " + name + " has a shape with a negative or overflowing size");
+      if (e.begin > e.end || e.end > data_bytes || e.end - e.begin != static_cast<size_t>(count) * sizeof(float))
         throw bad("tensor " + name + " has offsets that do not match its shape or the file");
       entries_[name] = std::move(e);
     } catch (const nlohmann::json::exception& ex) {
@@ -119,29 +133,44 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (begin != at) throw bad("tensor data has a hole or an overlap at byte " + std::to_string(at));
     at = end;
   }
-  if (at != data_.size()) throw bad("tensor data does not cover the byte buffer exactly");
+  if (at != data_bytes) throw bad("tensor data does not cover the byte buffer exactly");
 }
 
 const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) throw UserError("\"" + path_ + "\" has no tensor " + name);
+  if (it == entries_.end()) throw UserError(what_ + " has no tensor " + name);
   return it->second.shape;
 }
 
 void SafetensorsFile::copy_to(const std::string& name, float* dst, int64_t count) const {
   auto it = entries_.find(name);
-  if (it == entries_.end()) throw UserError("\"" + path_ + "\" has no tensor " + name);
+  if (it == entries_.end()) throw UserError(what_ + " has no tensor " + name);
   const Entry& e = it->second;
-  if (product(e.shape) != count)
-    throw UserError("\"" + path_ + "\": tensor " + name + " holds " + std::to_string(product(e.shape)) +
-                    " values; expected " + std::to_string(count));
-  std::memcpy(dst, data_.data() + e.begin, e.end - e.begin);
+  if (count_of(e.shape) != count)
+    throw UserError(what_ + ": tensor " + name + " holds " + std::to_string(count_of(e.shape)) + " values; expected " +
+                    std::to_string(count));
+  std::memcpy(dst, bytes_.data() + data_start_ + e.begin, e.end - e.begin);
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   for (const auto& [name, e] : entries_) out.push_back(name);
   return out;
+}
+
+std::string SafetensorsFile::first_non_finite(int64_t* at) const {
+  for (const auto& [name, e] : entries_) {
+    const char* p = bytes_.data() + data_start_ + e.begin;
+    for (size_t i = 0; i < (e.end - e.begin) / sizeof(float); ++i) {
+      float x;
+      std::memcpy(&x, p + i * sizeof(float), sizeof x);
+      if (!std::isfinite(x)) {
+        if (at) *at = static_cast<int64_t>(i);
+        return name;
+      }
+    }
+  }
+  return "";
 }
 
 }  // namespace ptrain

@@ -17,33 +17,44 @@ struct SafetensorView {
   const float* data = nullptr;  // shape's product of floats
 };
 
-// Writes `tensors` (in order) and `metadata` to `path`, then fsyncs it. Throws UserError on any
-// I/O failure (a full disk, a read-only directory), naming the file.
-void write_safetensors(const std::string& path, const std::vector<SafetensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+// Writes `tensors` (in order) and `metadata` to `path`, then fsyncs it; returns the SHA-256 of
+// the bytes written. Throws EnvironmentError on any I/O failure, naming the file.
+std::string write_safetensors(const std::string& path, const std::vector<SafetensorView>& tensors,
+                              const std::map<std::string, std::string>& metadata);
 
-// A safetensors file read fully into memory and validated: header JSON, F32 dtypes, offsets
-// inside the buffer that cover it without holes, sizes matching shapes. Throws UserError
-// naming the file and what was wrong.
+// A safetensors file held in memory and validated: header JSON, F32 dtypes, shapes whose sizes
+// neither overflow nor disagree with their offsets, offsets that tile the byte buffer without
+// holes. Throws UserError naming the file (`what`) and what was wrong.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  // Reads `path` (a regular file; see core/input_file.h).
+  static SafetensorsFile read(const std::string& path);
+  // Reads `path` and checks its SHA-256 against `expected` before parsing a byte of it (a
+  // mismatch is reported as such, not as whatever the damage did to the header).
+  static SafetensorsFile read_checked(const std::string& path, const std::string& expected);
+  SafetensorsFile(std::string bytes, std::string what);
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   const std::vector<int64_t>& shape(const std::string& name) const;
   // Copies tensor `name` into dst (count floats); throws UserError if absent or of another size.
   void copy_to(const std::string& name, float* dst, int64_t count) const;
   std::vector<std::string> names() const;
+  // The name of the first tensor holding a NaN or infinity, or "" (with the index in `at`).
+  std::string first_non_finite(int64_t* at) const;
+  const std::string& sha256() const { return sha256_; }  // of the whole file
 
  private:
+  SafetensorsFile(std::string bytes, std::string what, std::string sha256);
   struct Entry {
     std::vector<int64_t> shape;
-    size_t begin, end;
+    size_t begin, end;  // byte offsets into bytes_, after the header
   };
-  std::string path_;
-  std::vector<char> data_;  // the byte buffer after the header
+  std::string what_;
+  std::string bytes_;  // the whole file
+  size_t data_start_ = 0;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
+  std::string sha256_;
 };
 
 }  // namespace ptrain

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <vector>
 
 #include "core/error.h"
@@ -90,15 +89,9 @@ std::string Sha256::hex_digest() {
   return std::string(hex, 64);
 }
 
-std::string sha256_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("cannot read \"" + path + "\"");
+std::string sha256_hex(const void* data, size_t bytes) {
   Sha256 hash;
-  std::vector<char> chunk(1 << 20);
-  while (in) {
-    in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-    hash.update(chunk.data(), static_cast<size_t>(in.gcount()));
-  }
+  hash.update(data, bytes);
   return hash.hex_digest();
 }
 

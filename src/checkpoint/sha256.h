@@ -23,7 +23,7 @@ class Sha256 {
   uint64_t total_bytes_ = 0;
 };
 
-// The hex SHA-256 of a whole file. Throws UserError if it cannot be read.
-std::string sha256_file(const std::string& path);
+// The hex SHA-256 of `bytes` bytes at `data`.
+std::string sha256_hex(const void* data, size_t bytes);
 
 }  // namespace ptrain

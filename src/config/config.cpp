@@ -22,6 +22,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/input_file.h"
 
 namespace ptrain {
 namespace {
@@ -116,11 +117,11 @@ Schema make_schema(Config& c) {
       choice("run.device", &r.device, {"auto", "cpu", "cuda"}, "auto picks cuda when present"),
       flag("run.overwrite", &r.overwrite, "replace an existing run directory"),
 
-      required(number("model.n_layer", &m.n_layer, at_least(1), "transformer blocks")),
-      required(number("model.n_head", &m.n_head, at_least(1), "attention heads")),
-      required(number("model.n_embd", &m.n_embd, at_least(1), "width; a multiple of n_head")),
-      required(number("model.seq_len", &m.seq_len, at_least(1), "context length")),
-      required(number("model.vocab_size", &m.vocab_size, between(2, 65536),
+      required(number("model.n_layer", &m.n_layer, between(1, kMaxLayers), "transformer blocks")),
+      required(number("model.n_head", &m.n_head, between(1, kMaxEmbd), "attention heads")),
+      required(number("model.n_embd", &m.n_embd, between(1, kMaxEmbd), "width; a multiple of n_head")),
+      required(number("model.seq_len", &m.seq_len, between(1, kMaxSeqLen), "context length")),
+      required(number("model.vocab_size", &m.vocab_size, between(2, kMaxVocab),
                       "tokens (uint16); padded to a multiple of 128 internally")),
       text("model.init_from", &m.init_from, "model file to start from; null = random init",
            Empty::kNull),
@@ -371,6 +372,71 @@ std::string nearest_multiples(int64_t value, int64_t m) {
 
 // ---- Loading ----------------------------------------------------------------------------------
 
+// yaml-cpp parses nested collections by recursion without a limit, so a hostile file could
+// exhaust the stack. A config is at most a few levels deep: refuse deep nesting before parsing.
+// Flow collections are counted by their brackets (outside quotes and comments), block ones by
+// indentation and leading "- " / "? " indicators.
+constexpr int kMaxFlowDepth = 32;
+constexpr int kMaxBlockDepth = 128;
+
+std::string nesting_problem(const std::string& text) {
+  int flow = 0, line = 1;
+  bool line_start = true, in_single = false, in_double = false, comment = false;
+  int block = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+      line_start = true;
+      comment = false;
+      block = 0;
+      if (!in_single && !in_double) continue;
+    }
+    if (comment) continue;
+    if (line_start && !in_single && !in_double) {
+      // Indentation, and sequence or complex-key indicators before the line's content.
+      if (ch == ' ' || ch == '\t' || ((ch == '-' || ch == '?') && i + 1 < text.size() && text[i + 1] == ' ')) {
+        if (++block > kMaxBlockDepth)
+          return "line " + std::to_string(line) + " is nested more than " + std::to_string(kMaxBlockDepth) +
+                 " levels deep (indentation and list markers)";
+        continue;
+      }
+      line_start = false;
+    }
+    if (in_double) {
+      if (ch == '\\') ++i;
+      else if (ch == '"') in_double = false;
+    } else if (in_single) {
+      if (ch == '\'') in_single = false;
+    } else if (ch == '"') {
+      in_double = true;
+    } else if (ch == '\'') {
+      in_single = true;
+    } else if (ch == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
+      comment = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++flow > kMaxFlowDepth)
+        return "line " + std::to_string(line) + " nests [ ] or { } more than " + std::to_string(kMaxFlowDepth) + " levels deep";
+    } else if ((ch == ']' || ch == '}') && flow > 0) {
+      --flow;
+    }
+  }
+  return "";
+}
+
+// One YAML document, parsed after the nesting check. Throws YAML::Exception on bad syntax, and
+// returns the problem (e.g. a second document) in `problem` instead of a node.
+YAML::Node load_one_document(const std::string& text, std::string* problem) {
+  *problem = nesting_problem(text);
+  if (!problem->empty()) return YAML::Node();
+  const std::vector<YAML::Node> documents = YAML::LoadAll(text);
+  if (documents.size() > 1) {
+    *problem = "holds " + std::to_string(documents.size()) + " YAML documents (separated by ---)";
+    return YAML::Node();
+  }
+  return documents.empty() ? YAML::Node() : documents.front();
+}
+
 // Where a key came from: a file position, or a --set flag (no position).
 struct Location {
   std::string origin;
@@ -408,11 +474,16 @@ class Loader {
   bool load_text(const std::string& yaml_text) {
     const Source source{origin_, true};
     YAML::Node root;
+    std::string refused;
     try {
-      root = YAML::Load(yaml_text);
+      root = load_one_document(yaml_text, &refused);
     } catch (const YAML::Exception& e) {
       problems_.push_back(source.at(e.mark).text() + ": malformed YAML: " + e.msg +
                           "; expected valid YAML syntax");
+      return false;
+    }
+    if (!refused.empty()) {
+      problems_.push_back(origin_ + ": the file " + refused + "; expected one YAML document, a run config");
       return false;
     }
     walk(root, "", source.at(root.Mark()), source);
@@ -431,13 +502,23 @@ class Loader {
     }
     const std::string key = flag_text.substr(0, eq);
     YAML::Node value;
+    std::string refused;
     try {
-      value = YAML::Load(flag_text.substr(eq + 1));
+      value = load_one_document(flag_text.substr(eq + 1), &refused);
     } catch (const YAML::Exception& e) {
       const auto field = index_.find(key);
       problem(
           location, key, "the value is not valid YAML (" + e.msg + ")",
           field == index_.end() ? "a YAML value" : expected_value(schema_.fields[field->second]));
+      return;
+    }
+    if (!refused.empty()) {
+      problem(location, key, "the value " + refused, "one YAML value");
+      return;
+    }
+    // `--set key=null` removes the key (or section): it is then as if never given.
+    if (value.IsNull() && (index_.count(key) || sections_.count(key))) {
+      remove(key);
       return;
     }
     visit(key, value, location, source);
@@ -612,6 +693,21 @@ class Loader {
     }
   }
 
+  // Forgets `key` and everything under it: defaults again, not given, not rejected.
+  void remove(const std::string& key) {
+    Config defaults;
+    const Schema default_schema = make_schema(defaults);
+    const auto under = [&](const std::string& k) { return k == key || k.rfind(key + ".", 0) == 0; };
+    for (size_t i = 0; i < schema_.fields.size(); ++i)
+      if (under(schema_.fields[i].key))
+        std::visit([&](auto* member) { *member = *std::get<decltype(member)>(default_schema.fields[i].target); },
+                   schema_.fields[i].target);
+    for (const auto& [section, flag] : schema_.presence)
+      if (under(section)) *flag = false;
+    for (auto it = seen_.begin(); it != seen_.end();) it = under(it->first) ? seen_.erase(it) : std::next(it);
+    for (auto it = bad_.begin(); it != bad_.end();) it = under(*it) ? bad_.erase(it) : std::next(it);
+  }
+
   // Records `section` and its parents as present (an override may name a key of a section the
   // file lacks, e.g. data.synthetic.vocab).
   void mark_present(const std::string& section, const Location& location) {
@@ -704,16 +800,13 @@ class Loader {
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec)) {
-    const std::string why = in ? "it is a directory" : std::strerror(errno);
-    throw UserErrors(
-        {path + ": cannot read the config file (" + why + "); expected a readable YAML file"});
+  std::string text;
+  try {
+    text = read_config_text(path, kMaxConfigBytes);
+  } catch (const UserError& e) {
+    throw UserErrors({e.what()});
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), path, overrides);
+  return parse_config(text, path, overrides);
 }
 
 Config parse_config(const std::string& yaml_text, const std::string& origin,

@@ -16,6 +16,13 @@ struct RunConfig {
   bool overwrite = false;
 };
 
+// The largest model keys a config (or a checkpoint's state) may give: far beyond any model this
+// trains, and small enough that parameter counts cannot overflow.
+constexpr int kMaxLayers = 1024;
+constexpr int kMaxEmbd = 65536;
+constexpr int kMaxSeqLen = 1 << 20;
+constexpr int kMaxVocab = 65536;  // token ids are uint16 in llm.c's shards
+
 struct ModelConfig {
   int n_layer = 0;  // required
   int n_head = 0;   // required
@@ -136,7 +143,10 @@ struct Config {
   DistributedConfig distributed;
 };
 
-// Reads a YAML config file, applies `section.key=value` overrides, validates everything and
+// A run config is a page of YAML: anything larger is not one.
+constexpr int64_t kMaxConfigBytes = 1 << 20;
+
+// Reads a YAML config file (a regular file or a pipe, at most kMaxConfigBytes), applies `section.key=value` overrides, validates everything and
 // returns the resolved config. Throws UserErrors listing every problem found (each naming the
 // key, the file:line:column or the --set flag, what was wrong and what was expected).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});

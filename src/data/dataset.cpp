@@ -9,22 +9,16 @@ namespace ptrain {
 
 namespace {
 
-// An out-of-range token would index past the embedding table, so every token is checked
-// once on open rather than trusted on every step.
-void check_vocab(const TokenShard& shard, const std::string& key, int vocab_size) {
-  const uint16_t* tokens = shard.tokens();
-  const uint16_t* bad = std::find_if(tokens, tokens + shard.size(),
-                                     [vocab_size](uint16_t t) { return t >= vocab_size; });
-  if (bad != tokens + shard.size())
-    throw UserError(key + ": token id " + std::to_string(*bad) + " at position " +
-                    std::to_string(bad - tokens) + " of \"" + shard.path() +
-                    "\" is not below model.vocab_size " + std::to_string(vocab_size));
+// Inputs are tokens [start, start + T) of a window of T + 1, targets the same shifted by one.
+void split_window(const std::vector<int32_t>& window, int seq_len, int32_t* inputs, int32_t* targets) {
+  std::copy(window.begin(), window.begin() + seq_len, inputs);
+  std::copy(window.begin() + 1, window.end(), targets);
 }
 
 }  // namespace
 
-TokenStream::TokenStream(const std::string& pattern, const std::string& key, int vocab_size)
-    : files_(expand_shard_glob(pattern, key)) {
+TokenStream::TokenStream(const std::vector<std::string>& files, const std::string& key, int vocab_size)
+    : files_(files), key_(key), vocab_size_(vocab_size) {
   shards_.reserve(files_.size());
   for (const std::string& file : files_) {
     try {
@@ -32,7 +26,6 @@ TokenStream::TokenStream(const std::string& pattern, const std::string& key, int
     } catch (const UserError& e) {
       throw UserError(key + ": " + e.what());
     }
-    check_vocab(shards_.back(), key, vocab_size);
     starts_.push_back(total_);
     total_ += shards_.back().size();
   }
@@ -44,9 +37,23 @@ void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
   // The last shard starting at or before pos holds it (an empty shard shares the next start).
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin()) - 1;
   int64_t offset = pos - starts_[s];
+  std::vector<uint16_t> part;
   while (n > 0) {
     const int64_t take = std::min(n, shards_[s].size() - offset);
-    std::copy(shards_[s].tokens() + offset, shards_[s].tokens() + offset + take, out);
+    part.resize(static_cast<size_t>(take));
+    try {
+      shards_[s].read(offset, take, part.data());
+    } catch (const UserError& e) {
+      throw UserError(key_ + ": " + e.what());
+    }
+    // An out-of-range token would index past the embedding table.
+    for (int64_t i = 0; i < take; ++i) {
+      if (part[i] >= vocab_size_)
+        throw UserError(key_ + ": token id " + std::to_string(part[i]) + " at position " + std::to_string(offset + i) +
+                        " of \"" + shards_[s].path() + "\" is not below model.vocab_size " + std::to_string(vocab_size_) +
+                        "; expected shards made with this model's vocabulary");
+      out[i] = part[i];
+    }
     out += take;
     n -= take;
     offset = 0;
@@ -66,11 +73,12 @@ TrainSampler::TrainSampler(const TokenStream& stream, uint64_t seed, int seq_len
 void TrainSampler::fill(int64_t first_sample, int batch, int32_t* inputs, int32_t* targets) const {
   PTRAIN_CHECK(first_sample >= 0 && batch >= 0, "sample indices must be non-negative");
   const uint64_t starts = static_cast<uint64_t>(stream_.size() - seq_len_);
+  std::vector<int32_t> window(static_cast<size_t>(seq_len_) + 1);
   for (int b = 0; b < batch; ++b) {
     const uint64_t sample = static_cast<uint64_t>(first_sample + b);
     const int64_t start = static_cast<int64_t>(hash_combine(seed_, sample) % starts);
-    stream_.copy(start, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_);
-    stream_.copy(start + 1, seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
+    stream_.copy(start, seq_len_ + 1, window.data());
+    split_window(window, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
   }
 }
 
@@ -89,10 +97,11 @@ ValSampler::ValSampler(const TokenStream& stream, const std::string& key, int ba
 
 void ValSampler::fill(int batch_index, int32_t* inputs, int32_t* targets) const {
   PTRAIN_CHECK(batch_index >= 0 && batch_index < batches_, "validation batch index out of range");
+  std::vector<int32_t> window(static_cast<size_t>(seq_len_) + 1);
   for (int b = 0; b < batch_; ++b) {
     const int64_t row = static_cast<int64_t>(batch_index) * batch_ + b;
-    stream_.copy(row * seq_len_, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_);
-    stream_.copy(row * seq_len_ + 1, seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
+    stream_.copy(row * seq_len_, seq_len_ + 1, window.data());
+    split_window(window, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
   }
 }
 

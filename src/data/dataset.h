@@ -13,13 +13,15 @@ namespace ptrain {
 
 class TokenStream {
  public:
-  // Opens every shard matching `pattern`, validates each, and checks every token is below
-  // `vocab_size`. `key` names the config key in errors (e.g. "data.train").
-  TokenStream(const std::string& pattern, const std::string& key, int vocab_size);
+  // Opens every shard in `files` and validates each one's header and size. `key` names the
+  // config key in errors (e.g. "data.train"). Tokens are checked against `vocab_size` as they
+  // are read, so opening a large corpus costs no pass over its tokens.
+  TokenStream(const std::vector<std::string>& files, const std::string& key, int vocab_size);
 
   int64_t size() const { return total_; }
   const std::vector<std::string>& files() const { return files_; }
-  // Copies tokens [pos, pos + n) of the concatenated stream (may span shards) as int32.
+  // Copies tokens [pos, pos + n) of the concatenated stream (may span shards) as int32. Throws
+  // UserError naming the shard and position of a token id not below the vocabulary size.
   void copy(int64_t pos, int64_t n, int32_t* out) const;
 
  private:
@@ -27,6 +29,8 @@ class TokenStream {
   std::vector<TokenShard> shards_;
   std::vector<int64_t> starts_;  // offset of each shard in the stream
   int64_t total_ = 0;
+  std::string key_;
+  int vocab_size_;
 };
 
 // Training windows: sample i starts at hash(seed, i) mod (size - T), uniformly over the stream.

@@ -11,6 +11,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/paths.h"
 #include "data/shard.h"
 
 namespace ptrain {
@@ -19,18 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A file's bytes. file_size fails on directories and missing files, which an ifstream would
-// open or report less clearly.
+// A file's bytes: a regular file only (core/input_file.h refuses FIFOs, devices, directories).
 std::vector<uint8_t> read_input(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(path, ec);
-  if (ec) throw UserError("cannot read input \"" + path + "\": " + ec.message() + ", expected a readable file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError("cannot read input \"" + path + "\": " + std::strerror(errno));
-  std::vector<uint8_t> bytes(size);
-  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
-    throw UserError("cannot read input \"" + path + "\": read " + std::to_string(in.gcount()) +
-                    " of its " + std::to_string(size) + " bytes");
+  const InputFile in(path, "input \"" + path + "\"");
+  std::vector<uint8_t> bytes(static_cast<size_t>(in.size()));
+  in.read_at(0, bytes.data(), bytes.size());
   return bytes;
 }
 
@@ -65,6 +60,7 @@ PrepareResult prepare_bytes(const std::vector<std::string>& inputs, const std::s
   if (shard_tokens < 1 || shard_tokens > INT32_MAX)
     throw UserError("shard_tokens is " + std::to_string(shard_tokens) +
                     ", expected 1..2147483647 (the shard header's int32 count)");
+  check_creatable(out_dir, "--out", 32);
   const std::vector<uint8_t> bytes = read_inputs(inputs);
   const auto total = static_cast<int64_t>(bytes.size());
   PrepareResult result;

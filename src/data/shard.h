@@ -6,41 +6,41 @@
 #include <string>
 #include <vector>
 
+#include "core/input_file.h"
+
 namespace ptrain {
 
 constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
 constexpr int kShardHeaderInts = 256;
 
-// Creates `dir` and its parents for shards about to be written. Throws UserError on failure.
+// Creates `dir` and its parents for shards about to be written. Throws EnvironmentError on failure.
 void make_shard_dir(const std::string& dir);
 
 // A number as a person would write it in a message ("0.1", not std::to_string's "0.100000").
 std::string number_text(double x);
 
-// Writes a shard atomically (temporary file, fsync, rename). Throws UserError on I/O failure.
+// Writes a shard atomically (temporary file, fsync, rename). Throws EnvironmentError on I/O
+// failure, naming the file.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
 
-// A read-only, memory-mapped shard, validated on open: magic, version, and file size equal to
-// header + count * 2 bytes. Throws UserError naming the file and what was expected.
+// The token count a shard header gives, after checking it against the file's size (magic,
+// version, size equal to header + count * 2 bytes). `name` names the shard in errors.
+int64_t shard_token_count(const int32_t (&header)[kShardHeaderInts], int64_t file_bytes, const std::string& name);
+
+// A read-only shard, validated on open (shard_token_count). Tokens are read on demand with
+// positional reads (core/input_file.h): no mapping, so a shard truncated under a running job
+// gives an error naming it, not SIGBUS. Throws UserError naming the file and what was expected.
 class TokenShard {
  public:
   explicit TokenShard(const std::string& path);
-  ~TokenShard();
-  TokenShard(TokenShard&& other) noexcept;
-  TokenShard(const TokenShard&) = delete;
-  TokenShard& operator=(const TokenShard&) = delete;
-  TokenShard& operator=(TokenShard&&) = delete;
-
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   int64_t size() const { return count_; }
-  const uint16_t* tokens() const { return tokens_; }
+  // Tokens [pos, pos + n) of this shard.
+  void read(int64_t pos, int64_t n, uint16_t* out) const;
 
  private:
-  std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  InputFile file_;
   int64_t count_ = 0;
 };
 

@@ -4,11 +4,13 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/output_file.h"
+#include "core/paths.h"
 #include "core/rng.h"
 #include "data/shard.h"
 
@@ -104,10 +106,7 @@ SyntheticInfo info_from_json(const nlohmann::json& j) {
 }
 
 void write_info(const SyntheticInfo& info, const std::string& path) {
-  std::ofstream out(path, std::ios::trunc);
-  out << info_to_json(info).dump(2) << "\n";
-  out.close();
-  if (!out) throw UserError("cannot write \"" + path + "\"");
+  write_file_atomic(path, info_to_json(info).dump(2) + "\n");
 }
 
 }  // namespace
@@ -184,21 +183,21 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   info.oracle_loss_val = nll_val / static_cast<double>(info.val_tokens);
   make_shard_dir(out_dir);
   const fs::path dir(out_dir);
-  write_shard((dir / "train_000000.bin").string(),
-              std::vector<uint16_t>(stream.begin(), stream.begin() + train));
-  write_shard((dir / "val_000000.bin").string(),
-              std::vector<uint16_t>(stream.begin() + train, stream.end()));
+  write_shard(synthetic_train_file(out_dir), std::vector<uint16_t>(stream.begin(), stream.begin() + train));
+  write_shard(synthetic_val_file(out_dir), std::vector<uint16_t>(stream.begin() + train, stream.end()));
   write_info(info, (dir / "synthetic.json").string());
   return info;
 }
 
+std::string synthetic_train_file(const std::string& dir) { return (fs::path(dir) / "train_000000.bin").string(); }
+std::string synthetic_val_file(const std::string& dir) { return (fs::path(dir) / "val_000000.bin").string(); }
+
 std::optional<SyntheticInfo> read_synthetic_info(const std::string& dir) {
   const fs::path path = fs::path(dir) / "synthetic.json";
-  if (!fs::exists(path)) return std::nullopt;
-  std::ifstream in(path);
-  if (!in) throw UserError("cannot read \"" + path.string() + "\"");
+  if (path_kind(path.string(), "synthetic.json") == PathKind::missing) return std::nullopt;
+  const InputFile in(path.string(), "\"" + path.string() + "\"");
   try {
-    return info_from_json(nlohmann::json::parse(in));
+    return info_from_json(nlohmann::json::parse(in.read_all(1 << 20)));
   } catch (const nlohmann::json::exception& e) {
     throw UserError("\"" + path.string() + "\" is malformed (" + e.what() +
                     "), expected the synthetic.json written with the corpus; regenerate it");

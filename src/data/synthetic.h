@@ -48,8 +48,13 @@ class MarkovSource {
 };
 
 // Generates the corpus (a stream started from a seeded random context) and writes
-// <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json.
+// <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json. Throws
+// UserErrors for an impossible spec, EnvironmentError when a file cannot be written.
 SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir);
+
+// The shards generate_synthetic writes into `dir`.
+std::string synthetic_train_file(const std::string& dir);
+std::string synthetic_val_file(const std::string& dir);
 
 // Reads <dir>/synthetic.json if present (the directory of a split's shards).
 std::optional<SyntheticInfo> read_synthetic_info(const std::string& dir);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -10,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 
 #include "core/error.h"
 
@@ -22,15 +22,8 @@ RunLog::RunLog() {
 }
 
 RunLog::RunLog(const std::string& run_dir) : RunLog() {
-  try {
-    file_ = std::make_shared<spdlog::sinks::basic_file_sink_mt>(run_dir + "/log.txt", /*truncate=*/false);
-    file_->set_pattern("[%Y-%m-%d %H:%M:%S] %v");
-    logger_->sinks().push_back(file_);
-  } catch (const spdlog::spdlog_ex& e) {
-    throw UserError("cannot write " + run_dir + "/log.txt: " + e.what());
-  }
-  metrics_.open(run_dir + "/metrics.jsonl", std::ios::app);
-  if (!metrics_) throw UserError("cannot write " + run_dir + "/metrics.jsonl");
+  file_.emplace(run_dir + "/log.txt");
+  metrics_.emplace(run_dir + "/metrics.jsonl");
 }
 
 RunLog::~RunLog() = default;
@@ -41,18 +34,30 @@ RunLog RunLog::silent() {
   return log;
 }
 
-void RunLog::info(const std::string& line) { logger_->info(line); }
-void RunLog::warn(const std::string& line) { logger_->warn("warning: " + line); }
-
-void RunLog::file_only(const std::string& line) {
-  if (file_) file_->log(spdlog::details::log_msg(logger_->name(), spdlog::level::info, line));
-  if (file_) file_->flush();
+void RunLog::to_file(const std::string& line) {
+  if (!file_) return;
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "[%Y-%m-%d %H:%M:%S] ", &local);
+  file_->append(stamp + line + "\n");
 }
 
+void RunLog::info(const std::string& line) {
+  logger_->info(line);
+  to_file(line);
+}
+
+void RunLog::warn(const std::string& line) {
+  logger_->warn("warning: " + line);
+  to_file("warning: " + line);
+}
+
+void RunLog::file_only(const std::string& line) { to_file(line); }
+
 void RunLog::metrics(const nlohmann::json& record) {
-  if (!metrics_.is_open()) return;
-  metrics_ << record.dump() << '\n';
-  metrics_.flush();
+  if (metrics_) metrics_->append(record.dump() + "\n");
 }
 
 double median_after_first(const std::vector<double>& values) {

@@ -4,18 +4,17 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/output_file.h"
+
 namespace spdlog {
 class logger;
-namespace sinks {
-class sink;
-}
 }
 
 namespace ptrain {
@@ -24,7 +23,9 @@ class RunLog {
  public:
   // Console only (dry runs, tools).
   RunLog();
-  // Console plus <run_dir>/log.txt and <run_dir>/metrics.jsonl, appended to if present.
+  // Console plus <run_dir>/log.txt and <run_dir>/metrics.jsonl, appended to if present. Every
+  // write to them is checked: a failed one throws EnvironmentError naming the file, so a full
+  // disk ends the run with a message instead of a log cut short without a word.
   explicit RunLog(const std::string& run_dir);
   // Nothing at all: the log of a data-parallel rank other than 0 (rank 0 speaks for the job).
   static RunLog silent();
@@ -38,9 +39,11 @@ class RunLog {
   void metrics(const nlohmann::json& record);
 
  private:
+  void to_file(const std::string& line);
+
   std::shared_ptr<spdlog::logger> logger_;
-  std::shared_ptr<spdlog::sinks::sink> file_;  // log.txt, when the run has a directory
-  std::ofstream metrics_;
+  std::optional<AppendFile> file_;     // log.txt, when the run has a directory
+  std::optional<AppendFile> metrics_;  // metrics.jsonl
 };
 
 // Formatting shared by logs and summaries.

@@ -14,36 +14,11 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "model/fp8_linear.h"
+#include "model/gpt_params.h"
 #include "precision/policy.h"
 
 namespace ptrain {
 
-struct GptShape {
-  int n_layer = 0;
-  int n_head = 0;
-  int n_embd = 0;
-  int max_seq_len = 0;
-  int vocab = 0;         // real vocabulary
-  int padded_vocab = 0;  // multiple of 128
-
-  static GptShape of(const ModelConfig& m) {
-    return GptShape{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
-  }
-};
-
-enum ParamId {
-  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb, kNumParams
-};
-
-struct ParamSpec {
-  std::string name;            // llm.c / PyTorch-like name
-  std::vector<int64_t> shape;  // stacked over layers where per-layer
-  bool weight_decay;           // 2-D weights only
-};
-
-std::vector<ParamSpec> gpt_param_specs(const GptShape& s);
-int64_t gpt_num_params(const GptShape& s);  // includes the padded wte rows, as llm.c counts
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
 

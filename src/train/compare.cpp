@@ -1,12 +1,15 @@
 #include "train/compare.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/paths.h"
 #include "metrics/report.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
+#include "train/run_plan.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -53,6 +56,14 @@ bool finished_run_of(const Config& c) {
   }
 }
 
+// What both forms of compare check before they train or write anything.
+void check_options(const CompareOptions& options) {
+  if (!std::isfinite(options.tolerance_pct) || options.tolerance_pct < 0)
+    throw UserError("--tolerance: " + std::to_string(options.tolerance_pct) +
+                    " is not a percentage; expected a finite number >= 0");
+  check_creatable(options.out_dir, "--out", 64);
+}
+
 Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
   const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
   Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct);
@@ -64,8 +75,25 @@ Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
 
 Comparison compare_modes(const Config& base, const CompareOptions& options) {
   if (options.modes.size() < 2) throw UserError("--modes: name at least two modes, e.g. --modes fp32,bf16");
+  check_options(options);
+  // Every mode is resolved and its run planned (data, directories) before the first trains: a
+  // mistake in the last mode must not cost the training of the others.
   std::vector<Config> configs;
-  for (const std::string& mode : options.modes) configs.push_back(config_for_mode(base, mode, options));
+  std::vector<std::string> labels;
+  for (const std::string& mode : options.modes) {
+    configs.push_back(config_for_mode(base, mode, options));
+    const std::string label = PrecisionPolicy::from_config(configs.back().precision).label();
+    if (std::find(labels.begin(), labels.end(), label) != labels.end())
+      throw UserError("--modes: \"" + mode + "\" is " + label + ", which is already among the modes; expected each mode once");
+    labels.push_back(label);
+  }
+  CompareOptions resolved = options;
+  if (!options.reference.empty()) {
+    resolved.reference = PrecisionPolicy::from_config(config_for_mode(base, options.reference, options).precision).label();
+    if (std::find(labels.begin(), labels.end(), resolved.reference) == labels.end())
+      throw UserError("--reference: \"" + options.reference + "\" is not among --modes; expected one of them");
+  }
+  for (const Config& c : configs) plan_run(c);
   RunLog log;
   std::vector<RunRecord> runs;
   for (const Config& c : configs) {
@@ -79,11 +107,12 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
     }
     runs.push_back(read_run(dir));
   }
-  return finish(std::move(runs), options);
+  return finish(std::move(runs), resolved);
 }
 
 Comparison compare_run_dirs(const std::vector<std::string>& run_dirs, const CompareOptions& options) {
   if (run_dirs.size() < 2) throw UserError("compare: give a config, or at least two run directories");
+  check_options(options);
   std::vector<RunRecord> runs;
   for (const std::string& dir : run_dirs) runs.push_back(read_run(dir));
   return finish(std::move(runs), options);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "backend/backend.h"
@@ -12,6 +13,8 @@
 #include "checkpoint/llmc.h"
 #include "checkpoint/sha256.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/paths.h"
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
@@ -84,9 +87,11 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint) {
     throw UserErrors(problems);
   }
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
-  std::string val = config.data.val;
-  if (config.data.synthetic_enabled)  // the corpus a training run generated into its directory
-    val = (fs::path(config.run.out_dir) / config.run.name / "data" / "val_*.bin").string();
+  // The corpus a training run generated into its directory, or the config's shards.
+  const std::vector<std::string> val =
+      config.data.synthetic_enabled
+          ? std::vector<std::string>{synthetic_val_file((fs::path(config.run.out_dir) / config.run.name / "data").string())}
+          : expand_shard_glob(config.data.val, "data.val");
   const TokenStream stream(val, "data.val", config.model.vocab_size);
   const ValSampler sampler(stream, "data.val", config.training.eval_batches, B, T);
   LoadedModel lm = load_model(ckpt, config.model, B, T);
@@ -106,7 +111,8 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint) {
 
 void sample(const SampleOptions& o) {
   if (o.tokens < 1) throw UserError("--tokens: " + std::to_string(o.tokens) + "; expected at least 1");
-  if (o.temperature < 0) throw UserError("--temperature: expected 0 (greedy) or more");
+  if (!std::isfinite(o.temperature) || o.temperature < 0)
+    throw UserError("--temperature: " + std::to_string(o.temperature) + "; expected a finite number, 0 (greedy) or more");
   if (o.top_k < 0) throw UserError("--top-k: expected 0 (no limit) or more");
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
@@ -134,57 +140,75 @@ void sample(const SampleOptions& o) {
   std::printf("\n");
 }
 
-void inspect(const std::string& path) {
-  const fs::path p(path);
-  if (fs::is_directory(p) && !fs::exists(p / "state.json"))
+namespace {
+
+void print_tensors(const SafetensorsFile& st, const char* indent) {
+  for (const auto& name : st.names()) {
+    std::string shape;
+    for (int64_t d : st.shape(name)) shape += (shape.empty() ? "" : ",") + std::to_string(d);
+    std::printf("%s%-16s F32 (%s)\n", indent, name.c_str(), shape.c_str());
+  }
+}
+
+// A checkpoint directory: what state.json says and each file's checksum, then the complete
+// verification resume makes; an invalid checkpoint is an error (exit 2) saying why.
+void inspect_checkpoint(const fs::path& p) {
+  const std::string path = p.string();
+  if (path_kind((p / "state.json").string(), "inspect") == PathKind::missing)
     throw UserError("\"" + path + "\" is a directory without state.json: not a checkpoint, or an incomplete save "
                     "(NOT valid: resume would skip it)");
-  if (fs::is_directory(p)) {
-    std::ifstream in(p / "state.json");
-    nlohmann::json state;
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(InputFile((p / "state.json").string(), "\"" + path + "/state.json\"").read_all(64 << 20));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("\"" + path + "/state.json\" is not JSON: " + e.what());
+  }
+  if (!state.is_object() || !state.value("sha256", nlohmann::json::object()).is_object())
+    throw UserError("\"" + path + "/state.json\" is not a ptrain checkpoint state");
+  std::printf("checkpoint %s\n  step %s, tokens %s, precision %s\n  model %s\n", path.c_str(),
+              state.value("step", nlohmann::json()).dump().c_str(), state.value("tokens", nlohmann::json()).dump().c_str(),
+              state.value("precision", nlohmann::json()).dump().c_str(), state.value("model", nlohmann::json()).dump().c_str());
+  if (state.contains("loss_scaler")) std::printf("  loss scaler %s\n", state["loss_scaler"].dump().c_str());
+  if (state.contains("fp8")) std::printf("  fp8 tensors with scaling state: %zu\n", state["fp8"].size());
+  for (const auto& [file, expected] : state["sha256"].items()) {
+    const fs::path f = p / file;
+    const bool plain_name = file.find('/') == std::string::npos && file != ".." && file != ".";
+    if (!plain_name || path_kind(f.string(), "inspect") == PathKind::missing) {
+      std::printf("  %-22s MISSING\n", file.c_str());
+      continue;
+    }
     try {
-      state = nlohmann::json::parse(in);
-      if (!state.is_object() || !state.value("sha256", nlohmann::json::object()).is_object())
-        throw UserError("\"" + path + "/state.json\" is not a ptrain checkpoint state");
-    } catch (const nlohmann::json::exception& e) {
-      throw UserError("\"" + path + "/state.json\" is not JSON: " + e.what());
+      std::string bytes = InputFile(f.string(), "\"" + f.string() + "\"").read_all(std::numeric_limits<int64_t>::max());
+      const bool valid = expected.is_string() && sha256_hex(bytes.data(), bytes.size()) == expected.get<std::string>();
+      std::printf("  %-22s %s\n", file.c_str(), valid ? "sha256 ok" : "sha256 MISMATCH");
+      if (valid) print_tensors(SafetensorsFile(std::move(bytes), "\"" + f.string() + "\""), "    ");
+    } catch (const UserError& e) {
+      std::printf("  %-22s unreadable: %s\n", file.c_str(), e.what());
     }
-    std::printf("checkpoint %s\n  step %s, tokens %s, precision %s\n  model %s\n", path.c_str(),
-                state.value("step", nlohmann::json()).dump().c_str(), state.value("tokens", nlohmann::json()).dump().c_str(),
-                state.value("precision", nlohmann::json()).dump().c_str(),
-                state.value("model", nlohmann::json()).dump().c_str());
-    if (state.contains("loss_scaler")) std::printf("  loss scaler %s\n", state["loss_scaler"].dump().c_str());
-    if (state.contains("fp8")) std::printf("  fp8 tensors with scaling state: %zu\n", state["fp8"].size());
-    bool all_valid = true;
-    const nlohmann::json checksums = state.value("sha256", nlohmann::json::object());
-    for (const auto& [file, expected] : checksums.items()) {
-      const bool present = fs::exists(p / file);
-      const bool valid = present && expected.is_string() && sha256_file((p / file).string()) == expected.get<std::string>();
-      all_valid = all_valid && valid;
-      std::printf("  %-22s %s\n", file.c_str(), !present ? "MISSING" : valid ? "sha256 ok" : "sha256 MISMATCH");
-      if (valid) {
-        const SafetensorsFile st((p / file).string());
-        for (const auto& name : st.names()) {
-          std::string shape;
-          for (int64_t d : st.shape(name)) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-          std::printf("    %-16s F32 (%s)\n", name.c_str(), shape.c_str());
-        }
-      }
-    }
-    std::printf("  %s\n", all_valid ? "valid" : "NOT valid: resume would skip this checkpoint");
-    return;
   }
-  if (p.extension() == ".safetensors") {
-    const SafetensorsFile st(path);
+  std::fflush(stdout);
+  try {
+    load_checkpoint(path);
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()) + " (NOT valid: resume would skip this checkpoint)");
+  }
+  std::printf("  valid\n");
+}
+
+}  // namespace
+
+void inspect(const std::string& path) {
+  const PathKind kind = path_kind(path, "inspect");
+  if (kind == PathKind::missing) throw UserError("inspect: \"" + path + "\" does not exist; expected a checkpoint "
+                                                 "directory, a .safetensors file or an llm.c model file");
+  if (kind == PathKind::directory) return inspect_checkpoint(path);
+  if (fs::path(path).extension() == ".safetensors") {
+    const SafetensorsFile st = SafetensorsFile::read(path);
     std::printf("safetensors %s\n", path.c_str());
-    for (const auto& name : st.names()) {
-      std::string shape;
-      for (int64_t d : st.shape(name)) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-      std::printf("  %-16s F32 (%s)\n", name.c_str(), shape.c_str());
-    }
+    print_tensors(st, "  ");
     return;
   }
-  const LlmcModel m = read_llmc(path);
+  const LlmcModel m = read_llmc(path, "inspect:");
   std::printf("llm.c model file %s\n  version %d (%s), max_seq_len %d, vocab_size %d (padded %d), n_layer %d, n_head %d, "
               "n_embd %d\n  %zu parameters\n",
               path.c_str(), m.version, m.version == 3 ? "fp32" : "bf16", m.max_seq_len, m.vocab_size, m.padded_vocab,
@@ -193,6 +217,12 @@ void inspect(const std::string& path) {
 
 void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype) {
   if (dtype != "fp32" && dtype != "bf16") throw UserError("--dtype: \"" + dtype + "\"; expected fp32 or bf16");
+  // The output is checked before the checkpoint is read: a bad --out writes nothing.
+  const PathKind out_kind = path_kind(out, "--out");
+  if (out_kind == PathKind::directory)
+    throw UserError("--out: \"" + out + "\" is a directory; expected the path of the model file to write");
+  const fs::path parent = fs::absolute(out).lexically_normal().parent_path();
+  check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
   LlmcModel file;

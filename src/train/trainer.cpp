@@ -13,6 +13,8 @@
 #include "metrics/device_peak.h"
 #include "metrics/nvtx.h"
 #include "checkpoint/checkpoint.h"
+#include "core/output_file.h"
+#include "train/run_plan.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
 #include "data/dataset.h"
@@ -78,64 +80,9 @@ std::string fmt(const char* format, double value) {
 }
 
 
-// What the CPU backend allocates: every format is emulated in float storage.
-struct MemoryPlan {
-  int64_t params, master, grads, grad_accumulator, optimizer, activations, fp8;
-  int64_t total() const { return params + master + grads + grad_accumulator + optimizer + activations + fp8; }
-  std::string describe() const {
-    return format_mib(total()) + " = " + format_mib(params) + " params + " +
-           (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
-           " grads + " + (grad_accumulator ? format_mib(grad_accumulator) + " FP32 gradient sums + " : std::string()) +
-           format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
-           (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
-  }
-};
-
-MemoryPlan plan_memory(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
-  const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
-  return {n, policy.has_master_weights() ? n : 0, n, policy.grads != Format::fp32 ? n : 0, 2 * n,
-          gpt_activation_bytes(s, B, T, sizeof(float)),
-          gpt_fp8_buffer_bytes(s, policy, B, T)};
-}
-
-// Marks a directory as a ptrain run directory, the only kind run.overwrite may delete.
-constexpr const char* kRunMarker = ".ptrain-run";
-
-// Creates <out_dir>/<name>. An existing directory is replaced only with run.overwrite and only
-// if ptrain made it (it holds the marker) or it is empty, so a typo can never delete user files.
-fs::path create_run_dir(const RunConfig& run, bool resuming) {
-  const fs::path dir = fs::path(run.out_dir) / run.name;
-  if (resuming && fs::exists(dir / kRunMarker)) return dir;  // a resumed run continues its directory
-  if (fs::exists(dir)) {
-    if (!run.overwrite)
-      throw UserError("run directory " + dir.string() +
-                      " already exists; expected a new run.name, or run.overwrite: true to replace it");
-    if (!fs::is_directory(dir) || !(fs::exists(dir / kRunMarker) || fs::is_empty(dir)))
-      throw UserError("run.overwrite: " + dir.string() + " was not made by ptrain (no " + kRunMarker +
-                      " marker); refusing to delete it; expected a ptrain run directory or a new run.name");
-    fs::remove_all(dir);
-  }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw UserError("cannot create run directory " + dir.string() + ": " + ec.message());
-  std::ofstream(dir / kRunMarker) << "made by ptrain " PTRAIN_VERSION "\n";
-  return dir;
-}
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) throw UserError("cannot write " + path.string());
-}
-
-struct DataPaths {
-  std::string train, val;
-  std::optional<SyntheticInfo> synthetic;
-};
-
 class Trainer {
  public:
-  Trainer(const Config& config, const DataPaths& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
+  Trainer(const Config& config, const DataPlan& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
           AttentionChoice attention, std::unique_ptr<Communicator> comm)
       : cfg_(config),
@@ -148,11 +95,11 @@ class Trainer {
         B_(config.training.micro_batch),
         T_(config.training.effective_seq_len(config.model)),
         accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_ * comm_->world_size()))),
-        train_stream_(data.train, "data.train", config.model.vocab_size),
-        val_stream_(data.val, "data.val", config.model.vocab_size),
+        train_stream_(data.train_files, "data.train", config.model.vocab_size),
+        val_stream_(data.val_files, "data.val", config.model.vocab_size),
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
-        synthetic_(data.synthetic),
+        synthetic_(data.info),
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
@@ -268,6 +215,12 @@ class Trainer {
       double loss = 0;
       for (size_t i = 0; i < global_micros; ++i) loss += micro_losses[i];
       loss /= static_cast<double>(global_micros);
+      // Before any update a non-finite loss can only come from the weights or the config (an
+      // init_std or loss_weight far too large): no later step would recover.
+      if (step == 1 && !std::isfinite(loss))
+        throw EnvironmentError("the loss of step 1 is " + fmt("%g", loss) +
+                               " before any update: the initial weights or the config (model.init_std, "
+                               "training.loss_weight) make the model's output non-finite; nothing was trained");
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
       double norm;
@@ -294,7 +247,8 @@ class Trainer {
 
       const bool stop = signalled || (options_.stop_at > 0 && step >= options_.stop_at);
       const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
-      const bool saved = (stop || periodic || (step == steps && cfg_.checkpoint.save_final)) && save(step);
+      const bool final_save = stop || (step == steps && cfg_.checkpoint.save_final);
+      const bool saved = (final_save || periodic) && save(step, final_save);
       if (stop && !saved)
         throw EnvironmentError("stopped after step " + std::to_string(step) +
                                " without a checkpoint of it (the save failed); the newest checkpoint is " +
@@ -364,8 +318,8 @@ class Trainer {
     return st.step;
   }
 
-  // Returns false when the save failed and checkpoint.on_save_error let training continue.
-  bool save(int64_t step) {
+  // Returns false when a periodic save failed and checkpoint.on_save_error let training continue.
+  bool save(int64_t step, bool final_save) {
     CheckpointState st;
     st.step = step;
     st.tokens = step * cfg_.training.batch_tokens;
@@ -385,14 +339,17 @@ class Trainer {
     try {
       result_.last_checkpoint =
           save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_, cfg_.checkpoint.keep_last, comm_.get());
-    } catch (const UserError& e) {
+    } catch (const EnvironmentError& e) {
       // The earlier checkpoints and `latest` are untouched; the training state is in memory.
       const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
-      if (cfg_.checkpoint.on_save_error == "continue") {
+      // A failed final save is never skipped over: the run would end with nothing to show.
+      if (cfg_.checkpoint.on_save_error == "continue" && !final_save) {
         log_.warn(what + "; training continues (checkpoint.on_save_error: continue)");
         return false;
       }
-      throw EnvironmentError(what + "; the run stops (checkpoint.on_save_error: stop); earlier checkpoints are intact");
+      throw EnvironmentError(what + "; the run stops (" +
+                             (final_save ? std::string("the final checkpoint") : "checkpoint.on_save_error: stop") +
+                             "); earlier checkpoints are intact");
     }
     log_.metrics({{"checkpoint", {{"step", step}, {"path", result_.last_checkpoint}}}});
     log_.info("checkpoint step " + std::to_string(step) + " -> " + result_.last_checkpoint);
@@ -435,7 +392,7 @@ class Trainer {
                 std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
                 " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
                 fmt("%.4f", std::log(shape_.vocab)));
-    log_.info("memory: " + plan_memory(shape_, policy_, B_, T_).describe());
+    log_.info("memory: " + plan_memory(cfg_).describe());
     if (backend_->device() == Device::cuda) {  // MFU needs the device's peak; a CPU has none to quote
       const CudaProbe probe = probe_cuda();
       const std::string name = probe.devices.empty() ? "the device" : probe.devices[0].name;
@@ -623,7 +580,7 @@ class Trainer {
                 " micro-batches replayed a recording");
     }
     if (comm_->is_main())
-      std::ofstream(fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json") << summary.dump(2) << '\n';
+      write_file_atomic((fs::path(cfg_.run.out_dir) / cfg_.run.name / "summary.json").string(), summary.dump(2) + "\n");
   }
 
   const Config& cfg_;
@@ -655,41 +612,32 @@ class Trainer {
   TrainResult result_;
 };
 
-void print_dry_run(const Config& config) {
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  const GptShape shape = GptShape::of(config.model);
-  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
-  const MemoryPlan mem = plan_memory(shape, policy, B, T);
-  RunLog log;
-  log.info("# resolved config");
-  log.info(config_to_yaml(config));
-  log.info("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
-           std::to_string(shape.padded_vocab) + ")");
-  log.info("training FLOPs per token: " + fmt("%.3g", training_flops_per_token(config.model, T)));
-  log.info("precision: " + policy.label() + " (weights " + format_name(policy.weights) + ", activations " +
-           format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
-           policy.loss_scaling.mode + ")");
-  log.info("memory estimate: " + mem.describe() + " (micro-batch " + std::to_string(B) + " x " + std::to_string(T) +
-           ")");
-  log.info("dry run: nothing written");
-}
-
-// The synthetic corpus is generated inside the run directory, so its split sizes are checked
-// arithmetically (the same split rule as generate_synthetic) before anything is written.
-void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches, int B, int T) {
-  const int64_t train_tokens = std::llround((1.0 - s.val_fraction) * static_cast<double>(s.tokens));
-  const int64_t val_tokens = s.tokens - train_tokens;
-  const int64_t val_needed = int64_t{eval_batches} * B * T + 1;
-  std::vector<std::string> problems;
-  if (train_tokens < T + 1)
-    problems.push_back("data.synthetic.tokens: the train split would hold " + std::to_string(train_tokens) +
-                       " tokens; expected at least " + std::to_string(T + 1) + " (one window of seq_len + 1)");
-  if (val_tokens < val_needed)
-    problems.push_back("data.synthetic: the val split would hold " + std::to_string(val_tokens) +
-                       " tokens; expected at least " + std::to_string(val_needed) +
-                       " (training.eval_batches x micro_batch x seq_len + 1): raise data.synthetic.tokens or "
-                       "val_fraction, or lower training.eval_batches");
-  if (!problems.empty()) throw UserErrors(problems);
+// Makes (or replaces, or continues) the run directory and everything the plan says goes there
+// before training: rank 0 only. A step that fails here is the machine's (exit 1); what this
+// invocation created is removed again, so a corrected rerun is not refused as "already exists".
+void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_aside) {
+  const fs::path run_dir = plan.run_dir;
+  const bool fresh = plan.run_dir_action != RunDirAction::continue_run;
+  std::error_code ec;
+  if (plan.run_dir_action == RunDirAction::replace) {
+    fs::remove_all(run_dir, ec);
+    if (ec) throw EnvironmentError("run.overwrite: cannot delete " + run_dir.string() + ": " + ec.message());
+  }
+  try {
+    fs::create_directories(run_dir, ec);
+    if (ec) throw EnvironmentError("cannot create run directory " + run_dir.string() + ": " + ec.message());
+    if (fresh) write_file_atomic((run_dir / kRunMarker).string(), "made by ptrain " PTRAIN_VERSION "\n");
+    write_file_atomic((run_dir / "config.yaml").string(), config_to_yaml(plan.config));
+    fs::create_directories(plan.checkpoint_dir, ec);
+    if (ec) throw EnvironmentError("checkpoint.dir: cannot create \"" + plan.checkpoint_dir + "\": " + ec.message());
+    if (plan.clear_checkpoint_dir) remove_checkpoints(plan.checkpoint_dir);
+    if (plan.checkpoint_dir_is_explicit) claim_checkpoint_dir(plan.checkpoint_dir, plan.run_dir);
+    if (plan.data.synthetic) generate_synthetic(*plan.data.synthetic, (run_dir / "data").string());
+    if (plan.resume) set_aside = set_aside_later_checkpoints(plan.checkpoint_dir, plan.resume->state.step);
+  } catch (const EnvironmentError&) {
+    if (fresh) fs::remove_all(run_dir, ec);
+    throw;
+  }
 }
 
 }  // namespace
@@ -699,120 +647,49 @@ double training_flops_per_token(const ModelConfig& model, int seq_len) {
 }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
-  if (options.dry_run) {
-    print_dry_run(config);
-    return {};
-  }
-  DataPaths data;
-  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
-  if (config.data.synthetic_enabled) {
-    check_synthetic_split_sizes(config.data.synthetic, config.training.eval_batches, B, T);
-  } else {
-    // Open and validate the data before the run directory exists: a bad shard writes nothing.
-    TokenStream train_stream(config.data.train, "data.train", config.model.vocab_size);
-    TrainSampler(train_stream, 0, T);
-    TokenStream val_stream(config.data.val, "data.val", config.model.vocab_size);
-    ValSampler(val_stream, "data.val", config.training.eval_batches, B, T);
-    data.train = config.data.train;
-    data.val = config.data.val;
-    const std::string val_dir = fs::path(expand_shard_glob(config.data.val, "data.val").front()).parent_path().string();
-    data.synthetic = read_synthetic_info(val_dir.empty() ? "." : val_dir);
-  }
-  // Which checkpoint to resume from, decided (and an explicit one verified) before anything is
-  // written: a bad checkpoint path changes nothing on disk.
-  const fs::path run_path = fs::path(config.run.out_dir) / config.run.name;
-  const fs::path checkpoint_dir = config.checkpoint.dir.empty() ? run_path / "checkpoints" : fs::path(config.checkpoint.dir);
-  std::optional<LoadedCheckpoint> resume_from;
-  std::vector<std::string> resume_warnings;
+  RunPlan plan = plan_run(config);
   const bool main_rank = launcher_rank() == 0;
-  if (config.checkpoint.resume == "auto") {
-    // Shown at once: if the run cannot start, the user still learns why no checkpoint was taken.
+  {
     RunLog console = main_rank ? RunLog() : RunLog::silent();
-    resume_from = find_latest_checkpoint(checkpoint_dir.string(), [&](const std::string& w) {
-      console.warn(w);
-      resume_warnings.push_back(w);
-    });
-  } else if (config.checkpoint.resume != "never") {
-    try {
-      resume_from = load_checkpoint(config.checkpoint.resume);
-    } catch (const UserError& e) {
-      throw UserError(std::string("checkpoint.resume: ") + e.what());
-    }
+    for (const auto& w : plan.warnings) console.warn(w);
+    for (const auto& w : plan.resume_warnings) console.warn(w);
   }
-  if (resume_from) {
-    const auto differences = model_differences(resume_from->state.model, model_json(config.model));
-    if (!differences.empty()) {
-      std::vector<std::string> problems;
-      for (const auto& d : differences)
-        problems.push_back("checkpoint.resume: " + resume_from->path + " has another model shape: " + d);
-      throw UserErrors(problems);
-    }
-  }
-
-  std::optional<LlmcModel> init_from;
-  if (!config.model.init_from.empty() && !resume_from) {
-    init_from = read_llmc(config.model.init_from);
-    const auto mismatches = llmc_mismatches(*init_from, config.model);
-    if (!mismatches.empty()) {
-      std::vector<std::string> problems;
-      for (const auto& m : mismatches) problems.push_back("model.init_from: \"" + config.model.init_from + "\": " + m);
-      throw UserErrors(problems);
-    }
-  }
-
-  // The device, before anything is written: run.device: cuda without a usable GPU changes nothing.
+  // The device, the attention path and the ranks are checks too: a dry run makes them.
   std::string device_choice;
-  std::unique_ptr<Backend> backend =
-      make_backend(config.run.device, config.training.threads, config.precision.tf32, &device_choice);
+  std::unique_ptr<Backend> backend = make_backend(config.run.device, plan.threads, config.precision.tf32, &device_choice);
   const GptShape shape = GptShape::of(config.model);
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
   AttentionChoice attention = backend->choose_attention(
       config.model.attention, backend->storage_for(policy.activations, DType::f32), config.training.micro_batch,
       config.training.effective_seq_len(config.model), shape.n_head, shape.n_embd / shape.n_head);
+  if (options.dry_run) {
+    if (main_rank) {
+      RunLog log;
+      log.info("# resolved config");
+      log.info(config_to_yaml(config));
+      log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
+      log.info("dry run: nothing written");
+    }
+    return {};
+  }
   std::unique_ptr<Communicator> comm = make_communicator(backend->device());
-  const int64_t per_rank = int64_t{B} * T * comm->world_size();
-  if (config.training.batch_tokens % per_rank != 0)
-    throw UserError("training.batch_tokens: " + std::to_string(config.training.batch_tokens) +
-                    " tokens cannot be shared by " + std::to_string(comm->world_size()) +
-                    " ranks; expected a multiple of micro_batch x seq_len x ranks = " + std::to_string(B) + " x " +
-                    std::to_string(T) + " x " + std::to_string(comm->world_size()) + " = " + std::to_string(per_rank));
 
   // Rank 0 makes the run directory (and the synthetic data); the others wait for it.
-  // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
-  // (a job preempted before its first save starts again in place): always launching with auto works.
-  const bool continue_dir = resume_from.has_value() || config.checkpoint.resume == "auto";
   const bool main = comm->is_main();
-  const fs::path run_dir = main ? create_run_dir(config.run, continue_dir) : run_path;
   std::vector<std::string> set_aside;
-  if (main) {
-    write_text(run_dir / "config.yaml", config_to_yaml(config));
-    // Find out now, not after hours of training, if checkpoints cannot be written there.
-    std::error_code ec;
-    fs::create_directories(checkpoint_dir, ec);
-    if (ec) throw UserError("checkpoint.dir: cannot create \"" + checkpoint_dir.string() + "\": " + ec.message());
-    if (config.data.synthetic_enabled) {
-      const auto& s = config.data.synthetic;
-      generate_synthetic(
-          SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction},
-          (run_dir / "data").string());
-    }
-    if (resume_from) set_aside = set_aside_later_checkpoints(checkpoint_dir.string(), resume_from->state.step);
-  }
+  if (main) prepare_directories(plan, set_aside);
   comm->barrier();
-  if (config.data.synthetic_enabled) {
-    const fs::path data_dir = run_dir / "data";
-    data.synthetic = read_synthetic_info(data_dir.string());
-    data.train = (data_dir / "train_*.bin").string();
-    data.val = (data_dir / "val_*.bin").string();
-  }
-  Trainer trainer(config, data, run_dir, checkpoint_dir, options, std::move(backend), std::move(device_choice),
-                  std::move(attention), std::move(comm));
-  for (const auto& w : resume_warnings) trainer.log_only(w);
+  if (plan.data.synthetic) plan.data.info = read_synthetic_info((fs::path(plan.run_dir) / "data").string());
+  const bool restarted_in_place =
+      main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
+  Trainer trainer(plan.config, plan.data, plan.run_dir, plan.checkpoint_dir, options, std::move(backend),
+                  std::move(device_choice), std::move(attention), std::move(comm));
+  for (const auto& w : plan.warnings) trainer.log_only(w);
+  for (const auto& w : plan.resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
-  if (main && !resume_from && config.checkpoint.resume == "auto" && fs::exists(run_dir / "metrics.jsonl"))
-    trainer.warn("no valid checkpoint in " + checkpoint_dir.string() + ": training starts from step 0 in " +
-                 run_dir.string());
-  return trainer.run(resume_from, init_from);
+  if (restarted_in_place)
+    trainer.warn("no valid checkpoint in " + plan.checkpoint_dir + ": training starts from step 0 in " + plan.run_dir);
+  return trainer.run(plan.resume, plan.init_from);
 }
 
 }  // namespace ptrain

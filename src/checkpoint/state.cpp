@@ -1,0 +1,206 @@
+#include "checkpoint/state.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "checkpoint/sha256.h"
+#include "core/error.h"
+
+namespace ptrain {
+namespace {
+
+using json = nlohmann::json;
+
+// Steps, tokens and sample indices far beyond any run, yet exact in a double and free of overflow
+// when multiplied by a batch size.
+constexpr int64_t kMaxCount = int64_t{1} << 50;
+
+[[noreturn]] void bad(const std::string& field, const json& value, const std::string& expected) {
+  std::string shown = value.dump();
+  if (shown.size() > 60) shown = shown.substr(0, 57) + "...";
+  throw UserError("state.json field " + field + ": " + shown + " is not valid; expected " + expected);
+}
+
+const json& member(const json& j, const std::string& parent, const char* key) {
+  if (!j.is_object()) bad(parent.empty() ? "(top level)" : parent, j, "an object");
+  const auto it = j.find(key);
+  const std::string field = parent.empty() ? key : parent + "." + key;
+  if (it == j.end()) throw UserError("state.json has no field " + field + "; expected the state a ptrain checkpoint holds");
+  return *it;
+}
+
+std::string range_text(int64_t lo, int64_t hi) { return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
+
+int64_t integer(const json& j, const std::string& parent, const char* key, int64_t lo, int64_t hi) {
+  const json& v = member(j, parent, key);
+  const std::string field = parent.empty() ? key : parent + "." + key;
+  // nlohmann keeps integers above INT64_MAX as unsigned and fractions as floats: both refused.
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)))
+    bad(field, v, range_text(lo, hi));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) bad(field, v, range_text(lo, hi));
+  return x;
+}
+
+uint64_t unsigned_integer(const json& j, const std::string& parent, const char* key) {
+  const json& v = member(j, parent, key);
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+    bad(parent + "." + key, v, "a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+std::string text(const json& j, const std::string& parent, const char* key, const std::vector<std::string>& choices) {
+  const json& v = member(j, parent, key);
+  const std::string field = parent.empty() ? key : parent + "." + key;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  if (!v.is_string()) bad(field, v, "one of " + list);
+  const std::string s = v.get<std::string>();
+  for (const auto& c : choices)
+    if (s == c) return s;
+  bad(field, v, "one of " + list);
+}
+
+float float_from_bits(const json& v, const std::string& field) {
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) bad(field, v, "a float's 32-bit pattern");
+  const uint64_t bits = v.get<uint64_t>();
+  if (bits > 0xFFFFFFFFu) bad(field, v, "a float's 32-bit pattern");
+  const auto b = static_cast<uint32_t>(bits);
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// A short fingerprint of the model-relevant config, for tools that compare checkpoints.
+std::string model_hash(const json& model) {
+  const std::string dumped = model.dump();
+  Sha256 h;
+  h.update(dumped.data(), dumped.size());
+  return h.hex_digest().substr(0, 16);
+}
+
+}  // namespace
+
+json state_to_json(const CheckpointState& s) {
+  json fp8 = json::array();
+  // FP8 histories may hold NaN or inf (an overflowed step), which JSON cannot: they are stored as
+  // the floats' bit patterns, exact whatever the value.
+  for (const auto& f : s.fp8) {
+    std::vector<uint32_t> history;
+    for (float h : f.history) history.push_back(bits_of(h));
+    fp8.push_back({{"name", f.name},
+                   {"history_bits", history},
+                   {"scale_bits", bits_of(f.scale)},
+                   {"scale", std::isfinite(f.scale) ? json(f.scale) : json()}});  // for people
+  }
+  return {{"format", "ptrain checkpoint 1"},
+          {"format_version", kStateFormatVersion},
+          {"step", s.step},
+          {"tokens", s.tokens},
+          {"optimizer_steps", s.optimizer_steps},
+          // The only random state after initialisation: the counter-based training sampler.
+          {"rng", {{"data_sampler", {{"seed", s.data_seed}, {"next_sample", s.next_sample}}}}},
+          {"loss_scaler",
+           {{"mode", s.scaler_mode},
+            {"scale", s.scaler.scale},
+            {"growth_tracker", s.scaler.growth_tracker},
+            {"hysteresis_left", s.scaler.hysteresis_left},
+            {"skipped", s.scaler.skipped}}},
+          {"fp8", fp8},
+          {"best_val_loss", std::isfinite(s.best_val_loss) ? json(s.best_val_loss) : json()},
+          {"best_val_step", s.best_val_step},
+          {"precision", s.precision},
+          {"model", s.model},
+          {"model_hash", model_hash(s.model)},
+          {"schedule", s.schedule}};
+}
+
+CheckpointState state_from_json(const json& j) {
+  if (!j.is_object()) bad("(top level)", j, "a JSON object");
+  if (!j.contains("format") || j["format"] != "ptrain checkpoint 1")
+    throw UserError("state.json is not a ptrain checkpoint state (no \"format\": \"ptrain checkpoint 1\")");
+  const int64_t version = j.contains("format_version") ? integer(j, "", "format_version", 1, 1 << 20) : 1;
+  if (version > kStateFormatVersion)
+    throw UserError("state.json has format_version " + std::to_string(version) + ", written by a newer ptrain; this one reads "
+                    "versions up to " + std::to_string(kStateFormatVersion));
+  CheckpointState s;
+  s.step = integer(j, "", "step", 0, kMaxCount);
+  s.tokens = integer(j, "", "tokens", 0, kMaxCount);
+  s.optimizer_steps = integer(j, "", "optimizer_steps", 0, s.step);
+  const json& sampler = member(member(j, "", "rng"), "rng", "data_sampler");
+  s.data_seed = unsigned_integer(sampler, "rng.data_sampler", "seed");
+  s.next_sample = integer(sampler, "rng.data_sampler", "next_sample", 0, kMaxCount);
+
+  const json& ls = member(j, "", "loss_scaler");
+  s.scaler_mode = text(ls, "loss_scaler", "mode", {"off", "static", "dynamic"});
+  const json& scale = member(ls, "loss_scaler", "scale");
+  if (!scale.is_number() || !std::isfinite(scale.get<double>()) || scale.get<double>() <= 0)
+    bad("loss_scaler.scale", scale, "a finite number > 0");
+  s.scaler.scale = scale.get<double>();
+  s.scaler.growth_tracker = integer(ls, "loss_scaler", "growth_tracker", 0, kMaxCount);
+  s.scaler.hysteresis_left = static_cast<int>(integer(ls, "loss_scaler", "hysteresis_left", 0, 1 << 30));
+  s.scaler.skipped = integer(ls, "loss_scaler", "skipped", 0, s.step);
+
+  const json& fp8 = member(j, "", "fp8");
+  if (!fp8.is_array()) bad("fp8", fp8, "a list");
+  for (size_t i = 0; i < fp8.size(); ++i) {
+    const std::string at = "fp8[" + std::to_string(i) + "]";
+    const json& f = fp8[i];
+    Fp8ScalingState t;
+    const json& name = member(f, at, "name");
+    if (!name.is_string()) bad(at + ".name", name, "a tensor name");
+    t.name = name.get<std::string>();
+    const json& history = member(f, at, "history_bits");
+    if (!history.is_array() || history.size() > (1u << 20)) bad(at + ".history_bits", history, "a list of float bit patterns");
+    for (const json& h : history) t.history.push_back(float_from_bits(h, at + ".history_bits"));
+    t.scale = float_from_bits(member(f, at, "scale_bits"), at + ".scale_bits");
+    if (!std::isfinite(t.scale) || t.scale <= 0) bad(at + ".scale_bits", f["scale_bits"], "the bits of a finite scale > 0");
+    s.fp8.push_back(std::move(t));
+  }
+
+  const json& best = member(j, "", "best_val_loss");
+  if (best.is_number()) s.best_val_loss = best.get<double>();
+  else if (!best.is_null()) bad("best_val_loss", best, "a number or null");
+  s.best_val_step = integer(j, "", "best_val_step", -1, s.step);
+  s.precision = text(j, "", "precision", {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"});
+  s.model = member(j, "", "model");
+  model_from_json(s.model);  // checked here, so that no reader builds a model from a bad shape
+  s.schedule = member(j, "", "schedule");
+  if (!s.schedule.is_object()) bad("schedule", s.schedule, "an object");
+  return s;
+}
+
+json model_json(const ModelConfig& m) {
+  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
+          {"vocab_size", m.vocab_size}};
+}
+
+ModelConfig model_from_json(const json& j) {
+  ModelConfig m;
+  m.n_layer = static_cast<int>(integer(j, "model", "n_layer", 1, kMaxLayers));
+  m.n_embd = static_cast<int>(integer(j, "model", "n_embd", 1, kMaxEmbd));
+  m.n_head = static_cast<int>(integer(j, "model", "n_head", 1, m.n_embd));
+  if (m.n_embd % m.n_head != 0)
+    bad("model.n_head", j["n_head"], "a divisor of model.n_embd " + std::to_string(m.n_embd));
+  m.seq_len = static_cast<int>(integer(j, "model", "seq_len", 1, kMaxSeqLen));
+  m.vocab_size = static_cast<int>(integer(j, "model", "vocab_size", 2, kMaxVocab));
+  return m;
+}
+
+std::vector<std::string> model_differences(const json& saved, const json& current) {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : current.items())
+    if (!saved.contains(key) || saved[key] != value)
+      out.push_back("model." + key + " " + (saved.contains(key) ? saved[key].dump() : "absent") + " in the checkpoint vs " +
+                    value.dump() + " now");
+  return out;
+}
+
+}  // namespace ptrain

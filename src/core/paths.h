@@ -1,0 +1,26 @@
+// Checks of the places ptrain will write, made while planning (before anything is written), so
+// that what the machine would refuse later (a name too long, a read-only filesystem, a file where
+// a directory must go, a symbolic-link loop) is bad input now: exit 2, naming the key or flag.
+#pragma once
+
+#include <string>
+
+namespace ptrain {
+
+enum class PathKind { missing, directory, other };
+
+// What is at `path` (following links). Throws UserError naming `what` when the path cannot be
+// examined: a symbolic-link loop, a name too long, a component that is not a directory.
+PathKind path_kind(const std::string& path, const std::string& what);
+
+// `path` is a writable directory or can be created as one, with `extra` more bytes of names
+// below it (the files ptrain puts inside): each new component within the filesystem's name
+// limit, the whole within PATH_MAX, the nearest existing ancestor a writable directory on a
+// read-write filesystem.
+void check_creatable(const std::string& path, const std::string& what, size_t extra = 0);
+
+// `dir` is an existing directory whose entries ptrain may create, rename and remove (tried: an
+// empty directory is made in it and removed at once).
+void check_writable_dir(const std::string& dir, const std::string& what);
+
+}  // namespace ptrain

@@ -1,0 +1,303 @@
+#include "train/run_plan.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/paths.h"
+#include "data/dataset.h"
+#include "dist/communicator.h"
+#include "metrics/run_log.h"
+#include "model/gpt.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+namespace {
+
+// The longest name ptrain writes below a run directory, e.g.
+// "checkpoints/.step_00000001.tmp/optimizer.rank00001-of-00002.safetensors.tmp".
+constexpr size_t kLongestInnerPath = 96;
+constexpr const char* kRunDirWhat = "run directory (run.out_dir / run.name)";
+
+std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
+
+bool is_empty_dir(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_empty(dir, ec) && !ec;
+}
+
+bool has_run_marker(const std::string& dir) { return path_kind((fs::path(dir) / kRunMarker).string(), kRunDirWhat) != PathKind::missing; }
+
+// The synthetic corpus is generated inside the run directory, so its split sizes are checked
+// arithmetically (the same split rule as generate_synthetic) before anything is written.
+void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches, int B, int T) {
+  const int64_t train_tokens = std::llround((1.0 - s.val_fraction) * static_cast<double>(s.tokens));
+  const int64_t val_tokens = s.tokens - train_tokens;
+  const int64_t val_needed = int64_t{eval_batches} * B * T + 1;
+  std::vector<std::string> problems;
+  if (train_tokens < T + 1)
+    problems.push_back("data.synthetic.tokens: the train split would hold " + std::to_string(train_tokens) +
+                       " tokens; expected at least " + std::to_string(T + 1) + " (one window of seq_len + 1)");
+  if (val_tokens < val_needed)
+    problems.push_back("data.synthetic: the val split would hold " + std::to_string(val_tokens) +
+                       " tokens; expected at least " + std::to_string(val_needed) +
+                       " (training.eval_batches x micro_batch x seq_len + 1): raise data.synthetic.tokens or "
+                       "val_fraction, or lower training.eval_batches");
+  if (!problems.empty()) throw UserErrors(problems);
+}
+
+DataPlan plan_data(const Config& config, const std::string& run_dir) {
+  DataPlan data;
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  if (config.data.synthetic_enabled) {
+    const auto& s = config.data.synthetic;
+    check_synthetic_split_sizes(s, config.training.eval_batches, B, T);
+    data.synthetic = SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction};
+    const std::string dir = (fs::path(run_dir) / "data").string();
+    data.train_files = {synthetic_train_file(dir)};
+    data.val_files = {synthetic_val_file(dir)};
+    return data;
+  }
+  data.train_files = expand_shard_glob(config.data.train, "data.train");
+  data.val_files = expand_shard_glob(config.data.val, "data.val");
+  const TokenStream train(data.train_files, "data.train", config.model.vocab_size);
+  TrainSampler(train, 0, T);
+  const TokenStream val(data.val_files, "data.val", config.model.vocab_size);
+  ValSampler(val, "data.val", config.training.eval_batches, B, T);
+  data.train_tokens = train.size();
+  data.val_tokens = val.size();
+  const std::string val_dir = fs::path(data.val_files.front()).parent_path().string();
+  data.info = read_synthetic_info(val_dir.empty() ? "." : val_dir);
+  return data;
+}
+
+// What happens to <out_dir>/<name>. An existing directory is replaced only with run.overwrite
+// and only if ptrain made it (it holds the marker) or it is empty, so a typo can never delete
+// user files; it is continued by a resume only if ptrain made it.
+RunDirAction plan_run_dir(const Config& config, const std::string& run_dir, bool continuing) {
+  const PathKind kind = path_kind(run_dir, kRunDirWhat);
+  if (kind == PathKind::missing) {
+    check_creatable(run_dir, kRunDirWhat, kLongestInnerPath);
+    return RunDirAction::create;
+  }
+  if (kind == PathKind::other)
+    throw UserError(std::string(kRunDirWhat) + ": " + in_quotes(run_dir) +
+                    " exists and is not a directory; expected a new run.name or run.out_dir");
+  check_creatable(run_dir, kRunDirWhat, kLongestInnerPath);  // names and a writable location
+  if (continuing && has_run_marker(run_dir)) return RunDirAction::continue_run;
+  if (!config.run.overwrite)
+    throw UserError("run directory " + run_dir +
+                    " already exists; expected a new run.name, or run.overwrite: true to replace it");
+  if (!has_run_marker(run_dir) && !is_empty_dir(run_dir))
+    throw UserError("run.overwrite: " + run_dir + " was not made by ptrain (no " + std::string(kRunMarker) +
+                    " marker); refusing to delete it; expected a ptrain run directory or a new run.name");
+  // Replacing deletes the directory from its parent: that must be writable too.
+  const fs::path parent = fs::absolute(run_dir).lexically_normal().parent_path();
+  check_writable_dir(parent.string(), "run.overwrite");
+  return RunDirAction::replace;
+}
+
+// A checkpoint directory belongs to one run. The default one lives inside the run directory
+// and shares its fate; an explicit checkpoint.dir records its owner and refuses other runs.
+// First where it is and whose (before resume: auto searches it)...
+void locate_checkpoint_dir(RunPlan& plan) {
+  const Config& c = plan.config;
+  plan.checkpoint_dir_is_explicit = !c.checkpoint.dir.empty();
+  plan.checkpoint_dir =
+      plan.checkpoint_dir_is_explicit ? c.checkpoint.dir : (fs::path(plan.run_dir) / "checkpoints").string();
+  const std::string what = plan.checkpoint_dir_is_explicit ? "checkpoint.dir" : kRunDirWhat;
+  const PathKind kind = path_kind(plan.checkpoint_dir, what);
+  if (kind == PathKind::other)
+    throw UserError(what + ": " + in_quotes(plan.checkpoint_dir) + " exists and is not a directory; expected a directory "
+                    "for checkpoints (or null for <run dir>/checkpoints)");
+  check_creatable(plan.checkpoint_dir, what, kLongestInnerPath);
+  if (kind == PathKind::missing || !plan.checkpoint_dir_is_explicit) return;
+  const std::string me = fs::weakly_canonical(plan.run_dir).string();
+  const std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
+  if (owner && *owner != me)
+    throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " belongs to the run in " + in_quotes(*owner) +
+                    "; expected a checkpoint directory of this run's own (or an empty one)");
+}
+
+// ...then, once the run directory's fate is known, what may happen to checkpoints already there.
+void settle_checkpoint_dir(RunPlan& plan, bool continuing) {
+  if (!plan.checkpoint_dir_is_explicit || path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::missing ||
+      !holds_checkpoints(plan.checkpoint_dir))
+    return;
+  const bool owned = checkpoint_dir_owner(plan.checkpoint_dir).has_value();
+  if (plan.run_dir_action == RunDirAction::replace && owned) {
+    plan.clear_checkpoint_dir = true;  // the checkpoints of the run being replaced
+    return;
+  }
+  if (continuing) return;  // resuming this run (a directory from before owners were recorded too)
+  throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " holds checkpoints of " +
+                  (owned ? "an earlier run named " + plan.config.run.name : std::string("another run")) +
+                  "; a new run would overwrite them; expected checkpoint.resume: auto to continue it, " +
+                  (owned ? "run.overwrite: true to replace it, " : "") + "or another checkpoint.dir");
+}
+
+void plan_resume(RunPlan& plan) {
+  const Config& c = plan.config;
+  if (c.checkpoint.resume == "never") return;
+  if (c.checkpoint.resume == "auto") {
+    if (path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::directory)
+      plan.resume = find_latest_checkpoint(plan.checkpoint_dir, [&](const std::string& w) { plan.resume_warnings.push_back(w); });
+  } else {
+    try {
+      plan.resume = load_checkpoint(c.checkpoint.resume);
+    } catch (const UserError& e) {
+      throw UserError(std::string("checkpoint.resume: ") + e.what());
+    }
+  }
+  if (!plan.resume) return;
+  const auto differences = model_differences(plan.resume->state.model, model_json(c.model));
+  if (!differences.empty()) {
+    std::vector<std::string> problems;
+    for (const auto& d : differences)
+      problems.push_back("checkpoint.resume: " + plan.resume->path + " has another model shape: " + d);
+    throw UserErrors(problems);
+  }
+}
+
+void plan_init_from(RunPlan& plan) {
+  const Config& c = plan.config;
+  if (c.model.init_from.empty() || plan.resume) return;
+  plan.init_from = read_llmc(c.model.init_from, "model.init_from");
+  const auto mismatches = llmc_mismatches(*plan.init_from, c.model);
+  if (!mismatches.empty()) {
+    std::vector<std::string> problems;
+    for (const auto& m : mismatches) problems.push_back("model.init_from: \"" + c.model.init_from + "\": " + m);
+    throw UserErrors(problems);
+  }
+}
+
+void plan_machine(RunPlan& plan) {
+  const Config& c = plan.config;
+  // More threads than cores only slows a run down (the results do not depend on the count).
+  const int cores = omp_get_num_procs();
+  plan.threads = c.training.threads;
+  if (plan.threads > cores) {
+    plan.warnings.push_back("training.threads: " + std::to_string(plan.threads) + " is more than the " +
+                            std::to_string(cores) + " cores available; using " + std::to_string(cores));
+    plan.threads = cores;
+  }
+  plan.world_size = launcher_world_size();
+  const int64_t B = c.training.micro_batch, T = c.training.effective_seq_len(c.model);
+  const int64_t per_rank = B * T * plan.world_size;
+  if (c.training.batch_tokens % per_rank != 0)
+    throw UserError("training.batch_tokens: " + std::to_string(c.training.batch_tokens) + " tokens cannot be shared by " +
+                    std::to_string(plan.world_size) + " ranks; expected a multiple of micro_batch x seq_len x ranks = " +
+                    std::to_string(B) + " x " + std::to_string(T) + " x " + std::to_string(plan.world_size) + " = " +
+                    std::to_string(per_rank));
+  // The CPU backend holds everything in host memory: a run that cannot fit would die later.
+  const bool on_cpu = c.run.device == "cpu" || (c.run.device == "auto" && probe_cuda().devices.empty());
+  if (on_cpu) {
+    const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+    const double need = static_cast<double>(plan_memory(c).total());
+    if (have > 0 && need > have)
+      throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(need)) + " of memory (" +
+                      plan_memory(c).describe() + "); this machine has " + format_mib(static_cast<int64_t>(have)) +
+                      "; expected a smaller model or micro-batch");
+  }
+}
+
+}  // namespace
+
+std::string MemoryPlan::describe() const {
+  return format_mib(total()) + " = " + format_mib(params) + " params + " +
+         (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) + " grads + " +
+         (grad_accumulator ? format_mib(grad_accumulator) + " FP32 gradient sums + " : std::string()) +
+         format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
+         (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
+}
+
+MemoryPlan plan_memory(const Config& config) {
+  const GptShape s = GptShape::of(config.model);
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
+  return {n,
+          policy.has_master_weights() ? n : 0,
+          n,
+          policy.grads != Format::fp32 ? n : 0,
+          2 * n,
+          gpt_activation_bytes(s, B, T, sizeof(float)),
+          gpt_fp8_buffer_bytes(s, policy, B, T)};
+}
+
+RunPlan plan_run(const Config& config) {
+  RunPlan plan;
+  plan.config = config;
+  plan.run_dir = (fs::path(config.run.out_dir) / config.run.name).string();
+  plan_machine(plan);
+  // Which checkpoint to resume from decides whether the run directory is continued, so the
+  // checkpoint directory is looked at first (read only).
+  const bool auto_resume = config.checkpoint.resume == "auto";
+  locate_checkpoint_dir(plan);
+  plan_resume(plan);
+  // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
+  // (a job preempted before its first save starts again in place): always launching with auto works.
+  const bool continuing = plan.resume.has_value() || auto_resume;
+  plan.run_dir_action = plan_run_dir(config, plan.run_dir, continuing);
+  settle_checkpoint_dir(plan, continuing);
+  if (plan.resume && plan.run_dir_action != RunDirAction::replace &&
+      path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::directory)
+    plan.superseded = checkpoints_after(plan.checkpoint_dir, plan.resume->state.step);
+  if (plan.resume && plan.run_dir_action == RunDirAction::replace && !plan.checkpoint_dir_is_explicit)
+    throw UserError("checkpoint.resume: the checkpoint is inside " + plan.run_dir +
+                    ", which run.overwrite would delete; expected run.overwrite: false to resume");
+  plan_init_from(plan);
+  plan.data = plan_data(config, plan.run_dir);
+  return plan;
+}
+
+std::string describe_plan(const RunPlan& plan) {
+  const Config& c = plan.config;
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(c.precision);
+  const GptShape shape = GptShape::of(c.model);
+  const int B = c.training.micro_batch, T = c.training.effective_seq_len(c.model);
+  std::string out;
+  const auto line = [&](const std::string& text) { out += text + "\n"; };
+  char flops[32];
+  std::snprintf(flops, sizeof flops, "%.3g",
+                6.0 * static_cast<double>(gpt_num_params(shape)) + 6.0 * c.model.n_layer * c.model.n_embd * T);
+  line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
+       std::to_string(shape.padded_vocab) + ")");
+  line(std::string("training FLOPs per token: ") + flops);
+  line("precision: " + policy.label() + " (weights " + format_name(policy.weights) + ", activations " +
+       format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
+       policy.loss_scaling.mode + ")");
+  line("memory estimate: " + plan_memory(c).describe() + " (micro-batch " + std::to_string(B) + " x " +
+       std::to_string(T) + ")");
+  if (plan.data.synthetic)
+    line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +
+         " tokens, generated into " + (fs::path(plan.run_dir) / "data").string());
+  else
+    line("data: train " + format_thousands(static_cast<double>(plan.data.train_tokens)) + " tokens in " +
+         std::to_string(plan.data.train_files.size()) + " shard(s), val " +
+         format_thousands(static_cast<double>(plan.data.val_tokens)) + " tokens in " +
+         std::to_string(plan.data.val_files.size()) + " shard(s) (headers and sizes checked; token ids are "
+         "checked as they are read)");
+  const char* action = plan.run_dir_action == RunDirAction::create    ? "would be created"
+                       : plan.run_dir_action == RunDirAction::replace ? "exists and would be replaced (run.overwrite)"
+                                                                      : "exists and would be continued";
+  line("run directory: " + plan.run_dir + " " + action);
+  line("checkpoints: " + plan.checkpoint_dir +
+       (plan.clear_checkpoint_dir ? " (the replaced run's checkpoints there would be removed)" : ""));
+  if (plan.resume)
+    line("resume: from " + plan.resume->path + " after step " + std::to_string(plan.resume->state.step) +
+         " (verified)");
+  else if (c.checkpoint.resume == "auto")
+    line("resume: auto, no valid checkpoint found: training would start from step 0");
+  for (const auto& s : plan.superseded) line("would set aside " + s + " (after the checkpoint resumed from)");
+  if (plan.init_from) line("init_from: " + c.model.init_from + " (llm.c model file, verified)");
+  if (plan.world_size > 1) line("ranks: " + std::to_string(plan.world_size));
+  return out;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,72 @@
+// Everything a training run depends on, resolved and checked before its first byte is written:
+// the data files (headers and sizes; tokens are checked as they are read), the resume checkpoint
+// (loaded and verified), the init_from model, the run directory (what happens to it) and the
+// checkpoint directory (whose it is), the memory the run needs and the thread count. plan_run()
+// writes nothing; `--dry-run` prints the plan, and `train` carries it out. So a dry run performs
+// every check the real run performs, and a run refused with exit 2 has changed nothing on disk.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/llmc.h"
+#include "config/config.h"
+#include "data/synthetic.h"
+#include "precision/policy.h"
+
+namespace ptrain {
+
+// Marks a directory as a ptrain run directory, the only kind run.overwrite may delete.
+constexpr const char* kRunMarker = ".ptrain-run";
+
+struct DataPlan {
+  std::vector<std::string> train_files, val_files;  // exact paths: nothing is globbed after planning
+  std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
+  std::optional<SyntheticInfo> info;                // the source of the val shards, when known
+  int64_t train_tokens = 0, val_tokens = 0;         // 0 for a corpus still to generate
+};
+
+// What the run does to <out_dir>/<name>.
+enum class RunDirAction {
+  create,        // new
+  replace,       // run.overwrite: an earlier ptrain run directory is deleted, then made afresh
+  continue_run,  // a resume (or resume: auto) continues the run in its directory
+};
+
+// What the CPU backend allocates for a run: every format is emulated in float storage.
+struct MemoryPlan {
+  int64_t params, master, grads, grad_accumulator, optimizer, activations, fp8;
+  int64_t total() const { return params + master + grads + grad_accumulator + optimizer + activations + fp8; }
+  std::string describe() const;
+};
+MemoryPlan plan_memory(const Config& config);
+
+struct RunPlan {
+  Config config;
+  std::string run_dir;
+  RunDirAction run_dir_action = RunDirAction::create;
+  std::string checkpoint_dir;
+  bool checkpoint_dir_is_explicit = false;  // checkpoint.dir set (else <run dir>/checkpoints)
+  bool clear_checkpoint_dir = false;        // run.overwrite of a run whose explicit checkpoint.dir it owned
+  DataPlan data;
+  std::optional<LoadedCheckpoint> resume;
+  std::vector<std::string> superseded;  // checkpoints after the resumed one, set aside when the run starts
+  std::optional<LlmcModel> init_from;
+  int threads = 0;       // CPU threads: training.threads, at most the cores available (0 = all)
+  int world_size = 1;    // ranks, from the launcher's environment
+  std::vector<std::string> warnings;         // shown at once, and logged once the log exists
+  std::vector<std::string> resume_warnings;  // checkpoints resume: auto skipped (shown at once, logged)
+};
+
+// Checks everything and returns the plan, or throws UserError(s) naming each problem (and
+// EnvironmentError for what the machine lacks). Reads, never writes.
+RunPlan plan_run(const Config& config);
+
+// What `--dry-run` prints after the resolved config: parameters, memory, data, directories,
+// checkpoint to resume from, what will be created or replaced.
+std::string describe_plan(const RunPlan& plan);
+
+}  // namespace ptrain

@@ -1,0 +1,190 @@
+// Files and directories as a hostile user sets them up: FIFOs and devices where files belong,
+// symbolic-link loops, names too long, a checkpoint directory that is a file or another run's,
+// glob characters in a run name. Each ends with exit 2 and a message naming the culprit, and
+// nothing written: no earlier run, checkpoint or user file is touched.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+
+#include "bad_input.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+namespace fs = std::filesystem;
+
+TEST_CASE("a FIFO is refused by name, never opened to block", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(::mkfifo((ws.dir / "data/train_000001.bin").c_str(), 0644) == 0);
+  REQUIRE(::mkfifo((ws.dir / "pipe.bin").c_str(), 0644) == 0);
+  const auto before = ws.snapshot();
+  // `timeout` turns a hang into exit 124 instead of a test that never ends.
+  expect_refused(ws, before, ws.ptrain("train run.yaml", "timeout 60"), 2, {"data.train", "train_000001.bin", "FIFO"});
+  expect_refused(ws, before, ws.ptrain("train run.yaml --dry-run", "timeout 60"), 2, {"FIFO"});
+  expect_refused(ws, before, ws.ptrain("inspect pipe.bin", "timeout 60"), 2, {"pipe.bin", "FIFO"});
+  expect_refused(ws, before, ws.ptrain("train run.yaml --set checkpoint.resume=pipe.bin", "timeout 60"), 2,
+                 {"checkpoint.resume", "pipe.bin"});
+}
+
+TEST_CASE("the config may come from a pipe, but not from a device, a directory or a second document", "[hardening]") {
+  BadInputWorkspace ws;
+  const auto before = ws.snapshot();
+  const CommandResult piped = run_shell("cd '" + ws.dir.string() + "' && cat run.yaml | '" PTRAIN_BINARY "' train /dev/stdin --dry-run");
+  INFO(piped.output);
+  CHECK(piped.exit_code == 0);
+  CHECK(piped.output.find("dry run: nothing written") != std::string::npos);
+  expect_refused(ws, before, ws.ptrain("train /dev/zero", "timeout 60"), 2, {"/dev/zero", "character device"});
+  expect_refused(ws, before, ws.ptrain("train data"), 2, {"data", "directory"});
+  write_file(ws.dir / "two.yaml", BadInputWorkspace::config() + "---\nrun: {name: other}\n");
+  const auto with_two = ws.snapshot();
+  expect_refused(ws, with_two, ws.ptrain("train two.yaml"), 2, {"two.yaml", "2 YAML documents"});
+  // yaml-cpp would recurse once per level: deep nesting is refused before it parses.
+  write_file(ws.dir / "deep.yaml", "run: " + std::string(5000, '[') + std::string(5000, ']') + "\n");
+  const auto with_deep = ws.snapshot();
+  expect_refused(ws, with_deep, ws.ptrain("train deep.yaml"), 2, {"deep.yaml", "levels deep"});
+}
+
+TEST_CASE("paths the machine would refuse are bad input, found while planning", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);  // an earlier run "r", which nothing below may touch
+  fs::create_symlink("loop", ws.dir / "loop");
+  write_file(ws.dir / "a-file", "not a directory\n");
+  const auto before = ws.snapshot();
+  SECTION("a 300-character run.name") {
+    expect_refused(ws, before, ws.train("--set run.name=" + std::string(300, 'n')), 2, {"run.name", "300 bytes"});
+  }
+  SECTION("a checkpoint to resume from that is a symbolic-link loop") {
+    expect_refused(ws, before, ws.train("--set checkpoint.resume=loop"), 2, {"checkpoint.resume", "symbolic link loop"});
+  }
+  SECTION("run.out_dir below a file") {
+    expect_refused(ws, before, ws.train("--set run.out_dir=a-file/runs --set run.name=new"), 2,
+                   {"run.out_dir", "a-file", "not a directory"});
+  }
+  SECTION("a checkpoint.dir that cannot be created") {
+    expect_refused(ws, before, ws.train("--set run.name=new --set checkpoint.dir=/proc/ptrain-ck"), 2,
+                   {"checkpoint.dir", "/proc/ptrain-ck"});
+  }
+}
+
+TEST_CASE("a checkpoint.dir that is a file is refused before anything is written, even with run.overwrite", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  write_file(ws.dir / "ck-file", "a user's file\n");
+  const auto before = ws.snapshot();
+  // The old run's checkpoints, log.txt, metrics.jsonl and summary.json were deleted before.
+  expect_refused(ws, before, ws.train("--set run.overwrite=true --set checkpoint.dir=ck-file"), 2,
+                 {"checkpoint.dir", "ck-file", "not a directory"});
+  // A new run is refused the same way, and the corrected rerun is not then refused as existing.
+  expect_refused(ws, before, ws.train("--set run.name=new --set checkpoint.dir=ck-file"), 2, {"ck-file"});
+  const CommandResult fixed = ws.train("--set run.name=new --set checkpoint.dir=ck-new");
+  INFO(fixed.output);
+  CHECK(fixed.exit_code == 0);
+}
+
+TEST_CASE("a checkpoint directory belongs to one run", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train("--set checkpoint.dir=shared").exit_code == 0);
+  const std::string owner = read_file(ws.dir / "shared/.ptrain-owner");
+  CHECK(owner == fs::canonical(ws.run()).string() + "\n");
+  const auto before = ws.snapshot();
+  SECTION("another run may neither write nor resume there") {
+    expect_refused(ws, before, ws.train("--set run.name=other --set checkpoint.dir=shared"), 2,
+                   {"checkpoint.dir", "shared", "belongs to the run in"});
+    expect_refused(ws, before, ws.train("--set run.name=other --set checkpoint.dir=shared --set checkpoint.resume=auto"),
+                   2, {"belongs to the run in"});
+  }
+  SECTION("its own run resumes there") {
+    const CommandResult r = ws.train("--set checkpoint.dir=shared --set checkpoint.resume=auto --set training.steps=4");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("resumed from shared/step_00000003") != std::string::npos);
+  }
+  SECTION("run.overwrite replaces the run and its checkpoints there") {
+    const CommandResult r = ws.train("--set checkpoint.dir=shared --set run.overwrite=true --set training.steps=2");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK_FALSE(fs::exists(ws.dir / "shared/step_00000003"));
+    CHECK(read_file(ws.dir / "shared/latest") == "step_00000002\n");
+  }
+}
+
+TEST_CASE("a directory of checkpoints from before owners were recorded is not taken over by a new run", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train("--set checkpoint.dir=legacy").exit_code == 0);
+  fs::remove(ws.dir / "legacy/.ptrain-owner");
+  const auto before = ws.snapshot();
+  expect_refused(ws, before, ws.train("--set run.name=other --set checkpoint.dir=legacy"), 2,
+                 {"legacy", "holds checkpoints of another run"});
+}
+
+TEST_CASE("glob characters in run.name never reach a glob", "[hardening]") {
+  // The synthetic corpus of run "x[1]" lives in runs/x[1]/data; as a glob that pattern matches
+  // runs/x1/data, another run's corpus.
+  BadInputWorkspace ws;
+  const std::string synthetic =
+      "run: {out_dir: runs}\nmodel: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 64}\n"
+      "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n";
+  write_file(ws.dir / "a.yaml", synthetic + "data: {synthetic: {vocab: 64, tokens: 5000, seed: 1}}\n");
+  write_file(ws.dir / "b.yaml", synthetic + "data: {synthetic: {vocab: 64, tokens: 6000, seed: 2}}\n");
+  REQUIRE(ws.ptrain("train a.yaml --set run.name=x1").exit_code == 0);
+  for (const std::string name : {"x[1]", "x?", "x*"}) {
+    const CommandResult r = ws.ptrain("train b.yaml --set 'run.name=" + name + "'");
+    INFO(name << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("data: train 5,400 tokens") != std::string::npos);  // b's 6000 x 0.9, not a's 4,500
+  }
+}
+
+TEST_CASE("export and compare check what they would write before they write", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  fs::create_directory(ws.dir / "out-dir");
+  const auto before = ws.snapshot();
+  const std::string ck = (ws.run() / "checkpoints/step_00000003").string();
+  expect_refused(ws, before, ws.ptrain("export --checkpoint " + ck + " --out out-dir"), 2, {"--out", "out-dir", "directory"});
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,fp32 --out cmp"), 2, {"--modes", "already among"});
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,fp8:delayed,fp8 --out cmp"), 2, {"already among"});
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --reference fp16 --out cmp"), 2,
+                 {"--reference", "fp16", "not among"});
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance nan --out cmp"), 2, {"--tolerance"});
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance -1 --out cmp"), 2, {"--tolerance"});
+  // A mode whose run cannot start (its data) is found before the first mode trains.
+  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --out cmp --set data.val=none_*.bin"), 2,
+                 {"data.val", "none_*.bin"});
+}
+
+TEST_CASE("flags out of their range are refused", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  const auto before = ws.snapshot();
+  const std::string ck = (ws.run() / "checkpoints/step_00000003").string();
+  expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature nan"), 2, {"--temperature"});
+  expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature inf"), 2, {"--temperature"});
+  expect_refused(ws, before, ws.train("--set run.name=s --stop-at 0"), 2, {"--stop-at"});
+  expect_refused(ws, before, ws.train("--set run.name=s --stop-at -1"), 2, {"--stop-at"});
+}
+
+TEST_CASE("--set key=null removes the key, then the config is validated", "[hardening]") {
+  BadInputWorkspace ws;
+  const auto before = ws.snapshot();
+  expect_refused(ws, before, ws.train("--set data=null"), 2, {"data", "no training data given"});
+  expect_refused(ws, before, ws.train("--set model.n_layer=null"), 2, {"model.n_layer", "required"});
+  write_file(ws.dir / "synth.yaml",
+             "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 64}\n"
+             "data: {synthetic: {vocab: 64, tokens: 5000}}\n");
+  const auto with_synth = ws.snapshot();
+  expect_refused(ws, with_synth, ws.ptrain("train synth.yaml --set data.synthetic=null"), 2, {"no training data given"});
+  // A key with a default goes back to it.
+  const CommandResult r = ws.train("--dry-run --set training.steps=7 --set training.steps=null");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("steps: 500") != std::string::npos);
+}
+
+TEST_CASE("training.threads above the cores is clamped with a warning", "[hardening]") {
+  BadInputWorkspace ws;
+  const CommandResult r = ws.train("--dry-run --set training.threads=100000");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("training.threads: 100000 is more than the") != std::string::npos);
+  CHECK(r.output.find("dry run: nothing written") != std::string::npos);
+}
