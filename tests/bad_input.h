@@ -36,15 +36,20 @@ struct BadInputWorkspace {
            extra;
   }
   CommandResult ptrain(const std::string& args, const std::string& env = "") const { return run_ptrain(args, dir, env); }
-  CommandResult train(const std::string& flags = "") const { return ptrain("train run.yaml " + flags); }
+  CommandResult train(const std::string& flags = "", const std::string& env = "") const {
+    return ptrain("train run.yaml " + flags, env);
+  }
   std::filesystem::path run(const std::string& name = "r") const { return dir / "runs" / name; }
 
-  // Every file below the workspace with its bytes (directories as empty entries).
+  // Every file below the workspace with its bytes (links by their target, others by kind).
   std::map<std::string, std::string> snapshot() const {
     std::map<std::string, std::string> files;
     for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
-      const std::string rel = std::filesystem::relative(e.path(), dir).string();
-      files[rel] = e.is_regular_file() ? read_file(e.path()) : std::string("<dir>");
+      const std::string rel = e.path().lexically_relative(dir).string();
+      std::error_code ec;
+      files[rel] = e.is_symlink(ec)        ? "<link to " + std::filesystem::read_symlink(e.path(), ec).string() + ">"
+                   : e.is_regular_file(ec) ? read_file(e.path())
+                                           : std::string("<not a regular file>");
     }
     return files;
   }

@@ -30,6 +30,11 @@ std::string stat_error(int err) {
   }
 }
 
+UserError name_too_long(const std::string& what, const std::string& name, size_t limit) {
+  return UserError(what + ": the name \"" + name.substr(0, 40) + "...\" is " + std::to_string(name.size()) +
+                   " bytes; expected at most " + std::to_string(limit) + " (the filesystem's limit for one name)");
+}
+
 }  // namespace
 
 PathKind path_kind(const std::string& path, const std::string& what) {
@@ -74,6 +79,9 @@ void check_creatable(const std::string& path, const std::string& what, size_t ex
     throw UserError(what + ": " + in_quotes(path) + " is " + std::to_string(target.string().size()) +
                     " characters long as an absolute path; expected under " + std::to_string(PATH_MAX - extra) +
                     " (the files ptrain writes below it must fit in PATH_MAX " + std::to_string(PATH_MAX) + ")");
+  // No filesystem Linux mounts takes a longer name than NAME_MAX; stat would only say "too long".
+  for (const fs::path& part : target)
+    if (part.string().size() > NAME_MAX) throw name_too_long(what, part.string(), NAME_MAX);
   // Walk up to the nearest ancestor that exists; every component below it is new.
   std::vector<std::string> missing;
   fs::path ancestor = target;
@@ -92,9 +100,7 @@ void check_creatable(const std::string& path, const std::string& what, size_t ex
   const long name_max = ::pathconf(ancestor.c_str(), _PC_NAME_MAX);
   const size_t limit = name_max > 0 ? static_cast<size_t>(name_max) : NAME_MAX;
   for (const std::string& name : missing)
-    if (name.size() > limit)
-      throw UserError(what + ": the name \"" + name.substr(0, 40) + "...\" is " + std::to_string(name.size()) +
-                      " bytes; expected at most " + std::to_string(limit) + " (the filesystem's limit for one name)");
+    if (name.size() > limit) throw name_too_long(what, name, limit);
   const std::string why = unwritable_reason(ancestor.string());
   if (why.empty()) return;
   if (missing.empty())
