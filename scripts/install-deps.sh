@@ -8,6 +8,7 @@ packages=(
   libcli11-dev libyaml-cpp-dev libspdlog-dev nlohmann-json3-dev catch2
   libopenblas-openmp-dev libboost-context-dev
   openmpi-bin libopenmpi-dev
+  clang libclang-rt-14-dev
 )
 
 # NVIDIA's format headers and nvcc come with the CUDA toolkit, not with Debian's main archive.

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test through ctest; then builds the kernel
 # tests once more with AddressSanitizer and runs them (kernels run on the CPU under the SIMT
-# emulator, so an out-of-bounds access in a kernel shows up there). Arguments go to the first
-# ctest (e.g. -R layernorm) and skip the AddressSanitizer step. Tests run one at a time: each is
-# multi-threaded, and two at once on two cores would oversubscribe them.
+# emulator, so an out-of-bounds access in a kernel shows up there), and last runs every fuzzer
+# for 30 s (scripts/fuzz.sh). Arguments go to the first ctest (e.g. -R layernorm) and skip the
+# AddressSanitizer and fuzzing steps. Tests run one at a time: each is multi-threaded, and two at
+# once on two cores would oversubscribe them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
-(cd build && ctest --output-on-failure "$@")
+(cd build && ctest --output-on-failure --no-tests=error "$@")
 [ $# -eq 0 ] || exit 0
 
 echo "== kernel tests under AddressSanitizer (build-asan/)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_ASAN=ON -DPTRAIN_CUDA=OFF >/dev/null
 cmake --build build-asan -j "$(nproc)" --target ptrain_kernel_tests
-(cd build-asan && ctest --output-on-failure -R '^kernels/')
+(cd build-asan && ctest --output-on-failure --no-tests=error -R '^kernels/')
+
+echo "== fuzzers: every parser of outside input, 30 s each, two at a time (build-fuzz/)"
+./scripts/fuzz.sh 30

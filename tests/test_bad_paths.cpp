@@ -36,7 +36,7 @@ TEST_CASE("the config may come from a pipe, but not from a device, a directory o
   expect_refused(ws, before, ws.ptrain("train data"), 2, {"data", "directory"});
   write_file(ws.dir / "two.yaml", BadInputWorkspace::config() + "---\nrun: {name: other}\n");
   const auto with_two = ws.snapshot();
-  expect_refused(ws, with_two, ws.ptrain("train two.yaml"), 2, {"two.yaml", "2 YAML documents"});
+  expect_refused(ws, with_two, ws.ptrain("train two.yaml"), 2, {"two.yaml", "more than one YAML document"});
   // yaml-cpp would recurse once per level: deep nesting is refused before it parses.
   write_file(ws.dir / "deep.yaml", "run: " + std::string(5000, '[') + std::string(5000, ']') + "\n");
   const auto with_deep = ws.snapshot();

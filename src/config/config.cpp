@@ -424,17 +424,32 @@ std::string nesting_problem(const std::string& text) {
   return "";
 }
 
+// Whether `text` holds a second YAML document: a "---" or "..." marker line after content.
+// (yaml-cpp's LoadAll would tell, but Debian's 0.7 loops forever on some invalid input, e.g.
+// "{},"; its Load, used here, stops after the first document.)
+bool has_second_document(const std::string& text) {
+  bool content = false;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const bool marker = (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) &&
+                        (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+    if (marker && content) return true;
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (!marker && first != std::string::npos && line[first] != '#') content = true;
+  }
+  return false;
+}
+
 // One YAML document, parsed after the nesting check. Throws YAML::Exception on bad syntax, and
-// returns the problem (e.g. a second document) in `problem` instead of a node.
+// returns the problem (deep nesting, a second document) in `problem` instead of a node.
 YAML::Node load_one_document(const std::string& text, std::string* problem) {
   *problem = nesting_problem(text);
   if (!problem->empty()) return YAML::Node();
-  const std::vector<YAML::Node> documents = YAML::LoadAll(text);
-  if (documents.size() > 1) {
-    *problem = "holds " + std::to_string(documents.size()) + " YAML documents (separated by ---)";
+  if (has_second_document(text)) {
+    *problem = "holds more than one YAML document (a --- or ... line after the first)";
     return YAML::Node();
   }
-  return documents.empty() ? YAML::Node() : documents.front();
+  return YAML::Load(text);
 }
 
 // Where a key came from: a file position, or a --set flag (no position).
