@@ -55,6 +55,19 @@ TEST_CASE("paths the machine would refuse are bad input, found while planning", 
   SECTION("a checkpoint to resume from that is a symbolic-link loop") {
     expect_refused(ws, before, ws.train("--set checkpoint.resume=loop"), 2, {"checkpoint.resume", "symbolic link loop"});
   }
+  SECTION("a `latest` that is a symbolic-link loop") {
+    const fs::path latest = ws.run() / "checkpoints/latest";
+    fs::remove(latest);
+    fs::create_symlink("latest", latest);
+    const auto with_loop = ws.snapshot();
+    expect_refused(ws, with_loop, ws.train("--set checkpoint.resume=" + latest.string()), 2,
+                   {"checkpoint.resume", "symbolic link loop"});
+    // resume: auto looks at the checkpoint directories themselves, and the save replaces the link.
+    const CommandResult r = ws.train("--set checkpoint.resume=auto --set training.steps=4");
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(read_file(latest) == "step_00000004\n");
+  }
   SECTION("run.out_dir below a file") {
     expect_refused(ws, before, ws.train("--set run.out_dir=a-file/runs --set run.name=new"), 2,
                    {"run.out_dir", "a-file", "not a directory"});

@@ -6,6 +6,8 @@
 #include <functional>
 
 #include "backend/backend.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
 #include "test_backends.h"
 #include "test_util.h"
 
@@ -327,27 +329,95 @@ TEST_CASE("reductions and AdamW", "[ops]") {
     CHECK(std::isfinite(cpu_backend().sum_squares(x.view())));
   }
 
+  // AdamW: gradients and grad_scale change every step. Adam's m/sqrt(v) cancels a scale that
+  // stays constant, so the moments themselves are compared too.
   const int n = 19;
   HostBuffer<float> p({n}), g({n}), m({n}), v({n});
   fill_normal(p.data, 20);
-  fill_normal(g.data, 21);
   std::vector<double> rp(p.data.begin(), p.data.end()), rm(n, 0), rv(n, 0);
   AdamWParams a;
   a.lr = 0.01f;
   a.weight_decay = 0.1f;
-  a.grad_scale = 0.5f;
+  const float scales[] = {0.5f, 2.0f, 0.125f};
   for (int step = 1; step <= 3; ++step) {
+    fill_normal(g.data, 20 + step);
     a.step = step;
+    a.grad_scale = scales[step - 1];
     cpu_backend().adamw(p.view(), g.view(), m.view(), v.view(), a, Tensor());
     for (int i = 0; i < n; ++i) {
-      const double gi = g.data[i] * 0.5;
+      const double gi = static_cast<double>(g.data[i]) * scales[step - 1];
       rm[i] = 0.9 * rm[i] + 0.1 * gi;
       rv[i] = 0.95 * rv[i] + 0.05 * gi * gi;
       const double mh = rm[i] / (1 - std::pow(0.9, step)), vh = rv[i] / (1 - std::pow(0.95, step));
       rp[i] -= 0.01 * (mh / (std::sqrt(vh) + 1e-8) + 0.1 * rp[i]);
     }
+    CAPTURE(step);
+    CHECK(relative_error(m.data, rm) < kFp32Tol);
+    CHECK(relative_error(v.data, rv) < kFp32Tol);
+    CHECK(relative_error(p.data, rp) < kFp32Tol);
   }
-  CHECK(relative_error(p.data, rp) < kFp32Tol);
+}
+
+// AdamW::step on a whole model: the global norm, clipping by it, and decay on 2-D weights only.
+TEST_CASE("AdamW clips by the global gradient norm and decays 2-D weights only", "[ops]") {
+  const GptShape shape{1, 2, 8, 4, 16, 128};
+  Gpt model(shape, cpu_backend(), DType::f32, 1, 4);
+  model.init(3);
+  const Tensor grads = model.grads_flat();
+  float* gd = grads.as<float>();
+  double sum_squares = 0;
+  for (int64_t i = 0; i < grads.numel(); ++i) {
+    gd[i] = static_cast<float>(((i * 37) % 11) - 5) * 0.25f;
+    sum_squares += static_cast<double>(gd[i]) * gd[i];
+  }
+  const std::vector<float> g(gd, gd + grads.numel());
+  const double true_norm = std::sqrt(sum_squares);
+  REQUIRE(true_norm > 2);
+
+  SECTION("the norm is the L2 norm of all gradients, and clipping scales them to grad_clip") {
+    for (const double clip : {0.0, 1.0, 1e9}) {
+      CAPTURE(clip);
+      model.zero_grad();
+      std::copy(g.begin(), g.end(), gd);
+      AdamW adamw(model, cpu_backend(), AdamWConfig{0.9, 0.95, 1e-8, 0.0, clip});
+      const double norm = adamw.reduce_gradients();
+      CHECK(norm == Approx(true_norm).epsilon(1e-12));
+      adamw.step(1e-3, norm);
+      // After one step m = (1 - beta1) * c * g, with c the clip factor.
+      const double c = clip > 0 && true_norm > clip ? clip / true_norm : 1.0;
+      const float* m = adamw.first_moment().as<float>();
+      for (int64_t i = 0; i < grads.numel(); i += 97) REQUIRE(m[i] == Approx(0.1 * c * g[i]).margin(1e-12));
+    }
+  }
+  SECTION("with no gradient, weight decay alone moves exactly the 2-D weights") {
+    model.zero_grad();
+    const std::vector<float> before(model.master_flat().as<float>(), model.master_flat().as<float>() + model.num_params());
+    AdamW adamw(model, cpu_backend(), AdamWConfig{0.9, 0.95, 1e-8, 0.5, 1.0});
+    adamw.step(0.1, 0.0);
+    int64_t offset = 0, decayed = 0, kept = 0;
+    for (int id = 0; id < kNumParams; ++id) {
+      const ParamSpec& spec = model.specs()[id];
+      const int64_t count = model.param(static_cast<ParamId>(id)).numel();
+      CAPTURE(spec.name);
+      // The matrices (wte, wpe and each block's four linear weights), not biases or layernorms.
+      const bool matrix = spec.name == "wte" || spec.name == "wpe" ||
+                          (spec.name.size() > 1 && spec.name.back() == 'w' && spec.name.rfind("ln", 0) != 0);
+      CHECK(spec.weight_decay == matrix);
+      for (int64_t i = offset; i < offset + count; ++i) {
+        const float now = model.master_flat().as<float>()[i];
+        if (spec.weight_decay) {
+          REQUIRE(now == Approx(before[i] * (1 - 0.1f * 0.5f)).epsilon(1e-6));
+          decayed += before[i] != 0;
+        } else {
+          REQUIRE(now == before[i]);
+          ++kept;
+        }
+      }
+      offset += count;
+    }
+    CHECK(decayed > 0);
+    CHECK(kept > 0);
+  }
 }
 
 TEST_CASE("residual add", "[ops]") {

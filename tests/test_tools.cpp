@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <sstream>
 
 #include "backend/backend.h"
@@ -106,6 +107,48 @@ TEST_CASE("llm.c export and re-import give identical logits", "[tools]") {
     std::getline(in, first);
     CHECK(nlohmann::json::parse(first)["val_loss"].get<double>() == last_val_loss(t.dir / "runs/r/metrics.jsonl"));
   }
+}
+
+// llm.c's layout written out by hand (train_gpt2.c: fill_in_parameter_sizes and the header of
+// gpt2_build_from_checkpoint), not taken from ptrain's own parameter table: the header's eight
+// ints, then each tensor in llm.c's order with its size from (V, Vp, T, L, C).
+TEST_CASE("an exported llm.c file has llm.c's header and parameter offsets", "[tools]") {
+  Trained t;
+  REQUIRE(run_ptrain("export --checkpoint " + t.checkpoint.string() + " --out m.bin", t.dir).exit_code == 0);
+  const std::string bytes = read_file(t.dir / "m.bin");
+  auto int_at = [&](size_t i) {
+    int32_t v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    return v;
+  };
+  const int32_t T = 16, V = 200, Vp = 256, L = 2, NH = 2, C = 32;
+  CHECK(int_at(0) == 20240326);
+  CHECK(int_at(1) == 3);
+  CHECK(int_at(2) == T);
+  CHECK(int_at(3) == V);
+  CHECK(int_at(4) == L);
+  CHECK(int_at(5) == NH);
+  CHECK(int_at(6) == C);
+  CHECK(int_at(7) == Vp);
+  const std::vector<std::pair<const char*, int64_t>> order = {
+      {"wte", int64_t{Vp} * C}, {"wpe", int64_t{T} * C},      {"ln1w", L * C},         {"ln1b", L * C},
+      {"qkvw", L * 3 * C * C},  {"qkvb", L * 3 * C},          {"attprojw", L * C * C}, {"attprojb", L * C},
+      {"ln2w", L * C},          {"ln2b", L * C},              {"fcw", L * 4 * C * C},  {"fcb", L * 4 * C},
+      {"fcprojw", L * C * 4 * C}, {"fcprojb", L * C},         {"lnfw", C},             {"lnfb", C}};
+  const LoadedCheckpoint ck = load_checkpoint(t.checkpoint.string());
+  size_t offset = 1024;
+  for (const auto& [name, count] : order) {
+    CAPTURE(name);
+    std::vector<float> tensor(static_cast<size_t>(count));
+    ck.weights.copy_to(name, tensor.data(), count);
+    for (const int64_t i : {int64_t{0}, count / 2, count - 1}) {
+      float in_file;
+      std::memcpy(&in_file, bytes.data() + offset + 4 * i, 4);
+      CHECK(in_file == tensor[static_cast<size_t>(i)]);
+    }
+    offset += static_cast<size_t>(count) * 4;
+  }
+  CHECK(offset == bytes.size());
 }
 
 TEST_CASE("foreign and mismatched llm.c files are refused", "[tools]") {

@@ -218,10 +218,14 @@ TEST_CASE("2 ranks equal 1 rank on the same global batch", "[mpi]") {
       CHECK(loss_diff <= kLayoutLossTolerance);
       CHECK(norm_diff <= kLayoutNormTolerance);
       CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLayoutLossTolerance);
-      if (a.loss == b.loss)
-        WARN(label << ": 2-rank losses bitwise identical to 1 rank's");
-      else
-        WARN(label << ": 2-rank losses differ from 1 rank's by at most " << loss_diff << " relative");
+      // bf16 rounds each micro-batch's gradients before the FP32 sums, which then add the same
+      // values in the same order however the batch is split: the losses are bit for bit the
+      // same, as the README says (the logged norm sums its squares per ZeRO shard, so only its
+      // last bits may move). fp32 accumulates a rank's micro-batches inside its GEMMs (beta = 1).
+      if (mode == "bf16") {
+        CHECK(b.loss == a.loss);
+        CHECK(b.val_loss == a.val_loss);
+      }
     }
 }
 

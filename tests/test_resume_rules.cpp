@@ -1,0 +1,156 @@
+// What the README promises about resuming, and about the numbers a run reports: checkpoints of
+// an abandoned branch are set aside, a changed loss-scaling mode or FP8 history length restarts
+// that state (and an unchanged one continues it), the FLOP count is 6N + 6LCT, and the step
+// records' tokens_per_s, memory_mib and mfu mean what they say.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <regex>
+
+#include "bad_input.h"
+#include "train/trainer.h"
+
+using namespace ptrain;
+using namespace ptrain::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The loss_scale of each step record after the last resume record.
+std::vector<double> scales_after_resume(const fs::path& metrics) {
+  std::vector<double> scales;
+  for (const auto& r : read_metrics(metrics)) {
+    if (r.contains("resume")) scales.clear();
+    if (r.contains("loss_scale")) scales.push_back(r["loss_scale"].get<double>());
+  }
+  return scales;
+}
+
+}  // namespace
+
+TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and auto never returns to them", "[resume]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train("--set training.steps=4 --set checkpoint.every=1 --set checkpoint.keep_last=10").exit_code == 0);
+  const fs::path ck = ws.run() / "checkpoints";
+  const std::string step4 = read_file(ck / "step_00000004/weights.safetensors");
+  const CommandResult r =
+      ws.train("--set training.steps=4 --set checkpoint.every=1 --set checkpoint.keep_last=10 "
+               "--set checkpoint.resume=" + (ck / "step_00000002").string() + " --stop-at 3");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("set aside runs/r/checkpoints/step_00000003.superseded") != std::string::npos);
+  CHECK(r.output.find("set aside runs/r/checkpoints/step_00000004.superseded") != std::string::npos);
+  CHECK(read_file(ck / "step_00000004.superseded/weights.safetensors") == step4);  // kept, not deleted
+  CHECK(fs::exists(ck / "step_00000003"));  // the new branch's
+  CHECK_FALSE(fs::exists(ck / "step_00000004"));
+  const CommandResult again = ws.train("--set training.steps=4 --set checkpoint.resume=auto");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.find("resumed from runs/r/checkpoints/step_00000003 after step 3") != std::string::npos);
+}
+
+TEST_CASE("the loss scaler continues across a resume, and restarts when its mode changes", "[resume]") {
+  BadInputWorkspace ws;
+  const std::string fp16 = "--set precision.mode=fp16 --set precision.loss_scaling.growth_interval=2 ";
+  REQUIRE(ws.train(fp16 + "--set training.steps=6 --stop-at 5").exit_code == 0);
+  const nlohmann::json state =
+      nlohmann::json::parse(read_file(ws.run() / "checkpoints/step_00000005/state.json"));
+  const double saved = state["loss_scaler"]["scale"].get<double>();
+  REQUIRE(saved > 65536);  // it grew: a restart would show
+  SECTION("same mode: the scale goes on from the checkpoint's") {
+    const CommandResult r = ws.train(fp16 + "--set training.steps=6 --set checkpoint.resume=auto");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("loss scaler starts afresh") == std::string::npos);
+    const std::vector<double> scales = scales_after_resume(ws.run() / "metrics.jsonl");
+    REQUIRE(scales.size() == 1);
+    CHECK(scales[0] == saved);
+  }
+  SECTION("another mode: it starts afresh, and says so") {
+    const CommandResult r = ws.train(fp16 + "--set training.steps=6 --set checkpoint.resume=auto "
+                                     "--set precision.loss_scaling.mode=static --set precision.loss_scaling.init=128");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("loss scaling was dynamic in the checkpoint and is static now: the loss scaler starts afresh") !=
+          std::string::npos);
+    const std::vector<double> scales = scales_after_resume(ws.run() / "metrics.jsonl");
+    REQUIRE(scales.size() == 1);
+    CHECK(scales[0] == 128);
+  }
+}
+
+TEST_CASE("FP8 delayed-scaling histories continue across a resume, and restart when their length changes", "[resume]") {
+  BadInputWorkspace ws;
+  const std::string fp8 = "--set precision.mode=fp8 --set precision.fp8.recipe=delayed --set training.steps=4 ";
+  REQUIRE(ws.train(fp8 + "--stop-at 3").exit_code == 0);
+  SECTION("same length: restored") {
+    const CommandResult r = ws.train(fp8 + "--set checkpoint.resume=auto");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("fresh delayed-scaling state") == std::string::npos);
+  }
+  SECTION("another length: every FP8 tensor starts afresh, and the log says how many") {
+    const CommandResult r = ws.train(fp8 + "--set checkpoint.resume=auto --set precision.fp8.amax_history=4");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    // One block: 4 linears x (input, weight, output gradient) = 12 FP8 tensors.
+    CHECK(r.output.find("12 FP8 tensors start with fresh delayed-scaling state") != std::string::npos);
+  }
+}
+
+TEST_CASE("training FLOPs per token are 6N + 6LCT, N counted from GPT-2's tensors", "[resume]") {
+  // Counted by hand: the embeddings (padded vocabulary) and per block 2 layernorms (2C each),
+  // qkv (3C^2 + 3C), the attention projection (C^2 + C), fc (4C^2 + 4C) and its projection
+  // (4C^2 + C), and the final layernorm (2C).
+  for (const auto& [L, C, T, V] : std::vector<std::array<int, 4>>{{1, 16, 16, 64}, {4, 256, 256, 50257}, {12, 768, 1024, 50257}}) {
+    ModelConfig m;
+    m.n_layer = L, m.n_head = 4, m.n_embd = C, m.seq_len = T, m.vocab_size = V;
+    const double Vp = std::ceil(V / 128.0) * 128.0;
+    const double N = Vp * C + double(T) * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    CAPTURE(L, C, T, V);
+    CHECK(training_flops_per_token(m, T) == 6 * N + 6.0 * L * C * T);
+  }
+}
+
+TEST_CASE("bench reports model FLOP/s as FLOP/token x tokens/s, and the fraction of the ceiling it measured", "[resume]") {
+  BadInputWorkspace ws;
+  const CommandResult r = ws.ptrain("bench run.yaml --set training.steps=4 --set checkpoint.save_final=false");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto number = [&](const std::string& pattern) {
+    std::smatch m;
+    REQUIRE(std::regex_search(r.output, m, std::regex(pattern)));
+    return std::stod(m[1].str());
+  };
+  const double tokens_per_s = number(R"(tokens/s\s+([0-9.]+))");
+  const double model_gflops = number(R"(model FLOP/s\s+([0-9.]+) GFLOP/s)");
+  const double flops_per_token = number(R"(\(([0-9.e+]+) FLOP/token: 6N \+ 6LCT\))");
+  const double ceiling = number(R"(sgemm ceiling\s+([0-9.]+) GFLOP/s)");
+  const double fraction = number(R"(model / ceiling\s+([0-9.]+) %)");
+  ModelConfig m;
+  m.n_layer = 1, m.n_head = 2, m.n_embd = 16, m.seq_len = 16, m.vocab_size = 64;
+  CHECK(flops_per_token == Approx(training_flops_per_token(m, 16)).epsilon(0.005));  // printed to 3 digits
+  CHECK(model_gflops * 1e9 == Approx(flops_per_token * tokens_per_s).epsilon(0.01));
+  CHECK(fraction == Approx(100.0 * model_gflops / ceiling).epsilon(0.02).margin(0.06));
+}
+
+TEST_CASE("each step record's rate, memory and MFU mean what they say", "[resume]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  int steps = 0;
+  for (const auto& rec : read_metrics(ws.run() / "metrics.jsonl")) {
+    if (!rec.contains("loss")) continue;
+    ++steps;
+    CAPTURE(rec.dump());
+    // tokens_per_s is the step's tokens over its time.
+    CHECK(rec["tokens_per_s"].get<double>() * rec["ms"].get<double>() / 1000.0 == Approx(64).epsilon(1e-9));
+    // memory_mib is this process's resident memory: more than the model's parameters, gradients
+    // and AdamW state (4 x 4 bytes each of ~5,700 parameters), less than the machine.
+    const double mib = rec["memory_mib"].get<double>();
+    CHECK(mib > 4.0 * 4 * 5700 / (1 << 20));
+    CHECK(mib < 64 * 1024);
+    // A CPU has no data-sheet peak: no MFU rather than a made-up one.
+    CHECK(rec["mfu"].is_null());
+  }
+  CHECK(steps == 3);
+}
