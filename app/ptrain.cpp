@@ -1,6 +1,7 @@
 // ptrain's command line. Parsing only: every command calls into src/.
 // Exit codes: 0 success, 2 bad input (config, data, flags), 1 anything else.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -309,6 +310,13 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) then fails the write with EFBIG, which names the file, instead
   // of killing the process with SIGXFSZ halfway through a save.
   std::signal(SIGXFSZ, SIG_IGN);
+  // Each token shard stays open while a run reads it: a corpus of thousands of shards needs more
+  // descriptors than the usual soft limit of 1024, so take what the hard limit allows.
+  struct rlimit files {};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
   try {
     return run(argc, argv);
   } catch (const ptrain::UserError& e) {

@@ -73,6 +73,7 @@ TEST_CASE("state.json fields out of range are refused by every command that read
       {"/loss_scaler/scale", 0, "loss_scaler.scale"},
       {"/precision", "fp4", "precision"},
       {"/format_version", 99, "newer ptrain"},
+      {"/step", nlohmann::json::parse(std::string(5000, '[') + std::string(5000, ']')), "nested more than 64 levels"},
   };
   CheckpointWorkspace ws;
   const nlohmann::json good = ws.state();
@@ -86,6 +87,16 @@ TEST_CASE("state.json fields out of range are refused by every command that read
       expect_refused(ws, before, ws.ptrain(command), 2, {c.names});
     }
   }
+}
+
+TEST_CASE("resume: auto stops at a checkpoint of a newer format instead of skipping and overwriting it", "[hardening]") {
+  CheckpointWorkspace ws;
+  nlohmann::json j = ws.state();
+  j["format_version"] = 2;
+  ws.set_state(j);
+  const auto before = ws.snapshot();
+  expect_refused(ws, before, ws.train("--set checkpoint.resume=auto --set training.steps=5"), 2,
+                 {"format_version 2", "newer ptrain"});
 }
 
 TEST_CASE("a state.json that is not a file, or missing fields, is refused with its name", "[hardening]") {

@@ -34,6 +34,11 @@ TEST_CASE("the config may come from a pipe, but not from a device, a directory o
   CHECK(piped.output.find("dry run: nothing written") != std::string::npos);
   expect_refused(ws, before, ws.ptrain("train /dev/zero", "timeout 60"), 2, {"/dev/zero", "character device"});
   expect_refused(ws, before, ws.ptrain("train data"), 2, {"data", "directory"});
+  // A directive, markers and a closing "..." around one document are one document.
+  write_file(ws.dir / "one.yaml", "%YAML 1.2\n---\n" + BadInputWorkspace::config() + "...\n");
+  const CommandResult one = ws.ptrain("train one.yaml --dry-run");
+  INFO(one.output);
+  CHECK(one.exit_code == 0);
   write_file(ws.dir / "two.yaml", BadInputWorkspace::config() + "---\nrun: {name: other}\n");
   const auto with_two = ws.snapshot();
   expect_refused(ws, with_two, ws.ptrain("train two.yaml"), 2, {"two.yaml", "more than one YAML document"});
@@ -105,6 +110,24 @@ TEST_CASE("a checkpoint directory belongs to one run", "[hardening]") {
     expect_refused(ws, before, ws.train("--set run.name=other --set checkpoint.dir=shared --set checkpoint.resume=auto"),
                    2, {"belongs to the run in"});
   }
+  SECTION("another run may not take over a run's default checkpoint directory, marked or not") {
+    REQUIRE(ws.train("--set run.name=a").exit_code == 0);
+    const auto with_a = ws.snapshot();
+    expect_refused(ws, with_a, ws.train("--set run.name=b --set checkpoint.dir=runs/a/checkpoints --set checkpoint.resume=auto"),
+                   2, {"belongs to the run in"});
+    fs::remove(ws.run("a") / "checkpoints/.ptrain-owner");  // as a run from before owners were recorded
+    const auto unmarked = ws.snapshot();
+    expect_refused(ws, unmarked, ws.train("--set run.name=b --set checkpoint.dir=runs/a/checkpoints --set checkpoint.resume=auto"),
+                   2, {"belongs to the run in", "runs/a"});
+  }
+  SECTION("run.overwrite never removes the checkpoint it would resume from") {
+    fs::remove_all(ws.run());
+    fs::create_directories(ws.run());  // e.g. a job script's mkdir -p: empty, no marker
+    const auto emptied = ws.snapshot();
+    expect_refused(ws, emptied,
+                   ws.train("--set checkpoint.dir=shared --set checkpoint.resume=auto --set run.overwrite=true"), 2,
+                   {"checkpoint.resume", "run.overwrite would remove"});
+  }
   SECTION("its own run resumes there") {
     const CommandResult r = ws.train("--set checkpoint.dir=shared --set checkpoint.resume=auto --set training.steps=4");
     INFO(r.output);
@@ -147,6 +170,15 @@ TEST_CASE("glob characters in run.name never reach a glob", "[hardening]") {
   }
 }
 
+TEST_CASE("a run name that is not UTF-8 still logs and checkpoints", "[hardening]") {
+  BadInputWorkspace ws;
+  const CommandResult r = ws.train("--set 'run.name=caf\xe9'");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("internal error") == std::string::npos);
+  CHECK(fs::exists(ws.dir / "runs/caf\xe9/checkpoints/latest"));
+}
+
 TEST_CASE("export and compare check what they would write before they write", "[hardening]") {
   BadInputWorkspace ws;
   REQUIRE(ws.train().exit_code == 0);
@@ -154,14 +186,18 @@ TEST_CASE("export and compare check what they would write before they write", "[
   const auto before = ws.snapshot();
   const std::string ck = (ws.run() / "checkpoints/step_00000003").string();
   expect_refused(ws, before, ws.ptrain("export --checkpoint " + ck + " --out out-dir"), 2, {"--out", "out-dir", "directory"});
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,fp32 --out cmp"), 2, {"--modes", "already among"});
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,fp8:delayed,fp8 --out cmp"), 2, {"already among"});
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --reference fp16 --out cmp"), 2,
+  REQUIRE(::mkfifo((ws.dir / "out.fifo").c_str(), 0644) == 0);
+  const auto with_fifo = ws.snapshot();
+  expect_refused(ws, with_fifo, ws.ptrain("export --checkpoint " + ck + " --out out.fifo", "timeout 60"), 2,
+                 {"--out", "not a regular file"});
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,fp32 --out cmp"), 2, {"--modes", "already among"});
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,fp8:delayed,fp8 --out cmp"), 2, {"already among"});
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,bf16 --reference fp16 --out cmp"), 2,
                  {"--reference", "fp16", "not among"});
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance nan --out cmp"), 2, {"--tolerance"});
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance -1 --out cmp"), 2, {"--tolerance"});
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance nan --out cmp"), 2, {"--tolerance"});
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,bf16 --tolerance -1 --out cmp"), 2, {"--tolerance"});
   // A mode whose run cannot start (its data) is found before the first mode trains.
-  expect_refused(ws, before, ws.ptrain("compare run.yaml --modes fp32,bf16 --out cmp --set data.val=none_*.bin"), 2,
+  expect_refused(ws, with_fifo, ws.ptrain("compare run.yaml --modes fp32,bf16 --out cmp --set data.val=none_*.bin"), 2,
                  {"data.val", "none_*.bin"});
 }
 
@@ -176,7 +212,7 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at -1"), 2, {"--stop-at"});
 }
 
-TEST_CASE("--set key=null removes the key, then the config is validated", "[hardening]") {
+TEST_CASE("null in a --set flag removes the key, then the config is validated", "[hardening]") {
   BadInputWorkspace ws;
   const auto before = ws.snapshot();
   expect_refused(ws, before, ws.train("--set data=null"), 2, {"data", "no training data given"});

@@ -43,6 +43,13 @@ TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and au
   CHECK(read_file(ck / "step_00000004.superseded/weights.safetensors") == step4);  // kept, not deleted
   CHECK(fs::exists(ck / "step_00000003"));  // the new branch's
   CHECK_FALSE(fs::exists(ck / "step_00000004"));
+  // A second branch abandoned at the same step keeps the first one's set-aside copy.
+  const CommandResult branch = ws.train("--set training.steps=4 --set checkpoint.every=1 --set checkpoint.keep_last=10 "
+                                        "--set checkpoint.resume=" + (ck / "step_00000002").string() + " --stop-at 3");
+  INFO(branch.output);
+  REQUIRE(branch.exit_code == 0);
+  CHECK(fs::exists(ck / "step_00000003.superseded"));
+  CHECK(fs::exists(ck / "step_00000003.superseded.2"));
   const CommandResult again = ws.train("--set training.steps=4 --set checkpoint.resume=auto");
   INFO(again.output);
   REQUIRE(again.exit_code == 0);

@@ -34,6 +34,12 @@ TEST_CASE("a dry run refuses what the real run refuses, and both write nothing",
       {"--set run.name=n --set data.train=fifo_*.bin", "FIFO"},
       {"--set run.name=" + std::string(260, 'x'), "run.name"},
       {"--set run.name=n --set model.n_layer=1024 --set model.n_embd=65536 --set model.n_head=1", "memory"},
+      // The attention buffer's size (L x B x heads x T^2) past 2^63 bytes: an estimate that must not wrap.
+      {"--set run.name=n --set model.n_layer=1024 --set model.n_embd=2048 --set model.n_head=2048 "
+       "--set model.seq_len=1048576 --set training.batch_tokens=4194304 --set training.micro_batch=4", "memory"},
+      {"--set run.name=n --set training.batch_tokens=4294967296", "accumulation steps"},
+      {"--set run.name=n --set data=null --set 'data.synthetic={vocab: 64, tokens: 5000, order: 100000}'",
+       "data.synthetic.order"},
   };
   for (const auto& [flags, names] : cases) {
     INFO(flags);
@@ -69,6 +75,15 @@ TEST_CASE("a log that cannot be written stops the run with exit 1 naming the fil
   CHECK((r.output.find("metrics.jsonl") != std::string::npos || r.output.find("log.txt") != std::string::npos));
   CHECK(r.output.find("File too large") != std::string::npos);
   CHECK(r.output.find("done:") == std::string::npos);
+}
+
+TEST_CASE("a corpus of more shards than open files allowed is exit 1, saying which limit", "[hardening]") {
+  BadInputWorkspace ws;
+  const std::string shard = read_file(ws.dir / "data/train_000000.bin");
+  for (int i = 1; i < 40; ++i) write_file(ws.dir / ("data/train_" + std::to_string(100000 + i) + ".bin"), shard);
+  const auto before = ws.snapshot();
+  const CommandResult r = run_shell("cd '" + ws.dir.string() + "' && ulimit -n 24 && '" PTRAIN_BINARY "' train run.yaml");
+  expect_refused(ws, before, r, 1, {"Too many open files", "ulimit -n"});
 }
 
 TEST_CASE("a loss that is not finite at step 1 is an error that says so", "[hardening]") {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/json_input.h"
 #include "core/output_file.h"
 #include "core/paths.h"
 
@@ -145,15 +146,11 @@ LoadedCheckpoint load_verified(const std::string& path) {
   const fs::path dir = checkpoint_directory(path);
   if (path_kind((dir / kStateFile).string(), "state.json") == PathKind::missing)
     throw UserError(std::string("no ") + kStateFile + " (an incomplete save?)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(InputFile((dir / kStateFile).string(), kStateFile).read_all(kMaxStateBytes));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(std::string("state.json is not JSON (") + e.what() + ")");
-  }
+  const nlohmann::json j = parse_json(InputFile((dir / kStateFile).string(), kStateFile).read_all(kMaxStateBytes), kStateFile);
   CheckpointState state = state_from_json(j);
-  const nlohmann::json& sums = j.contains("sha256") ? j["sha256"] : nlohmann::json();
-  if (!sums.is_object()) throw UserError("state.json has no sha256 object naming its files");
+  if (!j.contains("sha256") || !j["sha256"].is_object())
+    throw UserError("state.json has no sha256 object naming its files");
+  const nlohmann::json& sums = j["sha256"];
   const bool sharded = j.contains("optimizer_shards");
   for (const char* f : {kWeightsFile, kOptimizerFile})
     if ((f == kWeightsFile || !sharded) && !sums.contains(f)) throw UserError(std::string("state.json lists no ") + f);
@@ -325,6 +322,8 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 LoadedCheckpoint load_checkpoint(const std::string& path) {
   try {
     return load_verified(path);
+  } catch (const NewerCheckpointFormat& e) {
+    throw NewerCheckpointFormat("checkpoint \"" + path + "\" is not usable: " + e.what());
   } catch (const UserError& e) {
     throw UserError("checkpoint \"" + path + "\" is not usable: " + e.what());
   }
@@ -337,12 +336,13 @@ std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step)
   return later;
 }
 
-std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int64_t step) {
+std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints) {
   std::vector<std::string> moved;
-  for (const std::string& p : checkpoints_after(dir, step)) {
-    const std::string aside = p + ".superseded";
+  for (const std::string& p : checkpoints) {
+    // A branch abandoned at the same step before keeps its name: the next free suffix.
+    std::string aside = p + ".superseded";
     std::error_code ec;
-    fs::remove_all(aside, ec);
+    for (int n = 2; fs::exists(aside, ec) || fs::is_symlink(aside, ec); ++n) aside = p + ".superseded." + std::to_string(n);
     rename_path(p, aside);
     moved.push_back(aside);
   }
@@ -354,6 +354,8 @@ std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
   for (const fs::path& candidate : checkpoint_dirs(dir)) {
     try {
       return load_checkpoint(candidate.string());
+    } catch (const NewerCheckpointFormat&) {
+      throw;  // not damaged, only newer: skipping it would let this run overwrite it
     } catch (const UserError& e) {
       warn(std::string(e.what()) + "; trying the previous checkpoint");
     }

@@ -51,14 +51,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 LoadedCheckpoint load_checkpoint(const std::string& path);
 
 // The newest valid checkpoint under `dir`: invalid ones (corrupt, incomplete) are reported
-// through `warn` and skipped. nullopt when there is none.
+// through `warn` and skipped. nullopt when there is none. A checkpoint of a newer format is
+// not skipped: NewerCheckpointFormat ends the search.
 std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
                                                        const std::function<void(const std::string&)>& warn);
 
-// The checkpoints under `dir` of steps after `step`, and renaming them to <name>.superseded, so
-// that a run resumed from an earlier checkpoint never later resumes from the abandoned branch.
+// The checkpoints under `dir` of steps after `step` (-1: all of them), and renaming checkpoints to
+// <name>.superseded (.superseded.2, ... if taken), so that a run resumed from an earlier
+// checkpoint never later resumes from the abandoned branch, nor overwrites it. Returns the new names.
 std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
-std::vector<std::string> set_aside_later_checkpoints(const std::string& dir, int64_t step);
+std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints);
 
 // Whether `dir` holds anything a save or a resume would touch (step_* directories, `latest`).
 bool holds_checkpoints(const std::string& dir);

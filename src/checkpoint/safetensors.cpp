@@ -9,6 +9,7 @@
 #include "checkpoint/sha256.h"
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/json_input.h"
 #include "core/output_file.h"
 
 namespace ptrain {
@@ -91,12 +92,7 @@ SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::strin
   data_start_ = 8 + static_cast<size_t>(length);
   const size_t data_bytes = size - data_start_;
 
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + static_cast<std::ptrdiff_t>(data_start_));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad(std::string("header is not JSON (") + e.what() + ")");
-  }
+  const nlohmann::json header = parse_json(bytes_.substr(8, static_cast<size_t>(length)), what_ + "'s header");
   if (!header.is_object()) throw bad("header is not a JSON object");
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {

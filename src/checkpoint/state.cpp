@@ -128,8 +128,9 @@ CheckpointState state_from_json(const json& j) {
     throw UserError("state.json is not a ptrain checkpoint state (no \"format\": \"ptrain checkpoint 1\")");
   const int64_t version = j.contains("format_version") ? integer(j, "", "format_version", 1, 1 << 20) : 1;
   if (version > kStateFormatVersion)
-    throw UserError("state.json has format_version " + std::to_string(version) + ", written by a newer ptrain; this one reads "
-                    "versions up to " + std::to_string(kStateFormatVersion));
+    throw NewerCheckpointFormat("state.json has format_version " + std::to_string(version) +
+                                ", written by a newer ptrain; this one reads versions up to " +
+                                std::to_string(kStateFormatVersion) + " (use the ptrain that wrote it)");
   CheckpointState s;
   s.step = integer(j, "", "step", 0, kMaxCount);
   s.tokens = integer(j, "", "tokens", 0, kMaxCount);

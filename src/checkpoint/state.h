@@ -12,11 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "core/error.h"
 #include "precision/loss_scaler.h"
 
 namespace ptrain {
 
 constexpr int kStateFormatVersion = 1;
+
+// A checkpoint written by a newer ptrain: not damaged, so never skipped as if it were.
+class NewerCheckpointFormat : public UserError {
+ public:
+  using UserError::UserError;
+};
 
 struct Fp8ScalingState {
   std::string name;

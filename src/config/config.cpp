@@ -424,18 +424,27 @@ std::string nesting_problem(const std::string& text) {
   return "";
 }
 
-// Whether `text` holds a second YAML document: a "---" or "..." marker line after content.
-// (yaml-cpp's LoadAll would tell, but Debian's 0.7 loops forever on some invalid input, e.g.
-// "{},"; its Load, used here, stops after the first document.)
+// Whether `text` holds a second YAML document: content after a "---" or "..." marker line that
+// follows content. Directives (%YAML) and a closing "..." are not content. (yaml-cpp's LoadAll
+// would tell, but Debian's 0.7 loops forever on some invalid input, e.g. "{},"; its Load, used
+// here, stops after the first document.)
 bool has_second_document(const std::string& text) {
-  bool content = false;
+  bool content = false, marker_after_content = false;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     const bool marker = (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) &&
                         (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
-    if (marker && content) return true;
     const size_t first = line.find_first_not_of(" \t\r");
-    if (!marker && first != std::string::npos && line[first] != '#') content = true;
+    // "--- value" starts a document with content on the marker's own line.
+    const std::string rest = marker ? line.substr(3) : line;
+    const size_t rest_first = rest.find_first_not_of(" \t\r");
+    const bool has_content = marker ? rest_first != std::string::npos && rest[rest_first] != '#'
+                                    : first != std::string::npos && line[first] != '#' && line[first] != '%';
+    if (marker && content) marker_after_content = true;
+    if (has_content) {
+      if (marker_after_content) return true;
+      content = true;
+    }
   }
   return false;
 }

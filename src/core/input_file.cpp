@@ -37,6 +37,8 @@ std::string kind_of(mode_t mode) {
 // following the last link into a loop; returns the descriptor and its stat.
 int open_nonblocking(const std::string& path, const std::string& what, const std::string& expected, struct stat* st) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM))
+    throw EnvironmentError(what + " cannot be opened: " + std::strerror(errno) + " (raise the open-file limit, ulimit -n)");
   if (fd < 0) throw UserError(what + " " + open_error(errno) + "; expected " + expected);
   if (::fstat(fd, st) != 0) {
     const int err = errno;

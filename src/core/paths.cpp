@@ -39,7 +39,8 @@ UserError name_too_long(const std::string& what, const std::string& name, size_t
 
 PathKind path_kind(const std::string& path, const std::string& what) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) return S_ISDIR(st.st_mode) ? PathKind::directory : PathKind::other;
+  if (::stat(path.c_str(), &st) == 0)
+    return S_ISDIR(st.st_mode) ? PathKind::directory : S_ISREG(st.st_mode) ? PathKind::file : PathKind::other;
   const int err = errno;
   if (err == ENOENT) {
     // A dangling symbolic link is "missing" to stat, but creating the path would fail.
@@ -88,9 +89,9 @@ void check_creatable(const std::string& path, const std::string& what, size_t ex
   for (;;) {
     const PathKind kind = path_kind(ancestor.string(), what);
     if (kind == PathKind::directory) break;
-    if (kind == PathKind::other && ancestor == target)
+    if (kind != PathKind::directory && kind != PathKind::missing && ancestor == target)
       throw UserError(what + ": " + in_quotes(path) + " exists and is not a directory; expected a directory there");
-    if (kind == PathKind::other)
+    if (kind != PathKind::directory && kind != PathKind::missing)
       throw UserError(what + ": " + in_quotes(ancestor.string()) + " is a file, so " + in_quotes(path) +
                       " cannot be created below it; expected a directory there");
     missing.push_back(ancestor.filename().string());

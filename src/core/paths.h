@@ -7,7 +7,7 @@
 
 namespace ptrain {
 
-enum class PathKind { missing, directory, other };
+enum class PathKind { missing, directory, file, other };  // file: a regular file; other: FIFO, device, ...
 
 // What is at `path` (following links). Throws UserError naming `what` when the path cannot be
 // examined: a symbolic-link loop, a name too long, a component that is not a directory.

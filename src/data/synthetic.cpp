@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/json_input.h"
 #include "core/output_file.h"
 #include "core/paths.h"
 #include "core/rng.h"
@@ -38,8 +39,9 @@ int64_t train_split(const SyntheticSpec& spec) {
   return std::llround((1.0 - spec.val_fraction) * static_cast<double>(spec.tokens));
 }
 
-// Problems with the corpus size and split, beyond the source's own.
-std::vector<std::string> corpus_problems(const SyntheticSpec& spec) {
+}  // namespace
+
+std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec) {
   std::vector<std::string> problems = source_problems(spec);
   if (!(spec.val_fraction > 0 && spec.val_fraction < 1)) {
     problems.push_back("data.synthetic.val_fraction is " + number_text(spec.val_fraction) +
@@ -58,6 +60,8 @@ std::vector<std::string> corpus_problems(const SyntheticSpec& spec) {
                        std::to_string(spec.order) + ") in each split");
   return problems;
 }
+
+namespace {
 
 // Tags the hash stream that picks a row's successors, apart from the one that weights them.
 constexpr uint64_t kSupportStream = 0x5355505030525400ull;
@@ -162,7 +166,7 @@ uint16_t MarkovSource::sample(const uint16_t* context, double u) const {
 }
 
 SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir) {
-  std::vector<std::string> problems = corpus_problems(spec);
+  std::vector<std::string> problems = synthetic_spec_problems(spec);
   if (!problems.empty()) throw UserErrors(problems);
   const MarkovSource source(spec);
   const int K = spec.order;
@@ -197,7 +201,7 @@ std::optional<SyntheticInfo> read_synthetic_info(const std::string& dir) {
   if (path_kind(path.string(), "synthetic.json") == PathKind::missing) return std::nullopt;
   const InputFile in(path.string(), "\"" + path.string() + "\"");
   try {
-    return info_from_json(nlohmann::json::parse(in.read_all(1 << 20)));
+    return info_from_json(parse_json(in.read_all(1 << 20), "\"" + path.string() + "\""));
   } catch (const nlohmann::json::exception& e) {
     throw UserError("\"" + path.string() + "\" is malformed (" + e.what() +
                     "), expected the synthetic.json written with the corpus; regenerate it");

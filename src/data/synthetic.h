@@ -47,6 +47,10 @@ class MarkovSource {
   SyntheticSpec spec_;
 };
 
+// What is wrong with a corpus spec (the source, the size, the split), each naming its key; empty
+// when it can be generated.
+std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec);
+
 // Generates the corpus (a stream started from a seeded random context) and writes
 // <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json. Throws
 // UserErrors for an impossible spec, EnvironmentError when a file cannot be written.

@@ -5,9 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/json_input.h"
+#include "core/paths.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
 
@@ -62,13 +66,10 @@ nlohmann::json comparable_keys(const Config& c) {
 }
 
 nlohmann::json read_json(const fs::path& path, const std::string& run) {
-  std::ifstream in(path);
-  if (!in) throw UserError("run \"" + run + "\": no " + path.filename().string() + " (not a finished ptrain run?)");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError("run \"" + run + "\": " + path.filename().string() + " is malformed (" + e.what() + ")");
-  }
+  if (path_kind(path.string(), "run \"" + run + "\"") == PathKind::missing)
+    throw UserError("run \"" + run + "\": no " + path.filename().string() + " (not a finished ptrain run?)");
+  return parse_json(InputFile(path.string(), "\"" + path.string() + "\"").read_all(64 << 20),
+                    "run \"" + run + "\": " + path.filename().string());
 }
 
 std::optional<double> number_or_none(const nlohmann::json& j, const char* key) {
@@ -88,7 +89,19 @@ bool Comparison::any_regressed() const {
   return std::any_of(results.begin(), results.end(), [](const ModeResult& r) { return !r.within_tolerance; });
 }
 
+static RunRecord read_run_files(const std::string& dir);
+
 RunRecord read_run(const std::string& dir) {
+  // The files come from wherever the user points: a field of the wrong type is their problem.
+  try {
+    return read_run_files(dir);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError("run \"" + dir + "\": summary.json or metrics.jsonl holds a field of the wrong type (" + e.what() +
+                    "); expected the files a ptrain run writes");
+  }
+}
+
+static RunRecord read_run_files(const std::string& dir) {
   const fs::path path(dir);
   if (!fs::is_directory(path)) throw UserError("run \"" + dir + "\": not a directory");
   RunRecord r;
@@ -108,16 +121,13 @@ RunRecord read_run(const std::string& dir) {
   // A resumed run repeats the steps after its checkpoint: the last record of a step counts.
   std::map<int64_t, std::pair<double, double>> steps;  // step -> (loss, tokens/s)
   std::map<int64_t, double> vals;
-  std::ifstream in(path / "metrics.jsonl");
-  if (!in) throw UserError("run \"" + dir + "\": no metrics.jsonl");
+  if (path_kind((path / "metrics.jsonl").string(), "run \"" + dir + "\"") == PathKind::missing)
+    throw UserError("run \"" + dir + "\": no metrics.jsonl");
+  std::istringstream in(InputFile((path / "metrics.jsonl").string(), "\"" + (path / "metrics.jsonl").string() + "\"")
+                            .read_all(int64_t{1} << 32));
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
-    nlohmann::json m;
-    try {
-      m = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw UserError("run \"" + dir + "\": metrics.jsonl line " + std::to_string(line_no) + " is not JSON");
-    }
+    const nlohmann::json m = parse_json(line, "run \"" + dir + "\": metrics.jsonl line " + std::to_string(line_no));
     if (!m.contains("step")) continue;
     const int64_t step = m["step"].get<int64_t>();
     if (m.contains("loss") && m.contains("tokens_per_s"))

@@ -57,7 +57,8 @@ void RunLog::warn(const std::string& line) {
 void RunLog::file_only(const std::string& line) { to_file(line); }
 
 void RunLog::metrics(const nlohmann::json& record) {
-  if (metrics_) metrics_->append(record.dump() + "\n");
+  // Paths in records come from the user and need not be UTF-8: replaced, never a throw.
+  if (metrics_) metrics_->append(record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 double median_after_first(const std::vector<double>& values) {

@@ -23,6 +23,8 @@ namespace {
 // "checkpoints/.step_00000001.tmp/optimizer.rank00001-of-00002.safetensors.tmp".
 constexpr size_t kLongestInnerPath = 96;
 constexpr const char* kRunDirWhat = "run directory (run.out_dir / run.name)";
+// Micro-batches per optimizer step and rank: far beyond any useful run, and within an int.
+constexpr int64_t kMaxAccumulation = 1 << 20;
 
 std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
 
@@ -58,6 +60,8 @@ DataPlan plan_data(const Config& config, const std::string& run_dir) {
     const auto& s = config.data.synthetic;
     check_synthetic_split_sizes(s, config.training.eval_batches, B, T);
     data.synthetic = SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction};
+    const std::vector<std::string> problems = synthetic_spec_problems(*data.synthetic);
+    if (!problems.empty()) throw UserErrors(problems);
     const std::string dir = (fs::path(run_dir) / "data").string();
     data.train_files = {synthetic_train_file(dir)};
     data.val_files = {synthetic_val_file(dir)};
@@ -68,7 +72,11 @@ DataPlan plan_data(const Config& config, const std::string& run_dir) {
   const TokenStream train(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
   const TokenStream val(data.val_files, "data.val", config.model.vocab_size);
-  ValSampler(val, "data.val", config.training.eval_batches, B, T);
+  const ValSampler val_batches(val, "data.val", config.training.eval_batches, B, T);
+  // The evaluation reads only these windows: their token ids are checked now, cheaply, so that
+  // the step-0 evaluation cannot fail after the run directory is made.
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  for (int j = 0; j < val_batches.batches(); ++j) val_batches.fill(j, inputs.data(), targets.data());
   data.train_tokens = train.size();
   data.val_tokens = val.size();
   const std::string val_dir = fs::path(data.val_files.front()).parent_path().string();
@@ -85,7 +93,7 @@ RunDirAction plan_run_dir(const Config& config, const std::string& run_dir, bool
     check_creatable(run_dir, kRunDirWhat, kLongestInnerPath);
     return RunDirAction::create;
   }
-  if (kind == PathKind::other)
+  if (kind == PathKind::file || kind == PathKind::other)
     throw UserError(std::string(kRunDirWhat) + ": " + in_quotes(run_dir) +
                     " exists and is not a directory; expected a new run.name or run.out_dir");
   check_creatable(run_dir, kRunDirWhat, kLongestInnerPath);  // names and a writable location
@@ -112,13 +120,16 @@ void locate_checkpoint_dir(RunPlan& plan) {
       plan.checkpoint_dir_is_explicit ? c.checkpoint.dir : (fs::path(plan.run_dir) / "checkpoints").string();
   const std::string what = plan.checkpoint_dir_is_explicit ? "checkpoint.dir" : kRunDirWhat;
   const PathKind kind = path_kind(plan.checkpoint_dir, what);
-  if (kind == PathKind::other)
+  if (kind == PathKind::file || kind == PathKind::other)
     throw UserError(what + ": " + in_quotes(plan.checkpoint_dir) + " exists and is not a directory; expected a directory "
                     "for checkpoints (or null for <run dir>/checkpoints)");
   check_creatable(plan.checkpoint_dir, what, kLongestInnerPath);
   if (kind == PathKind::missing || !plan.checkpoint_dir_is_explicit) return;
   const std::string me = fs::weakly_canonical(plan.run_dir).string();
-  const std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
+  std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
+  // Directories from before owners were recorded: one inside another run's directory is that run's.
+  const fs::path parent = fs::weakly_canonical(plan.checkpoint_dir).parent_path();
+  if (!owner && has_run_marker(parent.string())) owner = parent.string();
   if (owner && *owner != me)
     throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " belongs to the run in " + in_quotes(*owner) +
                     "; expected a checkpoint directory of this run's own (or an empty one)");
@@ -129,9 +140,13 @@ void settle_checkpoint_dir(RunPlan& plan, bool continuing) {
   if (!plan.checkpoint_dir_is_explicit || path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::missing ||
       !holds_checkpoints(plan.checkpoint_dir))
     return;
-  const bool owned = checkpoint_dir_owner(plan.checkpoint_dir).has_value();
-  if (plan.run_dir_action == RunDirAction::replace && owned) {
-    plan.clear_checkpoint_dir = true;  // the checkpoints of the run being replaced
+  const bool owned = checkpoint_dir_owner(plan.checkpoint_dir).has_value();  // by this run: others were refused
+  if (owned && plan.config.run.overwrite && plan.run_dir_action != RunDirAction::continue_run) {
+    // The checkpoints of the run being replaced (its directory may already be gone).
+    if (plan.resume)
+      throw UserError("checkpoint.resume: " + plan.resume->path + " is in " + plan.checkpoint_dir +
+                      ", whose checkpoints run.overwrite would remove; expected run.overwrite: false to resume");
+    plan.clear_checkpoint_dir = true;
     return;
   }
   if (continuing) return;  // resuming this run (a directory from before owners were recorded too)
@@ -145,8 +160,10 @@ void plan_resume(RunPlan& plan) {
   const Config& c = plan.config;
   if (c.checkpoint.resume == "never") return;
   if (c.checkpoint.resume == "auto") {
-    if (path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::directory)
-      plan.resume = find_latest_checkpoint(plan.checkpoint_dir, [&](const std::string& w) { plan.resume_warnings.push_back(w); });
+    if (path_kind(plan.checkpoint_dir, "checkpoint.dir") != PathKind::directory) return;
+    plan.resume = find_latest_checkpoint(plan.checkpoint_dir, [&](const std::string& w) { plan.resume_warnings.push_back(w); });
+    // Starting afresh in place: the unusable checkpoints are set aside, never overwritten.
+    if (!plan.resume) plan.superseded = checkpoints_after(plan.checkpoint_dir, -1);
   } else {
     try {
       plan.resume = load_checkpoint(c.checkpoint.resume);
@@ -194,11 +211,25 @@ void plan_machine(RunPlan& plan) {
                     std::to_string(plan.world_size) + " ranks; expected a multiple of micro_batch x seq_len x ranks = " +
                     std::to_string(B) + " x " + std::to_string(T) + " x " + std::to_string(plan.world_size) + " = " +
                     std::to_string(per_rank));
-  // The CPU backend holds everything in host memory: a run that cannot fit would die later.
+  const int64_t accumulation = c.training.batch_tokens / per_rank;
+  if (accumulation > kMaxAccumulation)
+    throw UserError("training.batch_tokens: " + std::to_string(c.training.batch_tokens) + " gives " +
+                    std::to_string(accumulation) + " accumulation steps per rank; expected at most " +
+                    std::to_string(kMaxAccumulation) + " (raise training.micro_batch)");
+  // The CPU backend holds everything in host memory: a run that cannot fit would die later. A
+  // first estimate in double cannot overflow, and bounds the exact one's int64 arithmetic.
   const bool on_cpu = c.run.device == "cpu" || (c.run.device == "auto" && probe_cuda().devices.empty());
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double L = c.model.n_layer, C = c.model.n_embd, H = c.model.n_head, V = c.model.padded_vocab();
+  const double corpus = c.data.synthetic_enabled ? 6.0 * static_cast<double>(c.data.synthetic.tokens) : 0.0;
+  const double rough =
+      4.0 * (6.0 * (V * C + T * C + L * 12.0 * C * C) + L * B * T * (20.0 * C + H * T) + 2.0 * B * T * V) + corpus;
+  if (rough > 4e18 || (on_cpu && have > 0 && rough > 8 * have))
+    throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(std::min(rough, 9e18))) +
+                    " of memory; this machine has " + format_mib(static_cast<int64_t>(have)) +
+                    "; expected a smaller model or micro-batch");
   if (on_cpu) {
-    const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    const double need = static_cast<double>(plan_memory(c).total());
+    const double need = static_cast<double>(plan_memory(c).total()) + corpus;
     if (have > 0 && need > have)
       throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(need)) + " of memory (" +
                       plan_memory(c).describe() + "); this machine has " + format_mib(static_cast<int64_t>(have)) +
@@ -249,6 +280,7 @@ RunPlan plan_run(const Config& config) {
   if (plan.resume && plan.run_dir_action != RunDirAction::replace &&
       path_kind(plan.checkpoint_dir, "checkpoint.dir") == PathKind::directory)
     plan.superseded = checkpoints_after(plan.checkpoint_dir, plan.resume->state.step);
+  if (plan.run_dir_action == RunDirAction::replace || plan.clear_checkpoint_dir) plan.superseded.clear();
   if (plan.resume && plan.run_dir_action == RunDirAction::replace && !plan.checkpoint_dir_is_explicit)
     throw UserError("checkpoint.resume: the checkpoint is inside " + plan.run_dir +
                     ", which run.overwrite would delete; expected run.overwrite: false to resume");

@@ -14,6 +14,7 @@
 #include "checkpoint/sha256.h"
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/json_input.h"
 #include "core/paths.h"
 #include "core/rng.h"
 #include "data/dataset.h"
@@ -157,12 +158,8 @@ void inspect_checkpoint(const fs::path& p) {
   if (path_kind((p / "state.json").string(), "inspect") == PathKind::missing)
     throw UserError("\"" + path + "\" is a directory without state.json: not a checkpoint, or an incomplete save "
                     "(NOT valid: resume would skip it)");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(InputFile((p / "state.json").string(), "\"" + path + "/state.json\"").read_all(64 << 20));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError("\"" + path + "/state.json\" is not JSON: " + e.what());
-  }
+  const std::string state_path = (p / "state.json").string();
+  const nlohmann::json state = parse_json(InputFile(state_path, "\"" + state_path + "\"").read_all(64 << 20), "\"" + state_path + "\"");
   if (!state.is_object() || !state.value("sha256", nlohmann::json::object()).is_object())
     throw UserError("\"" + path + "/state.json\" is not a ptrain checkpoint state");
   std::printf("checkpoint %s\n  step %s, tokens %s, precision %s\n  model %s\n", path.c_str(),
@@ -221,6 +218,9 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   const PathKind out_kind = path_kind(out, "--out");
   if (out_kind == PathKind::directory)
     throw UserError("--out: \"" + out + "\" is a directory; expected the path of the model file to write");
+  if (out_kind == PathKind::other)
+    throw UserError("--out: \"" + out + "\" exists and is not a regular file (a device or FIFO); expected the path of "
+                    "the model file to write");
   const fs::path parent = fs::absolute(out).lexically_normal().parent_path();
   check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);

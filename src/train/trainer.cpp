@@ -627,14 +627,15 @@ void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_asid
     fs::create_directories(run_dir, ec);
     if (ec) throw EnvironmentError("cannot create run directory " + run_dir.string() + ": " + ec.message());
     if (fresh) write_file_atomic((run_dir / kRunMarker).string(), "made by ptrain " PTRAIN_VERSION "\n");
-    write_file_atomic((run_dir / "config.yaml").string(), config_to_yaml(plan.config));
     fs::create_directories(plan.checkpoint_dir, ec);
     if (ec) throw EnvironmentError("checkpoint.dir: cannot create \"" + plan.checkpoint_dir + "\": " + ec.message());
     if (plan.clear_checkpoint_dir) remove_checkpoints(plan.checkpoint_dir);
-    if (plan.checkpoint_dir_is_explicit) claim_checkpoint_dir(plan.checkpoint_dir, plan.run_dir);
+    claim_checkpoint_dir(plan.checkpoint_dir, plan.run_dir);
     if (plan.data.synthetic) generate_synthetic(*plan.data.synthetic, (run_dir / "data").string());
-    if (plan.resume) set_aside = set_aside_later_checkpoints(plan.checkpoint_dir, plan.resume->state.step);
-  } catch (const EnvironmentError&) {
+    // Last, so that a continued run's config.yaml is replaced only once everything else worked.
+    write_file_atomic((run_dir / "config.yaml").string(), config_to_yaml(plan.config));
+    set_aside = set_aside_checkpoints(plan.superseded);
+  } catch (...) {
     if (fresh) fs::remove_all(run_dir, ec);
     throw;
   }
