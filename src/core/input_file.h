@@ -23,7 +23,6 @@ class InputFile {
   InputFile& operator=(InputFile&&) = delete;
 
   const std::string& path() const { return path_; }
-  const std::string& what() const { return what_; }
   int64_t size() const { return size_; }  // when opened
 
   // Reads exactly `bytes` at `offset`. Throws UserError naming the file when fewer bytes are

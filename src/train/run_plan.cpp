@@ -13,6 +13,7 @@
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
 #include "model/gpt.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -69,16 +70,14 @@ DataPlan plan_data(const Config& config, const std::string& run_dir) {
   }
   data.train_files = expand_shard_glob(config.data.train, "data.train");
   data.val_files = expand_shard_glob(config.data.val, "data.val");
-  const TokenStream train(data.train_files, "data.train", config.model.vocab_size);
+  const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
-  const TokenStream val(data.val_files, "data.val", config.model.vocab_size);
+  const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
   const ValSampler val_batches(val, "data.val", config.training.eval_batches, B, T);
   // The evaluation reads only these windows: their token ids are checked now, cheaply, so that
   // the step-0 evaluation cannot fail after the run directory is made.
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   for (int j = 0; j < val_batches.batches(); ++j) val_batches.fill(j, inputs.data(), targets.data());
-  data.train_tokens = train.size();
-  data.val_tokens = val.size();
   const std::string val_dir = fs::path(data.val_files.front()).parent_path().string();
   data.info = read_synthetic_info(val_dir.empty() ? "." : val_dir);
   return data;
@@ -297,8 +296,7 @@ std::string describe_plan(const RunPlan& plan) {
   std::string out;
   const auto line = [&](const std::string& text) { out += text + "\n"; };
   char flops[32];
-  std::snprintf(flops, sizeof flops, "%.3g",
-                6.0 * static_cast<double>(gpt_num_params(shape)) + 6.0 * c.model.n_layer * c.model.n_embd * T);
+  std::snprintf(flops, sizeof flops, "%.3g", training_flops_per_token(c.model, T));
   line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
@@ -311,9 +309,9 @@ std::string describe_plan(const RunPlan& plan) {
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +
          " tokens, generated into " + (fs::path(plan.run_dir) / "data").string());
   else
-    line("data: train " + format_thousands(static_cast<double>(plan.data.train_tokens)) + " tokens in " +
+    line("data: train " + format_thousands(static_cast<double>(plan.data.train->size())) + " tokens in " +
          std::to_string(plan.data.train_files.size()) + " shard(s), val " +
-         format_thousands(static_cast<double>(plan.data.val_tokens)) + " tokens in " +
+         format_thousands(static_cast<double>(plan.data.val->size())) + " tokens in " +
          std::to_string(plan.data.val_files.size()) + " shard(s) (headers and sizes checked; token ids are "
          "checked as they are read)");
   const char* action = plan.run_dir_action == RunDirAction::create    ? "would be created"

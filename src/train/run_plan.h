@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/llmc.h"
 #include "config/config.h"
+#include "data/dataset.h"
 #include "data/synthetic.h"
 #include "precision/policy.h"
 
@@ -26,7 +27,8 @@ struct DataPlan {
   std::vector<std::string> train_files, val_files;  // exact paths: nothing is globbed after planning
   std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
   std::optional<SyntheticInfo> info;                // the source of the val shards, when known
-  int64_t train_tokens = 0, val_tokens = 0;         // 0 for a corpus still to generate
+  std::optional<TokenStream> train, val;            // the shards opened and checked (not yet for a
+                                                    // corpus still to generate)
 };
 
 // What the run does to <out_dir>/<name>.

@@ -5,18 +5,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <optional>
 
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "metrics/device_peak.h"
 #include "metrics/nvtx.h"
 #include "checkpoint/checkpoint.h"
-#include "core/output_file.h"
-#include "train/run_plan.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
+#include "core/output_file.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
 #include "dist/communicator.h"
@@ -26,6 +23,7 @@
 #include "optim/schedule.h"
 #include "precision/loss_scaler.h"
 #include "precision/policy.h"
+#include "train/run_plan.h"
 
 namespace fs = std::filesystem;
 
@@ -82,7 +80,9 @@ std::string fmt(const char* format, double value) {
 
 class Trainer {
  public:
-  Trainer(const Config& config, const DataPlan& data, const fs::path& run_dir, const fs::path& checkpoint_dir,
+  // `train` and `val` are the opened shards; `synthetic` the source of a synthetic corpus.
+  Trainer(const Config& config, TokenStream train, TokenStream val, std::optional<SyntheticInfo> synthetic,
+          const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
           AttentionChoice attention, std::unique_ptr<Communicator> comm)
       : cfg_(config),
@@ -95,11 +95,11 @@ class Trainer {
         B_(config.training.micro_batch),
         T_(config.training.effective_seq_len(config.model)),
         accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_ * comm_->world_size()))),
-        train_stream_(data.train_files, "data.train", config.model.vocab_size),
-        val_stream_(data.val_files, "data.val", config.model.vocab_size),
+        train_stream_(std::move(train)),
+        val_stream_(std::move(val)),
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
-        synthetic_(data.info),
+        synthetic_(std::move(synthetic)),
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
@@ -680,14 +680,22 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   std::vector<std::string> set_aside;
   if (main) prepare_directories(plan, set_aside);
   comm->barrier();
-  if (plan.data.synthetic) plan.data.info = read_synthetic_info((fs::path(plan.run_dir) / "data").string());
+  DataPlan& data = plan.data;
+  if (data.synthetic) {  // generated just now by rank 0
+    data.info = read_synthetic_info((fs::path(plan.run_dir) / "data").string());
+    data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
+    data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
+  }
   const bool restarted_in_place =
       main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
-  Trainer trainer(plan.config, plan.data, plan.run_dir, plan.checkpoint_dir, options, std::move(backend),
-                  std::move(device_choice), std::move(attention), std::move(comm));
+  Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, plan.run_dir,
+                  plan.checkpoint_dir, options, std::move(backend), std::move(device_choice), std::move(attention),
+                  std::move(comm));
   for (const auto& w : plan.warnings) trainer.log_only(w);
   for (const auto& w : plan.resume_warnings) trainer.log_only(w);
-  for (const auto& p : set_aside) trainer.warn("set aside " + p + ": it came after the checkpoint resumed from");
+  for (const auto& p : set_aside)
+    trainer.warn("set aside " + p + (plan.resume ? ": it came after the checkpoint resumed from"
+                                                  : ": it is not usable, and training starts afresh"));
   if (restarted_in_place)
     trainer.warn("no valid checkpoint in " + plan.checkpoint_dir + ": training starts from step 0 in " + plan.run_dir);
   return trainer.run(plan.resume, plan.init_from);
