@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/paths.h"
@@ -129,6 +130,8 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   inspect->footer("Example:\n  ptrain inspect runs/quickstart/checkpoints/step_00000150");
   inspect->add_option("path", a.path, "Checkpoint directory or file")->required();
 
+  app.add_subcommand("devices", "Show the CUDA libraries ptrain loads and the GPUs it can use (no GPU needed)");
+
   CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as an llm.c model file");
   exp->footer("Example:\n  ptrain export --checkpoint runs/quickstart/checkpoints/step_00000150 --format llmc --out model.bin");
   exp->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
@@ -220,10 +223,11 @@ int run(int argc, char** argv) {
 
   // CLI11 reports a mistyped command only as "A subcommand is required": name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
-  const std::vector<std::string> commands = {"train", "eval", "sample", "inspect", "export", "bench", "compare", "data"};
+  const std::vector<std::string> commands = {"train", "eval",    "sample", "inspect", "export",
+                                             "bench", "compare", "data",   "devices"};
   if (!first.empty() && first[0] != '-' && std::find(commands.begin(), commands.end(), first) == commands.end()) {
     std::fprintf(stderr,
-                 "ptrain: error: unknown command \"%s\"; expected train, eval, sample, inspect, export, bench, compare or data "
+                 "ptrain: error: unknown command \"%s\"; expected train, eval, sample, inspect, export, bench, compare, data or devices "
                  "(see ptrain --help)\n",
                  first.c_str());
     return kExitBadInput;
@@ -250,6 +254,10 @@ int run(int argc, char** argv) {
   }
   if (app.got_subcommand("inspect")) {
     ptrain::inspect(ckpt.path);
+    return 0;
+  }
+  if (app.got_subcommand("devices")) {
+    std::fputs(ptrain::describe_devices().c_str(), stdout);
     return 0;
   }
   if (app.got_subcommand("export")) {

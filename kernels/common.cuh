@@ -22,6 +22,11 @@
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
 #else
 #include "simt.h"  // only test builds compile kernels without nvcc
 #endif
@@ -34,8 +39,33 @@ using fp16 = __half;
 // ---------------------------------------------------------------------------- launching
 
 #ifdef __CUDACC__
+// PTRAIN_KERNEL_LOG=FILE: each kernel's name (as the launch writes it) is appended to FILE at
+// its first launch, so scripts/gpu-check.sh can say which kernels a sanitizer run reached.
+// Unset: one test of a static pointer per launch.
+inline void note_launch(const char* kernel) {
+  struct Log {
+    FILE* file = nullptr;
+    std::mutex mutex;
+    std::set<std::string> seen;
+  };
+  static Log* log = [] {
+    const char* path = std::getenv("PTRAIN_KERNEL_LOG");
+    if (!path || !*path) return static_cast<Log*>(nullptr);
+    Log* l = new Log;  // never freed: launches may come from static destructors
+    l->file = std::fopen(path, "a");
+    return l;
+  }();
+  if (!log || !log->file) return;
+  std::lock_guard<std::mutex> lock(log->mutex);
+  if (log->seen.insert(kernel).second) {
+    std::fprintf(log->file, "%s\n", kernel);
+    std::fflush(log->file);
+  }
+}
+
 // Launch errors (bad configuration, no device) surface at the launch, named.
 inline void check_launch(const char* kernel, const char* file, int line) {
+  note_launch(kernel);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("launch of ") + kernel + " failed at " + file + ":" + std::to_string(line) +

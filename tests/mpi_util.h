@@ -17,7 +17,7 @@ static_assert(sizeof(PTRAIN_MPIEXEC) > 1, "PTRAIN_MPIEXEC is empty: CMake found 
 inline std::string mpi_command(int ranks, const std::string& args) {
   return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" PTRAIN_MPIEXEC
          "' --oversubscribe --allow-run-as-root --bind-to none -np " +
-         std::to_string(ranks) + " '" PTRAIN_BINARY "' " + args;
+         std::to_string(ranks) + " '" + ptrain_binary() + "' " + args;
 }
 
 // Runs the binary on `ranks` ranks from `cwd`, stdout and stderr together. One rank runs the

@@ -24,7 +24,7 @@ std::vector<double> losses_after(const fs::path& metrics, int64_t step) {
 
 TEST_CASE("a checkpoint written by ptrain 0.1.0 (format version 1, unmarked) still resumes", "[checkpoint]") {
   TempDir temp("format");
-  const fs::path fixture = fs::path(PTRAIN_SOURCE_DIR) / "tests/fixtures/checkpoint-v1";
+  const fs::path fixture = source_dir() / "tests/fixtures/checkpoint-v1";
   fs::copy(fixture, temp.dir, fs::copy_options::recursive);
   REQUIRE_FALSE(nlohmann::json::parse(read_file(temp.dir / "step_00000004/state.json")).contains("format_version"));
 

@@ -125,10 +125,27 @@ inline CommandResult run_shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// The ptrain binary the tests run: the build's, compiled in as an absolute path, unless the
+// environment's PTRAIN_BINARY names another (a test binary carried to another machine with its
+// ptrain, scripts/gpu-bundle.sh).
+inline std::string ptrain_binary() {
+  const char* path = std::getenv("PTRAIN_BINARY");
+  return path && *path ? path : PTRAIN_BINARY;
+}
+
+#ifdef PTRAIN_SOURCE_DIR
+// The source tree (test fixtures): compiled in, unless the environment's PTRAIN_SOURCE_DIR names
+// another checkout.
+inline std::filesystem::path source_dir() {
+  const char* path = std::getenv("PTRAIN_SOURCE_DIR");
+  return path && *path ? path : PTRAIN_SOURCE_DIR;
+}
+#endif
+
 // Runs the ptrain binary with `args` (a shell-quoted string) from directory `cwd`.
 inline CommandResult run_ptrain(const std::string& args, const std::filesystem::path& cwd,
                                 const std::string& env = "") {
-  return run_shell("cd '" + cwd.string() + "' && " + env + " '" PTRAIN_BINARY "' " + args);
+  return run_shell("cd '" + cwd.string() + "' && " + env + " '" + ptrain_binary() + "' " + args);
 }
 
 }  // namespace ptrain::test

@@ -9,6 +9,9 @@
 
 #include "backend/cuda/cuda_backend.h"
 #endif
+#ifdef PTRAIN_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 namespace ptrain {
 
@@ -35,6 +38,28 @@ CudaProbe probe_cuda() {
   probe.why_none = "this ptrain was built without CUDA (the CUDA toolkit was not found, or -DPTRAIN_CUDA=OFF)";
 #endif
   return probe;
+}
+
+std::string describe_devices() {
+  std::string text;
+#ifdef PTRAIN_HAVE_CUDA
+  text += "build: CUDA backend, built against " + cuda_header_versions() + "\n";
+  text += "loaded: " + cuda_library_versions();
+#ifdef PTRAIN_HAVE_NCCL
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess)
+    text += ", NCCL " + std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." +
+            std::to_string(nccl % 100);
+#endif
+  text += "\n";
+#endif
+  const CudaProbe probe = probe_cuda();
+  if (probe.devices.empty()) text += "no usable CUDA device: " + probe.why_none + "\n";
+  for (const CudaDeviceInfo& d : probe.devices)
+    text += "cuda:" + std::to_string(d.index) + " " + d.name + " (sm_" + std::to_string(d.major) +
+            std::to_string(d.minor) + ", " + std::to_string(d.multiprocessors) + " multiprocessors, " +
+            std::to_string(d.memory_bytes >> 20) + " MiB)\n";
+  return text;
 }
 
 #ifdef PTRAIN_HAVE_CUDA

@@ -27,6 +27,11 @@ struct CudaProbe {
 
 CudaProbe probe_cuda();
 
+// What `ptrain devices` prints: the build (CUDA or not, the library headers it was built
+// against), the CUDA libraries this process loaded (runtime, driver, cuBLASLt, cuDNN, NCCL) and
+// every usable device, or why there is none. Needs no GPU.
+std::string describe_devices();
+
 // The backend for run.device, and in `chosen` one line for the run log saying which device was
 // taken and why. tf32 (precision.tf32) lets a GPU run FP32 GEMMs on TF32 tensor cores. Throws
 // EnvironmentError when `cuda` is asked for and cannot be had.

@@ -21,6 +21,10 @@ namespace fs = std::filesystem;
 const char* kModes[] = {"fp32", "bf16", "fp16", "fp8"};
 
 double mode_tolerance(const std::string& mode) { return mode == "fp32" ? 1e-4 : mode == "fp16" ? 5e-3 : 2e-2; }
+// Per-tensor gradients may differ by 3x the mode's loss tolerance (summation orders compound
+// through the layers), no more: a gradient missing 20% of its norm is off by 0.2, over 3x the
+// widest (6e-2 for bf16 and fp8).
+double gradient_tolerance(const std::string& mode) { return 3 * mode_tolerance(mode); }
 
 PrecisionPolicy policy_for(const std::string& mode) {
   PrecisionConfig c;
@@ -28,7 +32,7 @@ PrecisionPolicy policy_for(const std::string& mode) {
   return PrecisionPolicy::from_config(c);
 }
 
-TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu]") {
+TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
   const GptShape shape{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
                        /*padded_vocab=*/256};
   const int B = 4, T = 64;
@@ -65,7 +69,7 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
       std::vector<float> g_cpu(on_cpu.grad(id).numel()), g_gpu(g_cpu.size());
       cpu->download(g_cpu.data(), on_cpu.grad(id));
       gpu->download(g_gpu.data(), on_gpu.grad(id));
-      CHECK(relative_error(g_gpu, g_cpu) <= 10 * mode_tolerance(mode));
+      CHECK(relative_error(g_gpu, g_cpu) <= gradient_tolerance(mode));
     }
     }
 }
@@ -86,6 +90,8 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
       "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
       "training: {steps: 10, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2" + training_extra +
       "}\n"
+      "optimizer: {lr: 3.0e-3}\n"
+      "schedule: {warmup_steps: 0}\n"  // full lr from the first step, so the 10 losses move
       "precision: " + precision + "\n"
       "checkpoint: {save_final: false}\n";
   write_file(dir / (name + ".yaml"), config);
@@ -100,7 +106,7 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
   return losses;
 }
 
-TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu]") {
+TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-train");
   for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"}) {
     INFO("mode " << mode);
@@ -112,12 +118,15 @@ TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[
       INFO("step " << s + 1 << ": cpu " << cpu[s] << " gpu " << gpu[s]);
       CHECK(std::fabs(gpu[s] - cpu[s]) <= mode_tolerance(mode) * std::fabs(cpu[s]));
     }
-    CHECK(gpu.back() < gpu.front());  // and the GPU run learns
+    // The CPU's loss falls by far more than the tolerance (else the comparison proves nothing),
+    // and so does the GPU's.
+    CHECK(cpu.front() - cpu.back() > 5 * mode_tolerance(mode) * cpu.front());
+    CHECK(gpu.front() - gpu.back() > 5 * mode_tolerance(mode) * gpu.front());
   }
   fs::remove_all(dir);
 }
 
-TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu]") {
+TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-determinism");
   for (const char* mode : {"bf16", "fp8"}) {
     INFO("mode " << mode);
@@ -127,7 +136,7 @@ TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu]") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("gpu: micro-batches replayed as CUDA graphs train exactly as ops run one by one", "[gpu]") {
+TEST_CASE("gpu: micro-batches replayed as CUDA graphs train exactly as ops run one by one", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-graphs");
   for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:current", "fp8:block"}) {
     INFO("mode " << mode);

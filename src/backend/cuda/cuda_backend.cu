@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/arena_annotations.h"
 #include "backend/cuda/cuda_error.h"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/kernel_formats.h"
@@ -205,12 +206,6 @@ std::string gib(size_t bytes) {
   return text;
 }
 
-// "12.6" from the runtime's 12060.
-std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
-// "12.6.3" from major * unit + minor * 100 + patch.
-std::string library_version(size_t v, size_t unit) {
-  return std::to_string(v / unit) + "." + std::to_string((v % unit) / 100) + "." + std::to_string(v % 100);
-}
 
 // ================================================================================ the backend
 
@@ -340,18 +335,13 @@ class CudaBackend final : public Backend {
       }
       arena_ = static_cast<char*>(base);
       arena_bytes_ = want;
+      annotations_ = std::make_unique<ArenaAnnotations>(arena_, arena_bytes_);
       free_.emplace(size_t(0), want);
       scalars_ = static_cast<DeviceScalars*>(allocate(sizeof(DeviceScalars)));
       workspace_ = allocate(Matmul::kRecommendedWorkspaceBytes);
       matmul_ = std::make_unique<Matmul>(workspace_, Matmul::kRecommendedWorkspaceBytes);
 
-      int runtime = 0, driver = 0;
-      PTRAIN_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-      PTRAIN_CUDA_CHECK(cudaDriverGetVersion(&driver));
-      const size_t cudnn = cudnnGetVersion();
-      versions_ = "CUDA runtime " + cuda_version(runtime) + ", driver " + cuda_version(driver) + ", cuBLASLt " +
-                  library_version(cublasLtGetVersion(), 10000) + ", cuDNN " +
-                  library_version(cudnn, cudnn >= 90000 ? 10000 : 1000);
+      versions_ = cuda_library_versions();
       sync();
     } catch (...) {
       destroy();
@@ -481,10 +471,12 @@ class CudaBackend final : public Backend {
       if (size > need) free_.emplace(offset + need, size - need);
       void* p = arena_ + offset;
       allocations_.emplace(p, need);
+      annotations_->allocated(p, need);
       ++memory_epoch_;
       in_use_ += need;
       peak_ = std::max(peak_, in_use_);
       PTRAIN_CUDA_CHECK(cudaMemsetAsync(p, 0, need, stream_));
+      annotations_->shrink(p, std::max<size_t>(bytes, 1));
       return p;
     }
     size_t largest = 0;
@@ -1918,6 +1910,7 @@ class CudaBackend final : public Backend {
     PTRAIN_CHECK(it != allocations_.end(), "cuda backend: freeing a block the arena did not hand out");
     const size_t size = it->second;
     allocations_.erase(it);
+    annotations_->released(ptr);
     ++memory_epoch_;
     in_use_ -= size;
     const size_t offset = static_cast<size_t>(static_cast<char*>(ptr) - arena_);
@@ -1959,6 +1952,7 @@ class CudaBackend final : public Backend {
     if (stream_) (void)cudaStreamSynchronize(stream_);
     cudnn_.reset();
     matmul_.reset();
+    annotations_.reset();
     if (arena_) (void)cudaFree(arena_);
     arena_ = nullptr;
     if (stream_) (void)cudaStreamDestroy(stream_);
@@ -1978,6 +1972,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
 
   char* arena_ = nullptr;
+  std::unique_ptr<ArenaAnnotations> annotations_;  // the arena's blocks, as compute-sanitizer sees them
   size_t arena_bytes_ = 0, in_use_ = 0, peak_ = 0;
   std::map<size_t, size_t> free_;                  // offset -> size of each free block, by address
   std::unordered_map<void*, size_t> allocations_;  // pointer -> size of each block handed out
@@ -1992,6 +1987,33 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+// "12.6" from the runtime's 12060.
+static std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+// "12.6.3" from major * unit + minor * 100 + patch.
+static std::string library_version(size_t v, size_t unit) {
+  return std::to_string(v / unit) + "." + std::to_string((v % unit) / 100) + "." + std::to_string(v % 100);
+}
+
+std::string cuda_library_versions() {
+  int runtime = 0, driver = 0;
+  const bool have_runtime = cudaRuntimeGetVersion(&runtime) == cudaSuccess;
+  // 0 without a driver (the call itself succeeds).
+  const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
+  const size_t cudnn = cudnnGetVersion();
+  return "CUDA runtime " + (have_runtime ? cuda_version(runtime) : std::string("?")) + ", driver " +
+         (have_driver ? cuda_version(driver) : std::string("none")) + ", cuBLASLt " +
+         library_version(cublasLtGetVersion(), 10000) + ", cuDNN " +
+         library_version(cudnn, cudnn >= 90000 ? 10000 : 1000);
+}
+
+std::string cuda_header_versions() {
+  return "CUDA " + cuda_version(CUDART_VERSION) + ", cuBLASLt " +
+         library_version(static_cast<size_t>(CUBLAS_VER_MAJOR) * 10000 + CUBLAS_VER_MINOR * 100 + CUBLAS_VER_PATCH,
+                         10000) +
+         ", cuDNN " + std::to_string(CUDNN_MAJOR) + "." + std::to_string(CUDNN_MINOR) + "." +
+         std::to_string(CUDNN_PATCHLEVEL);
+}
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes, bool tf32) {
   return std::make_unique<CudaBackend>(device_index, arena_bytes, tf32);

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 
@@ -31,5 +32,11 @@ namespace ptrain {
 // device, the device is older than sm_90, or the arena cannot be reserved. tf32: FP32 GEMMs run
 // on TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), as precision.tf32 asks.
 std::unique_ptr<Backend> make_cuda_backend(int device_index, size_t arena_bytes = 0, bool tf32 = false);
+
+// The libraries this process loaded: "CUDA runtime 13.0, driver 13.0, cuBLASLt 13.1.0, cuDNN
+// 9.19.0" (driver "none" without one). Needs no GPU.
+std::string cuda_library_versions();
+// The versions of the headers ptrain was built against, in the same form.
+std::string cuda_header_versions();
 
 }  // namespace ptrain

@@ -24,7 +24,7 @@
 // (CompositeDiagonalBandMaskNode), utils/attn_score_modifiers.h (causal_mask =
 // sliding_window_mask with right bound 0, top-left aligned). Where the frontend fills defaults:
 // virtual tensors are FP32 ("intermediate data type"), pointwise/matmul/reduction compute FP32,
-// the comparison computes in BOOLEAN, by-value scalars are FP32 tensors of dims (1,1,1,1), every
+// the comparison computes in BOOLEAN, by-value scalars are FP32 tensors of dims (1) and strides (1), every
 // tensor is declared 16-byte aligned, and reductions get CUDNN_ATTR_REDUCTION_IS_DETERMINISTIC =
 // false (cuDNN >= 9.11), as the frontend sets for every reduction node.
 //
@@ -125,6 +125,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_error.h"
+#include "backend/cuda/library_log.h"
 #include "core/error.h"
 
 namespace ptrain {
@@ -224,8 +225,10 @@ class GraphBuilder {
     return make(uid, dims, strides, type, /*is_virtual=*/false, /*by_value=*/false);
   }
   // An FP32 scalar passed by value (a host pointer in the variant pack).
+  // Rank 1, as cudnn-frontend declares its scalars (Tensor_attributes(float): dim = stride = {1}).
   GraphTensor scalar(int64_t uid) {
-    return make(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, /*is_virtual=*/false, /*by_value=*/true);
+    return make(uid, {1, 1, 1, 1}, {1, 1, 1, 1}, CUDNN_DATA_FLOAT, /*is_virtual=*/false, /*by_value=*/true,
+                /*rank=*/1);
   }
   // An intermediate that never reaches memory.
   GraphTensor virt(const Dims& dims, const Dims& strides, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
@@ -315,12 +318,13 @@ class GraphBuilder {
   std::vector<Desc> take_owned() { return std::move(owned_); }
 
  private:
+  // rank: how many of dims and strides the descriptor declares (the leading ones).
   GraphTensor make(int64_t uid, const Dims& dims, const Dims& strides, cudnnDataType_t type, bool is_virtual,
-                   bool by_value) {
+                   bool by_value, int64_t rank = 4) {
     Desc d = create(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, dims.size(), dims.data());
-    PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, strides.size(), strides.data());
+    PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, rank, dims.data());
+    PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, rank, strides.data());
     PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
     PTRAIN_CUDNN_SET(d.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &kTensorAlignment);
     if (is_virtual) {
@@ -532,6 +536,7 @@ struct PassPlan {
   int64_t engine = -1;    // cuDNN's global engine index
   std::string source;     // "heuristics A", "heuristics FALLBACK", "engine override"
   std::string notes;      // the engine's numerical notes
+  std::string refused;    // configurations tried before it that did not finalize, with their statuses
 };
 
 // Best effort: fills engine and notes from the configuration's engine (for plan_summary only).
@@ -764,6 +769,7 @@ struct CudnnAttention::Impl {
         out->engine = info.engine;
         out->notes = info.notes;
         out->source = source;
+        out->refused = skipped;
         return true;
       }
       return false;
@@ -825,8 +831,33 @@ struct CudnnAttention::Impl {
 
   ShapeEntry& entry(const SdpaShape& s) {
     auto it = cache.find(s);
-    if (it == cache.end()) it = cache.emplace(s, build(s)).first;
+    if (it == cache.end()) {
+      it = cache.emplace(s, build(s)).first;
+      if (library_log_enabled()) log_entry(s, *it->second);
+    }
     return *it->second;
+  }
+
+  // The PTRAIN_LIBRARY_LOG record of one shape: the engines cuDNN gave each pass, or why none.
+  void log_entry(const SdpaShape& s, const ShapeEntry& e) const {
+    auto pass = [](const PassPlan& p) {
+      return nlohmann::json{{"engine", p.engine},     {"source", p.source},       {"notes", p.notes},
+                            {"workspace", p.workspace}, {"refused_before", p.refused}};
+    };
+    nlohmann::json record = {{"library", "cuDNN"},
+                             {"version", version},
+                             {"sm", sm},
+                             {"shape", {{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"HS", s.HS}}},
+                             {"type", s.type == CUDA_R_16BF ? "bf16" : "fp16"},
+                             {"graph", dq_accumulator ? "dQ-accumulator backward" : "dP-workspace backward"},
+                             {"ok", e.ok}};
+    if (e.ok) {
+      record["forward"] = pass(e.fwd);
+      record["backward"] = pass(e.bwd);
+    } else {
+      record["why"] = e.why;
+    }
+    log_library_choice(record);
   }
 
   // The entry of a shape forward()/backward() can run; EnvironmentError otherwise.

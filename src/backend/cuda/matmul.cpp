@@ -3,6 +3,8 @@
 
 #include "backend/cuda/matmul.h"
 
+#include "backend/cuda/library_log.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -535,11 +537,15 @@ GemmDescriptors make_gemm_descriptors(const GemmSpec& spec) {
 
 namespace {
 
+// The largest power of two up to kMaxGemmAlignment that divides the address. cuBLASLt's
+// alignment preferences take up to 256 bytes, and arena blocks are 256-byte aligned: telling
+// the heuristic the true alignment lets it pick kernels that load whole 256-byte lines.
+constexpr int kMaxGemmAlignment = 256;
 int alignment_of(const void* p) {
-  if (!p) return 16;
+  if (!p) return kMaxGemmAlignment;
   const uintptr_t address = reinterpret_cast<uintptr_t>(p);
   int a = 1;
-  while (a < 16 && address % static_cast<uintptr_t>(2 * a) == 0) a *= 2;
+  while (a < kMaxGemmAlignment && address % static_cast<uintptr_t>(2 * a) == 0) a *= 2;
   return a;
 }
 
@@ -619,11 +625,84 @@ void validate_gemm_args(const GemmSpec& s, const GemmArgs& g) {
 }
 
 int gemm_pointer_alignment(const GemmArgs& args) {
-  int a = 16;
+  int a = kMaxGemmAlignment;
   for (const void* p : {args.a, args.b, args.c, static_cast<const void*>(args.d), static_cast<const void*>(args.bias),
                         static_cast<const void*>(args.aux)})
     a = std::min(a, alignment_of(p));
   return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The library log (PTRAIN_LIBRARY_LOG): what cuBLASLt's heuristic answered for each GEMM
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+nlohmann::json gemm_spec_json(const GemmSpec& s) {
+  return {{"gemm", describe_gemm(s)},
+          {"m", s.m},
+          {"n", s.n},
+          {"k", s.k},
+          {"op", std::string(s.trans_a ? "T" : "N") + (s.trans_b ? "T" : "N")},
+          {"ld", {s.ld_a(), s.ld_b(), s.ld_c(), s.ld_d()}},
+          {"types", {cuda_data_type_name(s.a_type), cuda_data_type_name(s.b_type), cuda_data_type_name(s.c_type),
+                     cuda_data_type_name(s.d_type)}},
+          {"compute", compute_name(s.compute)},
+          {"epilogue", epilogue_name(s.epilogue)},
+          {"bias_type", s.bias_type},
+          {"aux_type", s.aux_type},
+          {"aux_ld", s.ld_aux()},
+          {"scales", {gemm_scale_name(s.a_scale), gemm_scale_name(s.b_scale)}},
+          {"fast_accum", s.fast_accum},
+          {"amax_d", s.amax_d},
+          {"batch", s.batch},
+          {"strides", {s.stride_a, s.stride_b, s.stride_c, s.stride_d}}};
+}
+
+template <typename T>
+int64_t algo_attribute(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) != CUBLAS_STATUS_SUCCESS)
+    return -1;
+  return static_cast<int64_t>(value);
+}
+
+}  // namespace
+
+void Matmul::log_heuristic(const GemmSpec& spec, int alignment, size_t max_workspace, cublasStatus_t status,
+                           int returned, const cublasLtMatmulHeuristicResult_t& result) {
+  nlohmann::json record = {{"library", "cuBLASLt"},
+                           {"version", static_cast<int64_t>(cublasLtGetVersion())},
+                           {"spec", gemm_spec_json(spec)},
+                           {"alignment", alignment},
+                           {"max_workspace", max_workspace},
+                           {"status", cublasLtGetStatusName(status)},
+                           {"returned", returned}};
+  if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
+    record["state"] = cublasLtGetStatusName(result.state);
+    // The types are the header's (cublasLtMatmulAlgoConfigAttributes_t).
+    record["algo"] = {{"id", algo_attribute<int32_t>(result.algo, CUBLASLT_ALGO_CONFIG_ID)},
+                      {"tile", algo_attribute<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_TILE_ID)},
+                      {"stages", algo_attribute<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)},
+                      {"splitk", algo_attribute<int32_t>(result.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)},
+                      {"reduction", algo_attribute<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)},
+                      {"swizzle", algo_attribute<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)},
+                      {"custom", algo_attribute<uint32_t>(result.algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)},
+                      {"inner_shape", algo_attribute<uint16_t>(result.algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)},
+                      {"cluster_shape", algo_attribute<uint16_t>(result.algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)}};
+    record["workspace"] = result.workspaceSize;
+    record["waves"] = result.wavesCount;
+  }
+  log_library_choice(record);
+}
+
+void Matmul::log_refusal(const GemmSpec& spec, int alignment, const std::string& why) {
+  log_library_choice({{"library", "cuBLASLt"},
+                      {"spec", gemm_spec_json(spec)},
+                      {"alignment", alignment},
+                      {"status", "not asked"},
+                      {"why", why}});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,7 +725,12 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
   if (found != plans_.end()) return *found->second;
 
   auto plan = std::make_unique<Plan>();
-  plan->desc = make_gemm_descriptors(spec);
+  try {
+    plan->desc = make_gemm_descriptors(spec);
+  } catch (const UserError& e) {  // ptrain's rules for cuBLASLt refuse it: the heuristic is never asked
+    if (library_log_enabled()) log_refusal(spec, alignment, e.what());
+    throw;
+  }
   cublasLtMatmulDesc_t desc = plan->desc.matmul.get();
 
   // The heuristic reads (never dereferences) the pointer attributes to learn their alignment
@@ -679,9 +763,11 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
 
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  PTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->desc.a.get(), plan->desc.b.get(),
-                                                     plan->desc.c.get(), plan->desc.d.get(), preference, 1, &result,
-                                                     &returned));
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle_, desc, plan->desc.a.get(), plan->desc.b.get(), plan->desc.c.get(), plan->desc.d.get(), preference, 1,
+      &result, &returned);
+  if (library_log_enabled()) log_heuristic(spec, alignment, workspace_bytes_, status, returned, result);
+  PTRAIN_CUBLAS_CHECK(status);
   if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
     throw EnvironmentError("cuBLASLt has no algorithm for GEMM " + describe_gemm(spec) + " with " +
                            std::to_string(alignment) + "-byte aligned pointers and " +

@@ -263,6 +263,10 @@ class Matmul {
   Plan& plan_for(const GemmSpec& spec, int alignment);
   Plan* plan_or_refusal(const GemmSpec& spec, const GemmArgs& args);  // null: refused
   void launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
+  // PTRAIN_LIBRARY_LOG records (backend/cuda/library_log.h).
+  static void log_heuristic(const GemmSpec& spec, int alignment, size_t max_workspace, cublasStatus_t status,
+                            int returned, const cublasLtMatmulHeuristicResult_t& result);
+  static void log_refusal(const GemmSpec& spec, int alignment, const std::string& why);
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
