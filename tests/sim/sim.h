@@ -1,0 +1,76 @@
+// The simulated CUDA device: the parts of the CUDA runtime ptrain calls, implemented on the CPU
+// for tests (never linked into the shipped ptrain). A test build of the real CUDA backend is
+// compiled by g++ against it, its kernels run under the SIMT emulator (tests/simt), and the
+// backend's own logic — streams, events, copies, staging, capture — executes on every commit.
+//
+// What it models, so that host-code bugs give wrong numbers instead of passing by luck:
+//  - Device memory is host memory (mmap, MAP_NORESERVE) under a small reported capacity
+//    (PTRAIN_SIM_MEMORY bytes, default 4 GiB), so arena sizing and out-of-memory paths run.
+//    Freed memory is poisoned with 0xFF bytes (NaN in every float format).
+//  - Deferred execution: work queues on its stream and runs only when something needs it (a
+//    synchronisation, an event wait, a copy to pageable host memory). A stream that reads
+//    another stream's results without an event wait reads them before they are written.
+//    cudaDeviceSynchronize runs the pending streams interleaved in a seeded order
+//    (PTRAIN_SIM_SEED).
+//  - Copies from pageable host memory take their data when enqueued (CUDA stages them); copies
+//    from pinned memory (cudaMallocHost) read it when they execute, so a pinned buffer reused
+//    before its copy ran is caught. A copy to pageable host memory returns once it completed.
+//  - Stream capture records instead of running, and refuses what CUDA refuses inside a capture
+//    (synchronising the capturing stream, allocating or freeing in a thread-local or global
+//    capture, synchronous copies, waiting on a captured event), with CUDA's error codes; the
+//    capture is then invalidated. cudaGraphLaunch replays the recorded work in order.
+//  - The legacy default stream (0) runs eagerly after draining every blocking stream.
+// Not modelled: concurrency inside one stream, timing, peer access, managed memory.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "simt.h"
+
+namespace ptrain::sim {
+
+// Queues `work` on `stream` (named `what` in diagnostics); a capturing stream records it.
+// Returns cudaSuccess or the error the enqueue hit (a sticky error, an invalidated capture).
+cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work);
+
+// Sets the error cudaGetLastError returns next (a refused launch configuration).
+void set_last_error(cudaError_t error);
+
+// Kernel launches, as PTRAIN_LAUNCH writes them in a simulated-device build: the arguments are
+// evaluated and converted to the kernel's parameter types now, the launch runs when the stream
+// reaches it. A configuration a GPU refuses sets cudaErrorInvalidConfiguration and queues nothing.
+bool launch_config_ok(dim3 grid, dim3 block, size_t shared_bytes);
+
+template <typename... P, typename... A>
+void launch(cudaStream_t stream, dim3 grid, dim3 block, size_t shared_bytes, const char* kernel_name,
+            void (*kernel)(P...), A&&... args) {
+  if (!launch_config_ok(grid, block, shared_bytes)) {
+    set_last_error(cudaErrorInvalidConfiguration);
+    return;
+  }
+  std::tuple<std::decay_t<P>...> values(static_cast<P>(std::forward<A>(args))...);
+  const cudaError_t status = enqueue(stream, kernel_name, [=]() {
+    ::simt::launch(grid, block, shared_bytes, kernel_name, [&]() { std::apply(kernel, values); });
+  });
+  if (status != cudaSuccess) set_last_error(status);
+}
+
+// Test controls.
+struct Stats {
+  size_t bytes_in_use = 0;
+  size_t capacity = 0;
+  uint64_t executed = 0;  // operations run so far
+  uint64_t pending = 0;   // operations queued and not yet run, all streams
+};
+Stats stats();
+// Runs everything queued (as cudaDeviceSynchronize would) and reports a sticky error, if any.
+cudaError_t drain_all();
+
+}  // namespace ptrain::sim
