@@ -22,13 +22,17 @@
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
-
+#else
+#include "simt.h"  // only test builds compile kernels without nvcc
+#endif
+#if defined(__CUDACC__) || defined(PTRAIN_SIM_DEVICE)
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
-#else
-#include "simt.h"  // only test builds compile kernels without nvcc
+#endif
+#ifdef PTRAIN_SIM_DEVICE
+#include "sim.h"  // the simulated device's streams (tests/sim): launches queue on them
 #endif
 
 namespace ptrain::kernels {
@@ -38,7 +42,7 @@ using fp16 = __half;
 
 // ---------------------------------------------------------------------------- launching
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(PTRAIN_SIM_DEVICE)
 // PTRAIN_KERNEL_LOG=FILE: each kernel's name (as the launch writes it) is appended to FILE at
 // its first launch, so scripts/gpu-check.sh can say which kernels a sanitizer run reached.
 // Unset: one test of a static pointer per launch.
@@ -71,6 +75,9 @@ inline void check_launch(const char* kernel, const char* file, int line) {
     throw std::runtime_error(std::string("launch of ") + kernel + " failed at " + file + ":" + std::to_string(line) +
                              ": " + cudaGetErrorString(err));
 }
+#endif
+
+#ifdef __CUDACC__
 #define PTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)            \
   do {                                                                           \
     kernel<<<(grid), (block), (shared_bytes), (stream)>>>(__VA_ARGS__);          \
@@ -79,6 +86,14 @@ inline void check_launch(const char* kernel, const char* file, int line) {
 #define PTRAIN_DYNAMIC_SHARED(T, name)                       \
   extern __shared__ __align__(16) unsigned char name##_bytes[]; \
   T* name = reinterpret_cast<T*>(name##_bytes)
+#elif defined(PTRAIN_SIM_DEVICE)
+// The simulated device: the launch queues on its stream, its arguments taken by value now.
+#define PTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)                                              \
+  do {                                                                                                             \
+    ::ptrain::sim::launch((stream), dim3(grid), dim3(block), (shared_bytes), #kernel, kernel, __VA_ARGS__);       \
+    ::ptrain::kernels::check_launch(#kernel, __FILE__, __LINE__);                                                  \
+  } while (0)
+#define PTRAIN_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::simt::detail::dynamic_shared_memory())
 #else
 #define PTRAIN_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   ::simt::launch(dim3(grid), dim3(block), (shared_bytes), #kernel, [&]() { kernel(__VA_ARGS__); })

@@ -348,6 +348,32 @@ TEST_CASE("gpu: embedding_backward follows re-uploaded tokens and views of them"
   expect_close("dwpe from a view", dwpe, tolerance(f));
 }
 
+// Uploads that run ahead of the device: three batches of tokens go up through the pinned
+// staging buffers (two, used in turn) with nothing synchronised between them, each followed by
+// a backward into its own table. A staging buffer refilled before its copy ran would hand an
+// earlier backward a later batch's tokens (the simulated device runs copies late, so it would).
+TEST_CASE("gpu: embedding_backward uses each upload's own tokens when uploads run ahead of the device", "[gpu]") {
+  const int B = 2, T = 19, C = 7, V = 11, rounds = 3;
+  const Format f = Format::fp32;
+  Tokens tokens({B, T}, random_tokens(size_t(B) * T, V, 101));
+  Twin dout({B, T, C}, f, on_grid(size_t(B) * T * C, 102, 1.0f, f));
+  std::vector<std::unique_ptr<Twin>> dwte, dwpe;
+  for (int r = 0; r < rounds; ++r) {
+    dwte.push_back(std::make_unique<Twin>(std::vector<int64_t>{V, C}, f, zeros(size_t(V) * C)));
+    dwpe.push_back(std::make_unique<Twin>(std::vector<int64_t>{T, C}, f, zeros(size_t(T) * C)));
+  }
+  for (int r = 0; r < rounds; ++r) {
+    tokens.host = random_tokens(size_t(B) * T, V, 103 + r);
+    gpu().upload_tokens(tokens.device_view(), tokens.host.data());
+    cpu().embedding_backward(dwte[r]->cpu_view(), dwpe[r]->cpu_view(), dout.cpu_view(), tokens.cpu_view());
+    gpu().embedding_backward(dwte[r]->device_view(), dwpe[r]->device_view(), dout.device_view(), tokens.device_view());
+  }
+  for (int r = 0; r < rounds; ++r) {
+    INFO("upload " << r + 1 << " of " << rounds);
+    expect_close("dwte", *dwte[r], tolerance(f));
+  }
+}
+
 // ---------------------------------------------------------------------------- layernorm
 
 struct RowsShape {

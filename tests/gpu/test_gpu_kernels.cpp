@@ -65,7 +65,11 @@ TEST_CASE("gpu: fused_classifier on the device matches the CPU backend", "[gpu]"
                       1.0f / N);
       const auto got = gpu_test::fused_classifier(s, logits, targets, N, V, Vp, 1.0f / N);
       CHECK(relative_error(got.losses, losses) <= 1e-5);
-      CHECK(relative_error(got.dlogits, ref_logits) <= tolerance(f));
+      // The CPU reference sums a row's exponentials sequentially in FP32: over GPT-2's 50257
+      // columns that sum is off by about sqrt(V) ulps (1.3e-5 seen on the simulated device), and
+      // every probability of the row with it.
+      const double fp32_tolerance = V > 10000 ? 5e-5 : tolerance(f);
+      CHECK(relative_error(got.dlogits, ref_logits) <= (f == Format::fp32 ? fp32_tolerance : tolerance(f)));
     }
   }
 }

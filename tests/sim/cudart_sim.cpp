@@ -213,6 +213,12 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()>
 
 void set_last_error(cudaError_t error) { fail(error); }
 
+bool is_device_range(const void* p, size_t bytes) {
+  State& st = state();
+  Lock lock(st.mutex);
+  return find(st.device, p, bytes, nullptr) != nullptr;
+}
+
 bool launch_config_ok(dim3 grid, dim3 block, size_t shared_bytes) {
   // Programming Guide, "Compute Capabilities", table "Technical Specifications" (9.0).
   const uint64_t threads = uint64_t(block.x) * block.y * block.z;

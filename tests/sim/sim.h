@@ -62,6 +62,26 @@ void launch(cudaStream_t stream, dim3 grid, dim3 block, size_t shared_bytes, con
   if (status != cudaSuccess) set_last_error(status);
 }
 
+// Whether [p, p + bytes) lies inside one live device allocation (library simulations check the
+// pointers they are given).
+bool is_device_range(const void* p, size_t bytes);
+
+// sum x[i] * y[i] in double, as four interleaved partial sums added in a fixed order: the
+// libraries' reference products (faster than one chain, the same on every run and thread count).
+inline double dot(const float* x, const float* y, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += double(x[i]) * y[i];
+    s1 += double(x[i + 1]) * y[i + 1];
+    s2 += double(x[i + 2]) * y[i + 2];
+    s3 += double(x[i + 3]) * y[i + 3];
+  }
+  double s = (s0 + s1) + (s2 + s3);
+  for (; i < n; ++i) s += double(x[i]) * y[i];
+  return s;
+}
+
 // Test controls.
 struct Stats {
   size_t bytes_in_use = 0;

@@ -6,6 +6,7 @@
 #include <boost/context/pooled_fixedsize_stack.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -149,12 +150,18 @@ void run_thread(Block& b, int i) {
   if (!t.fiber) t.status = Status::finished;
 }
 
-// Result of a completed collective for lane `l` of the warp starting at thread `base`.
-uint64_t collective_result(Block& b, int base, unsigned mask, int l) {
-  const Thread& t = b.threads[base + l];
+// The ballot of the lanes of `mask` of the warp starting at thread `base` (votes only).
+unsigned ballot_of(const Block& b, int base, unsigned mask) {
   unsigned votes = 0;
   for (int j = 0; j < 32; ++j)
     if ((mask >> j) & 1u) votes |= (b.threads[base + j].payload != 0 ? 1u : 0u) << j;
+  return votes;
+}
+
+// Result of a completed collective for lane `l` of the warp starting at thread `base`; `votes`
+// is the ballot, computed once per collective.
+uint64_t collective_result(Block& b, int base, unsigned mask, int l, unsigned votes) {
+  const Thread& t = b.threads[base + l];
   switch (t.collective) {
     case detail::Collective::syncwarp: return 0;
     case detail::Collective::ballot: return votes;
@@ -348,13 +355,14 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t payload, Shuff
   const int me = b.current, lane = me % 32, base = me - lane;
   const int warp_threads = std::min(32, static_cast<int>(b.threads.size()) - base);
   const unsigned existing = warp_threads == 32 ? 0xffffffffu : (1u << warp_threads) - 1;
-  const std::string here = std::string(what) + " at " + file + ":" + std::to_string(line);
-  if (!((mask >> lane) & 1u)) return fault(here + ": the mask " + hex(mask) + " leaves out the calling lane " + std::to_string(lane));
+  // Built only for a diagnosis: this runs once per lane per collective.
+  auto here = [&] { return std::string(what) + " at " + file + ":" + std::to_string(line); };
+  if (!((mask >> lane) & 1u)) return fault(here() + ": the mask " + hex(mask) + " leaves out the calling lane " + std::to_string(lane));
   if (mask & ~existing)
-    return fault(here + ": the mask " + hex(mask) + " names lanes that do not exist (this warp has " +
+    return fault(here() + ": the mask " + hex(mask) + " names lanes that do not exist (this warp has " +
           std::to_string(warp_threads) + " threads)");
   if (kind == Collective::shuffle && (width < 1 || width > 32 || (width & (width - 1)) != 0))
-    return fault(here + ": width " + std::to_string(width) + " is not a power of two up to 32");
+    return fault(here() + ": width " + std::to_string(width) + " is not a power of two up to 32");
 
   Thread& t = b.threads[me];
   t.collective = kind;
@@ -374,7 +382,7 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t payload, Shuff
     it = pending.end() - 1;
   } else if (it->mask != mask || it->kind != kind) {
     const int other = base + __builtin_ctz(it->arrived);
-    return fault(here + " with mask " + hex(mask) + " meets lane " + std::to_string(other % 32) + " waiting in " +
+    return fault(here() + " with mask " + hex(mask) + " meets lane " + std::to_string(other % 32) + " waiting in " +
           site(b.threads[other]) + " with mask " + hex(it->mask) + ": lanes of one warp disagree");
   }
   it->arrived |= 1u << lane;
@@ -385,9 +393,11 @@ uint64_t warp_collective(Collective kind, unsigned mask, uint64_t payload, Shuff
   }
   // The last lane to arrive completes the collective for all.
   pending.erase(it);
-  std::vector<uint64_t> results(32);
+  std::array<uint64_t, 32> results{};
+  const bool vote = kind == Collective::ballot || kind == Collective::any || kind == Collective::all;
+  const unsigned votes = vote ? ballot_of(b, base, mask) : 0u;
   for (int l = 0; l < 32; ++l)
-    if ((mask >> l) & 1u) results[l] = collective_result(b, base, mask, l);
+    if ((mask >> l) & 1u) results[l] = collective_result(b, base, mask, l, votes);
   b.current = me;
   for (int l = 0; l < 32; ++l) {
     if (!((mask >> l) & 1u)) continue;

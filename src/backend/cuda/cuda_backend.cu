@@ -339,6 +339,9 @@ class CudaBackend final : public Backend {
       free_.emplace(size_t(0), want);
       scalars_ = static_cast<DeviceScalars*>(allocate(sizeof(DeviceScalars)));
       workspace_ = allocate(Matmul::kRecommendedWorkspaceBytes);
+      // Fixed-size, so made now: the first sum (the trainer's loss, between micro-batches) then
+      // hands out no memory, which would make the next micro-batch's recording start afresh.
+      scratch(kReduce, kernels::kReducePartials * sizeof(double));
       matmul_ = std::make_unique<Matmul>(workspace_, Matmul::kRecommendedWorkspaceBytes);
 
       versions_ = cuda_library_versions();
