@@ -25,8 +25,9 @@ awk '
   /^File / { file = $2; gsub(/\x27/, "", file) }
   /^Lines executed:/ {
     split($2, a, "%"); pct = substr(a[1], index(a[1], ":") + 1); n = $NF
-    if (file ~ /src\/backend\/cuda\/|src\/dist\/nccl_communicator.cpp/ && !(file in seen)) {
-      seen[file] = 1; sub(/.*\/src\//, "src/", file)
+    sub(/.*\/src\//, "src/", file)
+    if (file ~ /^src\/backend\/cuda\/|^src\/dist\/nccl_communicator.cpp/ && !(file in seen)) {
+      seen[file] = 1
       printf "%6.1f%% of %5d lines  %s\n", pct, n, file
       run += pct * n / 100; total += n
     }

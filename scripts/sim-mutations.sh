@@ -39,12 +39,12 @@ PY
   if ! cmake --build build -j "$(nproc)" --target ptrain_sim_gpu_tests >/dev/null 2>&1; then
     echo "MISSED  $name: the mutated tree does not build"
     missed=$((missed + 1))
-  elif (cd build && ctest -L sim -R "$tests" --timeout 900 >"../$name.log" 2>&1); then
+  elif (cd build && ctest -L sim -R "$tests" --timeout 900 --output-on-failure >"../$name.log" 2>&1); then
     echo "MISSED  $name: the sim tests matching '$tests' still pass"
     missed=$((missed + 1))
   else
-    echo "CAUGHT  $name: $(grep -c 'Failed' "$name.log") of the tests matching '$tests' failed"
-    grep -E '\*\*\*Failed|Failed  ' "$name.log" | sed 's/^/        /' | head -5
+    echo "CAUGHT  $name: $(grep -c '\*\*\*Failed' "$name.log") of the tests matching '$tests' failed"
+    grep -m1 -A4 'FAILED:' "$name.log" | sed 's/^/        /'
   fi
   mv "$file.orig" "$file"
 }
@@ -58,13 +58,14 @@ mutate pinned-staging-released-early src/backend/cuda/cuda_backend.cu \
   '    if (!copied_) PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));' \
   'uploads run ahead'
 
-# 2. A GEMM's leading dimensions swapped (A's for B's).
+# 2. A GEMM's leading dimensions swapped (A's for B's): wrong wherever they differ (the dgrad and
+#    wgrad GEMMs of a layer whose input and output widths differ).
 mutate gemm-leading-dimension-swapped src/backend/cuda/matmul.cpp \
   'out.a = make_layout(spec.a_type, spec.a_rows(), spec.a_cols(), spec.ld_a(), spec.batch, spec.stride_a);
   out.b = make_layout(spec.b_type, spec.b_rows(), spec.b_cols(), spec.ld_b(), spec.batch, spec.stride_b);' \
   'out.a = make_layout(spec.a_type, spec.a_rows(), spec.a_cols(), spec.ld_b(), spec.batch, spec.stride_a);
   out.b = make_layout(spec.b_type, spec.b_rows(), spec.b_cols(), spec.ld_a(), spec.batch, spec.stride_b);' \
-  'matmul_forward matches'
+  'matmul_backward'
 
 # 3. A cuDNN tensor's stride dropped: the output O declared packed per head instead of (B,T,C).
 mutate cudnn-tensor-stride-dropped src/backend/cuda/cudnn_attention.cpp \
