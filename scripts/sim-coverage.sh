@@ -3,15 +3,16 @@
 # the simulated-device targets with gcov instrumentation into build-sim-coverage/, runs every
 # test labelled `sim` (or the ctest regex given), and prints the share of lines executed in each
 # file of src/backend/cuda and in src/dist/nccl_communicator.cpp, then the total.
-# The NCCL communicator is compiled into the simulated build only once NCCL is simulated; until
-# then it is listed as not built.
+# The NCCL communicator is compiled into the simulated build when MPI is installed (NCCL is
+# simulated over it); without MPI it is listed as not built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 build=build-sim-coverage
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_MPI=OFF \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS="--coverage -O1" -DCMAKE_EXE_LINKER_FLAGS=--coverage >/dev/null
-cmake --build "$build" -j "$(nproc)" --target ptrain_sim_gpu_tests ptrain_sim_tests ptrain_simulated
+cmake --build "$build" -j "$(nproc)" --target ptrain_sim_gpu_tests ptrain_sim_tests ptrain_simulated \
+  $(grep -q ptrain_sim_multigpu_tests "$build/build.ninja" && echo ptrain_sim_multigpu_tests)
 find "$build" -name '*.gcda' -delete
 (cd "$build" && ctest -L sim --output-on-failure ${1:+-R "$1"}) || echo "(some sim tests failed; coverage below is of what ran)"
 
@@ -34,4 +35,4 @@ awk '
   }
   END { if (total) printf "%6.1f%% of %5d lines  total\n", 100 * run / total, total }
 ' "$report" | sort -k5
-grep -q "nccl_communicator" "$report" || echo "   not built  src/dist/nccl_communicator.cpp (NCCL is not simulated yet)"
+grep -q "nccl_communicator" "$report" || echo "   not built  src/dist/nccl_communicator.cpp (no MPI: NCCL is not simulated)"

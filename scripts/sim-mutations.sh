@@ -11,9 +11,10 @@ rm -rf "$scratch"
 mkdir -p "$scratch"
 git ls-files -z | (cd "$repo" && xargs -0 cp --parents -t "$scratch")
 cd "$scratch"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_MPI=OFF >/dev/null || exit 1
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
+targets=(ptrain_sim_gpu_tests ptrain_sim_multigpu_tests)
 echo "== building the simulated-device tests (scratch copy: $scratch)"
-cmake --build build -j "$(nproc)" --target ptrain_sim_gpu_tests >/dev/null || exit 1
+cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
 
 missed=0
 # mutate NAME FILE PYTHON-REPLACEMENT TEST-REGEX: replaces the first occurrence of OLD by NEW in
@@ -36,7 +37,7 @@ PY
   fi
   echo
   echo "== $name ($file)"
-  if ! cmake --build build -j "$(nproc)" --target ptrain_sim_gpu_tests >/dev/null 2>&1; then
+  if ! cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null 2>&1; then
     echo "MISSED  $name: the mutated tree does not build"
     missed=$((missed + 1))
   elif (cd build && ctest -L sim -R "$tests" --timeout 900 --output-on-failure >"../$name.log" 2>&1); then
@@ -73,11 +74,14 @@ mutate cudnn-tensor-stride-dropped src/backend/cuda/cudnn_attention.cpp \
   'Dims out_strides() const { return {T * C, D, D, 1}; }' \
   'fused \(cuDNN\) attention'
 
-# 4. A cross-stream event wait removed: the only cross-stream waits are the NCCL communicator's,
-#    which runs on the simulated device once NCCL is simulated.
-echo
-echo "NOT RUN cross-stream-wait-removed: NCCL is not simulated yet (src/dist/nccl_communicator.cpp)"
+# 4. A cross-stream event wait removed: the compute stream no longer waits for the NCCL stream's
+#    sums, so the optimizer reads gradients before the other rank's half is added.
+mutate cross-stream-wait-removed src/dist/nccl_communicator.cpp \
+  '    PTRAIN_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
+    PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, comm_done_, 0));' \
+  '    PTRAIN_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));' \
+  'GPUs follow 1 GPU'
 
 echo
-[ "$missed" -eq 0 ] && echo "every mutation that ran was caught" || echo "$missed mutation(s) missed"
+[ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

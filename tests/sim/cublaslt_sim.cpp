@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -451,6 +452,25 @@ cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* 
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The matmul's name in the simulated device's report: its input types and how they are scaled,
+// e.g. "cublasLtMatmul e4m3 x e4m3, block scales" (which GEMM path a run took).
+std::string report_name(const MatmulCall& call) {
+  auto name = [](cudaDataType_t t) {
+    switch (t) {
+      case CUDA_R_32F: return "f32";
+      case CUDA_R_16BF: return "bf16";
+      case CUDA_R_16F: return "f16";
+      case CUDA_R_8F_E4M3: return "e4m3";
+      case CUDA_R_8F_E5M2: return "e5m2";
+      default: return "other";
+    }
+  };
+  const bool blocks = call.d.a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+                      call.d.b_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  return std::string("cublasLtMatmul ") + name(call.a.type) + " x " + name(call.b.type) +
+         (blocks ? ", block scales" : is_fp8(call.a.type) ? ", tensor scales" : "");
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const void* alpha, const void* a,
                               cublasLtMatrixLayout_t la, const void* b, cublasLtMatrixLayout_t lb, const void* beta,
                               const void* c, cublasLtMatrixLayout_t lc, void* d, cublasLtMatrixLayout_t ld,
@@ -480,7 +500,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   if (workspace_bytes > 0 && !workspace) return CUBLAS_STATUS_INVALID_VALUE;
   if (has_bias(call->d.epilogue) && !call->d.bias) return CUBLAS_STATUS_INVALID_VALUE;
   if (has_aux(call->d.epilogue) && !call->d.aux) return CUBLAS_STATUS_INVALID_VALUE;
-  if (ptrain::sim::enqueue(stream, "cublasLtMatmul", [call]() { call->run(); }) != cudaSuccess)
+  if (ptrain::sim::enqueue(stream, report_name(*call).c_str(), [call]() { call->run(); }) != cudaSuccess)
     return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -3,6 +3,7 @@
 // docs.nvidia.com/cuda/cuda-runtime-api) and the CUDA C++ Programming Guide; each rule below
 // names its section.
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -68,13 +69,16 @@ struct State {
   std::mt19937_64 order;
   cudaError_t last_error = cudaSuccess, sticky = cudaSuccess;
   uint64_t executed = 0;
+  std::map<std::string, uint64_t> ran;  // operations executed, by name: the report's counts
   int captures_prohibiting_unsafe_calls = 0;  // global or thread-local captures in progress
 
   State() {
     if (const char* m = std::getenv("PTRAIN_SIM_MEMORY")) capacity = std::strtoull(m, nullptr, 10);
     const char* s = std::getenv("PTRAIN_SIM_SEED");
     order.seed(s ? std::strtoull(s, nullptr, 10) : 1);
+    if (std::getenv("PTRAIN_SIM_REPORT")) std::atexit(write_report);
   }
+  static void write_report();
 };
 
 State& state() {
@@ -83,6 +87,26 @@ State& state() {
 }
 
 using Lock = std::lock_guard<std::recursive_mutex>;
+
+// PTRAIN_SIM_REPORT=DIR: at exit each process writes DIR/ops-PID.json, {name: times executed}
+// for every operation the device ran (kernels by name, copies by the memories they joined,
+// library calls, graph launches), so a test of a whole run can ask which paths executed.
+void State::write_report() {
+  State& st = state();
+  Lock lock(st.mutex);
+  const std::string path = std::string(std::getenv("PTRAIN_SIM_REPORT")) + "/ops-" + std::to_string(getpid()) + ".json";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;
+  const char* separator = "{";
+  for (const auto& [name, times] : st.ran) {
+    std::fprintf(f, "%s\"", separator);
+    for (char c : name) std::fprintf(f, c == '"' || c == '\\' ? "\\%c" : "%c", c);
+    std::fprintf(f, "\": %llu", static_cast<unsigned long long>(times));
+    separator = ", ";
+  }
+  std::fprintf(f, "%s}\n", *separator == '{' ? "{" : "");
+  std::fclose(f);
+}
 
 cudaError_t fail(cudaError_t e) {
   state().last_error = e;
@@ -113,6 +137,7 @@ void run_front(Stream* s) {
   }
   ++s->executed;
   ++state().executed;
+  if (op.run && state().sticky == cudaSuccess) ++state().ran[op.what];
 }
 
 void run_until(Stream* s, uint64_t position) {
@@ -301,20 +326,32 @@ cudaError_t cudaDriverGetVersion(int* version) {
 }
 
 // ---------------------------------------------------------------------------- the device
+// PTRAIN_SIM_DEVICES devices (default 1), for the multi-rank tests: each rank is a process with
+// its own simulated memory and takes one of them, so they never share memory or streams.
+static int device_count() {
+  const char* n = std::getenv("PTRAIN_SIM_DEVICES");
+  return n ? std::max(1, std::atoi(n)) : 1;
+}
+static int current_device = 0;
+
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  current_device = device;
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof(prop->name), "ptrain simulated device");
   prop->major = 9;  // Hopper, as the backend requires
@@ -330,7 +367,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
@@ -415,6 +452,15 @@ cudaError_t cudaFreeHost(void* ptr) {
 
 namespace {
 
+// A copy's name in diagnostics and the report: which memories it joined, since pinned and
+// pageable host memory take different paths.
+const char* copy_name(Space src, Space dst) {
+  if (src == Space::device) return dst == Space::device ? "cudaMemcpyAsync device to device"
+                                   : dst == Space::pinned ? "cudaMemcpyAsync device to pinned host"
+                                                          : "cudaMemcpyAsync device to pageable host";
+  return src == Space::pinned ? "cudaMemcpyAsync pinned host to device" : "cudaMemcpyAsync pageable host to device";
+}
+
 // Checks that a copy's direction matches where its pointers are (cudaMemcpyDefault infers it).
 cudaError_t check_direction(const void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Space* dst_space,
                             Space* src_space) {
@@ -458,7 +504,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   } else {
     work = [dst, src, bytes]() { std::memmove(dst, src, bytes); };
   }
-  if (const cudaError_t e = enqueue(stream, "cudaMemcpyAsync", std::move(work))) return fail(e);
+  if (const cudaError_t e = enqueue(stream, copy_name(src_space, dst_space), std::move(work))) return fail(e);
   if (dst_space == Space::pageable) drain(s);
   return st.sticky;
 }
@@ -624,6 +670,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   State& st = state();
   Lock lock(st.mutex);
   if (!exec) return fail(cudaErrorInvalidValue);
+  if (const cudaError_t e = enqueue(stream, "cudaGraphLaunch", [] {})) return fail(e);  // counted in the report
   for (const Op& op : reinterpret_cast<Graph*>(exec)->ops)
     if (const cudaError_t e = enqueue(stream, op.what.c_str(), op.run)) return fail(e);
   return cudaSuccess;

@@ -20,6 +20,11 @@
 //    capture, synchronous copies, waiting on a captured event), with CUDA's error codes; the
 //    capture is then invalidated. cudaGraphLaunch replays the recorded work in order.
 //  - The legacy default stream (0) runs eagerly after draining every blocking stream.
+//  - PTRAIN_SIM_DEVICES devices (default 1), for ranks that each take their local rank's GPU;
+//    each process has its own memory. NCCL is simulated over MPI (nccl_sim.cpp).
+//  - PTRAIN_SIM_REPORT=DIR: each process writes DIR/ops-PID.json at exit, counting the
+//    operations executed by name (kernels, copies by the memories they joined, cublasLtMatmul,
+//    cudnnBackendExecute, NCCL collectives, cudaGraphLaunch), for tests of whole runs.
 // Not modelled: concurrency inside one stream, timing, peer access, managed memory.
 #pragma once
 

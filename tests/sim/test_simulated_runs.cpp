@@ -1,0 +1,182 @@
+// Whole training runs of ptrain_simulated (the real binary on the simulated device) that cover
+// every axis at least once in a dozen short runs instead of the cross product: each precision
+// mode and FP8 recipe, CUDA graphs on and off, fused and fallback attention, one rank and two
+// under mpirun (NCCL simulated over MPI). Each run asserts that the GPU-only path ran, not a
+// fallback, twice over: the run's own log lines (what a user reads), and the simulated device's
+// report of the operations it executed (PTRAIN_SIM_REPORT): native and block-scaled FP8 GEMMs,
+// the fused attention graphs and their self-check, uploads through pinned staging, the loss
+// summed on the device, graph replays, NCCL's collectives.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mpi_util.h"
+#include "test_util.h"
+
+namespace ptrain::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Axes {
+  const char* name;
+  const char* mode;       // precision.mode, or fp8:RECIPE
+  const char* attention;  // model.attention: cudnn, fallback, or auto (fp32: the fallback)
+  bool graphs;            // training.cuda_graph
+  int ranks;
+  int zero_stage;
+};
+
+// Operations the simulated device executed, summed over the run's processes; one map per rank.
+std::vector<std::map<std::string, long>> read_reports(const fs::path& dir) {
+  std::vector<std::map<std::string, long>> ranks;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::map<std::string, long> ops;
+    const nlohmann::json report = nlohmann::json::parse(read_file(entry.path()));
+    for (auto it = report.begin(); it != report.end(); ++it) ops[it.key()] = it.value().get<long>();
+    ranks.push_back(ops);
+  }
+  return ranks;
+}
+
+long ran(const std::map<std::string, long>& ops, const std::string& name) {
+  const auto it = ops.find(name);
+  return it == ops.end() ? 0 : it->second;
+}
+
+// Names in the report that start with `prefix`, times executed summed.
+long ran_prefix(const std::map<std::string, long>& ops, const std::string& prefix) {
+  long n = 0;
+  for (const auto& [name, times] : ops)
+    if (name.rfind(prefix, 0) == 0) n += times;
+  return n;
+}
+
+void check_run(const Axes& run) {
+  const TempDir tmp(std::string("sim-run-") + run.name);
+  const fs::path dir = tmp.dir, report = dir / "report";
+  fs::create_directories(report);
+  const std::string mode = run.mode;
+  const size_t colon = mode.find(':');
+  const std::string precision = colon == std::string::npos
+                                    ? "{mode: " + mode + "}"
+                                    : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}";
+  const bool fp8 = mode.rfind("fp8", 0) == 0;
+  // Two steps of two micro-batches per rank: every kind of micro-batch runs once as called and
+  // once more, which a recording replays (with two ranks the step's last micro-batch always
+  // runs as called, beside its all-reduces).
+  write_file(dir / "run.yaml",
+             std::string("run: {name: r, out_dir: runs, seed: 3, device: cuda}\n") +
+                 "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256, attention: " +
+                 run.attention + "}\n"
+                 "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
+                 "training: {steps: 2, batch_tokens: " + std::to_string(512 * run.ranks) +
+                 ", micro_batch: 4, eval_every: 0, eval_batches: 1, "
+                 "cuda_graph: " + (run.graphs ? "true" : "false") + "}\n"
+                 "precision: " + precision + "\n"
+                 "distributed: {zero_stage: " + std::to_string(run.zero_stage) + "}\n"
+                 "checkpoint: {save_final: false}\n");
+  const std::string env = "PTRAIN_SIM_REPORT='" + report.string() + "' PTRAIN_SIM_DEVICES=" + std::to_string(run.ranks);
+  const CommandResult r = run.ranks == 1 ? run_ptrain("train run.yaml", dir, env)
+                                         : run_shell("cd '" + dir.string() + "' && " + env + " " +
+                                                     mpi_command(run.ranks, "train run.yaml"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("device cuda:0 ptrain simulated device") != std::string::npos);
+
+  std::vector<double> losses;
+  for (const auto& m : read_metrics(dir / "runs" / "r" / "metrics.jsonl"))
+    if (m.contains("step") && m.contains("loss")) losses.push_back(m["loss"].get<double>());
+  REQUIRE(losses.size() == 2);
+  for (double loss : losses) CHECK((std::isfinite(loss) && loss > 0 && loss < 6.0));  // ln(256) = 5.55
+
+  const auto reports = read_reports(report);
+  REQUIRE(reports.size() == size_t(run.ranks));
+  for (const auto& ops : reports) {
+    INFO(nlohmann::json(ops).dump());
+    // Tokens go up through pinned staging, never from pageable memory on the training path, and
+    // the loss is summed on the device (two-stage double-precision sum) before it comes down.
+    CHECK(ran(ops, "cudaMemcpyAsync pinned host to device") > 0);
+    CHECK(ran_prefix(ops, "double_sum_final_kernel") > 0);
+
+    const bool fused = std::string(run.attention) == "cudnn";
+    if (fused) {
+      // The fused graphs ran, and so did the fallback they were checked against.
+      CHECK(r.output.find("attention: cudnn (fused flash attention, checked against the fallback") !=
+            std::string::npos);
+      CHECK(ran(ops, "cudnnBackendExecute") > 0);
+      CHECK(ran_prefix(ops, "softmax_causal_forward_kernel") > 0);
+    } else {
+      CHECK(r.output.find("attention: fallback") != std::string::npos);
+      CHECK(ran(ops, "cudnnBackendExecute") == 0);
+      CHECK(ran_prefix(ops, "softmax_causal_backward_kernel") > 0);
+    }
+
+    if (fp8) {
+      CHECK(r.output.find("fp8: 8 of 8 FP8 linear layers run native FP8 GEMMs") != std::string::npos);
+      const bool blocks = mode == "fp8:block";
+      CHECK(ran(ops, blocks ? "cublasLtMatmul e4m3 x e4m3, block scales" : "cublasLtMatmul e4m3 x e4m3, tensor scales") >
+            0);
+      CHECK(ran(ops, blocks ? "cublasLtMatmul e4m3 x e4m3, tensor scales" : "cublasLtMatmul e4m3 x e4m3, block scales") ==
+            0);
+    } else {
+      CHECK(r.output.find("native FP8 GEMMs") == std::string::npos);
+      CHECK(ran_prefix(ops, "cublasLtMatmul e4m3") + ran_prefix(ops, "cublasLtMatmul e5m2") == 0);
+    }
+
+    const long launches = ran(ops, "cudaGraphLaunch");
+    if (run.graphs) {
+      CHECK(r.output.find("replayed as one CUDA graph") != std::string::npos);
+      CHECK(launches > 0);
+    } else {
+      CHECK(launches == 0);
+    }
+
+    if (run.ranks > 1) {
+      // ZeRO-0 sums gradients with all-reduces; ZeRO-1 reduce-scatters them and all-gathers the
+      // updated weights (or, for shards of uneven size, per-shard reduces and broadcasts).
+      CHECK(r.output.find("data parallel: NCCL") != std::string::npos);
+      if (run.zero_stage == 0) {
+        CHECK(ran(ops, "ncclAllReduce") > 0);
+      } else {
+        CHECK(ran(ops, "ncclReduceScatter") + ran(ops, "ncclReduce") > 0);
+        CHECK(ran(ops, "ncclAllGather") + ran(ops, "ncclBroadcast") > 0);
+      }
+    } else {
+      CHECK(ran_prefix(ops, "nccl") == 0);
+    }
+  }
+  if (run.graphs) {
+    const auto summary = nlohmann::json::parse(read_file(dir / "runs" / "r" / "summary.json"));
+    CHECK(summary["cuda_graph_replays"].get<long>() > 0);
+  }
+}
+
+// The dozen runs: every value of every axis at least once. fp32 has no fused attention;
+// delayed-scaling FP8 is never recorded (its scales move on the host between micro-batches).
+const Axes kRuns[] = {
+    {"fp32", "fp32", "auto", false, 1, 0},
+    {"fp32-graphs", "fp32", "fallback", true, 1, 0},
+    {"bf16-fused-graphs", "bf16", "cudnn", true, 1, 0},
+    {"bf16-fallback", "bf16", "fallback", false, 1, 0},
+    {"fp16-fused", "fp16", "cudnn", false, 1, 0},
+    {"fp16-fallback-graphs", "fp16", "fallback", true, 1, 0},
+    {"fp8-delayed-fused", "fp8:delayed", "cudnn", false, 1, 0},
+    {"fp8-current-fused-graphs", "fp8:current", "cudnn", true, 1, 0},
+    {"fp8-block-fallback-graphs", "fp8:block", "fallback", true, 1, 0},
+    {"bf16-2-ranks-fused-graphs", "bf16", "cudnn", true, 2, 0},
+    {"fp8-current-2-ranks-zero1", "fp8:current", "fallback", false, 2, 1},
+    {"fp16-2-ranks-fused-zero1", "fp16", "cudnn", false, 2, 1},
+};
+
+TEST_CASE("simulated device: a dozen short runs of ptrain_simulated cover every axis on the GPU paths", "[sim]") {
+  for (const Axes& run : kRuns) {
+    SECTION(run.name) { check_run(run); }
+  }
+}
+
+}  // namespace
+}  // namespace ptrain::test
