@@ -189,8 +189,8 @@ template <typename Dst, typename Src>
 void convert(Dst* out, const Src* in, size_t n, RoundFormat round, cudaStream_t stream) {
   if (n == 0) return;
   const size_t runs = ceil_div(n, static_cast<size_t>(RunLength<Dst, Src>::size));
-  auto kernel = convert_kernel<Dst, Src>;  // a name with a comma cannot be a macro argument
-  PTRAIN_LAUNCH(kernel, elementwise_blocks(runs), kElementwiseThreads, 0, stream, out, in, n, round);
+  auto convert_kernel_instance = convert_kernel<Dst, Src>;  // a name with a comma cannot be a macro argument
+  PTRAIN_LAUNCH(convert_kernel_instance, elementwise_blocks(runs), kElementwiseThreads, 0, stream, out, in, n, round);
 }
 
 // out (rows, cols) = [out +] acc [+ bias(cols)] (bias may be null), rounded once to Dst. acc is
@@ -204,8 +204,8 @@ void gemm_finish(Dst* out, const float* acc, const Bias* bias, size_t rows, size
     rows = 1;
   }
   const size_t runs = rows * ceil_div(cols, static_cast<size_t>(RunLength<Dst, Bias>::size));
-  auto kernel = gemm_finish_kernel<Dst, Bias>;
-  PTRAIN_LAUNCH(kernel, elementwise_blocks(runs), kElementwiseThreads, 0, stream, out, acc, bias, rows, cols,
+  auto gemm_finish_kernel_instance = gemm_finish_kernel<Dst, Bias>;
+  PTRAIN_LAUNCH(gemm_finish_kernel_instance, elementwise_blocks(runs), kElementwiseThreads, 0, stream, out, acc, bias, rows, cols,
                 accumulate);
 }
 

@@ -456,12 +456,12 @@ void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* 
   }
   const size_t tiles = static_cast<size_t>(ceil_div(rows, block_rows)) * static_cast<size_t>(ceil_div(cols, block_cols));
   if (block_rows == 1) {
-    auto kernel = fp8_quantize_blocks_kernel<T, true>;
-    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, kFp8Threads / kWarpSize, max_blocks), kFp8Threads, shared, stream, dst, amax,
+    auto fp8_quantize_blocks_kernel_instance = fp8_quantize_blocks_kernel<T, true>;
+    PTRAIN_LAUNCH(fp8_quantize_blocks_kernel_instance, fp8_grid(tiles, kFp8Threads / kWarpSize, max_blocks), kFp8Threads, shared, stream, dst, amax,
                   counts, in, rows, cols, block_rows, block_cols, format);
   } else {
-    auto kernel = fp8_quantize_blocks_kernel<T, false>;
-    PTRAIN_LAUNCH(kernel, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, dst, amax, counts, in, rows,
+    auto fp8_quantize_blocks_kernel_instance = fp8_quantize_blocks_kernel<T, false>;
+    PTRAIN_LAUNCH(fp8_quantize_blocks_kernel_instance, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, dst, amax, counts, in, rows,
                   cols, block_rows, block_cols, format);
   }
 }

@@ -90,11 +90,12 @@ void double_sum(double* out, double* partials, const T* x, size_t n, bool square
   const int blocks = double_sum_blocks<T>(n, max_partials);
   const size_t shared = (kReduceThreads / kWarpSize) * sizeof(double);
   if (squares) {
-    auto kernel = double_sum_partial_kernel<T, true>;  // a name with a comma cannot be a macro argument
-    PTRAIN_LAUNCH(kernel, blocks, kReduceThreads, shared, stream, partials, x, n);
+    // A name with a comma cannot be a macro argument.
+    auto double_sum_partial_kernel_instance = double_sum_partial_kernel<T, true>;
+    PTRAIN_LAUNCH(double_sum_partial_kernel_instance, blocks, kReduceThreads, shared, stream, partials, x, n);
   } else {
-    auto kernel = double_sum_partial_kernel<T, false>;
-    PTRAIN_LAUNCH(kernel, blocks, kReduceThreads, shared, stream, partials, x, n);
+    auto double_sum_partial_kernel_instance = double_sum_partial_kernel<T, false>;
+    PTRAIN_LAUNCH(double_sum_partial_kernel_instance, blocks, kReduceThreads, shared, stream, partials, x, n);
   }
   PTRAIN_LAUNCH(double_sum_final_kernel<0>, 1, kWarpSize, 0, stream, out, partials, blocks);
 }

@@ -93,6 +93,31 @@ TEST_CASE("dry run validates and writes nothing", "[cli]") {
   CHECK_FALSE(fs::exists(ws.dir / "runs"));
 }
 
+// GPT-2 124M at 192 sequences of 1024 tokens a micro-batch: about 88 GiB on a GPU, which an
+// 80 GB H100's arena cannot hold and a 141 GB H200's can. Planned with or without a GPU here.
+TEST_CASE("a dry run of a GPU config plans the GPU's memory and says which GPUs it fits", "[cli]") {
+  const TempDir tmp("gpu-plan");
+  write_file(tmp.dir / "gpu.yaml",
+             "run: {name: g, out_dir: runs, device: cuda}\n"
+             "model: {n_layer: 12, n_head: 12, n_embd: 768, seq_len: 1024, vocab_size: 50257}\n"
+             "data: {synthetic: {vocab: 50257, order: 2, branching: 4, tokens: 20000000, seed: 5}}\n"
+             "training: {steps: 10, batch_tokens: 196608, micro_batch: 192, eval_batches: 1}\n"
+             "precision: {mode: bf16}\n");
+  const CommandResult r = run_ptrain("train gpu.yaml --dry-run", tmp.dir);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const size_t plan = r.output.find("GPU memory plan per rank: ");
+  REQUIRE(plan != std::string::npos);
+  const double mib = std::stod(r.output.substr(plan + std::strlen("GPU memory plan per rank: ")));
+  CHECK((mib > 80 * 1024 && mib < 100 * 1024));
+  for (const char* part : {"FP32 master weights", "AdamW state", "activations", "backend workspace and scratch"})
+    CHECK(r.output.find(part, plan) != std::string::npos);
+  CHECK(r.output.find("an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): does not fit") != std::string::npos);
+  CHECK(r.output.find("a 141 GB H200 (140.4 GiB, arena at most 131.6 GiB): fits") != std::string::npos);
+  if (probe_cuda().devices.empty()) CHECK(r.output.find("`ptrain train` would stop here") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
 TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
   Workspace ws;
   SECTION("unknown key, with a suggestion") {

@@ -92,6 +92,12 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
       .bytes();
 }
 
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
+                             const std::function<DType(Format)>& storage) {
+  GptActivations unused;
+  return plan_activations(unused, s, B, T, act, grad, attention, storage).bytes();
+}
+
 // (C, OC) of the four linears of a block, in LinearId order.
 static std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const GptShape& s) {
   const int64_t C = s.n_embd;

@@ -21,6 +21,10 @@ namespace ptrain {
 
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
+// The same for a backend that stores format f as storage(f), activations and their gradients
+// in `act` and `grad`, attention by `attention`: the size of the one block Gpt allocates.
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
+                             const std::function<DType(Format)>& storage);
 
 // The linear layers of a block, in order: what FP8 telemetry calls them.
 enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };

@@ -23,6 +23,7 @@
 #include "optim/schedule.h"
 #include "precision/loss_scaler.h"
 #include "precision/policy.h"
+#include "train/gpu_memory_plan.h"
 #include "train/run_plan.h"
 
 namespace fs = std::filesystem;
@@ -655,20 +656,40 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     for (const auto& w : plan.warnings) console.warn(w);
     for (const auto& w : plan.resume_warnings) console.warn(w);
   }
-  // The device, the attention path and the ranks are checks too: a dry run makes them.
+  // The device, the attention path and the ranks are checks too: a dry run makes them. A dry
+  // run of a GPU config on a machine without a GPU plans the GPU's memory instead: what a user
+  // asks before renting one.
+  const CudaProbe probe = probe_cuda();
+  const bool gpu_planned_here = options.dry_run && config.run.device == "cuda" && probe.devices.empty();
   std::string device_choice;
-  std::unique_ptr<Backend> backend = make_backend(config.run.device, plan.threads, config.precision.tf32, &device_choice);
+  std::unique_ptr<Backend> backend;
+  if (!gpu_planned_here) backend = make_backend(config.run.device, plan.threads, config.precision.tf32, &device_choice);
   const GptShape shape = GptShape::of(config.model);
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  AttentionChoice attention = backend->choose_attention(
-      config.model.attention, backend->storage_for(policy.activations, DType::f32), config.training.micro_batch,
-      config.training.effective_seq_len(config.model), shape.n_head, shape.n_embd / shape.n_head);
+  AttentionChoice attention;
+  if (backend) {
+    attention = backend->choose_attention(config.model.attention, backend->storage_for(policy.activations, DType::f32),
+                                          config.training.micro_batch, config.training.effective_seq_len(config.model),
+                                          shape.n_head, shape.n_embd / shape.n_head);
+  } else {
+    device_choice = "device cuda: none on this machine (" + probe.why_none +
+                    "): `ptrain train` would stop here; below, what a GPU run would take";
+    attention.path = expected_gpu_attention(config);
+    attention.reason = std::string(attention.path == AttentionPath::fused ? "cudnn" : "fallback") +
+                       " expected (cuDNN accepts or refuses the shape on the GPU)";
+  }
   if (options.dry_run) {
     if (main_rank) {
       RunLog log;
       log.info("# resolved config");
       log.info(config_to_yaml(config));
       log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
+      if (!backend || backend->device() == Device::cuda) {
+        const GpuMemoryPlan gpu = plan_gpu_memory(config, plan.world_size, attention.path);
+        const CudaDeviceInfo* here = probe.devices.empty() ? nullptr : &probe.devices.front();
+        log.info("GPU memory plan per rank: " + gpu.describe() + "\n" +
+                 describe_gpu_fit(gpu, here ? "this " + here->name : "", here ? int64_t(here->memory_bytes) : 0));
+      }
       log.info("dry run: nothing written");
     }
     return {};

@@ -5,9 +5,11 @@
 // fallback, twice over: the run's own log lines (what a user reads), and the simulated device's
 // report of the operations it executed (PTRAIN_SIM_REPORT): native and block-scaled FP8 GEMMs,
 // the fused attention graphs and their self-check, uploads through pinned staging, the loss
-// summed on the device, graph replays, NCCL's collectives.
+// summed on the device, graph replays, NCCL's collectives. Each run's `--dry-run` GPU memory
+// plan is checked against the arena's measured peak.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -153,6 +155,29 @@ void check_run(const Axes& run) {
     const auto summary = nlohmann::json::parse(read_file(dir / "runs" / "r" / "summary.json"));
     CHECK(summary["cuda_graph_replays"].get<long>() > 0);
   }
+
+  // The dry run's GPU memory plan, made without asking the device, against the arena's measured
+  // peak: never below it, and at most 15% above. cuDNN's workspace is the one part only the
+  // device knows; the run's attention line gives it.
+  double peak_mib = 0;
+  for (const auto& m : read_metrics(dir / "runs" / "r" / "metrics.jsonl"))
+    if (m.contains("device_memory_peak_mib")) peak_mib = std::max(peak_mib, m["device_memory_peak_mib"].get<double>());
+  const std::string dry_args = "train run.yaml --dry-run --set run.name=dry";
+  const CommandResult dry = run.ranks == 1 ? run_ptrain(dry_args, dir, env)
+                                           : run_shell("cd '" + dir.string() + "' && " + env + " " +
+                                                       mpi_command(run.ranks, dry_args));
+  INFO(dry.output);
+  REQUIRE(dry.exit_code == 0);
+  const std::string plan_key = "GPU memory plan per rank: ";
+  const size_t at = dry.output.find(plan_key);
+  REQUIRE(at != std::string::npos);
+  double planned_mib = std::stod(dry.output.substr(at + plan_key.size()));
+  const std::string workspace_key = "total workspace ";
+  if (const size_t w = r.output.find(workspace_key); w != std::string::npos)
+    planned_mib += std::stod(r.output.substr(w + workspace_key.size())) / (1 << 20);
+  INFO("planned " << planned_mib << " MiB, measured peak " << peak_mib << " MiB");
+  CHECK(planned_mib >= peak_mib - 0.1);  // the plan prints one decimal
+  CHECK(planned_mib <= 1.15 * peak_mib);
 }
 
 // The dozen runs: every value of every axis at least once. fp32 has no fused attention;

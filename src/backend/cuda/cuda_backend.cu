@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "backend/cuda/arena_annotations.h"
+#include "backend/cuda/arena_sizing.h"
 #include "backend/cuda/cuda_error.h"
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/kernel_formats.h"
@@ -74,7 +75,6 @@ using kernels::bf16;
 using kernels::fp16;
 using kernels::fp8;
 
-constexpr size_t kArenaAlignment = 256;  // every allocation and scratch buffer starts on 256 bytes
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr size_t kGiB = size_t(1) << 30;
 
@@ -89,6 +89,10 @@ struct DeviceScalars {
   float scale;
   double result;
 };
+// What --dry-run counts for the backend's own blocks (arena_sizing.h) is what it takes.
+static_assert(sizeof(DeviceScalars) <= kDeviceScalarsBytes);
+static_assert(kReduceScratchBytes == kernels::kReducePartials * sizeof(double));
+static_assert(kCublasLtWorkspaceBytes == Matmul::kRecommendedWorkspaceBytes);
 
 // ================================================================================ host helpers
 
@@ -319,7 +323,7 @@ class CudaBackend final : public Backend {
       total_bytes_ = total_bytes;
       size_t want = arena_bytes;
       if (want == 0) {
-        const size_t margin = std::max(2 * kGiB, total_bytes / 16);
+        const size_t margin = arena_margin_bytes(total_bytes);
         if (free_bytes < margin + kGiB)
           throw EnvironmentError("CUDA device " + std::to_string(device_index) + " has only " + gib(free_bytes) +
                                  " free of " + gib(total_bytes) + ": too little for ptrain's arena (other processes?)");

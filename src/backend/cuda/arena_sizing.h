@@ -1,0 +1,32 @@
+// How the CUDA backend sizes its arena and the blocks it hands out, in plain C++ (no CUDA
+// headers): the backend sizes its memory by these, and `--dry-run` plans a GPU run's memory by
+// the same rules on a machine without a GPU.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+namespace ptrain {
+
+// Every allocation and scratch buffer starts on 256 bytes, and takes a whole number of them.
+constexpr size_t kArenaAlignment = 256;
+constexpr size_t arena_block_bytes(size_t bytes) {
+  return ((bytes > 0 ? bytes : 1) + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
+// Left outside the arena for the CUDA context, cuBLASLt, cuDNN and NCCL: max(2 GiB, 1/16 of the
+// device's memory). The arena takes the rest of what is free when the backend starts.
+constexpr size_t arena_margin_bytes(size_t device_total) {
+  return std::max(size_t(2) << 30, device_total / 16);
+}
+
+// Blocks the backend takes for itself when it starts, before any model memory: cuBLASLt's
+// workspace (Matmul::kRecommendedWorkspaceBytes), the reduction scratch (kernels::
+// kReducePartials doubles) and the device scalars; cuda_backend.cu checks these against its own.
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kReduceScratchBytes = 264 * sizeof(double);
+constexpr size_t kDeviceScalarsBytes = kArenaAlignment;
+constexpr size_t kBackendFixedBytes =
+    arena_block_bytes(kCublasLtWorkspaceBytes) + arena_block_bytes(kReduceScratchBytes) + kDeviceScalarsBytes;
+
+}  // namespace ptrain

@@ -1,0 +1,35 @@
+// A GPU run's memory, planned without a GPU: what the CUDA backend's arena will hold for a
+// config on one rank, block by block as the model, the optimizer and the backend allocate them
+// (formats stored as the CUDA backend stores them, each block rounded as its arena rounds it),
+// and whether that fits the arena a given GPU leaves after its margin (arena_sizing.h). For
+// `--dry-run`, so that a user knows before renting a GPU whether a config fits it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "backend/backend.h"
+#include "config/config.h"
+
+namespace ptrain {
+
+struct GpuMemoryPlan {
+  int64_t params = 0, master = 0, grads = 0, grad_sums = 0, optimizer = 0, activations = 0, fp8 = 0;
+  int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
+  bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU
+  int64_t total() const { return params + master + grads + grad_sums + optimizer + activations + fp8 + backend; }
+  std::string describe() const;
+};
+
+// The plan for one rank of `world_size`, attention taking `attention`.
+GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPath attention);
+
+// The attention path a CUDA run would take when no device is here to ask cuDNN: fused for bf16
+// or fp16 activations unless model.attention is fallback.
+AttentionPath expected_gpu_attention(const Config& config);
+
+// Lines saying whether the plan fits each GPU: the one named (device_total bytes, 0 for none
+// here) and the common 80 GB and 141 GB Hopper parts.
+std::string describe_gpu_fit(const GpuMemoryPlan& plan, const std::string& device_name, int64_t device_total);
+
+}  // namespace ptrain
