@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "backend/cuda/arena_sizing.h"
+#include "core/error.h"
 #include "metrics/run_log.h"
 #include "model/gpt.h"
 #include "precision/policy.h"
@@ -24,6 +26,39 @@ std::string gib(int64_t bytes) {
   return text;
 }
 
+// One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
+// codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one byte
+// an element, and their factors: one per tensor, or one per 1x128 tile each way for block
+// scaling (an upper bound for the weight's 128x128 blocks), and a few statistics blocks. A layer
+// cuBLASLt cannot take (dimensions off 16 elements, or blocks other than 128) emulates: FP32
+// copies in the model (Fp8Linear) and the backend's code, factor and FP32 product scratch.
+int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
+  const bool blocks = policy.recipe == Fp8Recipe::block;
+  const bool native = rows % 16 == 0 && C % 16 == 0 && OC % 16 == 0 && (!blocks || policy.block == Fp8Linear::kNativeBlock);
+  if (!native)
+    return block(Fp8Linear::buffer_bytes(policy, rows, C, OC)) + block(rows * std::max(C, OC)) +
+           block(rows * OC * int64_t(sizeof(float)));
+  int64_t bytes = 0;
+  for (const auto& [r, c] : {std::pair{rows, C}, std::pair{OC, C}, std::pair{rows, OC}}) {
+    bytes += 2 * block(r * c);
+    const int64_t factors = blocks ? r * ((c + 127) / 128) + ((r + 127) / 128) * c + 4 * std::max(r, c) : 1;
+    bytes += (blocks ? 2 : 1) * block(factors * int64_t(sizeof(float)));
+  }
+  return bytes + block(4 * 64) + block(int64_t(sizeof(float)));  // the cast statistics and the current amax
+}
+
+int64_t fp8_bytes(const GptShape& s, const PrecisionPolicy& policy, int64_t rows) {
+  if (!policy.fp8.enabled) return 0;
+  const int64_t C = s.n_embd;
+  int64_t bytes = 0;
+  for (int l = 0; l < s.n_layer; ++l)
+    if (policy.fp8_block(l, s.n_layer))
+      for (const auto& [in, out] : {std::pair{C, 3 * C}, std::pair{C, C}, std::pair{C, 4 * C}, std::pair{4 * C, C}})
+        bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
+  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, C, s.padded_vocab);
+  return bytes;
+}
+
 }  // namespace
 
 GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPath attention) {
@@ -40,39 +75,52 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
   p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage));
-  p.fp8 = block(gpt_fp8_buffer_bytes(s, policy, B, T));
+  p.fp8 = fp8_bytes(s, policy, int64_t{B} * T);
   // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
-  // master weights (the full master block is released after the shard is taken, but both are
-  // held for a moment).
+  // master weights, which replace the full master block before the first step.
   const bool sharded = config.distributed.zero_stage == 1 && world_size > 1;
   const int64_t shard = sharded ? (n + world_size - 1) / world_size : n;
   p.optimizer = 2 * block_of(shard, Format::fp32);
+  int64_t released_master = 0;
   if (sharded) {
     p.optimizer += block_of(shard, policy.grads);
-    if (policy.has_master_weights()) p.optimizer += block_of(shard, Format::fp32);
+    if (policy.has_master_weights()) {
+      released_master = p.master;
+      p.master = block_of(shard, Format::fp32);
+    }
   }
   // The backend's own blocks and the trainer's per-micro-batch loss sums.
   const int64_t accumulation = config.training.batch_tokens / (int64_t{B} * T * world_size);
   p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(accumulation * int64_t(sizeof(double)));
   // The ops' scratch, kept between calls (cuda_backend.cu, enum Slot), at its largest:
   const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage(policy.activations));
+  int64_t scratch = 0;
   if (attention == AttentionPath::fused) {
-    p.backend += block(rows * 3 * C * act);  // dq, dk, dv before they are added into dqkv
+    scratch += block(rows * 3 * C * act);  // dq, dk, dv before they are added into dqkv
   } else {
     // q, k, v, y and their gradients per head, and the attention matrix's gradient
-    p.backend += 7 * block(rows * C * act) + block(int64_t{B} * s.n_head * T * T * act);
+    scratch += 7 * block(rows * C * act) + block(int64_t{B} * s.n_head * T * T * act);
   }
-  // The layernorm and bias gradients' partial sums (one row per 32 rows of the widest layer).
-  p.backend += block((rows + 31) / 32 * 2 * 4 * C * int64_t(sizeof(float)));
-  // A parameter-sized FP32 staging copy where the weights are stored narrower (the optimizer's
-  // operands converted to FP32).
-  if (policy.has_master_weights()) p.backend += block(n * int64_t(sizeof(float)));
+  // The layernorm and bias gradients' partial sums: one row per 32 rows of the widest (the fc
+  // layer's bias, 4C).
+  scratch += block((rows + 31) / 32 * 4 * C * int64_t(sizeof(float)));
+  // Narrower gradients are converted to FP32 in a parameter-sized staging block when they are
+  // added into the FP32 gradient sums.
+  if (policy.grads != Format::fp32) scratch += block(n * int64_t(sizeof(float)));
+  // With ZeRO-1 the shard's operands of another dtype are staged too (at most FP32).
+  if (sharded) scratch += block(shard * int64_t(sizeof(float)));
+  // The scratch is first taken in the first step, after a released full master block is gone:
+  // the peak holds the larger of the two.
+  p.backend += std::max(scratch, released_master);
   return p;
 }
 
 AttentionPath expected_gpu_attention(const Config& config) {
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
   const bool half = policy.activations == Format::bf16 || policy.activations == Format::fp16;
+  if (!half && config.model.attention == "cudnn")  // as the CUDA backend refuses it
+    throw UserError("model.attention: cudnn cannot run this model: cuDNN's flash attention takes bf16 or fp16; this "
+                    "run's activations are f32");
   return half && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
 }
 

@@ -659,7 +659,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   // The device, the attention path and the ranks are checks too: a dry run makes them. A dry
   // run of a GPU config on a machine without a GPU plans the GPU's memory instead: what a user
   // asks before renting one.
-  const CudaProbe probe = probe_cuda();
+  const CudaProbe probe = options.dry_run && config.run.device == "cuda" ? probe_cuda() : CudaProbe{};
   const bool gpu_planned_here = options.dry_run && config.run.device == "cuda" && probe.devices.empty();
   std::string device_choice;
   std::unique_ptr<Backend> backend;
@@ -686,7 +686,8 @@ TrainResult train(const Config& config, const TrainOptions& options) {
       log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
       if (!backend || backend->device() == Device::cuda) {
         const GpuMemoryPlan gpu = plan_gpu_memory(config, plan.world_size, attention.path);
-        const CudaDeviceInfo* here = probe.devices.empty() ? nullptr : &probe.devices.front();
+        const CudaProbe gpus = backend ? probe_cuda() : probe;  // run.device: auto may have taken one
+        const CudaDeviceInfo* here = gpus.devices.empty() ? nullptr : &gpus.devices.front();
         log.info("GPU memory plan per rank: " + gpu.describe() + "\n" +
                  describe_gpu_fit(gpu, here ? "this " + here->name : "", here ? int64_t(here->memory_bytes) : 0));
       }

@@ -100,7 +100,12 @@ void State::write_report() {
   const char* separator = "{";
   for (const auto& [name, times] : st.ran) {
     std::fprintf(f, "%s\"", separator);
-    for (char c : name) std::fprintf(f, c == '"' || c == '\\' ? "\\%c" : "%c", c);
+    for (unsigned char c : name) {
+      if (c < 0x20)
+        std::fprintf(f, "\\u%04x", c);
+      else
+        std::fprintf(f, c == '"' || c == '\\' ? "\\%c" : "%c", c);
+    }
     std::fprintf(f, "\": %llu", static_cast<unsigned long long>(times));
     separator = ", ";
   }

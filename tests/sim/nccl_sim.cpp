@@ -137,10 +137,24 @@ ncclResult_t launch(cudaStream_t stream, const char* what, const Exchange& excha
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
     return refuse(ncclUnhandledCudaError, std::string(what) + ": its stream cannot run (" + cudaGetErrorString(e) +
                                               "; a capture cannot record a simulated collective)");
-  const cudaError_t status = ptrain::sim::enqueue(stream, what, exchange());
+  std::function<void()> result;
+  try {
+    result = exchange();
+  } catch (const std::exception& e) {  // nothing may leave a C interface
+    return refuse(ncclSystemError, std::string(what) + ": " + e.what());
+  }
+  const cudaError_t status = ptrain::sim::enqueue(stream, what, std::move(result));
   if (status != cudaSuccess)
     return refuse(ncclUnhandledCudaError, std::string(what) + ": " + cudaGetErrorString(status));
   return ncclSuccess;
+}
+
+// A call that fails inside a group ends the group: ptrain throws, and nothing it collected
+// must be launched later with another group's operations.
+ncclResult_t abandon_group(ncclResult_t status) {
+  group_depth = 0;
+  group.clear();
+  return status;
 }
 
 ncclResult_t submit(cudaStream_t stream, const char* what, Exchange exchange) {
@@ -172,10 +186,10 @@ ncclResult_t check_buffer(const char* what, const char* name, const void* p, siz
                                          " bytes of device memory");
 }
 
-#define SIM_NCCL_TRY(expr)                              \
-  do {                                                  \
-    if (const ncclResult_t s = (expr); s != ncclSuccess) \
-      return s;                                         \
+#define SIM_NCCL_TRY(expr)                                   \
+  do {                                                       \
+    if (const ncclResult_t s = (expr); s != ncclSuccess)      \
+      return group_depth > 0 ? abandon_group(s) : s;          \
   } while (0)
 
 }  // namespace
@@ -272,7 +286,10 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<Pending> ops;
   ops.swap(group);
-  for (const Pending& op : ops) SIM_NCCL_TRY(launch(op.stream, op.what, op.exchange));
+  // Every rank launches the same operations; one that fails here has its job aborted by ptrain
+  // (abort_other_ranks), so the others do not wait for the rest of the group forever.
+  for (const Pending& op : ops)
+    if (const ncclResult_t s = launch(op.stream, op.what, op.exchange); s != ncclSuccess) return s;
   return ncclSuccess;
 }
 
