@@ -9,10 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 build=build-sim-coverage
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_MPI=AUTO \
   -DCMAKE_CXX_FLAGS="--coverage -O1" -DCMAKE_EXE_LINKER_FLAGS=--coverage >/dev/null
 cmake --build "$build" -j "$(nproc)" --target ptrain_sim_gpu_tests ptrain_sim_tests ptrain_simulated \
-  $(grep -q ptrain_sim_multigpu_tests "$build/build.ninja" && echo ptrain_sim_multigpu_tests)
+  $(grep -q ptrain_sim_multigpu_tests "$build/build.ninja" && echo ptrain_sim_multigpu_tests ptrain_sim_run_tests)
 find "$build" -name '*.gcda' -delete
 (cd "$build" && ctest -L sim --output-on-failure ${1:+-R "$1"}) || echo "(some sim tests failed; coverage below is of what ran)"
 
