@@ -13,12 +13,9 @@
 namespace ptrain {
 namespace {
 
-// Backend::storage_for of the CUDA backend: bf16 and fp16 in their own 2 bytes, the rest as f32.
-DType cuda_storage(Format f) { return f == Format::bf16 ? DType::bf16 : f == Format::fp16 ? DType::f16 : DType::f32; }
-
 // The arena's block for `bytes` (none for none).
 int64_t block(int64_t bytes) { return bytes > 0 ? static_cast<int64_t>(arena_block_bytes(static_cast<size_t>(bytes))) : 0; }
-int64_t block_of(int64_t n, Format f) { return block(n * static_cast<int64_t>(dtype_size(cuda_storage(f)))); }
+int64_t block_of(int64_t n, Format f) { return block(n * static_cast<int64_t>(dtype_size(cuda_storage_dtype(f)))); }
 
 std::string gib(int64_t bytes) {
   char text[32];
@@ -74,7 +71,7 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   p.grads = block_of(n, policy.grads);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
-  p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage));
+  p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype));
   p.fp8 = fp8_bytes(s, policy, int64_t{B} * T);
   // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
   // master weights, which replace the full master block before the first step.
@@ -93,7 +90,7 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   const int64_t accumulation = config.training.batch_tokens / (int64_t{B} * T * world_size);
   p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(accumulation * int64_t(sizeof(double)));
   // The ops' scratch, kept between calls (cuda_backend.cu, enum Slot), at its largest:
-  const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage(policy.activations));
+  const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage_dtype(policy.activations));
   int64_t scratch = 0;
   if (attention == AttentionPath::fused) {
     scratch += block(rows * 3 * C * act);  // dq, dk, dv before they are added into dqkv

@@ -45,7 +45,7 @@ int64_t logged_parameters(const std::string& log) {
   return std::stoll(digits);
 }
 
-// Operations the simulated device executed, summed over the run's processes; one map per rank.
+// Operations the simulated device executed, by name: one map per rank (per process report).
 std::vector<std::map<std::string, long>> read_reports(const fs::path& dir) {
   std::vector<std::map<std::string, long>> ranks;
   for (const auto& entry : fs::directory_iterator(dir)) {

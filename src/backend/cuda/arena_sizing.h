@@ -6,7 +6,15 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "core/tensor.h"
+
 namespace ptrain {
+
+// How the backend stores each format (Backend::storage_for): bf16 and fp16 in their own two
+// bytes, everything else (fp32, and the dequantised values of the FP8 formats) as f32.
+constexpr DType cuda_storage_dtype(Format f) {
+  return f == Format::bf16 ? DType::bf16 : f == Format::fp16 ? DType::f16 : DType::f32;
+}
 
 // Every allocation and scratch buffer starts on 256 bytes, and takes a whole number of them.
 constexpr size_t kArenaAlignment = 256;

@@ -459,11 +459,7 @@ class CudaBackend final : public Backend {
       throw UserError(
           "the CUDA backend has no f64 storage (f64 serves the CPU reference's gradient checks); run "
           "those with run.device: cpu");
-    switch (format) {
-      case Format::bf16: return DType::bf16;
-      case Format::fp16: return DType::f16;
-      default: return DType::f32;  // fp32, and the dequantised values of the FP8 formats
-    }
+    return cuda_storage_dtype(format);
   }
 
   // ------------------------------------------------------------------------ memory
