@@ -51,12 +51,12 @@ PY
 }
 
 # 1. A pinned staging buffer handed out again before the copy queued from it ran.
-mutate pinned-staging-released-early src/backend/cuda/cuda_backend.cu \
-  '    if (copied_)
-      PTRAIN_CUDA_CHECK(cudaEventSynchronize(copied_));
-    else
-      PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));' \
-  '    if (!copied_) PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));' \
+mutate pinned-staging-released-early src/backend/cuda/pinned_staging.cpp \
+  '  if (copied_)
+    PTRAIN_CUDA_CHECK(cudaEventSynchronize(copied_));
+  else
+    PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));' \
+  '  if (!copied_) PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));' \
   'uploads run ahead'
 
 # 2. A GEMM's leading dimensions swapped (A's for B's): wrong wherever they differ (the dgrad and

@@ -1,7 +1,6 @@
 #include "train/gpu_memory_plan.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 
 #include "backend/cuda/arena_sizing.h"
@@ -17,11 +16,7 @@ namespace {
 int64_t block(int64_t bytes) { return bytes > 0 ? static_cast<int64_t>(arena_block_bytes(static_cast<size_t>(bytes))) : 0; }
 int64_t block_of(int64_t n, Format f) { return block(n * static_cast<int64_t>(dtype_size(cuda_storage_dtype(f)))); }
 
-std::string gib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / double(int64_t(1) << 30));
-  return text;
-}
+std::string gib(int64_t bytes) { return gib_text(static_cast<size_t>(std::max<int64_t>(bytes, 0))); }
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one byte
@@ -89,7 +84,7 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   // The backend's own blocks and the trainer's per-micro-batch loss sums.
   const int64_t accumulation = config.training.batch_tokens / (int64_t{B} * T * world_size);
   p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(accumulation * int64_t(sizeof(double)));
-  // The ops' scratch, kept between calls (cuda_backend.cu, enum Slot), at its largest:
+  // The ops' scratch, kept between calls (cuda_backend_impl.h, enum Slot), at its largest:
   const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage_dtype(policy.activations));
   int64_t scratch = 0;
   if (attention == AttentionPath::fused) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -36,5 +38,12 @@ constexpr size_t kReduceScratchBytes = 264 * sizeof(double);
 constexpr size_t kDeviceScalarsBytes = kArenaAlignment;
 constexpr size_t kBackendFixedBytes =
     arena_block_bytes(kCublasLtWorkspaceBytes) + arena_block_bytes(kReduceScratchBytes) + kDeviceScalarsBytes;
+
+// "79.1 GiB": how the backend's messages and the memory plan state sizes.
+inline std::string gib_text(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / static_cast<double>(size_t(1) << 30));
+  return text;
+}
 
 }  // namespace ptrain

@@ -1,0 +1,353 @@
+// Native FP8 GEMMs of one linear layer (Backend::make_fp8_gemms): the layer's operands cast to
+// E4M3/E5M2 codes in the arena, with transposes because cuBLASLt's FP8 GEMMs on Hopper take only
+// the TN layout, and their dequantisation factors passed to cuBLASLt as scale pointers (per
+// tensor) or block-scale arrays (1x128 and 128x128 blocks). A layer cuBLASLt cannot take is
+// refused here, before any memory is taken, and the model emulates it.
+#include "backend/cuda/cuda_backend_impl.h"
+
+#include <array>
+#include <cmath>
+#include <utility>
+
+#include "backend/cuda/kernel_formats.h"
+#include "core/error.h"
+#include "convert.cuh"
+#include "elementwise.cuh"
+
+namespace ptrain::cuda_impl {
+
+// One linear layer's FP8 operands in the arena: the codes of input (rows,C), weight (OC,C) and
+// grad (rows,OC), each with its transpose (cuBLASLt's FP8 GEMMs are TN only: dgrad reads W^T,
+// wgrad reads input^T and grad^T; matmul.h), and their dequantisation factors in device
+// memory for the scale pointers.
+//  - Per-tensor scaling: one cast-transpose pass per operand; one factor 1/scale each.
+//  - Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128 blocks (codes and
+//    transpose share the blocks, each with its factors in its GEMM's layout); input and grad
+//    twice, 1x128 tiles for the forward and dgrad GEMMs and 128x1 tiles, written transposed,
+//    for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
+class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
+ public:
+  CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling)
+      : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling) {
+    const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
+    try {
+      for (int i = 0; i < 3; ++i) {
+        const Operand which = static_cast<Operand>(i);
+        codes_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
+        transposed_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
+        factors_[i] =
+            static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
+        if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
+          factors_t_[i] =
+              static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
+      }
+      stats_ = static_cast<DeviceScalars*>(be_.allocate(sizeof(DeviceScalars) * (kDiscard + 1)));
+      current_amax_ = static_cast<float*>(be_.allocate(sizeof(float)));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaFp8Gemms() override { release(); }
+  CudaFp8Gemms(const CudaFp8Gemms&) = delete;
+  CudaFp8Gemms& operator=(const CudaFp8Gemms&) = delete;
+
+  // The three GEMMs' specs, for one combination of formats and output dtypes.
+  static GemmSpec forward_spec(int64_t rows, int64_t C, int64_t OC, Format in, Format w, DType out, Scaling sc) {
+    GemmSpec spec = linear_forward_gemm(rows, C, OC, cuda_data_type(in), cuda_data_type(w), cuda_type(out));
+    scale_modes(spec, sc, GemmScale::block_128x128, GemmScale::block_1x128);
+    spec.fast_accum = sc == Scaling::tensor;  // forward only, and never with block scaling (REFERENCE.md)
+    return spec;
+  }
+  static GemmSpec dgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format w, DType out, Scaling sc) {
+    GemmSpec spec = linear_dgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(w), cuda_type(out), true);
+    scale_modes(spec, sc, GemmScale::block_128x128, GemmScale::block_1x128);
+    return spec;
+  }
+  static GemmSpec wgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format in, DType out, Scaling sc) {
+    GemmSpec spec = linear_wgrad_gemm(rows, C, OC, cuda_data_type(grad), cuda_data_type(in), cuda_type(out), true);
+    scale_modes(spec, sc, GemmScale::block_1x128, GemmScale::block_1x128);
+    return spec;
+  }
+
+  // Whether cuBLASLt on this GPU has algorithms for the three GEMMs with these formats (bf16
+  // outputs, as the model's FP8 layers write) on this layer's buffers; if not, *why says which
+  // it refused. The code buffers stand in for the outputs: only their alignment is read.
+  bool runs_here(Format forward, Format backward, std::string* why) {
+    const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
+        {"forward",
+         {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(codes_[kInput])}},
+        {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(codes_[kInput])}},
+        {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), wgrad_args(codes_[kWeight])}}};
+    for (const auto& [name, gemm] : gemms)
+      if (!be_.matmul_->can_run(gemm.first, gemm.second)) {
+        *why =
+            std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " + describe_gemm(gemm.first);
+        return false;
+      }
+    return true;
+  }
+
+  void cast(Operand which, Tensor in, Format format, float scale, bool record) override {
+    const char* op = "fp8 cast";
+    PTRAIN_CHECK(scaling_ == Scaling::tensor, "fp8 cast: these GEMMs take block-scaled operands (cast_blocks)");
+    const std::pair<int, int> shape = expect_operand(op, which, in, format);
+    formats_[which] = format;
+    DeviceScalars* slot = stats_slot(which, record);
+    kernels::set_scale(&slot->scale, factors_[which], scale, be_.stream_);  // the factor: 1/scale, as the CPU's
+    cast_codes(op, which, in, format, shape, slot);
+  }
+
+  void cast_current(Operand which, Tensor in, Format format, bool record) override {
+    const char* op = "fp8 cast (current scaling)";
+    PTRAIN_CHECK(scaling_ == Scaling::tensor, "fp8 cast: these GEMMs take block-scaled operands (cast_blocks)");
+    const std::pair<int, int> shape = expect_operand(op, which, in, format);
+    formats_[which] = format;
+    DeviceScalars* slot = stats_slot(which, record);
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(current_amax_, 0, sizeof(float), be_.stream_));
+    with_float_type(in.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::amax<T>(current_amax_, in.as<T>(), static_cast<size_t>(in.numel()), be_.stream_);
+    });
+    kernels::current_scale_from_amax(&slot->scale, factors_[which], current_amax_, format_max(format), be_.stream_);
+    cast_codes(op, which, in, format, shape, slot);
+  }
+
+  void cast_blocks(Operand which, Tensor in, Format format, int block_rows, int block_cols, bool record) override {
+    const char* op = "fp8 block cast";
+    PTRAIN_CHECK(scaling_ == Scaling::blocks, "fp8 block cast: these GEMMs take per-tensor scales (cast)");
+    const std::pair<int, int> shape = expect_operand(op, which, in, format);
+    const int r = shape.first, c = shape.second;  // named, not bound: lambdas capture them (C++17)
+    constexpr int kB = 128;
+    kernels::Fp8BlockCodes dst;
+    if (which == kWeight && block_rows == kB && block_cols == kB) {  // codes and transpose, one pass
+      dst.codes = codes_[which];
+      dst.scale_inv = factors(which, false);
+      dst.layout = factor_layout(which, false);
+      dst.codes_t = transposed_[which];
+      dst.scale_inv_t = factors(which, true);
+      dst.layout_t = factor_layout(which, true);
+    } else if (which != kWeight && block_rows == 1 && block_cols == kB) {
+      dst.codes = codes_[which];
+      dst.scale_inv = factors(which, false);
+      dst.layout = factor_layout(which, false);
+    } else if (which != kWeight && block_rows == kB && block_cols == 1) {
+      dst.codes_t = transposed_[which];
+      dst.scale_inv_t = factors(which, true);
+      dst.layout_t = factor_layout(which, true);
+    } else {
+      PTRAIN_CHECK(false, "fp8 block cast: " + std::to_string(block_rows) + "x" + std::to_string(block_cols) +
+                              " blocks are not this operand's tiling");
+    }
+    formats_[which] = format;
+    DeviceScalars* slot = stats_slot(which, record);
+    with_float_type(in.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::fp8_quantize_blocks_into<T>(dst, &slot->amax, &slot->counts, in.as<T>(), r, c, block_rows, block_cols,
+                                           fp8_interpretation(format), be_.stream_);
+    });
+  }
+
+  void queue_stats_read() override {
+    if (read_queued_) return;
+    constexpr size_t kBytes = 3 * sizeof(DeviceScalars);
+    void* host = stats_read_.acquire(kBytes);
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host, stats_, kBytes, cudaMemcpyDeviceToHost, be_.stream_));
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(stats_, 0, kBytes, be_.stream_));
+    stats_read_.queued(be_.stream_);
+    read_queued_ = true;
+  }
+
+  std::array<OperandStats, 3> take_stats() override {
+    queue_stats_read();
+    const auto* host = static_cast<const DeviceScalars*>(stats_read_.acquire(3 * sizeof(DeviceScalars)));
+    read_queued_ = false;
+    std::array<OperandStats, 3> out;
+    for (int i = 0; i < 3; ++i) {
+      out[i].stats = to_stats(host[i]);
+      out[i].scale = scaling_ == Scaling::tensor ? host[i].scale : NAN;
+    }
+    return out;
+  }
+
+  void forward(Tensor out, Tensor bias) override {
+    const char* op = "fp8 forward GEMM";
+    expect_float(op, "out", out);
+    expect_float(op, "bias", bias);
+    PTRAIN_EXPECT(out.numel() == rows_ * OC_ && (bias.empty() || bias.numel() == OC_), op,
+                  "shape mismatch: out " + out.shape_string() + " bias " + bias.shape_string());
+    Staged st(be_);
+    const Tensor o = st.out(out, out.dtype, false);
+    GemmSpec spec = forward_spec(rows_, C_, OC_, formats_[kInput], formats_[kWeight], out.dtype, scaling_);
+    GemmArgs args = forward_args(o.data);
+    // cuBLASLt's FP8 GEMMs take a bf16/fp16 bias with an output of that type, never an f32 bias.
+    bool fused_bias = !bias.empty() && bias.dtype == out.dtype && out.dtype != DType::f32 &&
+                      reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+    if (fused_bias) {
+      GemmSpec with_bias = spec;
+      with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      with_bias.bias_type = cuda_type(bias.dtype);
+      GemmArgs bias_args = args;
+      bias_args.bias = bias.data;
+      fused_bias = be_.matmul_->try_run(with_bias, bias_args, be_.stream_);
+    }
+    if (!fused_bias) be_.matmul_->run(spec, args, be_.stream_);
+    if (!bias.empty() && !fused_bias) {
+      const Tensor bb = st.in(bias, out.dtype);
+      with_float_type(out.dtype, op, [&](auto tag) {
+        PTRAIN_ELEMENT_TYPE(T, tag);
+        kernels::bias_add<T>(o.as<T>(), bb.as<T>(), to_int(rows_, op, "rows"), to_int(OC_, op, "columns"), be_.stream_);
+      });
+    }
+    st.finish();
+  }
+
+  void backward(Tensor dinp, Tensor dweight) override {
+    const char* op = "fp8 backward GEMMs";
+    expect_float(op, "dinp", dinp);
+    expect_float(op, "dweight", dweight);
+    PTRAIN_EXPECT((dinp.empty() || dinp.numel() == rows_ * C_) && (dweight.empty() || dweight.numel() == OC_ * C_), op,
+                  "shape mismatch: dinp " + dinp.shape_string() + " dweight " + dweight.shape_string());
+    Staged st(be_);
+    if (!dinp.empty()) {  // dinp(rows,C) += grad(rows,OC) W(OC,C)
+      const Tensor o = st.out(dinp, dinp.dtype, true);
+      be_.matmul_->run(dgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kWeight], dinp.dtype, scaling_),
+                       dgrad_args(o.data), be_.stream_);
+    }
+    if (!dweight.empty()) {  // dW(OC,C) += grad^T input
+      const Tensor o = st.out(dweight, dweight.dtype, true);
+      be_.matmul_->run(wgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kInput], dweight.dtype, scaling_),
+                       wgrad_args(o.data), be_.stream_);
+    }
+    st.finish();
+  }
+
+ private:
+  static void scale_modes(GemmSpec& spec, Scaling sc, GemmScale a_blocks, GemmScale b_blocks) {
+    spec.a_scale = sc == Scaling::tensor ? GemmScale::tensor : a_blocks;
+    spec.b_scale = sc == Scaling::tensor ? GemmScale::tensor : b_blocks;
+  }
+  // A GEMM reading operand a's codes (or their transpose) as A and b's as B, with their factors.
+  GemmArgs operand_args(Operand a, bool a_transposed, Operand b, bool b_transposed, void* d, float beta) const {
+    GemmArgs args;
+    args.a = a_transposed ? transposed_[a] : codes_[a];
+    args.b = b_transposed ? transposed_[b] : codes_[b];
+    args.d = d;
+    args.beta = beta;
+    args.a_scale_inv = factors(a, a_transposed);
+    args.b_scale_inv = factors(b, b_transposed);
+    return args;
+  }
+  // out(rows,OC) = input W^T: A = W codes, B = input codes.
+  GemmArgs forward_args(void* d) const { return operand_args(kWeight, false, kInput, false, d, 0.0f); }
+  // dinp += grad W: A = W^T codes, B = grad codes.
+  GemmArgs dgrad_args(void* d) const { return operand_args(kWeight, true, kGrad, false, d, 1.0f); }
+  // dW += grad^T input: A = input^T codes, B = grad^T codes.
+  GemmArgs wgrad_args(void* d) const { return operand_args(kInput, true, kGrad, true, d, 1.0f); }
+
+  // Where an operand's casts gather their statistics; an evaluation's go to a slot never read.
+  static constexpr int kDiscard = 3;
+  // (A device address: never dereferenced here, only offset to its fields.)
+  DeviceScalars* stats_slot(Operand which, bool record) const { return stats_ + (record ? which : kDiscard); }
+
+  // The per-tensor cast with the scale in slot.scale: codes and transpose in one pass.
+  void cast_codes(const char* op, Operand which, const Tensor& in, Format format, std::pair<int, int> shape,
+                  DeviceScalars* slot) {
+    const int r = shape.first, c = shape.second;
+    with_float_type(in.dtype, op, [&](auto tag) {
+      PTRAIN_ELEMENT_TYPE(T, tag);
+      kernels::fp8_cast<T>(codes_[which], transposed_[which], &slot->amax, &slot->counts, in.as<T>(), r, c,
+                           &slot->scale, fp8_interpretation(format), be_.stream_);
+    });
+  }
+
+  std::pair<int, int> expect_operand(const char* op, Operand which, const Tensor& in, Format format) const {
+    expect_float(op, "in", in);
+    PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+    const auto [rows, cols] = shape_of(which);
+    PTRAIN_EXPECT(
+        in.numel() == rows * cols, op,
+        "expected " + std::to_string(rows) + " x " + std::to_string(cols) + " elements, got " + in.shape_string());
+    return {to_int(rows, op, "rows"), to_int(cols, op, "columns")};
+  }
+  std::pair<int64_t, int64_t> shape_of(Operand which) const {
+    return which == kInput ? std::pair{rows_, C_} : which == kWeight ? std::pair{OC_, C_} : std::pair{rows_, OC_};
+  }
+
+  // The dequantisation factors of an operand's codes (transposed: of its transpose). As GEMM
+  // operands (matmul.h, gemm_scale_floats): the weight is BLK128x128, the codes (outer OC, K
+  // = C) and the transpose (outer C, K = OC); input and grad are VEC128, the codes (outer
+  // rows, K = columns) and the transposes (outer columns, K = rows).
+  float* factors(Operand which, bool transposed) const {
+    return transposed && scaling_ == Scaling::blocks ? factors_t_[which] : factors_[which];
+  }
+  int64_t factor_count(Operand which, bool transposed) const {
+    if (scaling_ == Scaling::tensor) return 1;
+    const auto [rows, cols] = shape_of(which);
+    const GemmScale mode = which == kWeight ? GemmScale::block_128x128 : GemmScale::block_1x128;
+    return transposed ? gemm_scale_floats(mode, rows, cols) : gemm_scale_floats(mode, cols, rows);
+  }
+  // Where block (i, j) of the (rows, cols) operand puts its factor. VEC128 factors run along
+  // the outer dimension (index outer + k_block * outer_length); BLK128x128 factors run along K
+  // (index k_block + outer_block * ceil(K/128) rounded up to 4).
+  kernels::BlockScaleLayout factor_layout(Operand which, bool transposed) const {
+    const auto [rows, cols] = shape_of(which);
+    const auto k_blocks_padded = [](int64_t k) { return static_cast<int>((k + 128 * 4 - 1) / (128 * 4) * 4); };
+    if (which == kWeight)
+      return transposed ? kernels::BlockScaleLayout{1, k_blocks_padded(rows)}
+                        : kernels::BlockScaleLayout{k_blocks_padded(cols), 1};
+    return transposed ? kernels::BlockScaleLayout{static_cast<int>(cols), 1}
+                      : kernels::BlockScaleLayout{1, static_cast<int>(rows)};
+  }
+
+  void release() noexcept {
+    for (fp8*& p : codes_) free_quietly(p);
+    for (fp8*& p : transposed_) free_quietly(p);
+    for (float*& p : factors_) free_quietly(p);
+    for (float*& p : factors_t_) free_quietly(p);
+    free_quietly(stats_);
+    free_quietly(current_amax_);
+  }
+  template <typename P>
+  void free_quietly(P*& p) noexcept {
+    if (!p) return;
+    try {
+      be_.release(p);
+    } catch (...) {  // a destructor must not throw; the arena goes with the backend anyway
+    }
+    p = nullptr;
+  }
+
+  CudaBackend& be_;
+  int64_t rows_, C_, OC_;
+  Scaling scaling_;
+  std::array<fp8*, 3> codes_{}, transposed_{};
+  std::array<float*, 3> factors_{}, factors_t_{};
+  std::array<Format, 3> formats_{Format::e4m3, Format::e4m3, Format::e5m2};
+  DeviceScalars* stats_ = nullptr;  // per operand, then the discard slot
+  PinnedStaging stats_read_;        // where take_stats() reads the operands' slots to
+  bool read_queued_ = false;        // a read into stats_read_ is queued and not taken yet
+  float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
+};
+
+// The model's FP8 operands are bf16 (or f32) in device memory and its outputs bf16, fp16 or
+// f32: cuBLASLt takes all of them. What can refuse is the shape (FP8 leading dimensions must
+// be multiples of 16 bytes; block scaling wants multiples of 128) and, for block scaling, the
+// GPU and cuBLASLt version (Hopper, cuBLASLt >= 12.9): each GEMM the layer will run is
+// validated here, then asked of cuBLASLt on the layer's own buffers, once.
+std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
+                                                      Format forward, Format backward, std::string* why) {
+  try {
+    validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling));
+    validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
+    validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
+  } catch (const UserError& e) {
+    *why = std::string("this layer's shape does not suit cuBLASLt's FP8 GEMMs: ") + e.what();
+    return nullptr;
+  }
+  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling);
+  if (!gemms->runs_here(forward, backward, why)) return nullptr;
+  return gemms;
+}
+
+}  // namespace ptrain::cuda_impl
