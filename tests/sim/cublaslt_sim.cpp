@@ -310,6 +310,7 @@ T* object(void* handle) {
 extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (const int injected = ptrain::sim::injected_failure(__func__)) return static_cast<cublasStatus_t>(injected);
   static int token;
   *handle = reinterpret_cast<cublasLtHandle_t>(&token);
   return CUBLAS_STATUS_SUCCESS;
@@ -421,6 +422,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
                                               int* returned) {
   if (requested < 1 || !results || !returned) return CUBLAS_STATUS_INVALID_VALUE;
   *returned = 0;
+  if (const int injected = ptrain::sim::injected_failure(__func__)) return static_cast<cublasStatus_t>(injected);
   const Preference& p = *object<Preference>(pref);
   const char* why = refusal(*object<Desc>(desc), *object<Layout>(a), *object<Layout>(b), *object<Layout>(c),
                             *object<Layout>(d), p);

@@ -27,6 +27,7 @@ constexpr size_t kDefaultCapacity = size_t(4) << 30;
 constexpr size_t kPoisonLimit = size_t(64) << 20;  // larger freed blocks are unmapped instead
 constexpr size_t kSharedPerBlock = 48 * 1024;       // without cudaFuncSetAttribute (Programming Guide, "Shared Memory")
 constexpr int kMaxThreadsPerBlock = 1024;
+int compute_capability[2] = {9, 0};  // Hopper, as the backend requires (set_compute_capability)
 
 struct Op {
   std::string what;
@@ -267,6 +268,11 @@ Stats stats() {
   return out;
 }
 
+void set_compute_capability(int major, int minor) {
+  compute_capability[0] = major;
+  compute_capability[1] = minor;
+}
+
 cudaError_t drain_all() {
   State& st = state();
   Lock lock(st.mutex);
@@ -304,6 +310,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
     default: return "cudaErrorUnknown";
   }
 }
@@ -359,8 +366,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof(prop->name), "ptrain simulated device");
-  prop->major = 9;  // Hopper, as the backend requires
-  prop->minor = 0;
+  prop->major = compute_capability[0];
+  prop->minor = compute_capability[1];
   prop->multiProcessorCount = 4;  // few: the emulator runs blocks one after another
   prop->totalGlobalMem = state().capacity;
   prop->sharedMemPerBlock = kSharedPerBlock;
@@ -374,8 +381,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = compute_capability[0]; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = compute_capability[1]; return cudaSuccess;
     case cudaDevAttrMultiProcessorCount: *value = 4; return cudaSuccess;
     default: return fail(cudaErrorInvalidValue);  // an attribute the simulation does not know
   }
@@ -394,6 +401,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   State& st = state();
   Lock lock(st.mutex);
   *ptr = nullptr;
+  if (const int injected = injected_failure(__func__)) return fail(static_cast<cudaError_t>(injected));
   if (st.sticky != cudaSuccess) return st.sticky;
   if (unsafe_calls_prohibited()) return refuse_in_capture();
   if (bytes > st.capacity - st.in_use) return fail(cudaErrorMemoryAllocation);
@@ -432,6 +440,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   State& st = state();
   Lock lock(st.mutex);
   *ptr = nullptr;
+  if (const int injected = injected_failure(__func__)) return fail(static_cast<cudaError_t>(injected));
   if (unsafe_calls_prohibited()) return refuse_in_capture();
   void* p = map_bytes(bytes);
   if (!p) return fail(cudaErrorMemoryAllocation);
@@ -666,6 +675,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
 }
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (const int injected = injected_failure(__func__)) return fail(static_cast<cudaError_t>(injected));
   if (!graph) return fail(cudaErrorInvalidValue);
   *exec = reinterpret_cast<cudaGraphExec_t>(new Graph(*reinterpret_cast<Graph*>(graph)));
   return cudaSuccess;

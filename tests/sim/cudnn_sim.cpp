@@ -626,6 +626,8 @@ void cudnnGetLastErrorString(char* message, size_t max_size) {
 }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+  if (const int injected = ptrain::sim::injected_failure(__func__))
+    return bad("cudnnCreate: injected failure", static_cast<cudnnStatus_t>(injected));
   *handle = reinterpret_cast<cudnnHandle_t>(new Handle);
   return CUDNN_STATUS_SUCCESS;
 }
@@ -670,6 +672,10 @@ cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t desc, cudnnBacke
 cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t desc) {
   Descriptor* d = as_descriptor(desc);
   if (!d) return bad("cudnnBackendFinalize: null descriptor");
+  if (const int injected = ptrain::sim::injected_failure(d->type == CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR
+                                                               ? "cudnnBackendFinalize execution plan"
+                                                               : "cudnnBackendFinalize"))
+    return bad("cudnnBackendFinalize: injected failure", static_cast<cudnnStatus_t>(injected));
   if (d->finalized) return bad("cudnnBackendFinalize: finalized twice", CUDNN_STATUS_NOT_INITIALIZED);
   cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
   switch (d->type) {

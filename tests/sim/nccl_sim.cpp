@@ -227,6 +227,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 
 // Collective over all nranks ranks (nccl.h: "rank must be between 0 and nranks-1 and unique").
 ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id, int rank) {
+  if (const int injected = ptrain::sim::injected_failure(__func__))
+    return refuse(static_cast<ncclResult_t>(injected), "ncclCommInitRank: injected failure");
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) return refuse(ncclInvalidUsage, "the simulated NCCL runs over MPI: MPI_Init must come first");
@@ -269,10 +271,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-// The simulated collectives fail synchronously (the sticky device error), never asynchronously.
+// The simulated collectives fail synchronously (the sticky device error); an asynchronous error
+// (a peer or the network failing during a collective) is only ever an injected one.
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm) return refuse(ncclInvalidArgument, "ncclCommGetAsyncError: comm is null");
-  *async_error = ncclSuccess;
+  const int injected = ptrain::sim::injected_failure(__func__);
+  if (injected) last_error() = "a collective failed on the simulated network (injected)";
+  *async_error = static_cast<ncclResult_t>(injected);
   return ncclSuccess;
 }
 
@@ -296,6 +301,8 @@ ncclResult_t ncclGroupEnd() {
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
   SIM_NCCL_TRY(check_call("ncclAllReduce", comm, type));
+  if (const int injected = ptrain::sim::injected_failure(__func__))
+    return abandon_group(refuse(static_cast<ncclResult_t>(injected), "ncclAllReduce: injected failure"));
   if (op != ncclSum) return refuse(ncclInvalidArgument, "ncclAllReduce: only ncclSum is simulated");
   const size_t bytes = count * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclAllReduce", "sendbuff", sendbuff, bytes));

@@ -22,6 +22,7 @@
 //  - The legacy default stream (0) runs eagerly after draining every blocking stream.
 //  - PTRAIN_SIM_DEVICES devices (default 1), for ranks that each take their local rank's GPU;
 //    each process has its own memory. NCCL is simulated over MPI (nccl_sim.cpp).
+//  - Faults injected on request (fail_call, PTRAIN_SIM_FAIL; faults.cpp).
 //  - PTRAIN_SIM_REPORT=DIR: each process writes DIR/ops-PID.json at exit, counting the
 //    operations executed by name (kernels, copies by the memories they joined, cublasLtMatmul,
 //    cudnnBackendExecute, NCCL collectives, cudaGraphLaunch), for tests of whole runs.
@@ -33,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -87,6 +89,17 @@ inline double dot(const float* x, const float* y, int64_t n) {
   return s;
 }
 
+// Fault injection: from the nth next call (1: the very next) of the library function named (as
+// in its header: "cudaMalloc", "cublasLtMatmulAlgoGetHeuristic", "ncclAllReduce", ...; for
+// cuDNN's execution plans "cudnnBackendFinalize execution plan"), `times` calls return `status`
+// instead of running. Armed by a test, or for whole runs of ptrain_simulated by
+// PTRAIN_SIM_FAIL=function:nth:status[:times][,...]. Only the functions that call
+// injected_failure can fail so.
+void fail_call(const std::string& function, int nth, int status, int times = 1);
+void clear_faults();
+// The status an armed fault makes this call of `function` return, or 0 to run it.
+int injected_failure(const char* function);
+
 // Test controls.
 struct Stats {
   size_t bytes_in_use = 0;
@@ -97,5 +110,7 @@ struct Stats {
 Stats stats();
 // Runs everything queued (as cudaDeviceSynchronize would) and reports a sticky error, if any.
 cudaError_t drain_all();
+// The compute capability the devices report (default 9.0, Hopper).
+void set_compute_capability(int major, int minor);
 
 }  // namespace ptrain::sim

@@ -7,7 +7,8 @@
 // (PTRAIN_SIM_REPORT): native and block-scaled FP8 GEMMs, the fused attention graphs and their
 // self-check, uploads through pinned staging, the loss summed on the device, graph replays,
 // NCCL's collectives. Each run's `--dry-run` GPU memory plan is checked against the arena's
-// measured peak.
+// measured peak, and its PTRAIN_LIBRARY_LOG (what gpu-check.sh brings back from a GPU) against
+// the GEMMs and attention graphs the run asked for.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -70,6 +71,44 @@ long ran_prefix(const std::map<std::string, long>& ops, const std::string& prefi
   return n;
 }
 
+// The library log: one record per cuBLASLt heuristic query and per cuDNN attention shape, from
+// every rank. The GEMMs found algorithms; FP8 runs found them for e4m3 GEMMs (block-scaled ones
+// for the block recipe, only there); fused runs logged the engines of both passes of their
+// shape on every rank, and fallback runs asked cuDNN nothing.
+void check_library_log(const fs::path& path, const Axes& run, bool fp8) {
+  REQUIRE(fs::exists(path));
+  long gemms = 0, fp8_gemms = 0, block_scaled = 0, attention_ok = 0, attention_records = 0;
+  for (const auto& record : read_metrics(path)) {
+    INFO(record.dump());
+    if (record["library"] == "cuBLASLt") {
+      // A query may be refused (an epilogue tried first, then the separate ops): only the
+      // algorithms found count.
+      if (record["status"] != "CUBLAS_STATUS_SUCCESS" || record["returned"].get<int>() == 0) continue;
+      ++gemms;
+      CHECK(record["algo"]["id"].get<int64_t>() >= 0);
+      const auto& spec = record["spec"];
+      if (spec["types"][0] == "e4m3" || spec["types"][1] == "e4m3") ++fp8_gemms;
+      if (spec["scales"][0] != "unscaled" && spec["scales"][0] != "tensor") ++block_scaled;
+    } else {
+      REQUIRE(record["library"] == "cuDNN");
+      ++attention_records;
+      if (record["ok"].get<bool>()) {
+        ++attention_ok;
+        CHECK(record["forward"]["engine"].get<int64_t>() >= 0);
+        CHECK(record["backward"]["engine"].get<int64_t>() >= 0);
+      }
+    }
+  }
+  CHECK(gemms > 0);
+  CHECK((fp8_gemms > 0) == fp8);
+  CHECK((block_scaled > 0) == (std::string(run.mode) == "fp8:block"));
+  if (std::string(run.attention) == "cudnn") {
+    CHECK(attention_ok >= run.ranks);
+  } else {
+    CHECK(attention_records == 0);
+  }
+}
+
 void check_run(const Axes& run) {
   const TempDir tmp(std::string("sim-run-") + run.name);
   const fs::path dir = tmp.dir, report = dir / "report";
@@ -95,8 +134,10 @@ void check_run(const Axes& run) {
                  "distributed: {zero_stage: " + std::to_string(run.zero_stage) + "}\n"
                  "checkpoint: {save_final: false}\n");
   const std::string env = "PTRAIN_SIM_REPORT='" + report.string() + "' PTRAIN_SIM_DEVICES=" + std::to_string(run.ranks);
-  const CommandResult r = run.ranks == 1 ? run_ptrain("train run.yaml", dir, env)
-                                         : run_shell("cd '" + dir.string() + "' && " + env + " " +
+  const fs::path library_log = dir / "library.jsonl";
+  const std::string train_env = env + " PTRAIN_LIBRARY_LOG='" + library_log.string() + "'";
+  const CommandResult r = run.ranks == 1 ? run_ptrain("train run.yaml", dir, train_env)
+                                         : run_shell("cd '" + dir.string() + "' && " + train_env + " " +
                                                      mpi_command(run.ranks, "train run.yaml"));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -168,6 +209,8 @@ void check_run(const Axes& run) {
       CHECK(ran_prefix(ops, "nccl") == 0);
     }
   }
+  check_library_log(library_log, run, fp8);
+
   if (run.graphs) {
     const auto summary = nlohmann::json::parse(read_file(dir / "runs" / "r" / "summary.json"));
     CHECK(summary["cuda_graph_replays"].get<long>() > 0);
@@ -218,6 +261,41 @@ const Axes kRuns[] = {
     // Three ranks and 32 positions: 433,664 parameters do not split in three (uneven shards).
     {"bf16-3-ranks-fallback-zero1-uneven", "bf16", "fallback", false, 3, 1, 32},
 };
+
+// Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
+// starts, in a collective, or asynchronously (a peer or the network) as found after one. The run
+// stops with NCCL's status and call named by the failing rank, and takes the other rank down
+// instead of leaving it waiting in a collective.
+TEST_CASE("simulated device: a run whose NCCL fails stops on every rank with NCCL's error", "[sim]") {
+  const TempDir tmp("sim-run-nccl-faults");
+  write_file(tmp.dir / "run.yaml",
+             "run: {name: r, out_dir: runs, seed: 3, device: cuda}\n"
+             "model: {n_layer: 1, n_head: 2, n_embd: 64, seq_len: 32, vocab_size: 256, attention: fallback}\n"
+             "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 50000, seed: 5}}\n"
+             "training: {steps: 2, batch_tokens: 256, micro_batch: 2, eval_every: 0, eval_batches: 1}\n"
+             "precision: {mode: bf16}\n"
+             "checkpoint: {save_final: false}\n");
+  const struct {
+    const char* fault;  // function:nth:status (nccl.h: 2 ncclSystemError, 3 ncclInternalError, 6 ncclRemoteError)
+    std::vector<std::string> said;
+  } faults[] = {
+      {"ncclCommInitRank:1:2", {"NCCL error ncclSystemError", "ncclCommInitRank", "NCCL_DEBUG=WARN says which"}},
+      {"ncclAllReduce:1:6", {"NCCL error ncclRemoteError", "ncclAllReduce", "another rank or the network failed"}},
+      {"ncclCommGetAsyncError:1:3",
+       {"NCCL error ncclInternalError", "an earlier collective (ncclCommGetAsyncError)", "simulated network"}},
+  };
+  int run_number = 0;
+  for (const auto& f : faults) {
+    INFO(f.fault);
+    const std::string args = "train run.yaml --set run.name=r" + std::to_string(++run_number);
+    const CommandResult r = run_shell("cd '" + tmp.dir.string() + "' && PTRAIN_SIM_DEVICES=2 PTRAIN_SIM_FAIL=" +
+                                      f.fault + " " + mpi_command(2, args));
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find("ptrain: error on rank ") != std::string::npos);
+    for (const std::string& text : f.said) CHECK(r.output.find(text) != std::string::npos);
+  }
+}
 
 TEST_CASE("simulated device: a dozen short runs of ptrain_simulated cover every axis on the GPU paths", "[sim]") {
   for (const Axes& run : kRuns) {
