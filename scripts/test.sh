@@ -4,12 +4,17 @@
 # emulator, so an out-of-bounds access in a kernel shows up there), and last runs every fuzzer
 # for 30 s (scripts/fuzz.sh). Arguments go to the first ctest (e.g. -R layernorm) and skip the
 # AddressSanitizer and fuzzing steps. Tests run one at a time: each is multi-threaded, and two at
-# once on two cores would oversubscribe them.
+# once on two cores would oversubscribe them; except those on the simulated device (label sim),
+# which run one core each (the SIMT emulator runs one block at a time) and so run nproc at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
-(cd build && ctest --output-on-failure --no-tests=error "$@")
-[ $# -eq 0 ] || exit 0
+if [ $# -gt 0 ]; then
+  (cd build && ctest --output-on-failure --no-tests=error "$@")
+  exit 0
+fi
+(cd build && ctest --output-on-failure --no-tests=error -LE '^sim$')
+(cd build && ctest --output-on-failure --no-tests=error -L '^sim$' -j "$(nproc)")
 
 echo "== kernel tests under AddressSanitizer (build-asan/)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_ASAN=ON -DPTRAIN_CUDA=OFF >/dev/null
