@@ -16,6 +16,16 @@ targets=(ptrain_sim_gpu_tests ptrain_sim_multigpu_tests)
 echo "== building the simulated-device tests (scratch copy: $scratch)"
 cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
 
+# The tests that should catch the mutations must pass on the tree as it is: otherwise every
+# mutation would look caught.
+baseline='uploads run ahead|matmul_backward|fused \(cuDNN\) attention|GPUs follow 1 GPU'
+echo "== the unmutated tree: the sim tests matching '$baseline'"
+if ! (cd build && ctest -L sim -R "$baseline" -j "$(nproc)" --timeout 900 --output-on-failure >../baseline.log 2>&1); then
+  echo "the unmutated tree fails them (see $scratch/baseline.log): no mutation can be judged"
+  exit 1
+fi
+echo "passed"
+
 missed=0
 # mutate NAME FILE PYTHON-REPLACEMENT TEST-REGEX: replaces the first occurrence of OLD by NEW in
 # FILE (both exact text, passed to python), rebuilds, runs the tests, restores the file.
@@ -47,7 +57,10 @@ PY
     echo "CAUGHT  $name: $(grep -c '\*\*\*Failed' "$name.log") of the tests matching '$tests' failed"
     grep -m1 -A4 'FAILED:' "$name.log" | sed 's/^/        /'
   fi
+  # Restored with a new time stamp: the .orig copy is older than the mutant's object file, and a
+  # build that kept the mutant would make every later mutation look caught.
   mv "$file.orig" "$file"
+  touch "$file"
 }
 
 # 1. A pinned staging buffer handed out again before the copy queued from it ran.
