@@ -16,7 +16,9 @@ namespace {
 int64_t block(int64_t bytes) { return bytes > 0 ? static_cast<int64_t>(arena_block_bytes(static_cast<size_t>(bytes))) : 0; }
 int64_t block_of(int64_t n, Format f) { return block(n * static_cast<int64_t>(dtype_size(cuda_storage_dtype(f)))); }
 
-std::string gib(int64_t bytes) { return gib_text(static_cast<size_t>(std::max<int64_t>(bytes, 0))); }
+std::string gib(int64_t bytes) {
+  return (bytes < 0 ? "-" : "") + gib_text(static_cast<size_t>(bytes < 0 ? -bytes : bytes));
+}
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one byte

@@ -7,7 +7,6 @@
 
 #include <cudnn.h>
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,15 +23,8 @@ static_assert(kCublasLtWorkspaceBytes == Matmul::kRecommendedWorkspaceBytes);
 
 // The arena's size is a whole number of these (a large cudaMalloc's own granularity).
 constexpr size_t kArenaGranularity = size_t(2) << 20;
-
-Fp8CastStats to_stats(const DeviceScalars& d) {
-  Fp8CastStats stats;
-  stats.amax = d.amax;
-  stats.nonzero = static_cast<int64_t>(d.counts.nonzero);
-  stats.underflow = static_cast<int64_t>(d.counts.underflow);
-  stats.saturated = static_cast<int64_t>(d.counts.saturated);
-  return stats;
-}
+// Less free memory than the margin and this is refused: too little for any model.
+constexpr size_t kMinimumArenaBytes = size_t(1) << 30;
 
 CudaBackend::CudaBackend(int device_index, size_t arena_bytes, bool tf32) : device_(device_index), tf32_(tf32) {
   int count = 0;
@@ -55,7 +47,7 @@ CudaBackend::CudaBackend(int device_index, size_t arena_bytes, bool tf32) : devi
     size_t want = arena_bytes;
     if (want == 0) {
       const size_t margin = arena_margin_bytes(total_bytes);
-      if (free_bytes < margin + (size_t(1) << 30))
+      if (free_bytes < margin + kMinimumArenaBytes)
         throw EnvironmentError("CUDA device " + std::to_string(device_index) + " has only " + gib_text(free_bytes) +
                                " free of " + gib_text(total_bytes) +
                                ": too little for ptrain's arena (other processes?)");
@@ -111,7 +103,7 @@ void CudaBackend::release(void* ptr) {
   if (!ptr) return;
   const size_t bytes = arena_->block_bytes(ptr);
   PTRAIN_CHECK(bytes > 0, "cuda backend release: the pointer was not returned by allocate()");
-  forget_buckets_within(ptr, bytes);
+  forget_buckets_within(ptr, bytes);  // token buckets of tensors inside the block
   arena_->release(ptr);
 }
 

@@ -9,8 +9,13 @@
 //   ops_layers.cu        embedding, layernorm, GELU, add, classifier, AdamW
 //   ops_matmul.cu        GEMMs through cuBLASLt, bias gradients, GELU epilogues
 //   ops_attention.cu     the fallback attention chain and cuDNN's fused attention
-//   ops_reductions.cu    sums, amax, the FP8 casts and their statistics
+//   ops_reductions.cu    sums and amax
+//   fp8_casts.cu         the FP8 casts and their statistics
 //   fp8_gemms.cu         native FP8 GEMMs of one linear layer
+// with helpers of their own, in namespace ptrain as they know nothing of this class:
+//   device_arena.h       the arena (one cudaMalloc, first-fit blocks)
+//   pinned_staging.h     page-locked buffers for copies that do not wait
+//   op_common.h          operand checks, dtype dispatch, rounding rules
 //
 // Why this shape:
 //  - Mixed dtypes. The model hands the backend f32 FP8 buffers (dequantised values) next to bf16
@@ -49,7 +54,7 @@
 #include "backend/cuda/cudnn_attention.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/matmul.h"
-#include "backend/cuda/op_checks.h"
+#include "backend/cuda/op_common.h"
 #include "backend/cuda/pinned_staging.h"
 #include "fp8.cuh"
 
@@ -164,6 +169,8 @@ class CudaBackend final : public Backend {
   double sum_squares(Tensor t) override { return reduce("sum_squares", t, true); }
   void sum_into(Tensor out, Tensor t) override;
   float amax(Tensor t) override;
+
+  // fp8_casts.cu
   Fp8CastStats fp8_cast(Tensor out, Tensor in, Format format, float scale) override;
   Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows, int block_cols) override;
 
@@ -244,10 +251,11 @@ class CudaBackend final : public Backend {
   void drop_attention_scratch();
   std::string check_fused_attention(const SdpaShape& s);
 
-  // ---------------------------------------------------------------------- reductions (ops_reductions.cu)
+  // ------------------------------------------------------ reductions, FP8 statistics (ops_reductions.cu, fp8_casts.cu)
 
   double reduce(const char* op, const Tensor& t, bool squares);
   void queue_reduce(const char* op, const Tensor& t, bool squares, double* device_out);
+  // fp8_casts.cu
   void reset_scalars(float scale);
   Fp8CastStats read_fp8_stats();
   char* scalar_field(size_t offset) const { return reinterpret_cast<char*>(scalars_) + offset; }

@@ -61,7 +61,7 @@ void* DeviceArena::allocate(size_t bytes) {
                          " bytes); lower training.micro_batch or free the GPU of other processes");
 }
 
-size_t DeviceArena::release(void* ptr) {
+void DeviceArena::release(void* ptr) {
   const auto it = blocks_.find(ptr);
   PTRAIN_CHECK(it != blocks_.end(), "cuda backend: freeing a block the arena did not hand out");
   const size_t size = it->second;
@@ -83,7 +83,6 @@ size_t DeviceArena::release(void* ptr) {
       free_.erase(pos);
     }
   }
-  return size;
 }
 
 size_t DeviceArena::block_bytes(const void* ptr) const {

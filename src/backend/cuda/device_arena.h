@@ -21,6 +21,8 @@ class DeviceArena {
  public:
   // Reserves `bytes` (already rounded by the caller); blocks are zeroed on `stream`. Throws
   // EnvironmentError, naming the size and the device's free memory, when cudaMalloc refuses.
+  // Destroy only once the work queued on `stream` is done (cudaFree synchronises the device, but
+  // the caller's stream must outlive it).
   DeviceArena(size_t bytes, size_t device_free, size_t device_total, cudaStream_t stream);
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
@@ -29,10 +31,11 @@ class DeviceArena {
   // First fit in address order over the free blocks; a whole number of kArenaAlignment bytes,
   // zeroed on the stream. Throws EnvironmentError (out of GPU memory) when nothing fits.
   void* allocate(size_t bytes);
-  // Returns a block to the free list, merging it with free neighbours; the block's size.
-  // Throws std::logic_error for a pointer allocate() did not return.
-  size_t release(void* ptr);
-  // The size of the block at ptr, or 0 if ptr is not one allocate() handed out.
+  // Returns a block to the free list, merging it with free neighbours. Throws
+  // std::logic_error for a pointer allocate() did not return.
+  void release(void* ptr);
+  // The size of the block at ptr (never 0: a block has at least kArenaAlignment bytes), or 0 if
+  // ptr is not one allocate() handed out.
   size_t block_bytes(const void* ptr) const;
 
   size_t capacity() const { return bytes_; }

@@ -1,8 +1,9 @@
 // Native FP8 GEMMs of one linear layer (Backend::make_fp8_gemms): the layer's operands cast to
 // E4M3/E5M2 codes in the arena, with transposes because cuBLASLt's FP8 GEMMs on Hopper take only
 // the TN layout, and their dequantisation factors passed to cuBLASLt as scale pointers (per
-// tensor) or block-scale arrays (1x128 and 128x128 blocks). A layer cuBLASLt cannot take is
-// refused here, before any memory is taken, and the model emulates it.
+// tensor) or block-scale arrays (1x128 and 128x128 blocks). A layer whose shape cuBLASLt's FP8
+// GEMMs cannot take is refused before any memory is taken; one the library has no algorithm for,
+// once its buffers are made and asked about (then given back). The model emulates either.
 #include "backend/cuda/cuda_backend_impl.h"
 
 #include <array>
@@ -11,7 +12,6 @@
 
 #include "backend/cuda/kernel_formats.h"
 #include "core/error.h"
-#include "convert.cuh"
 #include "elementwise.cuh"
 
 namespace ptrain::cuda_impl {

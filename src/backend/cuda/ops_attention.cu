@@ -138,6 +138,8 @@ void CudaBackend::fused_attention_forward(const Tensor& out, const Tensor& stats
   if (needs_rounding(out)) convert(out, out, out.format);
 }
 
+// cuDNN reads q, k and v in place from qkv; its backward writes dq, dk and dv into scratch, which
+// is then added into dqkv (backward ops accumulate).
 void CudaBackend::fused_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                            const Tensor& stats, const SdpaShape& s) {
   const DType dt = qkv.dtype;

@@ -1,5 +1,6 @@
 // The ops that run one kernel template of kernels/ each (embedding, layernorm, GELU, add, the
-// fused classifier, AdamW): checks, staging and dispatch through run_staged, then the launch.
+// fused classifier, AdamW): checks, then staging and dispatch through run_staged and the launch
+// (AdamW, whose operands are never staged, dispatches directly).
 #include "backend/cuda/cuda_backend_impl.h"
 
 #include "core/error.h"

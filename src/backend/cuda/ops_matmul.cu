@@ -7,7 +7,6 @@
 
 #include "convert.cuh"
 #include "elementwise.cuh"
-#include "reduce.cuh"
 
 namespace ptrain::cuda_impl {
 

@@ -1,9 +1,8 @@
-// Results the host reads: sums (in double, over reduce.cuh's fixed grid of partial sums, so
-// bit-identical run to run), amax, and the FP8 casts with their statistics (amax, values that
-// underflowed or saturated), which the precision policy reads to choose its scales.
+// Sums and amax, results the host reads: sums in double over reduce.cuh's fixed grid of partial
+// sums (bit-identical run to run, whatever the device), queued on the stream for the host to read
+// or added to a device total (the trainer's loss, read once a step).
 #include "backend/cuda/cuda_backend_impl.h"
 
-#include "backend/cuda/kernel_formats.h"
 #include "reduce.cuh"
 
 namespace ptrain::cuda_impl {
@@ -31,69 +30,6 @@ float CudaBackend::amax(Tensor t) {
   return result;
 }
 
-// kernels::fp8_cast writes the codes and the statistics; the dequantised output is
-// code value * (1.0f / scale), the CPU's expression, bit for bit. `out` is not rounded to
-// any format: it holds exactly the dequantised values.
-Fp8CastStats CudaBackend::fp8_cast(Tensor out, Tensor in, Format format, float scale) {
-  const char* op = "fp8_cast";
-  PTRAIN_EXPECT(!out.empty() && !in.empty(), op, "empty operand");
-  expect_float(op, "out", out);
-  expect_float(op, "in", in);
-  PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
-  PTRAIN_EXPECT(out.numel() == in.numel(), op,
-                "in " + in.shape_string() + " and out " + out.shape_string() + " differ in size");
-  const int64_t n = in.numel();
-  if (n == 0) return Fp8CastStats{};
-  const int64_t cols = last_dim(in);
-  const int rows_i = to_int(n / cols, op, "rows"), cols_i = to_int(cols, op, "columns");
-  fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
-  const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
-  reset_scalars(scale);
-  with_float_type(in.dtype, op, [&](auto tag) {
-    PTRAIN_ELEMENT_TYPE(T, tag);
-    kernels::fp8_cast<T>(codes, nullptr, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i, scale_ptr(), fmt,
-                         stream_);
-  });
-  const float inv_scale = 1.0f / scale;
-  with_float_type(out.dtype, op, [&](auto tag) {
-    PTRAIN_ELEMENT_TYPE(T, tag);
-    kernels::fp8_dequantize<T>(out.as<T>(), codes, static_cast<size_t>(n), inv_scale, fmt, stream_);
-  });
-  return read_fp8_stats();
-}
-
-Fp8CastStats CudaBackend::fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows, int block_cols) {
-  const char* op = "fp8_cast_blocks";
-  PTRAIN_EXPECT(!out.empty() && !in.empty(), op, "empty operand");
-  expect_float(op, "out", out);
-  expect_float(op, "in", in);
-  PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
-  PTRAIN_EXPECT(block_rows >= 1 && block_cols >= 1, op, "block sizes must be positive");
-  PTRAIN_EXPECT(out.numel() == in.numel(), op,
-                "in " + in.shape_string() + " and out " + out.shape_string() + " differ in size");
-  const int64_t n = in.numel();
-  if (n == 0) return Fp8CastStats{};
-  const int64_t cols = last_dim(in), rows = n / cols;
-  const int rows_i = to_int(rows, op, "rows"), cols_i = to_int(cols, op, "columns");
-  const int64_t tile_rows = (rows + block_rows - 1) / block_rows, tile_cols = (cols + block_cols - 1) / block_cols;
-  to_int(tile_rows * tile_cols, op, "blocks");
-  fp8* codes = static_cast<fp8*>(scratch(kFp8Codes, static_cast<size_t>(n)));
-  float* scale_inv = scratch_floats(kFp8ScaleInv, static_cast<size_t>(tile_rows * tile_cols));
-  const __nv_fp8_interpretation_t fmt = fp8_interpretation(format);
-  reset_scalars(1.0f);
-  with_float_type(in.dtype, op, [&](auto tag) {
-    PTRAIN_ELEMENT_TYPE(T, tag);
-    kernels::fp8_quantize_blocks<T>(codes, scale_inv, amax_ptr(), counts_ptr(), in.as<T>(), rows_i, cols_i, block_rows,
-                                    block_cols, fmt, stream_);
-  });
-  with_float_type(out.dtype, op, [&](auto tag) {
-    PTRAIN_ELEMENT_TYPE(T, tag);
-    kernels::fp8_dequantize_blocks<T>(out.as<T>(), codes, scale_inv, rows_i, cols_i, block_rows, block_cols, fmt,
-                                      stream_);
-  });
-  return read_fp8_stats();
-}
-
 double CudaBackend::reduce(const char* op, const Tensor& t, bool squares) {
   double* device_result = result_ptr();
   queue_reduce(op, t, squares, device_result);
@@ -116,21 +52,6 @@ void CudaBackend::queue_reduce(const char* op, const Tensor& t, bool squares, do
     PTRAIN_ELEMENT_TYPE(T, tag);
     kernels::double_sum<T>(device_out, partials, t.as<T>(), n, squares, stream_);
   });
-}
-
-// Before an FP8 cast: zeroes the device scalars (counts, amax, result) and sets the cast's
-// scale, in stream order. A copy from pageable host memory is staged before cudaMemcpyAsync
-// returns, so `scale` may go away at once.
-void CudaBackend::reset_scalars(float scale) {
-  PTRAIN_CUDA_CHECK(cudaMemsetAsync(scalars_, 0, sizeof(DeviceScalars), stream_));
-  PTRAIN_CUDA_CHECK(cudaMemcpyAsync(scale_ptr(), &scale, sizeof(float), cudaMemcpyHostToDevice, stream_));
-}
-
-Fp8CastStats CudaBackend::read_fp8_stats() {
-  DeviceScalars host{};
-  PTRAIN_CUDA_CHECK(cudaMemcpyAsync(&host, scalars_, sizeof(DeviceScalars), cudaMemcpyDeviceToHost, stream_));
-  sync();
-  return to_stats(host);
 }
 
 }  // namespace ptrain::cuda_impl

@@ -27,7 +27,9 @@ class CudaGraph final : public RecordedWork {
 // Stream capture in thread-local mode: a synchronisation or a copy between the device and
 // pageable memory inside `body` fails the capture (a CudaError with a capture status), and a
 // library call that cannot be captured fails with its library's error; either ends the
-// recording as a refusal. Arena allocations are no CUDA calls: they do not fail it.
+// recording as a refusal. An arena allocation inside `body` calls no CUDA allocator, so it does
+// not fail the capture: its zeroing memset is recorded like other work, and the memory epoch
+// (memory_epoch) tells the caller that the recording holds a block handed out during it.
 std::unique_ptr<RecordedWork> CudaBackend::record(const std::function<void()>& body, std::string* why) {
   PTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   std::string failure;

@@ -73,9 +73,7 @@ void CudaBackend::upload_tokens(Tensor dst, const int32_t* src) {
 
 void CudaBackend::copy(Tensor dst, Tensor src) {
   const char* op = "copy";
-  PTRAIN_EXPECT(!dst.empty() && !src.empty(), op, "empty tensor");
-  expect_float(op, "dst", dst);
-  expect_float(op, "src", src);
+  expect_floats(op, {{"dst", &dst}, {"src", &src}});
   PTRAIN_EXPECT(dst.numel() == src.numel(), op,
                 "shape mismatch: dst " + dst.shape_string() + " src " + src.shape_string());
   if (dst.numel() == 0) return;

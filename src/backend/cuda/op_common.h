@@ -1,7 +1,8 @@
-// What every op of the CUDA backend checks before it queues work, and the dispatch from a
-// tensor's dtype to the kernels' element type. An op's operands arrive as Tensors (pointer,
-// dtype, shape, device); a wrong one is a bug of the caller, so it fails with the op's and the
-// operand's names (std::logic_error) before anything is queued on the stream.
+// What the ops of the CUDA backend share: the checks of their operands, the dispatch from a
+// tensor's dtype to the kernels' element type, and the rules of rounding to a format. An op's
+// operands arrive as Tensors (pointer, dtype, shape, device); a wrong one is a bug of the caller,
+// so it fails with the op's and the operand's names (std::logic_error), as a rule before the op
+// queues work (a size too large for the kernels' int may be found after an operand was staged).
 #pragma once
 
 #include <cstdint>
