@@ -50,15 +50,18 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
       ->check(CLI::PositiveNumber);
 }
 
-void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides) {
+void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides, bool& profile) {
   CLI::App* cmd = app.add_subcommand("bench", "Benchmark training throughput against the machine's sgemm ceiling");
   cmd->footer(
       "Measures a 4096^3 sgemm through the same BLAS and thread count, trains the config for\n"
       "training.steps steps, and prints median ms/step, tokens/s and model FLOP/s over steps 2..N.\n"
-      "Example:\n"
-      "  ptrain bench configs/bench-cpu.yaml");
+      "Examples:\n"
+      "  ptrain bench configs/bench-cpu.yaml\n"
+      "  ptrain bench configs/bench-cpu.yaml --profile --set precision.mode=bf16");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  cmd->add_flag("--profile", profile,
+                "CPU: also print the median time per op family (GEMMs, attention, classifier, ...) and the GEMMs' rate");
 }
 
 struct CompareArgs {
@@ -210,7 +213,8 @@ int run(int argc, char** argv) {
   bool dry_run = false;
   int64_t stop_at = 0;
   add_train_command(app, config_path, overrides, dry_run, stop_at);
-  add_bench_command(app, config_path, overrides);
+  bool bench_profile = false;
+  add_bench_command(app, config_path, overrides, bench_profile);
   CheckpointArgs ckpt;
   add_checkpoint_commands(app, config_path, overrides, ckpt);
   SynthArgs synth;
@@ -279,7 +283,7 @@ int run(int argc, char** argv) {
     return report_comparison(ptrain::compare_run_dirs(compare.inputs, compare.options), compare);
   }
   if (app.got_subcommand("bench")) {
-    ptrain::benchmark(ptrain::load_config(config_path, overrides));
+    ptrain::benchmark(ptrain::load_config(config_path, overrides), bench_profile);
     return 0;
   }
   CLI::App* data = app.get_subcommand("data");

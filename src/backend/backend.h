@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "metrics/op_profile.h"
 
 namespace ptrain {
 
@@ -263,6 +264,13 @@ class Backend {
 
   // Returns the gradient-rounding counters since the last call and resets them.
   virtual GradNumerics take_grad_numerics() = 0;
+
+  // Charges each op's wall time to `profile` (null: stop). False where ops run asynchronously,
+  // as on a GPU, so that host time would say nothing (there: nsys, with ptrain's NVTX ranges).
+  virtual bool set_profile(OpProfile* profile) {
+    (void)profile;
+    return false;
+  }
 
   // Recording (CUDA graphs): the work of a sequence of ops captured once and replayed as one
   // launch, without the host's per-op calls. Why record() cannot succeed here; "" if it can.

@@ -19,7 +19,8 @@ GemmRate measure_sgemm_rate(int size, int repeats) {
     a[i] = rng.uniform() - 0.5f;
     b[i] = rng.uniform() - 0.5f;
   }
-  std::vector<double> rates;
+  GemmRate result{size, omp_get_max_threads(), {}};
+  std::vector<double>& rates = result.rates;
   for (int r = 0; r <= repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, size, size, size, 1.0f, a.data(), size, b.data(), size,
@@ -28,7 +29,20 @@ GemmRate measure_sgemm_rate(int size, int repeats) {
     if (r > 0) rates.push_back(2.0 * size * static_cast<double>(size) * size / s);  // r = 0 warms up
   }
   std::sort(rates.begin(), rates.end());
-  return {size, omp_get_max_threads(), rates[rates.size() / 2]};
+  return result;
+}
+
+double GemmRate::median_flops() const {
+  if (rates.empty()) return 0;
+  const size_t n = rates.size();
+  return n % 2 ? rates[n / 2] : 0.5 * (rates[n / 2 - 1] + rates[n / 2]);
+}
+
+GemmRate GemmRate::merged(const GemmRate& other) const {
+  GemmRate m = *this;
+  m.rates.insert(m.rates.end(), other.rates.begin(), other.rates.end());
+  std::sort(m.rates.begin(), m.rates.end());
+  return m;
 }
 
 }  // namespace ptrain

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
+#include "metrics/op_profile.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
 #include "train/trainer.h"
@@ -52,25 +53,37 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
   std::printf("  peak device memory     %10.2f GiB\n", static_cast<double>(result.peak_device_bytes) / (1 << 30));
 }
 
-void benchmark(const Config& config) {
+void benchmark(const Config& config, bool profile) {
   if (config.training.steps < 3)
     throw UserError("training.steps: " + std::to_string(config.training.steps) +
                     " is too few to benchmark; expected at least 3 (step 1 is warm-up)");
   if (config.run.device != "cpu") {
     const CudaProbe probe = probe_cuda();
-    if (!probe.devices.empty()) return benchmark_gpu(config, probe.devices[0]);
+    if (!probe.devices.empty()) {
+      if (profile)
+        throw UserError("--profile: the CUDA backend runs its ops asynchronously, so host times would not say where "
+                        "the GPU's time goes; profile it with nsys (ptrain marks NVTX ranges), or benchmark the CPU "
+                        "with --set run.device=cpu");
+      return benchmark_gpu(config, probe.devices[0]);
+    }
     if (config.run.device == "cuda")
       throw EnvironmentError("run.device: cuda cannot be benchmarked: no usable CUDA device: " + probe.why_none);
   }
-  // The backend sets the OpenMP and OpenBLAS thread counts; measure the ceiling under them.
+  // The backend sets the OpenMP and OpenBLAS thread counts; measure the ceiling under them,
+  // before and after training, so that a machine whose speed drifts shows it in the range.
   const std::string device = make_cpu_backend(config.training.threads)->description();
-  const GemmRate gemm = measure_sgemm_rate(4096, 5);
+  const GemmRate before = measure_sgemm_rate(4096, 5);
   std::printf("ceiling: sgemm 4096^3 on %s: median %.1f GFLOP/s over 5 runs\n\n", device.c_str(),
-              gemm.median_flops / 1e9);
+              before.median_flops() / 1e9);
   std::fflush(stdout);
 
-  const TrainResult result = train(config, TrainOptions{});
+  OpProfile op_profile;
+  TrainOptions options;
+  if (profile) options.profile = &op_profile;
+  const TrainResult result = train(config, options);
   const StepRate r = step_rate(result);
+  const GemmRate gemm = before.merged(measure_sgemm_rate(4096, 5));
+  const double ceiling = gemm.median_flops();
   std::printf("\nbenchmark: %s, %s, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
               PrecisionPolicy::from_config(config.precision).label().c_str(), gemm.threads,
               result.step_seconds.size(), r.steps);
@@ -78,8 +91,10 @@ void benchmark(const Config& config) {
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
   std::printf("  model FLOP/s           %10.1f GFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", r.model_flops / 1e9,
               result.flops_per_token);
-  std::printf("  sgemm ceiling          %10.1f GFLOP/s\n", gemm.median_flops / 1e9);
-  std::printf("  model / ceiling        %10.1f %%\n", 100.0 * r.model_flops / gemm.median_flops);
+  std::printf("  sgemm ceiling          %10.1f GFLOP/s  (median of %zu runs before and after training, %.1f-%.1f)\n",
+              ceiling / 1e9, gemm.rates.size(), gemm.min_flops() / 1e9, gemm.max_flops() / 1e9);
+  std::printf("  model / ceiling        %10.1f %%\n", 100.0 * r.model_flops / ceiling);
+  if (profile) std::printf("\n%s", format_profile(op_profile.summary(), ceiling).c_str());
 }
 
 }  // namespace ptrain

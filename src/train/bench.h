@@ -7,7 +7,8 @@
 namespace ptrain {
 
 // Measures the sgemm ceiling, trains `config` (its training.steps), and prints median ms/step,
-// tokens/s and model FLOP/s over steps 2..N, and that rate as a fraction of the ceiling.
-void benchmark(const Config& config);
+// tokens/s and model FLOP/s over steps 2..N, and that rate as a fraction of the ceiling. With
+// `profile` (CPU only), also the median time per op family and the GEMMs' own rate.
+void benchmark(const Config& config, bool profile = false);
 
 }  // namespace ptrain

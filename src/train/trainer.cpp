@@ -119,6 +119,8 @@ class Trainer {
     schedule_.min_lr_ratio = config.schedule.min_lr_ratio;
     schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
     comm_->set_compute_stream(backend_->stream());
+    // bench refuses --profile before training where the backend cannot profile.
+    if (options.profile) PTRAIN_CHECK(backend_->set_profile(options.profile), "this backend cannot profile its ops");
     loss_sums_ = Tensor(backend_->allocate(sizeof(double) * static_cast<size_t>(accum_)), DType::f64, {accum_},
                         backend_->device());
   }
@@ -167,6 +169,7 @@ class Trainer {
     for (int64_t step = first_step; step <= steps; ++step) {
       NvtxRange step_range("step");
       const auto t0 = Clock::now();
+      if (options_.profile) options_.profile->begin_step();
       const double lr = schedule_.at(step - 1);
       model_.zero_grad();
       // One slot per micro-batch of the global batch: each rank fills its own, the sum over
@@ -236,6 +239,7 @@ class Trainer {
         model_.end_step();
       }
       const double seconds = seconds_since(t0);
+      if (options_.profile) options_.profile->end_step(seconds);
       train_seconds += seconds;
       result_.step_seconds.push_back(seconds);
       if (step > 1 || steps == 1) {  // the first step warms caches and thread pools

@@ -5,12 +5,14 @@
 #include <vector>
 
 #include "config/config.h"
+#include "metrics/op_profile.h"
 
 namespace ptrain {
 
 struct TrainOptions {
   bool dry_run = false;  // validate, print the plan, write nothing
   int64_t stop_at = 0;   // > 0: after this step, save a checkpoint and stop as if interrupted
+  OpProfile* profile = nullptr;  // per-op times of each step (CPU backend; bench --profile)
 };
 
 struct TrainResult {

@@ -17,10 +17,22 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
           int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// For ops that share many small independent GEMMs among threads themselves (attention: one
+// (batch, head) per iteration of a parallel loop): one BLAS call on the calling thread, which
+// must be inside an OpenMP parallel region without an `if` clause (OpenBLAS threads a call made
+// outside an active one unless OpenMP has one thread). `id` numbers the call for the recording;
+// reserve_gemm_ids, on the thread that starts the loop, hands out a block of them, so that
+// recordings compare between thread counts.
+int64_t reserve_gemm_ids(int64_t count);
+void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                 const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
 // One BLAS call a GEMM was cut into: its shape, and where its operands start relative to the
 // whole GEMM's (in elements), so calls can be compared between runs and thread counts.
 struct GemmCall {
-  int64_t gemm = 0;  // which gemm() call of the recording this panel belongs to, in call order
+  int64_t gemm = 0;  // which gemm() call (or serial_gemm id) of the recording this belongs to
   bool f64 = false, trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0, lda = 0, ldb = 0, ldc = 0;
   int64_t a_offset = 0, b_offset = 0, c_offset = 0;
