@@ -22,11 +22,11 @@ struct GridComparison {
   std::string first;
 
   void expect_equal(const char* what, float x, float got, float want) {
-    if (grid::bits_of(got) == grid::bits_of(want)) return;
+    if (float_as_bits(got) == float_as_bits(want)) return;
     if (mismatches++ == 0) {
       char buf[160];
       std::snprintf(buf, sizeof buf, "%s(bits 0x%08X): grid 0x%08X, round_to_format 0x%08X", what,
-                    unsigned(grid::bits_of(x)), unsigned(grid::bits_of(got)), unsigned(grid::bits_of(want)));
+                    unsigned(float_as_bits(x)), unsigned(float_as_bits(got)), unsigned(float_as_bits(want)));
       first = buf;
     }
   }
@@ -60,8 +60,8 @@ struct GridComparison {
 
 TEST_CASE("grid rounding equals round_to_format on every 4099th float", "[formats]") {
   GridComparison c;
-  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 4099) c.check(grid::float_of(uint32_t(b)));
-  c.check(grid::float_of(0xFFFFFFFFu));
+  for (uint64_t b = 0; b < (uint64_t(1) << 32); b += 4099) c.check(bits_as_float(uint32_t(b)));
+  c.check(bits_as_float(0xFFFFFFFFu));
   c.require_none();
 }
 
@@ -75,7 +75,7 @@ TEST_CASE("grid rounding equals round_to_format around every rounding position",
         if (v < 0x10000u) low.push_back(v);
   GridComparison c;
   for (uint32_t hi = 0; hi < 0x10000u; ++hi)
-    for (uint32_t lo : low) c.check(grid::float_of((hi << 16) | lo));
+    for (uint32_t lo : low) c.check(bits_as_float((hi << 16) | lo));
   c.require_none();
 }
 
@@ -84,9 +84,9 @@ TEST_CASE("grid rounding equals round_to_format on NaNs, infinities, zeros and s
   for (uint32_t b : {0x00000000u, 0x00000001u, 0x00000002u, 0x00400000u, 0x007FFFFFu, 0x00800000u, 0x7F7FFFFFu,
                      0x7F800000u, 0x7F800001u, 0x7FA00000u, 0x7FC00000u, 0x7FFFFFFFu, 0x477FE000u, 0x477FF000u,
                      0x43E00000u, 0x43E80000u, 0x43F00000u, 0x47600000u, 0x47700000u})
-    for (uint32_t sign : {0u, 0x80000000u}) c.check(grid::float_of(b | sign));
+    for (uint32_t sign : {0u, 0x80000000u}) c.check(bits_as_float(b | sign));
   c.require_none();
-  CHECK(grid::bits_of(grid::round_bf16(NAN)) == 0x7FFF0000u);
+  CHECK(float_as_bits(grid::round_bf16(NAN)) == 0x7FFF0000u);
   CHECK(std::isinf(grid::round_fp16(65520.0f)));
   CHECK(grid::round_fp16(65519.0f) == 65504.0f);
   CHECK(grid::E4m3Grid::round(1000.0f, true) == 448.0f);
@@ -103,7 +103,7 @@ TEST_CASE("grid rounding equals round_to_format on all 2^32 floats", "[.exhausti
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : mismatches)
   for (int64_t hi = 0; hi < 0x10000; ++hi) {
     GridComparison c;
-    for (uint32_t lo = 0; lo < 0x10000u; ++lo) c.check(grid::float_of(uint32_t(hi << 16) | lo));
+    for (uint32_t lo = 0; lo < 0x10000u; ++lo) c.check(bits_as_float(uint32_t(hi << 16) | lo));
     if (c.mismatches > 0) {
 #pragma omp critical
       first_bad = uint32_t(hi << 16);

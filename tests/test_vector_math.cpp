@@ -30,8 +30,8 @@ TEST_CASE("exp_approx is within 1.5 ulp of exp from -87.3 to 88.7", "[vector_mat
   // Every 61st float bit pattern between the range ends, both signs.
   for (uint32_t sign : {0u, 0x80000000u}) {
     const float end = sign ? -87.3f : 88.7f;
-    for (uint32_t b = 0; b <= vmath::bits_of(std::fabs(end)); b += 61) {
-      const float x = vmath::float_of(b | sign);
+    for (uint32_t b = 0; b <= float_as_bits(std::fabs(end)); b += 61) {
+      const float x = bits_as_float(b | sign);
       const double e = ulps(vmath::exp_approx(x), std::exp(static_cast<double>(x)));
       if (e > worst) worst = e, worst_x = x;
     }

@@ -1,10 +1,10 @@
 #include "checkpoint/state.h"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "checkpoint/sha256.h"
+#include "core/bits.h"
 #include "core/error.h"
 
 namespace ptrain {
@@ -66,16 +66,7 @@ float float_from_bits(const json& v, const std::string& field) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) bad(field, v, "a float's 32-bit pattern");
   const uint64_t bits = v.get<uint64_t>();
   if (bits > 0xFFFFFFFFu) bad(field, v, "a float's 32-bit pattern");
-  const auto b = static_cast<uint32_t>(bits);
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
-
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
+  return bits_as_float(static_cast<uint32_t>(bits));
 }
 
 // A short fingerprint of the model-relevant config, for tools that compare checkpoints.
@@ -94,10 +85,10 @@ json state_to_json(const CheckpointState& s) {
   // the floats' bit patterns, exact whatever the value.
   for (const auto& f : s.fp8) {
     std::vector<uint32_t> history;
-    for (float h : f.history) history.push_back(bits_of(h));
+    for (float h : f.history) history.push_back(float_as_bits(h));
     fp8.push_back({{"name", f.name},
                    {"history_bits", history},
-                   {"scale_bits", bits_of(f.scale)},
+                   {"scale_bits", float_as_bits(f.scale)},
                    {"scale", std::isfinite(f.scale) ? json(f.scale) : json()}});  // for people
   }
   return {{"format", "ptrain checkpoint 1"},

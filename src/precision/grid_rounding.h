@@ -12,33 +12,21 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
+#include "core/bits.h"
 #include "precision/formats.h"
 
 namespace ptrain {
 namespace grid {
-
-inline uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-inline float float_of(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
 
 constexpr uint32_t kSign = 0x80000000u, kInf = 0x7F800000u;
 
 // bf16 keeps float's exponent: add just under half of the dropped 16 bits, plus the kept last
 // bit (ties to even), and truncate. Overflow carries into +-inf as the hardware rounds.
 inline float round_bf16(float x) {
-  const uint32_t u = bits_of(x);
+  const uint32_t u = float_as_bits(x);
   const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  return float_of((u & 0x7FFFFFFFu) > kInf ? 0x7FFF0000u : r);  // NaN: NVIDIA's canonical 0x7FFF
+  return bits_as_float((u & 0x7FFFFFFFu) > kInf ? 0x7FFF0000u : r);  // NaN: NVIDIA's canonical 0x7FFF
 }
 
 // The non-NaN magnitude a (bits, sign clear; +inf counts as 2^128) rounded to nearest, ties to
@@ -58,15 +46,15 @@ inline float round_magnitude(uint32_t a) {
   const uint32_t rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
   n += (rem > half) | ((rem == half) & n);
   // n * 2^(ec - M): n < 2^(M + 2) and 2^(ec - M) >= 2^-24, so the product is exact.
-  return static_cast<float>(static_cast<int32_t>(n)) * float_of(static_cast<uint32_t>(ec - M + 127) << 23);
+  return static_cast<float>(static_cast<int32_t>(n)) * bits_as_float(static_cast<uint32_t>(ec - M + 127) << 23);
 }
 
 // fp16: overflow gives +-inf, NaN the float 0x7FFFFFFF (what __half2float returns for any NaN).
 inline float round_fp16(float x) {
-  const uint32_t u = bits_of(x), a = u & 0x7FFFFFFFu;
+  const uint32_t u = float_as_bits(x), a = u & 0x7FFFFFFFu;
   const float m = round_magnitude<10, 15>(a);
-  const uint32_t mag = m > 65504.0f ? kInf : bits_of(m);
-  return float_of(a > kInf ? 0x7FFFFFFFu : (u & kSign) | mag);
+  const uint32_t mag = m > 65504.0f ? kInf : float_as_bits(m);
+  return bits_as_float(a > kInf ? 0x7FFFFFFFu : (u & kSign) | mag);
 }
 
 // fp8 rounding: with `saturate` overflow gives +-max, without it NaN (e4m3, which has no
@@ -76,16 +64,16 @@ template <int M, int Bias>
 struct Fp8Grid {
   static constexpr float kMax = M == 3 ? 448.0f : 57344.0f;
   static float round(float x, bool saturate) {
-    const uint32_t u = bits_of(x), a = u & 0x7FFFFFFFu;
+    const uint32_t u = float_as_bits(x), a = u & 0x7FFFFFFFu;
     const float m = round_magnitude<M, Bias>(a);
     const uint32_t nosat = M == 3 ? 0x7FFFFFFFu : (u & kSign) | kInf;
-    const uint32_t over = saturate ? (u & kSign) | bits_of(kMax) : nosat;
-    return float_of(a > kInf ? 0x7FFFFFFFu : m > kMax ? over : (u & kSign) | bits_of(m));
+    const uint32_t over = saturate ? (u & kSign) | float_as_bits(kMax) : nosat;
+    return bits_as_float(a > kInf ? 0x7FFFFFFFu : m > kMax ? over : (u & kSign) | float_as_bits(m));
   }
   static bool overflows(float x) {
     // On the bits (a non-negative float's order), which keeps the callers' count loops vectorisable.
-    const uint32_t a = bits_of(x) & 0x7FFFFFFFu;
-    return (a <= kInf) & (bits_of(round_magnitude<M, Bias>(a)) > bits_of(kMax));
+    const uint32_t a = float_as_bits(x) & 0x7FFFFFFFu;
+    return (a <= kInf) & (float_as_bits(round_magnitude<M, Bias>(a)) > float_as_bits(kMax));
   }
 };
 using E4m3Grid = Fp8Grid<3, 7>;

@@ -19,22 +19,14 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
+
+#include "core/bits.h"
 
 namespace ptrain {
 namespace portable {
 
-inline uint32_t float_as_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-inline float bits_as_float(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+using ptrain::bits_as_float;
+using ptrain::float_as_bits;
 
 namespace detail {
 

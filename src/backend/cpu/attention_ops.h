@@ -6,8 +6,7 @@
 // fixed sequence (gemm.h, serial_gemm), so the thread count never changes a result.
 #pragma once
 
-#include <omp.h>
-
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -77,7 +76,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
         const int64_t r0 = blk * kAttentionRows, r1 = std::min(Tn, r0 + kAttentionRows), rows = r1 - r0;
         const int64_t id = ids + (bh * blocks + blk) * 4;
         serial_gemm(id, false, true, rows, r1, hs, T(1), d + r0 * C, C, v, ld, T(0), ds.data() + r0 * Tn, Tn);
-        // Through the softmax: dS = P (dP - sum(P dP)), times the scores' scale; 0 above the diagonal.
+        // Through the softmax: dS = P (dP - sum(P dP)), times the scores' scale; 0 above the
+        // diagonal up to the block's last key (columns beyond are never read for these rows).
         for (int64_t t = r0; t < r1; ++t) {
           const T* pr = p + t * Tn;
           T* dr = ds.data() + t * Tn;
@@ -88,8 +88,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int6
         }
         serial_gemm(id + 1, false, false, rows, hs, r1, T(1), ds.data() + r0 * Tn, Tn, k, ld, T(1), dq + r0 * ld, ld);
       }
-      // Keys and values of block blk take from queries r0.. (the later rows): dK += dS^T Q and
-      // dV += P^T dO over those rows.
+      // Keys and values c0.. of block blk take from queries c0.. (the later rows): dK += dS^T Q
+      // and dV += P^T dO over those rows.
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t c0 = blk * kAttentionRows, cols = std::min(Tn, c0 + kAttentionRows) - c0, rows = Tn - c0;
         const int64_t id = ids + (bh * blocks + blk) * 4 + 2;

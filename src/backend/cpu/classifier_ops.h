@@ -1,7 +1,8 @@
 // The CPU backend's fused classifier: softmax over the vocabulary, the loss, and the logits'
 // gradient written in place. One row (the padded vocabulary: 201 KB for GPT-2's) stays in the
 // core's L2 cache across its passes; the exps are vectorised (vector_math.h) and summed in fixed
-// lanes, so a row's result is the same on every CPU and thread count.
+// lanes, so a row's softmax and gradient are the same on every CPU and thread count (the loss
+// takes the library's log of the sum).
 #pragma once
 
 #include <cmath>

@@ -65,12 +65,15 @@ template <typename T>
 void profiled_gemm(OpProfile* profile, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda,
                    const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (!profile) return gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
-  const OpScope scope(profile, OpFamily::gemm);
-  const auto t0 = profile->now();
-  gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
-  const double seconds = std::chrono::duration<double>(profile->now() - t0).count();
   const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) + " " +
                             (ta ? "T" : "N") + (tb ? "T" : "N");
+  double seconds;
+  {
+    const OpScope scope(profile, OpFamily::gemm);  // the GEMM alone, as its shape's time below
+    const auto t0 = profile->now();
+    gemm(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
+    seconds = std::chrono::duration<double>(profile->now() - t0).count();
+  }
   profile->add_gemm(shape, 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K), seconds);
 }
 
@@ -145,7 +148,12 @@ class CpuBackend final : public Backend {
   void release(void* ptr) override { std::free(ptr); }
   void zero(Tensor t) override {
     const OpScope scope(profile_, OpFamily::memory);
-    std::memset(t.data, 0, t.bytes());
+    // In 1 MiB pieces shared among threads: one thread alone does not saturate memory.
+    constexpr size_t kPiece = size_t{1} << 20;
+    char* bytes = static_cast<char*>(t.data);
+    const size_t n = t.bytes(), pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (pieces > 1)
+    for (size_t p = 0; p < pieces; ++p) std::memset(bytes + p * kPiece, 0, std::min(kPiece, n - p * kPiece));
   }
 
   void upload(Tensor dst, const float* src) override {

@@ -24,7 +24,7 @@ void round_in_place(float* x, int64_t n, Round round, int64_t* nonzero_changed, 
 #pragma omp parallel for schedule(static) reduction(+ : changed, flushed) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) {
     const float r = round(x[i]);
-    const uint32_t u = grid::bits_of(x[i]), ru = grid::bits_of(r);
+    const uint32_t u = float_as_bits(x[i]), ru = float_as_bits(r);
     const bool nonzero = (u << 1) != 0;
     changed += nonzero & ((ru != u) | ((u & 0x7FFFFFFFu) > grid::kInf));
     flushed += nonzero & ((ru << 1) == 0);
@@ -50,8 +50,8 @@ inline float amax(const float* x, int64_t n) {
   return nan ? NAN : m;
 }
 
-// Casts one run of elements with one scale (out = fp8(in * scale) / scale, saturating); adds to
-// `stats` (amax is the caller's).
+// Casts one run of elements with one scale (out = fp8(in * scale) * (1 / scale), saturating);
+// adds to `stats` (amax is the caller's).
 template <typename Grid>
 void fp8_cast_run(float* out, const float* in, int64_t n, float scale, Fp8CastStats& stats) {
   const float inv = 1.0f / scale;
@@ -60,11 +60,12 @@ void fp8_cast_run(float* out, const float* in, int64_t n, float scale, Fp8CastSt
     const float x = in[i], scaled = x * scale;
     const float y = Grid::round(scaled, /*saturate=*/true) * inv;
     out[i] = y;
-    // Counted on the bits, as in round_in_place; y is 0 exactly when the fp8 value is (inv >= 2^-128
-    // keeps the smallest fp8 subnormal times inv a nonzero float).
-    const bool x_nonzero = (grid::bits_of(x) << 1) != 0;
+    // Counted on the bits, as in round_in_place. y is 0 exactly when the fp8 value is: the
+    // smallest fp8 subnormal (2^-16) times inv stays a nonzero float while scale < 2^133, and inv
+    // is finite while scale >= 2^-128 (below, every y is NaN or inf, as q * inv always was).
+    const bool x_nonzero = (float_as_bits(x) << 1) != 0;
     nonzero += x_nonzero;
-    underflow += x_nonzero & ((grid::bits_of(y) << 1) == 0);
+    underflow += x_nonzero & ((float_as_bits(y) << 1) == 0);
     saturated += Grid::overflows(scaled);  // clipped: beyond what rounding would bring back to max
   }
   stats.nonzero += nonzero;

@@ -15,9 +15,9 @@ namespace {
 // thread count). Long sides make about kTargetPanels panels: each call packs the operand all
 // panels share once more, so fewer, larger panels pack less (the LM head's forward, 50304
 // columns, packed the 1 MiB of activations 197 times in 256-column panels and ran 95 -> 110
-// GFLOP/s in 2112-column ones on 2 Zen 3 cores). Short sides make at least kMinPanels, up to 256
-// wide, so that a 256- or 768-row GEMM still keeps several threads busy. 24 divides evenly
-// among 2, 3, 4, 6, 8, 12 or 24 threads.
+// GFLOP/s in 2112-column ones on 2 Zen 3 cores). Sides from 256 to 6144 make kMinPanels or more,
+// up to 256 wide, so that a 256- or 768-row GEMM still keeps several threads busy. About 24
+// panels load 2, 3, 4, 6, 8, 12 or 24 threads evenly.
 constexpr int64_t kTargetPanels = 24, kMinPanels = 4, kSmallPanel = 256;
 
 int64_t panel_size(int64_t extent) {

@@ -4,8 +4,6 @@
 // thread count never changes a result.
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -149,7 +147,7 @@ inline T gelu_inner(T x) {
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
 #pragma omp parallel for schedule(static) if (worth_threads(n))
-  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] * vmath::logistic_of(2 * gelu_inner(inp[i]));
+  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] * vmath::logistic(2 * gelu_inner(inp[i]));
 }
 
 // d/dx [x s] with s = logistic(2u): s + x * 2 s (1 - s) * du/dx.
@@ -159,7 +157,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n) {
 #pragma omp parallel for schedule(static) if (worth_threads(n))
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    const T s = vmath::logistic_of(2 * gelu_inner(x));
+    const T s = vmath::logistic(2 * gelu_inner(x));
     const T du = kBeta * (1 + 3 * static_cast<T>(0.044715) * x * x);
     dinp[i] += dout[i] * (s + 2 * x * s * (1 - s) * du);
   }

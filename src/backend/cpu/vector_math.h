@@ -14,36 +14,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+
+#include "core/bits.h"
 
 namespace ptrain {
 namespace vmath {
 
-inline uint32_t bits_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-}
-
-inline float float_of(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-
 // e^x: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so n * ln2 loses no bits), e^r by its
-// Taylor series to r^7 (truncation below 6e-9 relative), then scaled by 2^n in two halves so that
+// Taylor series to r^7 (truncation under 7.5e-9 relative), then scaled by 2^n in two halves so that
 // results down to the subnormals and up to FLT_MAX need no special case.
 inline float exp_approx(float x) {
-  constexpr float kMaxArg = 88.72283935546875f;  // largest float whose exp is finite
+  constexpr float kMaxArg = 88.72283935546875f;  // the smallest float whose exp overflows
   constexpr float kMinArg = -104.0f;             // below, e^x rounds to 0
-  // Adding 1.5 * 2^23 rounds x / ln2 to an integer n held in the low bits of t (for |x| < 2^22;
-  // beyond, n is clamped and the result selected below). The clamp is on the integer, not on x:
-  // a clamped x would make a constant the compiler folds into a branch, which no loop vectorises.
+  // Adding 1.5 * 2^23 rounds x / ln2 to an integer n held in the low bits of t. Outside
+  // [kMinArg, kMaxArg] n is meaningless (clamped, or wrapped for |x| beyond 2^22 ln2) and the
+  // result is selected below. The clamp is on the integer, not on x: a clamped x would make a
+  // constant the compiler folds into a branch, which no loop vectorises.
   constexpr float kRound = 12582912.0f;
   const float t = x * 1.44269504088896341f + kRound;
-  const int32_t ni = std::min(std::max(static_cast<int32_t>(bits_of(t) - bits_of(kRound)), -151), 128);
+  const int32_t ni = std::min(std::max(static_cast<int32_t>(float_as_bits(t) - float_as_bits(kRound)), -151), 128);
   const float n = static_cast<float>(ni);
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // 0.693359375 has 9 bits: n * it is exact
   float p = 1.0f / 5040.0f;
@@ -54,22 +44,21 @@ inline float exp_approx(float x) {
   p = p * r + 0.5f;
   p = (p * (r * r) + r) + 1.0f;
   const int32_t half = ni >> 1;
-  const float scale_lo = float_of(static_cast<uint32_t>(half + 127) << 23);
-  const float scale_hi = float_of(static_cast<uint32_t>(ni - half + 127) << 23);
+  const float scale_lo = bits_as_float(static_cast<uint32_t>(half + 127) << 23);
+  const float scale_hi = bits_as_float(static_cast<uint32_t>(ni - half + 127) << 23);
   const float e = (p * scale_hi) * scale_lo;  // NaN for NaN x, through r
   const float low = x < kMinArg ? 0.0f : e;
   return x > kMaxArg ? std::numeric_limits<float>::infinity() : low;
 }
 
-// 1 / (1 + e^-x), which loses nothing where the logistic function approaches 0 or 1.
-inline float logistic(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
-
-// The element types the backend's templates run in: float takes the approximations above,
-// double (the gradient checks' reference precision) the library functions.
+// For the element types the backend's templates run in: float takes exp_approx, double (the
+// gradient checks' reference precision) the library's exp.
 inline float exp(float x) { return exp_approx(x); }
 inline double exp(double x) { return std::exp(x); }
-inline float logistic_of(float x) { return logistic(x); }
-inline double logistic_of(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// 1 / (1 + e^-x), which loses nothing where the logistic function approaches 0 or 1.
+inline float logistic(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+inline double logistic(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // Sums run in kLanes interleaved partial sums (element i goes to lane i % kLanes, in order), then
 // the lanes in order: a summation order fixed by the definition, which the compiler maps onto
