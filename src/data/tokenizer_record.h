@@ -1,0 +1,27 @@
+// ptrain-tokenizer.json, written beside the shards `data prepare` makes: which tokenizer made
+// them, so that `train` can check it against the config and the model, and `sample` can decode.
+// (Not named tokenizer.json: that is Hugging Face's tokenizer file.) llm.c's own scripts write
+// none; such shards are accepted with a warning.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace ptrain {
+
+constexpr const char* kTokenizerRecord = "ptrain-tokenizer.json";
+
+struct TokenizerRecord {
+  std::string tokenizer;          // "bytes" or "gpt2"
+  int vocab_size = 0;             // token ids are below this
+  int end_of_text = -1;           // the document separator's id, -1: none
+  std::string vocabulary_sha256;  // "" for bytes
+};
+
+void write_tokenizer_record(const std::string& dir, const TokenizerRecord& record);
+
+// The record in `dir`, or nothing if there is none. Throws UserError naming the file when it
+// is malformed.
+std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir);
+
+}  // namespace ptrain

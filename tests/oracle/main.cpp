@@ -1,0 +1,30 @@
+// The tiktoken oracle tests' entry point: they run tiktoken's WebAssembly build under node.
+// Where node or the package is missing, every test reports "skipped" to ctest (exit 77), with
+// the reason, never "passed".
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+int main(int argc, char** argv) {
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) listing = listing || std::strncmp(argv[i], "--list", 6) == 0;
+  if (!listing) {
+    if (ptrain::test::run_shell("node --version").exit_code != 0) {
+      std::printf("skipped: these tests run tiktoken under node, and node is not installed\n");
+      return 77;
+    }
+    const auto package = std::filesystem::path(ptrain::data_cache_dir()) / "tiktoken" / "tiktoken_bg.wasm";
+    if (!std::filesystem::exists(package)) {
+      std::printf("skipped: tiktoken's WebAssembly build is not at %s (./scripts/fetch-data.sh fetches it)\n",
+                  package.c_str());
+      return 77;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -1,0 +1,183 @@
+// ptrain's GPT-2 tokenizer against tiktoken itself (its WebAssembly build under node): every
+// Unicode code point in the contexts GPT-2's pattern distinguishes, random text, the golden
+// file's edge cases (so the committed ids cannot go stale), a book and 233 speeches through
+// `data prepare`, and invalid UTF-8 as `--invalid-utf8 replace` treats it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/prepare.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain;
+using ptrain::test::read_file;
+using ptrain::test::TempDir;
+using ptrain::test::write_file;
+
+namespace {
+
+const Tokenizer& gpt2() {
+  static const Tokenizer t = Tokenizer::load("gpt2");
+  return t;
+}
+
+std::string oracle_script() { return (ptrain::test::source_dir() / "tests/oracle/tiktoken.js").string(); }
+
+void run_oracle(const std::string& args) {
+  const ptrain::test::CommandResult r = ptrain::test::run_shell("node '" + oracle_script() + "' " + args);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+}
+
+// tiktoken's ids for each string.
+std::vector<std::vector<int32_t>> tiktoken_ids(const std::vector<std::string>& strings, const fs::path& dir) {
+  write_file(dir / "in.json", nlohmann::json(strings).dump());
+  run_oracle("strings '" + (dir / "in.json").string() + "' '" + (dir / "out.json").string() + "'");
+  return nlohmann::json::parse(read_file(dir / "out.json")).get<std::vector<std::vector<int32_t>>>();
+}
+
+std::vector<int32_t> ptrain_ids(const std::string& text) {
+  const std::vector<uint16_t> ids = gpt2().encode(text, "text");
+  return {ids.begin(), ids.end()};
+}
+
+std::string utf8(char32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (c >> 18));
+    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// Compares ptrain with tiktoken on each string; reports the first few that differ.
+void expect_same(const std::vector<std::string>& strings, const fs::path& dir) {
+  const std::vector<std::vector<int32_t>> expected = tiktoken_ids(strings, dir);
+  REQUIRE(expected.size() == strings.size());
+  int differ = 0;
+  for (size_t i = 0; i < strings.size(); ++i) {
+    if (ptrain_ids(strings[i]) == expected[i]) continue;
+    if (++differ <= 5) {
+      UNSCOPED_INFO("differs on " << nlohmann::json(strings[i]).dump());
+    }
+  }
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("tiktoken oracle: every code point in the contexts the pattern tells apart", "[oracle]") {
+  TempDir dir("oracle");
+  std::vector<std::string> strings;
+  for (char32_t c = 0; c <= 0x10FFFF; ++c) {
+    if (c >= 0xD800 && c <= 0xDFFF) continue;  // surrogates are not characters
+    const std::string s = utf8(c);
+    // Before and after a letter, a digit, punctuation, a space, a line feed; doubled; after an
+    // apostrophe.
+    strings.push_back("a" + s + "1 " + s + "x" + s + s + "!" + s + "\n" + s + " '" + s + "  " + s);
+  }
+  for (size_t begin = 0; begin < strings.size(); begin += 200000) {
+    const std::vector<std::string> part(strings.begin() + begin,
+                                        strings.begin() + std::min(strings.size(), begin + 200000));
+    expect_same(part, dir.dir);
+  }
+}
+
+TEST_CASE("tiktoken oracle: random text and the golden file's edge cases", "[oracle]") {
+  TempDir dir("oracle");
+  const nlohmann::json golden =
+      nlohmann::json::parse(read_file(ptrain::test::source_dir() / "tests/fixtures/gpt2-golden.json"));
+  std::vector<std::string> texts;
+  for (const auto& entry : golden) texts.push_back(entry["text"].get<std::string>());
+  const std::vector<std::vector<int32_t>> live = tiktoken_ids(texts, dir.dir);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    INFO("golden text " << nlohmann::json(texts[i]).dump());
+    CHECK(golden[i]["ids"].get<std::vector<int32_t>>() == live[i]);
+  }
+
+  std::mt19937 rng(2026);
+  const std::vector<std::string> alphabet = {"a", "Z", "s", "t", "l", "e", "'", "\xE2\x80\x99", " ", " ", "  ", "\n",
+                                             "\r\n", "\t", "\xC2\xA0", "\xE3\x80\x80", "\xC2\x85", "\x0B", "9", "0",
+                                             "\xD9\xA3", "\xC2\xBD", ".", "!", "?", "-", "_", "\xC3\xA9",
+                                             "\xCC\x81", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xE2\x80\x8D",
+                                             "\xEF\xBB\xBF", "\xE1\xA0\x8E", "<|endoftext|>"};
+  std::vector<std::string> random;
+  for (int i = 0; i < 3000; ++i) {
+    std::string s;
+    for (int n = 1 + static_cast<int>(rng() % 60); n > 0; --n) s += alphabet[rng() % alphabet.size()];
+    random.push_back(s);
+  }
+  expect_same(random, dir.dir);
+}
+
+TEST_CASE("tiktoken oracle: data prepare on Moby-Dick and 233 State of the Union addresses", "[oracle]") {
+  TempDir dir("oracle");
+  const fs::path text = fs::path(data_cache_dir()) / "text";
+  std::vector<std::string> files = {(text / "moby-dick.txt").string()};
+  for (const auto& e : fs::directory_iterator(text / "sotu")) files.push_back(e.path().string());
+  std::sort(files.begin() + 1, files.end());
+  REQUIRE(files.size() == 234);
+
+  PrepareOptions o;
+  o.inputs = {(text / "moby-dick.txt").string(), (text / "sotu").string()};
+  o.out_dir = (dir.dir / "real").string();
+  o.val_fraction = 0.1;
+  const PrepareResult r = prepare_text(o);
+  std::string ours;
+  for (const char* split : {"train", "val"})
+    for (const std::string& f : r.files) {
+      if (f.find(std::string("_") + split + "_") == std::string::npos) continue;
+      const std::string shard = read_file(f);
+      ours += shard.substr(1024);  // the tokens after llm.c's header
+    }
+
+  std::string args = "documents '" + (dir.dir / "tiktoken.bin").string() + "'";
+  for (const std::string& f : files) args += " '" + f + "'";
+  run_oracle(args);
+  const std::string theirs = read_file(dir.dir / "tiktoken.bin");
+  CHECK(theirs.size() / 2 == static_cast<size_t>(r.train_tokens + r.val_tokens));
+  CHECK(theirs.size() / 2 > 2300000);
+  CHECK(ours == theirs);
+}
+
+TEST_CASE("tiktoken oracle: invalid UTF-8 replaced as node's TextDecoder does", "[oracle]") {
+  TempDir dir("oracle");
+  std::mt19937 rng(9);
+  int compared = 0;
+  for (int i = 0; i < 60; ++i) {
+    std::string bytes;
+    for (int n = 1 + static_cast<int>(rng() % 80); n > 0; --n) {
+      const uint32_t r = rng() % 8;
+      bytes += r < 4 ? static_cast<char>('a' + rng() % 26) : r < 5 ? ' ' : static_cast<char>(0x80 + rng() % 0x80);
+    }
+    write_file(dir.dir / "in.bin", bytes);
+    run_oracle("bytes '" + (dir.dir / "in.bin").string() + "' '" + (dir.dir / "out.json").string() + "'");
+    const auto theirs = nlohmann::json::parse(read_file(dir.dir / "out.json")).get<std::vector<int32_t>>();
+    INFO("bytes " << i);
+    CHECK(ptrain_ids(replace_invalid_utf8(bytes)) == theirs);
+    ++compared;
+  }
+  CHECK(compared == 60);
+}
