@@ -118,17 +118,21 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   eval->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
 
-  CLI::App* sample = app.add_subcommand("sample", "Generate text (byte vocabulary) or token ids from a checkpoint");
+  CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint (its run's tokenizer decodes)");
   sample->footer(
-      "Deterministic for a given --seed. For a vocabulary other than 256 bytes, --prompt is\n"
-      "space-separated token ids and the output is token ids.\n"
-      "Example:\n  ptrain sample --checkpoint runs/quickstart/checkpoints/step_00000150 --prompt \"ab\" --tokens 64");
+      "Deterministic for a given --seed. The tokenizer is the one the run's shards were made with\n"
+      "(bytes or gpt2); gpt2 stops at <|endoftext|>. A run on data with no known tokenizer\n"
+      "(synthetic, llm.c shards without data.tokenizer) takes and prints token ids. Past the\n"
+      "model's context the window slides over the last seq_len tokens.\n"
+      "Example:\n  ptrain sample --checkpoint runs/quickstart/checkpoints/step_00000600 --prompt \"Call me\" --tokens 200");
   sample->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   sample->add_option("--prompt", a.sample.prompt, "Text to continue");
   sample->add_option("--tokens", a.sample.tokens, "Tokens to generate")->capture_default_str();
   sample->add_option("--temperature", a.sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
   sample->add_option("--top-k", a.sample.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
   sample->add_option("--seed", a.sample.seed, "Seed of the draws")->capture_default_str();
+  sample->add_option("--vocab", a.sample.vocabulary, "gpt2: the vocabulary the shards were made with, if not the default");
+  sample->add_flag("--ignore-eot", a.sample.ignore_end_of_text, "Go on past <|endoftext|> instead of stopping");
 
   CLI::App* inspect = app.add_subcommand("inspect", "Show what a checkpoint, safetensors or llm.c model file holds");
   inspect->footer("Example:\n  ptrain inspect runs/quickstart/checkpoints/step_00000150");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the example report committed in docs/compare-quickstart/: the quick-start config
+# Regenerates the example report committed in docs/compare-quickstart/: the synthetic-corpus config
 # trained on the CPU in fp32, bf16 and fp8 (delayed scaling), compared against fp32. The runs
 # are not kept (the report's "Runs" section names where they were). If the compare fails, the
 # committed report is put back as it was.
@@ -18,6 +18,6 @@ restore() {
   rm -rf "$backup"
 }
 trap restore EXIT
-./build/ptrain compare configs/quickstart.yaml --modes fp32,bf16,fp8:delayed --out "$out" --set run.device=cpu
+./build/ptrain compare configs/synthetic.yaml --modes fp32,bf16,fp8:delayed --out "$out" --set run.device=cpu
 rm -rf "$out/runs"
 echo "wrote $out"

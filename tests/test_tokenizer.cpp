@@ -90,6 +90,14 @@ TEST_CASE("gpt2: decode(encode(x)) == x for valid UTF-8", "[tokenizer]") {
   CHECK(encode("<|endoftext|>") == std::vector<uint16_t>{27, 91, 437, 1659, 5239, 91, 29});  // text, not the token
 }
 
+TEST_CASE("bytes: every byte is its own id, high bytes too", "[tokenizer]") {
+  const Tokenizer bytes = Tokenizer::load("bytes");
+  CHECK(bytes.vocab_size() == 256);
+  CHECK_FALSE(bytes.has_end_of_text());
+  CHECK(bytes.encode("a\xE2\xFF", "t") == std::vector<uint16_t>{97, 226, 255});
+  CHECK(bytes.decode({97, 226, 255}) == "a\xE2\xFF");
+}
+
 TEST_CASE("gpt2: invalid UTF-8 is refused with its byte offset", "[tokenizer]") {
   for (const std::string bad : {"ab\xFF", "ab\xC0\xAF", "ab\xED\xA0\x80", "ab\xF4\x90\x80\x80", "ab\xE2\x82"}) {
     CHECK(first_invalid_utf8(bad) == 2);

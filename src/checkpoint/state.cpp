@@ -108,6 +108,7 @@ json state_to_json(const CheckpointState& s) {
           {"best_val_loss", std::isfinite(s.best_val_loss) ? json(s.best_val_loss) : json()},
           {"best_val_step", s.best_val_step},
           {"precision", s.precision},
+          {"tokenizer", s.tokenizer.empty() ? json() : json(s.tokenizer)},
           {"model", s.model},
           {"model_hash", model_hash(s.model)},
           {"schedule", s.schedule}};
@@ -162,6 +163,8 @@ CheckpointState state_from_json(const json& j) {
   else if (!best.is_null()) bad("best_val_loss", best, "a number or null");
   s.best_val_step = integer(j, "", "best_val_step", -1, s.step);
   s.precision = text(j, "", "precision", {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"});
+  // Checkpoints from before tokenizers were recorded have none: unknown.
+  if (j.contains("tokenizer") && !j["tokenizer"].is_null()) s.tokenizer = text(j, "", "tokenizer", {"bytes", "gpt2"});
   s.model = member(j, "", "model");
   model_from_json(s.model);  // checked here, so that no reader builds a model from a bad shape
   s.schedule = member(j, "", "schedule");

@@ -43,6 +43,7 @@ struct CheckpointState {
   uint64_t data_seed = 0;      // the training sampler: window i starts at hash(seed, i)
   int64_t next_sample = 0;     // the next training window's index
   std::string precision;       // the mode label at save time
+  std::string tokenizer;       // bytes or gpt2, "" unknown (synthetic data, llm.c shards), so sample can decode
   nlohmann::json model;        // the model config section: resume refuses another shape
   nlohmann::json schedule;     // keys that shape the rest of the run: resume warns when they change
 };

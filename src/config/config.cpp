@@ -131,6 +131,8 @@ Schema make_schema(Config& c) {
 
       text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
+      choice("data.tokenizer", &d.tokenizer, {"auto", "bytes", "gpt2"},
+             "what made the shards; auto reads their ptrain-tokenizer.json"),
       number("data.synthetic.vocab", &s.vocab, between(2, 65536), "tokens used by the corpus"),
       number("data.synthetic.order", &s.order, at_least(1), "Markov chain order"),
       number("data.synthetic.branching", &s.branching, at_least(1),
@@ -607,6 +609,9 @@ class Loader {
 
     const SyntheticDataConfig& s = c.data.synthetic;
     if (c.data.synthetic_enabled) {
+      if (usable({"data.tokenizer"}) && c.data.tokenizer != "auto")
+        problem(where({"data.tokenizer"}), "data.tokenizer",
+                c.data.tokenizer + " with data.synthetic, whose tokens are no tokenizer's", "auto");
       if (usable({"data.synthetic.vocab", "model.vocab_size"}) && s.vocab > m.vocab_size)
         problem(where({"data.synthetic.vocab", "model.vocab_size"}), "data.synthetic.vocab",
                 std::to_string(s.vocab) +

@@ -23,7 +23,7 @@ ParallelEncoder::ParallelEncoder(const Tokenizer& tokenizer, int threads)
 
 void ParallelEncoder::encode(std::string_view text, std::vector<uint16_t>& out) {
   if (!tokenizer_.gpt2()) {
-    out.insert(out.end(), text.begin(), text.end());
+    for (const char c : text) out.push_back(static_cast<unsigned char>(c));
     return;
   }
   // Parts of about equal size, each starting at a safe place; a few per thread so that a slow

@@ -45,7 +45,11 @@ Tokenizer Tokenizer::load(const std::string& name, const std::string& vocabulary
 }
 
 std::vector<uint16_t> Tokenizer::encode(std::string_view text, const std::string& what) const {
-  if (!gpt2_) return std::vector<uint16_t>(text.begin(), text.end());
+  if (!gpt2_) {
+    std::vector<uint16_t> ids;
+    for (const char c : text) ids.push_back(static_cast<unsigned char>(c));
+    return ids;
+  }
   const size_t bad = first_invalid_utf8(text);
   if (bad != kValidUtf8)
     throw UserError(what + ": invalid UTF-8 at byte offset " + std::to_string(bad) +

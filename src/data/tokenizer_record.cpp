@@ -1,5 +1,6 @@
 #include "data/tokenizer_record.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +50,60 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
   if (!j.contains("vocabulary_sha256") || !j["vocabulary_sha256"].is_string()) throw bad("\"vocabulary_sha256\": a string");
   r.vocabulary_sha256 = j["vocabulary_sha256"].get<std::string>();
   return r;
+}
+
+std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
+                                    const std::string& configured, int vocab_size,
+                                    std::vector<std::string>& warnings) {
+  std::vector<std::string> dirs;
+  for (const auto* files : {&train, &val})
+    for (const std::string& f : *files) {
+      std::string dir = fs::path(f).parent_path().string();
+      if (dir.empty()) dir = ".";
+      if (std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
+    }
+  std::optional<TokenizerRecord> found;
+  std::string found_in;
+  std::vector<std::string> without;
+  for (const std::string& dir : dirs) {
+    const std::optional<TokenizerRecord> record = read_tokenizer_record(dir);
+    if (!record) {
+      without.push_back(dir);
+      continue;
+    }
+    const std::string where = "\"" + (fs::path(dir) / kTokenizerRecord).string() + "\"";
+    if (found && (record->tokenizer != found->tokenizer || record->vocabulary_sha256 != found->vocabulary_sha256))
+      throw UserError("data.train / data.val: " + where + " says the shards were made by " + record->tokenizer +
+                      " but " + found_in + " says " + found->tokenizer +
+                      (record->tokenizer == found->tokenizer ? " with another vocabulary" : "") +
+                      "; expected one tokenizer for all the shards");
+    if (configured != "auto" && record->tokenizer != configured)
+      throw UserError("data.tokenizer is " + configured + " but " + where + " says the shards were made by " +
+                      record->tokenizer + "; expected data.tokenizer: " + record->tokenizer +
+                      " (or auto), or shards prepared with --tokenizer " + configured);
+    if (record->vocab_size > vocab_size)
+      throw UserError("model.vocab_size is " + std::to_string(vocab_size) + " but " + where + " says the shards hold " +
+                      record->tokenizer + " ids up to " + std::to_string(record->vocab_size - 1) +
+                      "; expected model.vocab_size: " + std::to_string(record->vocab_size) + " or more");
+    found = record;
+    found_in = where;
+  }
+  std::string resolved = found ? found->tokenizer : configured;
+  if (!without.empty()) {
+    std::string note = "the shards in \"" + without.front() + "\"" + (without.size() > 1 ? " and others" : "") +
+                       " have no " + kTokenizerRecord + " (llm.c's scripts write none)";
+    if (resolved == "auto" && !found) {
+      if (vocab_size >= 50257 && vocab_size <= 50304) resolved = "gpt2";
+      if (vocab_size == 256) resolved = "bytes";
+      note += resolved == "auto" ? "; their tokenizer is unknown, so samples print token ids"
+                                 : "; taking them as " + resolved + " from model.vocab_size " +
+                                       std::to_string(vocab_size) + " (set data.tokenizer to say so)";
+    } else {
+      note += "; taking them as " + resolved;
+    }
+    warnings.push_back(note);
+  }
+  return resolved;
 }
 
 }  // namespace ptrain

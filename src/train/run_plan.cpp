@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/paths.h"
 #include "data/dataset.h"
+#include "data/tokenizer_record.h"
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
 #include "model/gpt.h"
@@ -54,7 +55,7 @@ void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches,
   if (!problems.empty()) throw UserErrors(problems);
 }
 
-DataPlan plan_data(const Config& config, const std::string& run_dir) {
+DataPlan plan_data(Config& config, const std::string& run_dir, std::vector<std::string>& warnings) {
   DataPlan data;
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   if (config.data.synthetic_enabled) {
@@ -70,6 +71,8 @@ DataPlan plan_data(const Config& config, const std::string& run_dir) {
   }
   data.train_files = expand_shard_glob(config.data.train, "data.train");
   data.val_files = expand_shard_glob(config.data.val, "data.val");
+  config.data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
+                                                  config.model.vocab_size, warnings);
   const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
   const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
@@ -284,7 +287,7 @@ RunPlan plan_run(const Config& config) {
     throw UserError("checkpoint.resume: the checkpoint is inside " + plan.run_dir +
                     ", which run.overwrite would delete; expected run.overwrite: false to resume");
   plan_init_from(plan);
-  plan.data = plan_data(config, plan.run_dir);
+  plan.data = plan_data(plan.config, plan.run_dir, plan.warnings);
   return plan;
 }
 

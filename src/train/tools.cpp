@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "backend/backend.h"
@@ -18,6 +19,7 @@
 #include "core/rng.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "data/tokenizer.h"
 #include "model/gpt.h"
 
 namespace fs = std::filesystem;
@@ -38,10 +40,11 @@ LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B
   return out;
 }
 
-std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
+// The prompt as token ids: text through the tokenizer, or written-out ids when there is none.
+std::vector<int32_t> encode_prompt(const std::string& prompt, const Tokenizer* tokenizer, int vocab) {
   std::vector<int32_t> ids;
-  if (vocab == 256) {
-    for (unsigned char c : prompt) ids.push_back(c);
+  if (tokenizer) {
+    for (const uint16_t id : tokenizer->encode(prompt, "--prompt")) ids.push_back(id);
     return ids;
   }
   std::istringstream in(prompt);
@@ -51,7 +54,7 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, int vocab) {
     const long id = std::strtol(word.c_str(), &end, 10);
     if (*end != '\0' || id < 0 || id >= vocab)
       throw UserError("--prompt: \"" + word + "\" is not a token id below " + std::to_string(vocab) +
-                      "; expected space-separated token ids (the model's vocabulary is not bytes)");
+                      "; expected space-separated token ids (the checkpoint records no tokenizer)");
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
@@ -116,12 +119,20 @@ void sample(const SampleOptions& o) {
   if (o.top_k < 0) throw UserError("--top-k: expected 0 (no limit) or more");
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
+  // Checkpoints from before tokenizers were recorded: a 256-token vocabulary was bytes.
+  std::string name = ckpt.state.tokenizer;
+  if (name.empty() && m.vocab_size == 256) name = "bytes";
+  std::optional<Tokenizer> tokenizer;
+  if (!name.empty()) tokenizer = Tokenizer::load(name, name == "gpt2" ? o.vocabulary : "");
+  if (tokenizer && tokenizer->vocab_size() > m.vocab_size)
+    throw UserError("--checkpoint " + o.checkpoint + ": the model's vocabulary (" + std::to_string(m.vocab_size) +
+                    ") is smaller than its tokenizer's (" + name + ", " + std::to_string(tokenizer->vocab_size()) + ")");
+  const Tokenizer* text = tokenizer ? &*tokenizer : nullptr;
   LoadedModel lm = load_model(ckpt, m, 1, m.seq_len);
-  std::vector<int32_t> tokens = encode_prompt(o.prompt, m.vocab_size);
-  if (tokens.empty()) tokens.push_back(0);  // an empty prompt starts from token 0
-  const bool bytes = m.vocab_size == 256;
-  if (bytes)
-    std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  std::vector<int32_t> tokens = encode_prompt(o.prompt, text, m.vocab_size);
+  // With no prompt, a document starts: after <|endoftext|> (gpt2), else from token 0.
+  if (tokens.empty()) tokens.push_back(text && text->has_end_of_text() ? text->end_of_text() : 0);
+  if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   Rng rng(o.seed, 0x5A4D504C45ull);
   std::vector<int32_t> window(static_cast<size_t>(m.seq_len), 0);
   for (int i = 0; i < o.tokens; ++i) {
@@ -132,10 +143,15 @@ void sample(const SampleOptions& o) {
     const int position = static_cast<int>(tokens.size() - start) - 1;
     const int32_t next = draw(lm.model->next_token_logits(window.data(), position), o.temperature, o.top_k, rng);
     tokens.push_back(next);
-    if (bytes)
-      std::fputc(static_cast<unsigned char>(next), stdout);
-    else
+    if (text && text->has_end_of_text() && next == text->end_of_text() && !o.ignore_end_of_text) break;
+    if (text) {
+      // Bytes as they come: a character split across tokens is whole once its last byte is out.
+      const std::string piece = text->decode({next});
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+    } else {
       std::printf("%s%d", i ? " " : "", next);
+    }
+    std::fflush(stdout);
   }
   std::printf("\n");
 }

@@ -14,14 +14,18 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint);
 
 struct SampleOptions {
   std::string checkpoint;
-  std::string prompt;       // bytes for a 256-token vocabulary, else space-separated token ids
+  std::string prompt;       // text, encoded by the checkpoint's tokenizer; token ids when it has none
   int tokens = 128;         // tokens to generate
   double temperature = 1.0; // 0 = greedy
   int top_k = 0;            // 0 = the whole vocabulary
   uint64_t seed = 1;
+  std::string vocabulary;   // gpt2: another vocabulary file or directory (data prepare's --vocab)
+  bool ignore_end_of_text = false;  // go on past <|endoftext|> instead of stopping there
 };
 
-// `ptrain sample`: generates text (byte vocabulary) or token ids, deterministic for a seed.
+// `ptrain sample`: generates text decoded by the tokenizer the checkpoint's run recorded (token
+// ids when none is known), deterministic for a seed. Past the model's context the window slides:
+// each token sees the last seq_len tokens (learned positions cannot extrapolate).
 void sample(const SampleOptions& options);
 
 // `ptrain inspect PATH`: what a checkpoint directory, a safetensors file or an llm.c model file

@@ -338,6 +338,7 @@ class Trainer {
       st.best_val_step = best_val_step_;
     }
     st.precision = policy_.label();
+    st.tokenizer = cfg_.data.tokenizer == "auto" ? "" : cfg_.data.tokenizer;
     st.model = model_json(cfg_.model);
     st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
     st.next_sample = step * accum_ * comm_->world_size() * B_;
@@ -686,7 +687,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     if (main_rank) {
       RunLog log;
       log.info("# resolved config");
-      log.info(config_to_yaml(config));
+      log.info(config_to_yaml(plan.config));
       log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
       if (!backend || backend->device() == Device::cuda) {
         const GpuMemoryPlan gpu = plan_gpu_memory(config, plan.world_size, attention.path);

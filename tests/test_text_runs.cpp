@@ -1,0 +1,98 @@
+// Runs on tokenized text, through the real binary: `train` checks the shards' tokenizer record
+// against data.tokenizer and model.vocab_size (and warns about shards without one), the
+// checkpoint records the tokenizer, and `sample` encodes the prompt and decodes with it.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain::test;
+
+namespace {
+
+// A directory with Moby-Dick's first 200 kB prepared both ways: bytes/ and gpt2/.
+struct TextWorkspace {
+  TempDir tmp{"text"};
+  const fs::path& dir = tmp.dir;
+  TextWorkspace() {
+    const std::string book = read_file(fs::path(ptrain::data_cache_dir()) / "text/moby-dick.txt");
+    REQUIRE(book.size() > 200000);
+    write_file(dir / "book.txt", book.substr(0, 200000));
+    for (const char* t : {"bytes", "gpt2"}) {
+      const CommandResult r =
+          run_ptrain(std::string("data prepare --input book.txt --out ") + t + " --tokenizer " + t, dir);
+      INFO(r.output);
+      REQUIRE(r.exit_code == 0);
+    }
+  }
+  CommandResult train(const std::string& data, int vocab, const std::string& flags = "") const {
+    write_file(dir / "run.yaml",
+               "run: {name: r, out_dir: runs, overwrite: true}\n"
+               "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: " +
+                   std::to_string(vocab) + "}\n" + data +
+                   "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n");
+    return run_ptrain("train run.yaml " + flags, dir);
+  }
+};
+
+std::string shards(const std::string& dir, const std::string& extra = "") {
+  return "data: {train: \"" + dir + "/" + dir + "_train_*.bin\", val: \"" + dir + "/" + dir + "_val_*.bin\"" + extra +
+         "}\n";
+}
+
+void expect_refused(const CommandResult& r, std::initializer_list<const char*> words) {
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  for (const char* w : words) CHECK_THAT(r.output, Catch::Contains(w));
+}
+
+}  // namespace
+
+TEST_CASE("train checks the shards' tokenizer against data.tokenizer and model.vocab_size", "[text]") {
+  TextWorkspace ws;
+  expect_refused(ws.train(shards("gpt2", ", tokenizer: bytes"), 50257, "--dry-run"),
+                 {"data.tokenizer is bytes", "made by gpt2", "ptrain-tokenizer.json"});
+  expect_refused(ws.train(shards("gpt2"), 256, "--dry-run"), {"model.vocab_size is 256", "50257"});
+  // A train split of one tokenizer beside a val split of another.
+  expect_refused(ws.train("data: {train: \"gpt2/gpt2_train_*.bin\", val: \"bytes/bytes_val_*.bin\"}\n", 50257,
+                          "--dry-run"),
+                 {"bytes", "gpt2", "one tokenizer"});
+  const CommandResult ok = ws.train(shards("gpt2"), 50257, "--dry-run");
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  CHECK_THAT(ok.output, Catch::Contains("tokenizer: gpt2"));
+  CHECK_FALSE(fs::exists(ws.dir / "runs"));
+
+  // llm.c's shards carry no record: accepted, with a warning saying what was assumed.
+  fs::remove(ws.dir / "gpt2/ptrain-tokenizer.json");
+  const CommandResult llmc = ws.train(shards("gpt2"), 50257, "--dry-run");
+  INFO(llmc.output);
+  CHECK(llmc.exit_code == 0);
+  CHECK_THAT(llmc.output, Catch::Contains("no ptrain-tokenizer.json") && Catch::Contains("taking them as gpt2"));
+}
+
+TEST_CASE("sample encodes the prompt and decodes with the run's tokenizer", "[text]") {
+  TextWorkspace ws;
+  for (const auto& [tokenizer, vocab] : {std::pair<std::string, int>{"bytes", 256}, {"gpt2", 50257}}) {
+    const CommandResult run = ws.train(shards(tokenizer), vocab);
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    const fs::path ckpt = ws.dir / "runs/r/checkpoints/step_00000002";
+    const nlohmann::json state = nlohmann::json::parse(read_file(ckpt / "state.json"));
+    CHECK(state["tokenizer"] == tokenizer);
+    const std::string args = "sample --checkpoint " + ckpt.string() + " --prompt 'Call me Ishmael' --tokens 40 --seed 3";
+    const CommandResult a = run_ptrain(args, ws.dir), b = run_ptrain(args, ws.dir);
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CHECK(a.output == b.output);  // deterministic for a seed
+    CHECK(a.output.rfind("Call me Ishmael", 0) == 0);
+    // Decoded text, not space-separated ids.
+    CHECK(a.output.substr(15).find_first_not_of("0123456789 \n") != std::string::npos);
+  }
+}
