@@ -96,3 +96,31 @@ TEST_CASE("sample encodes the prompt and decodes with the run's tokenizer", "[te
     CHECK(a.output.substr(15).find_first_not_of("0123456789 \n") != std::string::npos);
   }
 }
+
+TEST_CASE("train prints samples every logging.sample_every steps, the losses bit-identical without them", "[text]") {
+  TextWorkspace ws;
+  auto losses = [&](const std::string& logging, std::string& output) {
+    write_file(ws.dir / "run.yaml",
+               "run: {name: r, out_dir: runs, overwrite: true}\n"
+               "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 256}\n" + shards("bytes") +
+                   "training: {steps: 6, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 3}\n"
+                   "logging: {every: 1" + logging + "}\n");
+    const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    output = r.output;
+    std::vector<std::string> out;
+    for (const nlohmann::json& m : read_metrics(ws.dir / "runs/r/metrics.jsonl"))
+      for (const char* key : {"loss", "val_loss", "grad_norm"})
+        if (m.contains(key)) out.push_back(std::string(key) + " " + m[key].dump());
+    return out;
+  };
+  std::string with_output, without_output;
+  const std::vector<std::string> with = losses(", sample_every: 2, sample_tokens: 12, sample_prompt: \"Call me\"", with_output);
+  const std::vector<std::string> without = losses("", without_output);
+  CHECK(with.size() >= 14);  // 6 losses and norms, 3 evaluations
+  CHECK(with == without);
+  CHECK(count_of(with_output, "sample step ") == 3);
+  CHECK_THAT(with_output, Catch::Contains("sample step 4 (temperature 0.8):\nCall me"));
+  CHECK(count_of(without_output, "sample step ") == 0);
+}

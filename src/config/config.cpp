@@ -211,6 +211,10 @@ Schema make_schema(Config& c) {
       number("logging.every", &c.logging.every, at_least(1), "steps between log lines"),
       number("logging.numerics_every", &c.logging.numerics_every, at_least(1),
              "steps between numerics telemetry records"),
+      number("logging.sample_every", &c.logging.sample_every, at_least(0),
+             "steps between samples printed with the data's tokenizer; 0 = none"),
+      number("logging.sample_tokens", &c.logging.sample_tokens, between(1, 4096), "tokens per sample"),
+      text("logging.sample_prompt", &c.logging.sample_prompt, "text the samples continue; \"\" = a document's start"),
 
       // Valid ZeRO stages; 0 and 1 are implemented (checked in validate()).
       number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),

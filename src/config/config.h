@@ -127,6 +127,9 @@ struct CheckpointConfig {
 struct LoggingConfig {
   int64_t every = 1;
   int64_t numerics_every = 50;
+  int64_t sample_every = 0;  // steps between printed samples (rank 0, its own RNG); 0 = none
+  int sample_tokens = 64;
+  std::string sample_prompt;  // "" = a document's start
 };
 
 struct DistributedConfig {

@@ -96,6 +96,7 @@ class Gpt {
   // The logits (real vocabulary) at `position` of the first sequence of `inputs` (B*T tokens):
   // what sampling draws the next token from.
   std::vector<float> next_token_logits(const int32_t* inputs, int position);
+  int seq_len() const { return T_; }
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
   // `grads_done(l)`, if given, is called as soon as block l's gradients in grads() are final
   // (blocks L-1 down to 0), then with -1 for the rest (embeddings, final layernorm): a

@@ -64,6 +64,9 @@ DataPlan plan_data(Config& config, const std::string& run_dir, std::vector<std::
     data.synthetic = SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction};
     const std::vector<std::string> problems = synthetic_spec_problems(*data.synthetic);
     if (!problems.empty()) throw UserErrors(problems);
+    if (config.logging.sample_every > 0 && !config.logging.sample_prompt.empty())
+      throw UserError("logging.sample_prompt: a synthetic corpus has no tokenizer to encode it with; expected no "
+                      "sample_prompt (samples then print token ids)");
     const std::string dir = (fs::path(run_dir) / "data").string();
     data.train_files = {synthetic_train_file(dir)};
     data.val_files = {synthetic_val_file(dir)};
@@ -73,6 +76,13 @@ DataPlan plan_data(Config& config, const std::string& run_dir, std::vector<std::
   data.val_files = expand_shard_glob(config.data.val, "data.val");
   config.data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
                                                   config.model.vocab_size, warnings);
+  // The samples' tokenizer is loaded now, so that a missing vocabulary stops the run before
+  // anything is written.
+  if (config.logging.sample_every > 0 && config.data.tokenizer != "auto")
+    data.tokenizer = Tokenizer::load(config.data.tokenizer);
+  if (config.logging.sample_every > 0 && !data.tokenizer && !config.logging.sample_prompt.empty())
+    throw UserError("logging.sample_prompt: the shards' tokenizer is unknown, so the prompt cannot be encoded; "
+                    "expected data.tokenizer: bytes or gpt2, or no sample_prompt (samples then print token ids)");
   const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
   const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);

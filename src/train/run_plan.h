@@ -15,6 +15,7 @@
 #include "checkpoint/llmc.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "data/synthetic.h"
 #include "precision/policy.h"
 
@@ -27,6 +28,7 @@ struct DataPlan {
   std::vector<std::string> train_files, val_files;  // exact paths: nothing is globbed after planning
   std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
   std::optional<SyntheticInfo> info;                // the source of the val shards, when known
+  std::optional<Tokenizer> tokenizer;               // loaded for logging.sample_every when known
   std::optional<TokenStream> train, val;            // the shards opened and checked (not yet for a
                                                     // corpus still to generate)
 };

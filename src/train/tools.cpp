@@ -21,6 +21,7 @@
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "train/sampling.h"
 
 namespace fs = std::filesystem;
 
@@ -58,25 +59,6 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const Tokenizer* t
     ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
-}
-
-int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng) {
-  const int V = static_cast<int>(logits.size());
-  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  std::vector<int> order(V);
-  for (int i = 0; i < V; ++i) order[i] = i;
-  const int k = top_k > 0 ? std::min(top_k, V) : V;
-  // Ties broken by token id, so the draw is a pure function of the seed.
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
-  std::vector<double> p(k);
-  double sum = 0;
-  for (int i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);
-  double u = rng.uniform_double() * sum;
-  for (int i = 0; i < k; ++i)
-    if ((u -= p[i]) < 0) return order[i];
-  return order[k - 1];
 }
 
 }  // namespace
@@ -130,29 +112,23 @@ void sample(const SampleOptions& o) {
   const Tokenizer* text = tokenizer ? &*tokenizer : nullptr;
   LoadedModel lm = load_model(ckpt, m, 1, m.seq_len);
   std::vector<int32_t> tokens = encode_prompt(o.prompt, text, m.vocab_size);
-  // With no prompt, a document starts: after <|endoftext|> (gpt2), else from token 0.
-  if (tokens.empty()) tokens.push_back(text && text->has_end_of_text() ? text->end_of_text() : 0);
+  if (tokens.empty()) tokens = empty_prompt(text);
   if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   Rng rng(o.seed, 0x5A4D504C45ull);
-  std::vector<int32_t> window(static_cast<size_t>(m.seq_len), 0);
-  for (int i = 0; i < o.tokens; ++i) {
-    // The last seq_len tokens; positions after the context are ignored by causal attention.
-    const size_t start = tokens.size() > window.size() ? tokens.size() - window.size() : 0;
-    std::fill(window.begin(), window.end(), 0);
-    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end(), window.begin());
-    const int position = static_cast<int>(tokens.size() - start) - 1;
-    const int32_t next = draw(lm.model->next_token_logits(window.data(), position), o.temperature, o.top_k, rng);
-    tokens.push_back(next);
-    if (text && text->has_end_of_text() && next == text->end_of_text() && !o.ignore_end_of_text) break;
+  GenerateOptions g{o.tokens, o.temperature, o.top_k, -1};
+  if (text && text->has_end_of_text() && !o.ignore_end_of_text) g.stop_token = text->end_of_text();
+  bool first = true;
+  generate(*lm.model, tokens, g, rng, [&](int32_t next) {
     if (text) {
       // Bytes as they come: a character split across tokens is whole once its last byte is out.
       const std::string piece = text->decode({next});
       std::fwrite(piece.data(), 1, piece.size(), stdout);
     } else {
-      std::printf("%s%d", i ? " " : "", next);
+      std::printf("%s%d", first ? "" : " ", next);
     }
+    first = false;
     std::fflush(stdout);
-  }
+  });
   std::printf("\n");
 }
 

@@ -16,6 +16,8 @@
 #include "core/output_file.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
 #include "model/gpt.h"
@@ -25,10 +27,15 @@
 #include "precision/policy.h"
 #include "train/gpu_memory_plan.h"
 #include "train/run_plan.h"
+#include "train/sampling.h"
 
 namespace fs = std::filesystem;
 
 namespace ptrain {
+
+// Samples printed during training: warm enough to show what the model has learned, not its
+// single most likely path (which repeats itself).
+constexpr double kSampleTemperature = 0.8;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -83,7 +90,7 @@ class Trainer {
  public:
   // `train` and `val` are the opened shards; `synthetic` the source of a synthetic corpus.
   Trainer(const Config& config, TokenStream train, TokenStream val, std::optional<SyntheticInfo> synthetic,
-          const fs::path& run_dir, const fs::path& checkpoint_dir,
+          std::optional<Tokenizer> tokenizer, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
           AttentionChoice attention, std::unique_ptr<Communicator> comm)
       : cfg_(config),
@@ -101,6 +108,7 @@ class Trainer {
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
         synthetic_(std::move(synthetic)),
+        tokenizer_(std::move(tokenizer)),
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
@@ -249,6 +257,7 @@ class Trainer {
       log_step(step, loss, norm, lr, loss_scale, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
       if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
+      if (cfg_.logging.sample_every > 0 && step % cfg_.logging.sample_every == 0) print_sample(step);
 
       const bool stop = signalled || (options_.stop_at > 0 && step >= options_.stop_at);
       const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
@@ -518,6 +527,40 @@ class Trainer {
 
   // The validation batches are shared out across ranks (batch j on rank j % world) and their
   // losses added in batch order, so the result does not depend on the number of ranks.
+  // A sample from the current weights, on rank 0: a copy of them in an FP32 model of
+  // micro-batch 1 on the CPU, with its own RNG, so the training run is untouched by it (its
+  // losses are the same with samples on or off).
+  void print_sample(int64_t step) {
+    if (!comm_->is_main()) return;
+    if (!sample_model_) {
+      sample_backend_ = make_cpu_backend(0);  // 0: the threads training set, unchanged
+      sample_model_ = std::make_unique<Gpt>(shape_, *sample_backend_, DType::f32, 1, cfg_.model.seq_len);
+    }
+    std::vector<float> weights(static_cast<size_t>(model_.num_params()));
+    backend_->download(weights.data(), model_.master_flat());
+    sample_backend_->upload(sample_model_->master_flat(), weights.data());
+    sample_model_->sync_params_from_master();
+    const Tokenizer* text = tokenizer_ ? &*tokenizer_ : nullptr;
+    std::vector<int32_t> tokens;
+    if (text && !cfg_.logging.sample_prompt.empty())
+      for (const uint16_t id : text->encode(cfg_.logging.sample_prompt, "logging.sample_prompt")) tokens.push_back(id);
+    if (tokens.empty()) tokens = empty_prompt(text);
+    const size_t prompt_tokens = tokens.size();
+    Rng rng(static_cast<uint64_t>(cfg_.run.seed), 0x53414D504C45ull + static_cast<uint64_t>(step));
+    GenerateOptions g{cfg_.logging.sample_tokens, kSampleTemperature, 0, -1};
+    if (text && text->has_end_of_text()) g.stop_token = text->end_of_text();
+    generate(*sample_model_, tokens, g, rng, [](int32_t) {});
+    const std::vector<int32_t> generated(tokens.begin() + static_cast<std::ptrdiff_t>(prompt_tokens), tokens.end());
+    std::string shown;
+    if (text) {
+      shown = replace_invalid_utf8(cfg_.logging.sample_prompt + text->decode(generated));
+    } else {
+      for (const int32_t id : generated) shown += (shown.empty() ? "" : " ") + std::to_string(id);
+    }
+    log_.info("sample step " + std::to_string(step) + " (temperature " + number_text(kSampleTemperature) + "):\n" +
+              shown);
+  }
+
   void evaluate(int64_t step) {
     std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
     for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
@@ -601,6 +644,9 @@ class Trainer {
   TrainSampler train_sampler_;
   ValSampler val_sampler_;
   std::optional<SyntheticInfo> synthetic_;
+  std::optional<Tokenizer> tokenizer_;  // the samples' (logging.sample_every), when known
+  std::unique_ptr<Backend> sample_backend_;
+  std::unique_ptr<Gpt> sample_model_;
   std::string device_choice_;  // which device run.device gave, and why (for the log)
   std::optional<double> peak_flops_;  // the GPU's dense peak for this precision, for MFU
   std::unique_ptr<Backend> backend_;
@@ -715,7 +761,8 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   }
   const bool restarted_in_place =
       main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
-  Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, plan.run_dir,
+  Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, std::move(data.tokenizer),
+                  plan.run_dir,
                   plan.checkpoint_dir, options, std::move(backend), std::move(device_choice), std::move(attention),
                   std::move(comm));
   for (const auto& w : plan.warnings) trainer.log_only(w);

@@ -1,0 +1,33 @@
+// Text generation from a model, shared by `ptrain sample` and the samples `train` prints every
+// logging.sample_every steps. Deterministic for a seed: ties between equal logits go to the
+// lower token id.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+
+namespace ptrain {
+
+struct GenerateOptions {
+  int tokens = 128;          // at most this many new tokens
+  double temperature = 1.0;  // 0 = greedy
+  int top_k = 0;             // 0 = the whole vocabulary
+  int stop_token = -1;       // generation ends when it draws this token (not emitted); -1 = never
+};
+
+// The tokens a generation with no prompt starts from: <|endoftext|> for gpt2 (a document
+// begins), a line feed for bytes, token 0 when there is no tokenizer.
+std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer);
+
+// Extends `tokens` (non-empty) with tokens drawn from `model` (micro-batch 1), calling
+// `emit(token)` for each. Past the model's context the window slides over the last seq_len
+// tokens: learned positions cannot extrapolate.
+void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& options, Rng& rng,
+              const std::function<void(int32_t)>& emit);
+
+}  // namespace ptrain
