@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Regenerates the example report committed in docs/compare-quickstart/: the synthetic-corpus config
-# trained on the CPU in fp32, bf16 and fp8 (delayed scaling), compared against fp32. The runs
-# are not kept (the report's "Runs" section names where they were). If the compare fails, the
-# committed report is put back as it was.
+# Regenerates an example report committed in docs/: `synthetic` (default) is
+# configs/synthetic.yaml into docs/compare-quickstart/ (the name it had when it was the quick
+# start); `text-small` is configs/text-small.yaml on the State of the Union addresses (prepared
+# into data/sotu/ first) into docs/compare-text-small/. Each is trained on the CPU in fp32, bf16
+# and fp8 (delayed scaling), compared against fp32. The runs are not kept (the report's "Runs"
+# section names where they were). If the compare fails, the committed report is put back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
-out=docs/compare-quickstart
+which="${1:-synthetic}"
+case "$which" in
+  synthetic) config=configs/synthetic.yaml out=docs/compare-quickstart ;;
+  text-small)
+    config=configs/text-small.yaml out=docs/compare-text-small
+    if [ ! -f data/sotu/ptrain-tokenizer.json ]; then
+      rm -rf data/sotu
+      ./build/ptrain data prepare --input "${PTRAIN_CACHE:-$HOME/.cache/ptrain}/text/sotu" --out data/sotu \
+        --tokenizer gpt2 --val-fraction 0.05
+    fi ;;
+  *) echo "usage: $0 [synthetic|text-small]" >&2; exit 2 ;;
+esac
 backup="$(mktemp -d)"
 [ -d "$out" ] && mv "$out" "$backup/previous"
 restore() {
@@ -18,6 +31,6 @@ restore() {
   rm -rf "$backup"
 }
 trap restore EXIT
-./build/ptrain compare configs/synthetic.yaml --modes fp32,bf16,fp8:delayed --out "$out" --set run.device=cpu
+./build/ptrain compare "$config" --modes fp32,bf16,fp8:delayed --out "$out" --set run.device=cpu
 rm -rf "$out/runs"
 echo "wrote $out"

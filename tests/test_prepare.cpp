@@ -123,7 +123,8 @@ TEST_CASE("data prepare (gpt2): <|endoftext|> before each document, files of dir
   fs::create_directories(dir.dir / "docs/.hidden");
   write_file(dir.dir / "docs/b.txt", "Second document.\n");
   write_file(dir.dir / "docs/a.txt", "Hello world, it's me.");
-  write_file(dir.dir / "docs/sub/c.txt", "Third one===Fourth one");
+  write_file(dir.dir / "docs/sub/c.txt", "Third one===Fourth one======");  // empty documents add nothing
+  write_file(dir.dir / "docs/sub/d.txt", "");
   write_file(dir.dir / "docs/.hidden/x.txt", "never read");
   PrepareOptions o = options({(dir.dir / "docs").string()}, dir.dir / "corpus");
   o.val_tokens = 3;

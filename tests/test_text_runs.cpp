@@ -31,12 +31,14 @@ struct TextWorkspace {
       REQUIRE(r.exit_code == 0);
     }
   }
-  CommandResult train(const std::string& data, int vocab, const std::string& flags = "") const {
+  CommandResult train(const std::string& data, int vocab, const std::string& flags = "",
+                      const std::string& logging = "") const {
     write_file(dir / "run.yaml",
                "run: {name: r, out_dir: runs, overwrite: true}\n"
                "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: " +
                    std::to_string(vocab) + "}\n" + data +
-                   "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n");
+                   "training: {steps: 2, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n" +
+                   (logging.empty() ? "" : "logging: {" + logging + "}\n"));
     return run_ptrain("train run.yaml " + flags, dir);
   }
 };
@@ -66,7 +68,7 @@ TEST_CASE("train checks the shards' tokenizer against data.tokenizer and model.v
   const CommandResult ok = ws.train(shards("gpt2"), 50257, "--dry-run");
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
-  CHECK_THAT(ok.output, Catch::Contains("tokenizer: gpt2"));
+  CHECK_THAT(ok.output, Catch::Contains("tokenizer gpt2"));
   CHECK_FALSE(fs::exists(ws.dir / "runs"));
 
   // llm.c's shards carry no record: accepted, with a warning saying what was assumed.
@@ -95,6 +97,22 @@ TEST_CASE("sample encodes the prompt and decodes with the run's tokenizer", "[te
     // Decoded text, not space-separated ids.
     CHECK(a.output.substr(15).find_first_not_of("0123456789 \n") != std::string::npos);
   }
+}
+
+TEST_CASE("train's samples draw only ids the tokenizer has, from a padded GPT-2 vocabulary", "[text]") {
+  TextWorkspace ws;
+  // 50304: GPT-2's vocabulary padded as llm.c pads it; ids 50257.. have no text.
+  // A prompt that is not UTF-8 (YAML cannot hold one; --set can) is refused before the run starts.
+  const CommandResult bad =
+      ws.train(shards("gpt2"), 50257, "--set \"logging.sample_prompt=$(printf 'a\\377')\"", "sample_every: 1");
+  INFO(bad.output);
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("logging.sample_prompt") && Catch::Contains("invalid UTF-8"));
+  CHECK_FALSE(fs::exists(ws.dir / "runs"));
+  const CommandResult r = ws.train(shards("gpt2"), 50304, "", "sample_every: 1, sample_tokens: 200");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(count_of(r.output, "sample step ") == 2);
 }
 
 TEST_CASE("train prints samples every logging.sample_every steps, the losses bit-identical without them", "[text]") {

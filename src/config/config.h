@@ -50,8 +50,8 @@ struct SyntheticDataConfig {
 struct DataConfig {
   std::string train;  // glob of llm.c token shards
   std::string val;    // glob of llm.c token shards
-  // auto | bytes | gpt2: what made the shards. auto reads the shards' ptrain-tokenizer.json;
-  // planning resolves it, and it stays auto only when that is unknown (llm.c shards, synthetic).
+  // auto | bytes | gpt2: what made the shards. auto reads the shards' ptrain-tokenizer.json
+  // (the run plan holds what it resolved to).
   std::string tokenizer = "auto";
   bool synthetic_enabled = false;  // true when the config has data.synthetic
   SyntheticDataConfig synthetic;

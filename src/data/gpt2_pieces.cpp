@@ -96,8 +96,9 @@ size_t gpt2_piece_end(std::string_view text, size_t begin) {
 size_t gpt2_safe_cut(std::string_view text, size_t from) {
   const Scanner s{text};
   size_t i = from;
+  if (i == 0) ++i;  // a cut at 0 cuts nothing off
   while (i < text.size() && (static_cast<uint8_t>(text[i]) & 0xC0) == 0x80) ++i;  // to a character's start
-  if (i == 0 || i >= text.size()) return text.size();
+  if (i >= text.size()) return text.size();
   // The character before i, and whether white space precedes it.
   size_t prev = i - 1;
   while (prev > 0 && (static_cast<uint8_t>(text[prev]) & 0xC0) == 0x80) --prev;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
+#include "data/utf8.h"
 
 namespace ptrain {
 
@@ -119,6 +120,10 @@ Gpt2Vocabulary Gpt2Vocabulary::from_hf_files(const std::string& vocab_json, cons
   const std::string vocab_text = read_vocabulary_file(vocab_json, "vocabulary");
   const std::string merges_text = read_vocabulary_file(merges_txt, "merges");
   const std::string what = "vocabulary \"" + vocab_json + "\"";
+  const size_t bad = first_invalid_utf8(merges_text);
+  if (bad != kValidUtf8)
+    throw UserError("merges \"" + merges_txt + "\": invalid UTF-8 at byte offset " + std::to_string(bad) +
+                    "; expected Hugging Face's merges.txt (text)");
   Gpt2Vocabulary v;
   Sha256 hash;
   hash.update(vocab_text.data(), vocab_text.size());

@@ -87,6 +87,8 @@ void check_options(const PrepareOptions& o) {
   if (o.threads < 0) throw UserError("--threads is " + std::to_string(o.threads) + ", expected 0 (all) or more");
   if (o.tokenizer == "bytes" && !o.separator.empty())
     throw UserError("--separator: the bytes tokenizer has no end-of-text token to mark documents with");
+  if (o.tokenizer == "gpt2" && first_invalid_utf8(o.separator) != kValidUtf8)
+    throw UserError("--separator: not valid UTF-8; expected text, as GPT-2's tokenizer reads the documents as text");
   if (o.tokenizer == "bytes" && o.replace_invalid_utf8)
     throw UserError("--invalid-utf8 replace: the bytes tokenizer takes any bytes as they are");
 }
@@ -198,8 +200,12 @@ class TokenWriter {
     std::string_view rest = std::string_view(buffer).substr(begin);
     size_t used = rest.size();
     if (!at_end) {
-      // Text that may be the start of a separator split by the read stays unread.
-      if (!o_.separator.empty()) used -= std::min(used, o_.separator.size() - 1);
+      // Text that may be the start of a separator split by the read waits for the next read
+      // (from a character's start: the text before it is tokenized now).
+      if (!o_.separator.empty()) {
+        used -= std::min(used, o_.separator.size() - 1);
+        while (used > 0 && (static_cast<uint8_t>(rest[used]) & 0xC0) == 0x80) --used;
+      }
       used = encode_text(rest.substr(0, used), false);
     } else {
       encode_text(rest, true);
@@ -215,15 +221,19 @@ class TokenWriter {
       throw UserError("input " + in_quotes(file_) + ": " + std::to_string(text.size() >> 20) +
                       " MiB of text with no place to cut between GPT-2 pieces; expected text (a run of one "
                       "character class this long would be one piece)");
+    if (take > 0 && document_pending_) {
+      // A document's <|endoftext|> goes out with its first text: empty documents (an empty
+      // file, separators side by side) add nothing.
+      document_pending_ = false;
+      ++documents_;
+      if (tokenizer_.has_end_of_text()) ids_.push_back(tokenizer_.end_of_text());
+    }
     encoder_.encode(text.substr(0, take), ids_);
     if (ids_.size() >= static_cast<size_t>(kCopyTokens)) flush_ids();
     return take;
   }
 
-  void start_document() {
-    ++documents_;
-    if (tokenizer_.has_end_of_text()) ids_.push_back(tokenizer_.end_of_text());
-  }
+  void start_document() { document_pending_ = true; }
 
   void flush_ids() {
     out_.write(ids_.data(), ids_.size() * sizeof(uint16_t));
@@ -238,6 +248,7 @@ class TokenWriter {
   Progress progress_;
   std::vector<uint16_t> ids_;
   std::string file_;
+  bool document_pending_ = false;
   int64_t done_bytes_ = 0, tokens_ = 0, documents_ = 0;
 };
 
@@ -263,15 +274,18 @@ void write_split(const InputFile& tokens, int64_t begin, int64_t end, const fs::
   }
 }
 
-// Removes the staging directory (and the output directory, if this run made it) unless the
-// run completed.
+// Removes what the run wrote unless it completed: the staging directory, the shards already
+// moved out of it, and the output directory if this run made it.
 struct StagingGuard {
   fs::path staging, out;
   bool made_out = false, done = false;
+  const std::vector<std::string>* moved = nullptr;
   ~StagingGuard() {
     if (done) return;
     std::error_code ec;
     fs::remove_all(staging, ec);
+    if (moved)
+      for (const std::string& f : *moved) fs::remove(f, ec);
     if (made_out) fs::remove(out, ec);
   }
 };
@@ -319,6 +333,7 @@ PrepareResult prepare_text(const PrepareOptions& o) {
                                                     tokenizer.has_end_of_text() ? tokenizer.end_of_text() : -1,
                                                     tokenizer.vocabulary_sha256()});
     // Shards first, the record last: a directory with the record is complete.
+    guard.moved = &result.files;
     for (const std::string& f : staged) {
       result.files.push_back((fs::path(o.out_dir) / fs::path(f).filename()).string());
       rename_path(f, result.files.back());

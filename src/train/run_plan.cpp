@@ -55,7 +55,36 @@ void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches,
   if (!problems.empty()) throw UserErrors(problems);
 }
 
-DataPlan plan_data(Config& config, const std::string& run_dir, std::vector<std::string>& warnings) {
+// The samples train prints: their tokenizer and prompt, made now so that a missing vocabulary
+// or a prompt that is not UTF-8 stops the run before anything is written.
+void plan_samples(const Config& config, DataPlan& data, std::vector<std::string>& warnings) {
+  const LoggingConfig& log = config.logging;
+  if (log.sample_every == 0) return;
+  if (!data.tokenizer.empty()) {
+    const Tokenizer tokenizer = Tokenizer::load(data.tokenizer);
+    const std::optional<TokenizerRecord> record =
+        read_tokenizer_record(fs::path(data.train_files.front()).parent_path().string());
+    if (record && record->vocabulary_sha256 != tokenizer.vocabulary_sha256()) {
+      warnings.push_back("logging.sample_every: the shards were made with another " + data.tokenizer +
+                         " vocabulary than the default one, so samples print token ids");
+    } else if (tokenizer.vocab_size() > config.model.vocab_size) {
+      throw UserError("model.vocab_size is " + std::to_string(config.model.vocab_size) + ", below the " +
+                      data.tokenizer + " tokenizer's " + std::to_string(tokenizer.vocab_size()) +
+                      " tokens; expected model.vocab_size: " + std::to_string(tokenizer.vocab_size()) + " or more");
+    } else {
+      data.sample_tokenizer = tokenizer;
+    }
+  }
+  if (log.sample_prompt.empty()) return;
+  if (!data.sample_tokenizer)
+    throw UserError("logging.sample_prompt: the shards' tokenizer is not known here, so the prompt cannot be "
+                    "encoded; expected data.tokenizer: bytes or gpt2 with its default vocabulary, or no "
+                    "sample_prompt (samples then print token ids)");
+  for (const uint16_t id : data.sample_tokenizer->encode(log.sample_prompt, "logging.sample_prompt"))
+    data.sample_prompt.push_back(id);
+}
+
+DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector<std::string>& warnings) {
   DataPlan data;
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   if (config.data.synthetic_enabled) {
@@ -64,25 +93,18 @@ DataPlan plan_data(Config& config, const std::string& run_dir, std::vector<std::
     data.synthetic = SyntheticSpec{s.vocab, s.order, s.branching, s.tokens, static_cast<uint64_t>(s.seed), s.val_fraction};
     const std::vector<std::string> problems = synthetic_spec_problems(*data.synthetic);
     if (!problems.empty()) throw UserErrors(problems);
-    if (config.logging.sample_every > 0 && !config.logging.sample_prompt.empty())
-      throw UserError("logging.sample_prompt: a synthetic corpus has no tokenizer to encode it with; expected no "
-                      "sample_prompt (samples then print token ids)");
     const std::string dir = (fs::path(run_dir) / "data").string();
     data.train_files = {synthetic_train_file(dir)};
     data.val_files = {synthetic_val_file(dir)};
+    plan_samples(config, data, warnings);
     return data;
   }
   data.train_files = expand_shard_glob(config.data.train, "data.train");
   data.val_files = expand_shard_glob(config.data.val, "data.val");
-  config.data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
-                                                  config.model.vocab_size, warnings);
-  // The samples' tokenizer is loaded now, so that a missing vocabulary stops the run before
-  // anything is written.
-  if (config.logging.sample_every > 0 && config.data.tokenizer != "auto")
-    data.tokenizer = Tokenizer::load(config.data.tokenizer);
-  if (config.logging.sample_every > 0 && !data.tokenizer && !config.logging.sample_prompt.empty())
-    throw UserError("logging.sample_prompt: the shards' tokenizer is unknown, so the prompt cannot be encoded; "
-                    "expected data.tokenizer: bytes or gpt2, or no sample_prompt (samples then print token ids)");
+  data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
+                                           config.model.vocab_size, warnings);
+  if (data.tokenizer == "auto") data.tokenizer.clear();
+  plan_samples(config, data, warnings);
   const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
   const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
@@ -297,7 +319,7 @@ RunPlan plan_run(const Config& config) {
     throw UserError("checkpoint.resume: the checkpoint is inside " + plan.run_dir +
                     ", which run.overwrite would delete; expected run.overwrite: false to resume");
   plan_init_from(plan);
-  plan.data = plan_data(plan.config, plan.run_dir, plan.warnings);
+  plan.data = plan_data(config, plan.run_dir, plan.warnings);
   return plan;
 }
 
@@ -325,8 +347,9 @@ std::string describe_plan(const RunPlan& plan) {
     line("data: train " + format_thousands(static_cast<double>(plan.data.train->size())) + " tokens in " +
          std::to_string(plan.data.train_files.size()) + " shard(s), val " +
          format_thousands(static_cast<double>(plan.data.val->size())) + " tokens in " +
-         std::to_string(plan.data.val_files.size()) + " shard(s) (headers and sizes checked; token ids are "
-         "checked as they are read)");
+         std::to_string(plan.data.val_files.size()) + " shard(s), tokenizer " +
+         (plan.data.tokenizer.empty() ? "unknown" : plan.data.tokenizer) +
+         " (headers and sizes checked; token ids are checked as they are read)");
   const char* action = plan.run_dir_action == RunDirAction::create    ? "would be created"
                        : plan.run_dir_action == RunDirAction::replace ? "exists and would be replaced (run.overwrite)"
                                                                       : "exists and would be continued";

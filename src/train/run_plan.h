@@ -28,7 +28,9 @@ struct DataPlan {
   std::vector<std::string> train_files, val_files;  // exact paths: nothing is globbed after planning
   std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
   std::optional<SyntheticInfo> info;                // the source of the val shards, when known
-  std::optional<Tokenizer> tokenizer;               // loaded for logging.sample_every when known
+  std::string tokenizer;                            // bytes, gpt2, or "" unknown (data.tokenizer resolved)
+  std::optional<Tokenizer> sample_tokenizer;        // loaded for logging.sample_every when known
+  std::vector<int32_t> sample_prompt;               // logging.sample_prompt encoded
   std::optional<TokenStream> train, val;            // the shards opened and checked (not yet for a
                                                     // corpus still to generate)
 };

@@ -47,7 +47,9 @@ void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& o
     std::fill(window.begin(), window.end(), 0);
     std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end(), window.begin());
     const int position = static_cast<int>(tokens.size() - start) - 1;
-    const int32_t next = draw(model.next_token_logits(window.data(), position), o.temperature, o.top_k, rng);
+    std::vector<float> logits = model.next_token_logits(window.data(), position);
+    if (o.vocab > 0 && o.vocab < static_cast<int>(logits.size())) logits.resize(static_cast<size_t>(o.vocab));
+    const int32_t next = draw(std::move(logits), o.temperature, o.top_k, rng);
     if (next == o.stop_token) break;
     tokens.push_back(next);
     emit(next);

@@ -18,6 +18,7 @@ struct GenerateOptions {
   double temperature = 1.0;  // 0 = greedy
   int top_k = 0;             // 0 = the whole vocabulary
   int stop_token = -1;       // generation ends when it draws this token (not emitted); -1 = never
+  int vocab = 0;             // draw among ids below this (the tokenizer's; a padded model has more); 0 = all
 };
 
 // The tokens a generation with no prompt starts from: <|endoftext|> for gpt2 (a document

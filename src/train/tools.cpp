@@ -115,7 +115,7 @@ void sample(const SampleOptions& o) {
   if (tokens.empty()) tokens = empty_prompt(text);
   if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   Rng rng(o.seed, 0x5A4D504C45ull);
-  GenerateOptions g{o.tokens, o.temperature, o.top_k, -1};
+  GenerateOptions g{o.tokens, o.temperature, o.top_k, -1, text ? text->vocab_size() : 0};
   if (text && text->has_end_of_text() && !o.ignore_end_of_text) g.stop_token = text->end_of_text();
   bool first = true;
   generate(*lm.model, tokens, g, rng, [&](int32_t next) {

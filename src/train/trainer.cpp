@@ -90,7 +90,7 @@ class Trainer {
  public:
   // `train` and `val` are the opened shards; `synthetic` the source of a synthetic corpus.
   Trainer(const Config& config, TokenStream train, TokenStream val, std::optional<SyntheticInfo> synthetic,
-          std::optional<Tokenizer> tokenizer, const fs::path& run_dir, const fs::path& checkpoint_dir,
+          const DataPlan& text, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
           AttentionChoice attention, std::unique_ptr<Communicator> comm)
       : cfg_(config),
@@ -108,7 +108,9 @@ class Trainer {
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
         val_sampler_(val_stream_, "data.val", config.training.eval_batches, B_, T_),
         synthetic_(std::move(synthetic)),
-        tokenizer_(std::move(tokenizer)),
+        tokenizer_name_(text.tokenizer),
+        sample_tokenizer_(text.sample_tokenizer),
+        sample_prompt_(text.sample_prompt),
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
@@ -347,7 +349,7 @@ class Trainer {
       st.best_val_step = best_val_step_;
     }
     st.precision = policy_.label();
-    st.tokenizer = cfg_.data.tokenizer == "auto" ? "" : cfg_.data.tokenizer;
+    st.tokenizer = tokenizer_name_;
     st.model = model_json(cfg_.model);
     st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
     st.next_sample = step * accum_ * comm_->world_size() * B_;
@@ -540,14 +542,12 @@ class Trainer {
     backend_->download(weights.data(), model_.master_flat());
     sample_backend_->upload(sample_model_->master_flat(), weights.data());
     sample_model_->sync_params_from_master();
-    const Tokenizer* text = tokenizer_ ? &*tokenizer_ : nullptr;
-    std::vector<int32_t> tokens;
-    if (text && !cfg_.logging.sample_prompt.empty())
-      for (const uint16_t id : text->encode(cfg_.logging.sample_prompt, "logging.sample_prompt")) tokens.push_back(id);
+    const Tokenizer* text = sample_tokenizer_ ? &*sample_tokenizer_ : nullptr;
+    std::vector<int32_t> tokens = sample_prompt_;
     if (tokens.empty()) tokens = empty_prompt(text);
     const size_t prompt_tokens = tokens.size();
     Rng rng(static_cast<uint64_t>(cfg_.run.seed), 0x53414D504C45ull + static_cast<uint64_t>(step));
-    GenerateOptions g{cfg_.logging.sample_tokens, kSampleTemperature, 0, -1};
+    GenerateOptions g{cfg_.logging.sample_tokens, kSampleTemperature, 0, -1, text ? text->vocab_size() : 0};
     if (text && text->has_end_of_text()) g.stop_token = text->end_of_text();
     generate(*sample_model_, tokens, g, rng, [](int32_t) {});
     const std::vector<int32_t> generated(tokens.begin() + static_cast<std::ptrdiff_t>(prompt_tokens), tokens.end());
@@ -644,7 +644,9 @@ class Trainer {
   TrainSampler train_sampler_;
   ValSampler val_sampler_;
   std::optional<SyntheticInfo> synthetic_;
-  std::optional<Tokenizer> tokenizer_;  // the samples' (logging.sample_every), when known
+  std::string tokenizer_name_;                 // recorded in checkpoints; "" unknown
+  std::optional<Tokenizer> sample_tokenizer_;  // logging.sample_every's, when known
+  std::vector<int32_t> sample_prompt_;
   std::unique_ptr<Backend> sample_backend_;
   std::unique_ptr<Gpt> sample_model_;
   std::string device_choice_;  // which device run.device gave, and why (for the log)
@@ -733,7 +735,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     if (main_rank) {
       RunLog log;
       log.info("# resolved config");
-      log.info(config_to_yaml(plan.config));
+      log.info(config_to_yaml(config));
       log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
       if (!backend || backend->device() == Device::cuda) {
         const GpuMemoryPlan gpu = plan_gpu_memory(config, plan.world_size, attention.path);
@@ -761,8 +763,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   }
   const bool restarted_in_place =
       main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
-  Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, std::move(data.tokenizer),
-                  plan.run_dir,
+  Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, data, plan.run_dir,
                   plan.checkpoint_dir, options, std::move(backend), std::move(device_choice), std::move(attention),
                   std::move(comm));
   for (const auto& w : plan.warnings) trainer.log_only(w);
