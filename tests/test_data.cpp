@@ -16,6 +16,7 @@
 #include "data/dataset.h"
 #include "data/shard.h"
 #include "data/synthetic.h"
+#include "user_error.h"
 
 namespace fs = std::filesystem;
 using namespace ptrain;
@@ -34,17 +35,7 @@ struct TempDir {
   std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
-// The message of the UserError `f` throws (fails the test if it throws nothing or another type).
-template <typename F>
-std::string user_error(F f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
-}
+using ptrain::test::user_error;
 
 // A shard file with an arbitrary header and `token_bytes` zero bytes after it.
 void write_raw_shard(const std::string& path, int32_t magic, int32_t version, int32_t count,

@@ -20,11 +20,13 @@
 #include "data/tokenizer_record.h"
 #include "data/utf8.h"
 #include "test_util.h"
+#include "user_error.h"
 
 namespace fs = std::filesystem;
 using namespace ptrain;
 using ptrain::test::read_file;
 using ptrain::test::TempDir;
+using ptrain::test::user_error;
 using ptrain::test::write_file;
 
 extern char** environ;
@@ -48,16 +50,6 @@ std::vector<uint16_t> corpus_of(const PrepareResult& r) {
   }
   train.insert(train.end(), val.begin(), val.end());
   return train;
-}
-
-std::string user_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
 }
 
 const Tokenizer& gpt2() {

@@ -18,10 +18,12 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "test_util.h"
+#include "user_error.h"
 
 namespace fs = std::filesystem;
 using namespace ptrain;
 using ptrain::test::TempDir;
+using ptrain::test::user_error;
 
 namespace {
 
@@ -39,16 +41,6 @@ const Tokenizer& gpt2() {
 std::vector<int32_t> ids_of(const std::vector<uint16_t>& ids) { return {ids.begin(), ids.end()}; }
 
 std::vector<uint16_t> encode(const std::string& text) { return gpt2().encode(text, "test text"); }
-
-std::string user_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  FAIL("expected a UserError");
-  return "";
-}
 
 // Random valid UTF-8 drawn from characters that exercise every class: ASCII letters, digits,
 // punctuation, white space of several kinds, apostrophes, accented and CJK letters, combining

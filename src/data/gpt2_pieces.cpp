@@ -65,8 +65,6 @@ struct Scanner {
 
 }  // namespace
 
-CharClass char_class(char32_t c) { return c < 0x10000 ? bmp_classes()[c] : icu_class(c); }
-
 size_t gpt2_piece_end(std::string_view text, size_t begin) {
   const Scanner s{text};
   if (text[begin] == '\'') {

@@ -13,9 +13,6 @@ namespace ptrain {
 
 enum class CharClass : unsigned char { letter, number, space, other };
 
-// The class of code point `c`: letter (\p{L}), number (\p{N}), space (White_Space) or other.
-CharClass char_class(char32_t c);
-
 // The end of the piece that starts at `begin` of valid UTF-8 `text` (begin < text.size()).
 size_t gpt2_piece_end(std::string_view text, size_t begin);
 
