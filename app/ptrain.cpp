@@ -122,8 +122,9 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   sample->footer(
       "Deterministic for a given --seed. The tokenizer is the one the run's shards were made with\n"
       "(bytes or gpt2); gpt2 stops at <|endoftext|>. A run on data with no known tokenizer\n"
-      "(synthetic, llm.c shards without data.tokenizer) takes and prints token ids. Past the\n"
-      "model's context the window slides over the last seq_len tokens.\n"
+      "(synthetic, llm.c shards without data.tokenizer) takes and prints token ids. A KV cache\n"
+      "computes each new token alone while the text fits the model's context; past it the window\n"
+      "slides over the last seq_len tokens, rerun whole for each token (positions are learned).\n"
       "Example:\n  ptrain sample --checkpoint runs/quickstart/checkpoints/step_00000600 --prompt \"Call me\" --tokens 200");
   sample->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   sample->add_option("--prompt", a.sample.prompt, "Text to continue");
@@ -133,6 +134,9 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   sample->add_option("--seed", a.sample.seed, "Seed of the draws")->capture_default_str();
   sample->add_option("--vocab", a.sample.vocabulary, "gpt2: the vocabulary the shards were made with, if not the default");
   sample->add_flag("--ignore-eot", a.sample.ignore_end_of_text, "Go on past <|endoftext|> instead of stopping");
+  sample->add_flag("--no-kv-cache{false}", a.sample.kv_cache,
+                   "Run the whole window for every token instead of the KV cache (same tokens, O(T) times the work)");
+  sample->add_flag("--timing", a.sample.timing, "Print the generation's tokens/s on stderr");
 
   CLI::App* inspect = app.add_subcommand("inspect", "Show what a checkpoint, safetensors or llm.c model file holds");
   inspect->footer("Example:\n  ptrain inspect runs/quickstart/checkpoints/step_00000150");

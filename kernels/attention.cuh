@@ -159,6 +159,53 @@ __global__ void softmax_causal_backward_kernel(T* dpreatt, const T* datt, const 
   }
 }
 
+// One query over a sequence's cached keys and values (incremental decoding, the KV cache):
+// qkv (n, 3, NH, HS) holds rows 0..n-1 of one sequence; out (NH, HS) = the softmax over j < n
+// of scale q_{n-1} . k_j, times v_j, for head blockIdx.x. The keys go in tiles of blockDim.x: a
+// warp scores one key at a time (lanes over HS, a butterfly sum) into shared memory; the block
+// then moves its running max and sum on (online softmax) and thread d < HS its running sum of
+// p_j v_j[d], both rescaled when the max grows, so any n takes one pass and fixed shared memory:
+// blockDim.x scores, then 32 floats for the block reductions.
+template <typename T>
+__global__ void attention_decode_kernel(T* out, const T* qkv, int n, int NH, int HS, float scale) {
+  PTRAIN_DYNAMIC_SHARED(float, shared);
+  float* scores = shared;
+  float* scratch = shared + blockDim.x;
+  const int h = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int warps = blockDim.x / kWarpSize, tile_size = blockDim.x;
+  const size_t C = static_cast<size_t>(NH) * HS, ld = 3 * C;
+  const T* q = qkv + static_cast<size_t>(n - 1) * ld + static_cast<size_t>(h) * HS;
+  const T* keys = qkv + C + static_cast<size_t>(h) * HS;
+  const T* values = qkv + 2 * C + static_cast<size_t>(h) * HS;
+  float m = -INFINITY, sum = 0.0f, acc = 0.0f;
+  for (int j0 = 0; j0 < n; j0 += tile_size) {
+    const int tile = n - j0 < tile_size ? n - j0 : tile_size;
+    for (int j = warp; j < tile; j += warps) {
+      const T* k = keys + static_cast<size_t>(j0 + j) * ld;
+      float dot = 0.0f;
+      for (int d = lane; d < HS; d += kWarpSize) dot += to_float(q[d]) * to_float(k[d]);
+      dot = warp_sum(dot);
+      if (lane == 0) scores[j] = scale * dot;
+    }
+    __syncthreads();
+    const float s = tid < tile ? scores[tid] : -INFINITY;
+    const float m_new = fmaxf(m, block_max(s, scratch));
+    const float p = tid < tile ? expf(s - m_new) : 0.0f;
+    const float rescale = expf(m - m_new);  // 0 on the first tile (m = -inf)
+    sum = sum * rescale + block_sum(p, scratch);
+    scores[tid] = p;  // each thread rewrites only its own score
+    __syncthreads();
+    if (tid < HS) {
+      float a = acc * rescale;
+      for (int j = 0; j < tile; ++j) a += scores[j] * to_float(values[static_cast<size_t>(j0 + j) * ld + tid]);
+      acc = a;
+    }
+    m = m_new;
+    __syncthreads();  // the next tile overwrites the scores
+  }
+  if (tid < HS) out[static_cast<size_t>(h) * HS + tid] = from_float<T>(acc / sum);
+}
+
 // ---------------------------------------------------------------------------- launchers
 
 template <typename T>
@@ -210,6 +257,15 @@ void softmax_causal_backward(T* dpreatt, const T* datt, const T* att, float scal
   const int rows = BNH * Tn, rows_per_block = kAttentionThreads / kWarpSize;
   PTRAIN_LAUNCH(softmax_causal_backward_kernel<T>, ceil_div(rows, rows_per_block), kAttentionThreads, 0, stream,
                 dpreatt, datt, att, scale, rows, Tn);
+}
+
+// out (C) = attention of row n-1 of qkv (n, 3C), C = NH * HS, over rows 0..n-1 (n >= 1,
+// HS <= 1024): one block per head, of at least HS threads.
+template <typename T>
+void attention_decode(T* out, const T* qkv, int n, int NH, int HS, float scale, cudaStream_t stream) {
+  const int threads = HS > kAttentionThreads ? ceil_div(HS, kWarpSize) * kWarpSize : kAttentionThreads;
+  PTRAIN_LAUNCH(attention_decode_kernel<T>, NH, threads, (threads + kWarpSize) * sizeof(float), stream, out, qkv, n, NH,
+                HS, scale);
 }
 
 }  // namespace ptrain::kernels

@@ -39,6 +39,7 @@ void instantiate_launchers_for() {
   (void)&attention_unpermute_backward<T>;
   (void)&softmax_causal_forward<T>;
   (void)&softmax_causal_backward<T>;
+  (void)&attention_decode<T>;
   (void)&fused_classifier<T>;
   (void)&adamw_update<T>;
   (void)&grad_norm_squared<T>;

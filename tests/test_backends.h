@@ -68,6 +68,7 @@ class ForwardingBackend : public Backend {
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved, int nh) override {
     inner_.attention_backward(dqkv, dout, qkv, out, saved, nh);
   }
+  void attention_decode(Tensor out, Tensor qkv, int nh) override { inner_.attention_decode(out, qkv, nh); }
   AttentionChoice choose_attention(const std::string& want, DType dt, int64_t B, int64_t T, int nh,
                                    int64_t hs) override {
     return inner_.choose_attention(want, dt, B, T, nh, hs);

@@ -178,3 +178,40 @@ TEST_CASE("a token id outside the vocabulary is refused before the model reads i
   CHECK_THROWS_WITH(model.train_micro_batch(inputs.data(), targets.data(), 0.1f, Tensor(&loss_sum, DType::f64, {1})),
                     Catch::Contains("target token id -2 at position 3"));
 }
+
+// The KV cache: each decoded position's logits are the whole forward pass's at that position,
+// in double to rounding and in float as close as summation orders allow, for a micro-batch of
+// two (only sequence 0 decodes).
+TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every position", "[model][sample]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape shape{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
+  const int B = 2, T = 24;
+  const auto tokens = random_tokens(T, shape.vocab, 3);
+  for (const DType dt : {DType::f64, DType::f32}) {
+    INFO((dt == DType::f64 ? "f64" : "f32"));
+    Gpt decoding(shape, *backend, dt, B, T), whole(shape, *backend, dt, B, T);
+    decoding.init(4, 0.2);  // larger than GPT-2's 0.02: logits far from uniform
+    whole.init(4, 0.2);
+    std::vector<float> logits = decoding.start_decoding(tokens.data(), 3);
+    for (int length = 3; length <= T; ++length) {
+      INFO("position " << length - 1);
+      REQUIRE(decoding.decoded_length() == length);
+      CHECK(relative_error(logits, whole.start_decoding(tokens.data(), length)) < (dt == DType::f64 ? 1e-6 : 1e-5));
+      if (length < T) logits = decoding.decode_next(tokens[static_cast<size_t>(length)]);
+    }
+    CHECK_THROWS(decoding.decode_next(0));  // the context is full
+  }
+}
+
+TEST_CASE("a training forward pass ends the decoding, and decoded ids are checked", "[model][sample]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape shape{1, 2, 8, 8, 11, 16};
+  Gpt model(shape, *backend, DType::f32, 1, 8);
+  model.init(1);
+  const auto tokens = random_tokens(8, shape.vocab, 5);
+  model.start_decoding(tokens.data(), 2);
+  CHECK_THROWS_WITH(model.decode_next(11), Catch::Contains("token id 11"));
+  model.forward(tokens.data(), tokens.data(), 0.0f);
+  CHECK(model.decoded_length() == 0);
+  CHECK_THROWS(model.decode_next(1));
+}

@@ -231,6 +231,38 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
       }
 }
 
+// Decoding's op must give what the whole forward pass gives at the last row, for every length
+// of the cache: in double, to rounding; in float, as close as two summation orders allow.
+TEST_CASE("attention_decode gives attention_forward's last row", "[ops]") {
+  for (int Tn : {1, 2, 7, 19, 70})
+    for (int NH : {1, 3})
+      for (int hs : {1, 7}) {
+        const int C = NH * hs;
+        CAPTURE(Tn, NH, hs);
+        HostBuffer<double> qkv({1, Tn, 3 * C}), out({1, Tn, C}), att({1, NH, Tn, Tn}), row({C});
+        fill_normal(qkv.data, 13);
+        cpu_backend().attention_forward(out.view(), att.view(), qkv.view(), NH);
+        const std::vector<double> last(out.data.end() - C, out.data.end());
+        std::fill(row.data.begin(), row.data.end(), NAN);  // every element must be written
+        cpu_backend().attention_decode(row.view(), qkv.view().reshaped({Tn, 3 * C}), NH);
+        CHECK(relative_error(row.data, last) < 1e-12);
+
+        HostBuffer<float> fq({Tn, 3 * C}), frow({C});
+        fq.data = cast<float>(qkv.data);
+        cpu_backend().attention_decode(frow.view(), fq.view(), NH);
+        CHECK(relative_error(frow.data, last) < kFp32Tol);
+      }
+}
+
+TEST_CASE("attention_decode refuses shapes that are not one sequence's (T,3C) rows", "[ops]") {
+  HostBuffer<float> qkv({1, 4, 12}), out({4}), wrong_out({5});
+  CHECK_THROWS_WITH(cpu_backend().attention_decode(out.view(), qkv.view(), 2), Catch::Contains("attention_decode"));
+  CHECK_THROWS_WITH(cpu_backend().attention_decode(wrong_out.view(), qkv.view().reshaped({4, 12}), 2),
+                    Catch::Contains("want C elements"));
+  CHECK_THROWS_WITH(cpu_backend().attention_decode(out.view(), qkv.view().reshaped({4, 12}), 3),
+                    Catch::Contains("shape mismatch"));
+}
+
 TEST_CASE("embedding forward and backward", "[ops]") {
   for (int Tn : {1, 7, 19})
     for (int C : {1, 7, 111}) {

@@ -105,6 +105,9 @@ class RecordingBackend final : public ForwardingBackend {
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved, int nh) override {
     queue("attention_backward", [=] { inner_.attention_backward(dqkv, dout, qkv, out, saved, nh); });
   }
+  void attention_decode(Tensor out, Tensor qkv, int nh) override {
+    queue("attention_decode", [=] { inner_.attention_decode(out, qkv, nh); });
+  }
   void gelu_forward(Tensor out, Tensor inp) override {
     queue("gelu_forward", [=] { inner_.gelu_forward(out, inp); });
   }

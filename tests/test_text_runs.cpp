@@ -142,3 +142,45 @@ TEST_CASE("train prints samples every logging.sample_every steps, the losses bit
   CHECK_THAT(with_output, Catch::Contains("sample step 4 (temperature 0.8):\nCall me"));
   CHECK(count_of(without_output, "sample step ") == 0);
 }
+
+TEST_CASE("resuming refuses shards made by another tokenizer than the checkpoint's", "[text]") {
+  TextWorkspace ws;
+  const CommandResult first = ws.train(shards("gpt2"), 50257);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  // bytes shards fit a 50257-token model too: only the tokenizer tells them apart.
+  for (const char* dry : {"--dry-run", ""}) {
+    INFO(dry);
+    expect_refused(ws.train(shards("bytes"), 50257, std::string("--set run.overwrite=false --set checkpoint.resume=auto ") + dry),
+                   {"checkpoint.resume", "trained on gpt2 tokens", "bytes"});
+  }
+  const CommandResult same = ws.train(shards("gpt2"), 50257, "--set run.overwrite=false --set checkpoint.resume=auto --set training.steps=3");
+  INFO(same.output);
+  CHECK(same.exit_code == 0);
+}
+
+TEST_CASE("data.vocab names the vocabulary the shards were made with", "[text]") {
+  TextWorkspace ws;
+  const std::string cache = ptrain::data_cache_dir();
+  const CommandResult prepared =
+      run_ptrain("data prepare --input book.txt --out hf --tokenizer gpt2 --vocab " + cache + "/gpt2-hf", ws.dir);
+  INFO(prepared.output);
+  REQUIRE(prepared.exit_code == 0);
+  // Without it the samples cannot know the files: they print ids, and say so.
+  const CommandResult unnamed = ws.train(shards("hf"), 50257, "--dry-run", "sample_every: 1");
+  INFO(unnamed.output);
+  CHECK(unnamed.exit_code == 0);
+  CHECK_THAT(unnamed.output, Catch::Contains("samples print token ids"));
+  const CommandResult named =
+      ws.train(shards("hf", ", vocab: " + cache + "/gpt2-hf"), 50257, "--dry-run", "sample_every: 1, sample_prompt: Call");
+  INFO(named.output);
+  CHECK(named.exit_code == 0);
+  CHECK_THAT(named.output, !Catch::Contains("samples print token ids"));
+  expect_refused(ws.train(shards("hf", ", vocab: " + cache + "/gpt2/r50k_base.tiktoken"), 50257, "--dry-run"),
+                 {"data.vocab", "is not the vocabulary the shards", "ptrain-tokenizer.json"});
+  expect_refused(ws.train(shards("bytes", ", vocab: " + cache + "/gpt2-hf"), 256, "--dry-run"),
+                 {"data.vocab", "tokenizer is bytes"});
+  expect_refused(ws.train(shards("hf", ", vocab: " + cache + "/missing"), 50257, "--dry-run"),
+                 {"GPT-2 vocabulary", "missing", "not found"});
+  CHECK_FALSE(fs::exists(ws.dir / "runs"));
+}

@@ -175,6 +175,10 @@ class Backend {
   virtual void attention_forward(Tensor out, Tensor saved, Tensor qkv, int n_head) = 0;
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved,
                                   int n_head) = 0;
+  // One query over cached keys and values, for incremental decoding (a KV cache): qkv (T,3C)
+  // holds rows 0..T-1 of one sequence, and out (C) = causal attention at its last row, what
+  // attention_forward writes at that row, at O(T) cost. Saves nothing: decoding has no backward.
+  virtual void attention_decode(Tensor out, Tensor qkv, int n_head) = 0;
   // Which attention path runs for this shape, given model.attention (`want`: auto | cudnn |
   // fallback) and the activations' storage dtype. Throws UserError, saying why, when `cudnn` is
   // asked for and cannot run here.

@@ -133,6 +133,9 @@ Schema make_schema(Config& c) {
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
       choice("data.tokenizer", &d.tokenizer, {"auto", "bytes", "gpt2"},
              "what made the shards; auto reads their ptrain-tokenizer.json"),
+      text("data.vocab", &d.vocab,
+           "gpt2: the vocabulary files the shards were made with (data prepare --vocab); null = the default one",
+           Empty::kNull),
       number("data.synthetic.vocab", &s.vocab, between(2, 65536), "tokens used by the corpus"),
       number("data.synthetic.order", &s.order, at_least(1), "Markov chain order"),
       number("data.synthetic.branching", &s.branching, at_least(1),
@@ -611,11 +614,17 @@ class Loader {
                     nearest_multiples(t.batch_tokens, per_micro_batch));
     }
 
+    if (usable({"data.vocab", "data.tokenizer"}) && !c.data.vocab.empty() && c.data.tokenizer == "bytes")
+      problem(where({"data.vocab", "data.tokenizer"}), "data.vocab",
+              c.data.vocab + " with data.tokenizer: bytes, which has no vocabulary file", "null, or data.tokenizer: gpt2");
     const SyntheticDataConfig& s = c.data.synthetic;
     if (c.data.synthetic_enabled) {
       if (usable({"data.tokenizer"}) && c.data.tokenizer != "auto")
         problem(where({"data.tokenizer"}), "data.tokenizer",
                 c.data.tokenizer + " with data.synthetic, whose tokens are no tokenizer's", "auto");
+      if (usable({"data.vocab"}) && !c.data.vocab.empty())
+        problem(where({"data.vocab"}), "data.vocab", c.data.vocab + " with data.synthetic, whose tokens are no tokenizer's",
+                "null");
       if (usable({"data.synthetic.vocab", "model.vocab_size"}) && s.vocab > m.vocab_size)
         problem(where({"data.synthetic.vocab", "model.vocab_size"}), "data.synthetic.vocab",
                 std::to_string(s.vocab) +

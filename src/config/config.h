@@ -53,6 +53,9 @@ struct DataConfig {
   // auto | bytes | gpt2: what made the shards. auto reads the shards' ptrain-tokenizer.json
   // (the run plan holds what it resolved to).
   std::string tokenizer = "auto";
+  // gpt2: the vocabulary the shards were made with (data prepare --vocab: a .tiktoken file or a
+  // directory with vocab.json and merges.txt); "" = the default one the install fetched.
+  std::string vocab;
   bool synthetic_enabled = false;  // true when the config has data.synthetic
   SyntheticDataConfig synthetic;
 };

@@ -293,16 +293,20 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) 
   return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
 }
 
+// Checked on the host: a replayed micro-batch runs no host-side check of its own, and an id past
+// the vocabulary would make the embedding read and write outside its table.
+void Gpt::check_tokens(const int32_t* ids, int64_t n, const char* what) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= shape_.vocab)
+      throw UserError(std::string(what) + " token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                      " of the micro-batch is outside the vocabulary [0, " + std::to_string(shape_.vocab) + ")");
+}
+
 void Gpt::load_batch(const int32_t* inputs, const int32_t* targets) {
-  // Checked here, on the host: a replayed micro-batch runs no host-side check of its own, and an
-  // id past the vocabulary would make the embedding read and write outside its table.
+  decoded_ = 0;  // a replayed micro-batch overwrites the activations without forward_pass
   const int64_t n = int64_t{B_} * T_;
-  for (const auto& [ids, what] : {std::pair{inputs, "input"}, std::pair{targets, "target"}})
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[i] < 0 || ids[i] >= shape_.vocab)
-        throw UserError(std::string(what) + " token id " + std::to_string(ids[i]) + " at position " +
-                        std::to_string(i) + " of the micro-batch is outside the vocabulary [0, " +
-                        std::to_string(shape_.vocab) + ")");
+  check_tokens(inputs, n, "input");
+  check_tokens(targets, n, "target");
   backend_.upload_tokens(a_.tokens, inputs);
   backend_.upload_tokens(a_.targets, targets);
 }
@@ -406,40 +410,82 @@ void Gpt::replay(Recording& recording) {
   ++replays_;
 }
 
-std::vector<float> Gpt::next_token_logits(const int32_t* inputs, int position) {
-  PTRAIN_CHECK(position >= 0 && position < T_, "position outside the sequence");
-  backend_.upload_tokens(a_.tokens, inputs);
-  forward_logits(/*training=*/false);
+std::vector<float> Gpt::logits_at(int position) const {
   std::vector<float> row(static_cast<size_t>(shape_.padded_vocab));
-  backend_.download(row.data(), a_.logits[0][position]);  // batch row 0
+  backend_.download(row.data(), a_.logits[0][position]);
   row.resize(static_cast<size_t>(shape_.vocab));
   return row;
 }
 
-void Gpt::forward_logits(bool training) {
-  const int L = shape_.n_layer, NH = shape_.n_head;
-  Backend& be = backend_;
+std::vector<float> Gpt::start_decoding(const int32_t* tokens, int length) {
+  PTRAIN_CHECK(length >= 1 && length <= T_, "decoding starts from 1 to seq_len tokens");
+  PTRAIN_CHECK(fp8_.empty(), "decoding runs without FP8 linears");
+  check_tokens(tokens, length, "prompt");
+  // Every sequence of the micro-batch runs; only sequence 0's first `length` positions count.
+  std::vector<int32_t> window(static_cast<size_t>(B_) * T_, 0);
+  std::copy(tokens, tokens + length, window.begin());
+  backend_.upload_tokens(a_.tokens, window.data());
+  forward_logits(/*training=*/false);
+  decoded_ = length;
+  return logits_at(length - 1);
+}
 
-  be.embedding_forward(a_.encoded, a_.tokens, params_[kWte], params_[kWpe]);
+std::vector<float> Gpt::decode_next(int32_t token) {
+  PTRAIN_CHECK(decoded_ > 0, "decode_next needs start_decoding first");
+  PTRAIN_CHECK(decoded_ < T_, "decoding is at the model's context length");
+  check_tokens(&token, 1, "decoded");
+  const int position = decoded_;
+  backend_.upload_tokens(a_.tokens[0].range(position, 1).reshaped({1, 1}), &token);
+  forward_pass(position, /*training=*/false);
+  decoded_ = position + 1;
+  return logits_at(position);
+}
+
+void Gpt::forward_pass(int position, bool training) {
+  const int L = shape_.n_layer, NH = shape_.n_head;
+  const int64_t C = shape_.n_embd;
+  Backend& be = backend_;
+  const bool whole = position < 0;
+  decoded_ = 0;
+  // What the pass reads and writes: a whole (B,T,...) activation, or position `position` of
+  // sequence 0 as a (1,1,width) row.
+  const auto at = [&](Tensor t) {
+    if (whole) return t;
+    const Tensor sequence = t[0];
+    const int64_t width = sequence.numel() / T_;
+    return sequence.range(position * width, width).reshaped({1, 1, width});
+  };
+  const auto attention = [&](int l) {
+    if (whole) return be.attention_forward(a_.atty[l], saved_attention(l), a_.qkv[l], NH);
+    const Tensor cached = a_.qkv[l][0].range(0, (position + 1) * 3 * C).reshaped({position + 1, 3 * C});
+    be.attention_decode(at(a_.atty[l]), cached, NH);
+  };
+  const Tensor wpe = whole ? params_[kWpe] : params_[kWpe][position].reshaped({1, C});
+
+  be.embedding_forward(at(a_.encoded), at(a_.tokens), params_[kWte], wpe);
   for (int l = 0; l < L; ++l) {
     NvtxRange range(block_names_[l].c_str());
-    be.layernorm_forward(a_.ln1[l], a_.ln1_mean[l], a_.ln1_rstd[l], residual_in(l), params_[kLn1w][l], params_[kLn1b][l]);
-    linear_forward(fp8_linear(l, kQkv), a_.qkv[l], a_.ln1[l], params_[kQkvw][l], params_[kQkvb][l], training);
-    be.attention_forward(a_.atty[l], saved_attention(l), a_.qkv[l], NH);
-    linear_forward(fp8_linear(l, kAttproj), a_.attproj[l], a_.atty[l], params_[kAttprojw][l], params_[kAttprojb][l], training);
-    be.add(a_.residual2[l], residual_in(l), a_.attproj[l]);
-    be.layernorm_forward(a_.ln2[l], a_.ln2_mean[l], a_.ln2_rstd[l], a_.residual2[l], params_[kLn2w][l], params_[kLn2b][l]);
+    const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[l]), qkv = at(a_.qkv[l]), atty = at(a_.atty[l]);
+    const Tensor attproj = at(a_.attproj[l]), residual2 = at(a_.residual2[l]), ln2 = at(a_.ln2[l]);
+    const Tensor fch = at(a_.fch[l]), fch_gelu = at(a_.fch_gelu[l]), fcproj = at(a_.fcproj[l]);
+    be.layernorm_forward(ln1, at(a_.ln1_mean[l]), at(a_.ln1_rstd[l]), x, params_[kLn1w][l], params_[kLn1b][l]);
+    linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
+    attention(l);
+    linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], params_[kAttprojb][l], training);
+    be.add(residual2, x, attproj);
+    be.layernorm_forward(ln2, at(a_.ln2_mean[l]), at(a_.ln2_rstd[l]), residual2, params_[kLn2w][l], params_[kLn2b][l]);
     if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
-      linear_forward(fc, a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l], training);
-      be.gelu_forward(a_.fch_gelu[l], a_.fch[l]);
+      linear_forward(fc, fch, ln2, params_[kFcw][l], params_[kFcb][l], training);
+      be.gelu_forward(fch_gelu, fch);
     } else {
-      be.matmul_gelu_forward(a_.fch_gelu[l], a_.fch[l], a_.ln2[l], params_[kFcw][l], params_[kFcb][l]);
+      be.matmul_gelu_forward(fch_gelu, fch, ln2, params_[kFcw][l], params_[kFcb][l]);
     }
-    linear_forward(fp8_linear(l, kFcproj), a_.fcproj[l], a_.fch_gelu[l], params_[kFcprojw][l], params_[kFcprojb][l], training);
-    be.add(a_.residual3[l], a_.residual2[l], a_.fcproj[l]);
+    linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kFcprojw][l], params_[kFcprojb][l], training);
+    be.add(at(a_.residual3[l]), residual2, fcproj);
   }
-  be.layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, residual_in(L), params_[kLnfw], params_[kLnfb]);
-  linear_forward(lm_head_fp8(), a_.logits, a_.lnf, params_[kWte], Tensor(), training);
+  const Tensor lnf = at(a_.lnf);
+  be.layernorm_forward(lnf, at(a_.lnf_mean), at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], params_[kLnfb]);
+  linear_forward(lm_head_fp8(), at(a_.logits), lnf, params_[kWte], Tensor(), training);
 }
 
 // Parameters stacked over blocks (the per-block slices) and the rest.

@@ -93,10 +93,20 @@ class Gpt {
   const std::string& recording_failure() const { return recording_failure_; }
   // How many micro-batches ran as a replayed recording.
   int64_t replays() const { return replays_; }
-  // The logits (real vocabulary) at `position` of the first sequence of `inputs` (B*T tokens):
-  // what sampling draws the next token from.
-  std::vector<float> next_token_logits(const int32_t* inputs, int position);
   int seq_len() const { return T_; }
+  // Incremental decoding with a KV cache, for sampling from sequence 0 of the micro-batch.
+  // start_decoding runs the forward pass over tokens[0, length) (1 <= length <= seq_len) and
+  // returns the logits (real vocabulary) at position length - 1, what sampling draws the next
+  // token from; each decode_next(token) then puts `token` at the
+  // next position and returns the logits there, computing that one position over the keys and
+  // values the earlier ones left in the activation buffers (Backend::attention_decode): O(length)
+  // per token instead of a forward pass over the window. The logits equal start_decoding's over
+  // the same tokens up to rounding. Any other forward pass ends the decoding. Not with FP8
+  // linears, whose casts are sized for the whole micro-batch.
+  std::vector<float> start_decoding(const int32_t* tokens, int length);
+  std::vector<float> decode_next(int32_t token);
+  // How many positions the decoding holds (0: none; seq_len: full, decode_next refuses).
+  int decoded_length() const { return decoded_; }
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
   // `grads_done(l)`, if given, is called as soon as block l's gradients in grads() are final
   // (blocks L-1 down to 0), then with -1 for the rest (embeddings, final layernorm): a
@@ -144,7 +154,12 @@ class Gpt {
   Tensor residual_in(int layer) const;
   Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
   void load_batch(const int32_t* inputs, const int32_t* targets);
-  void forward_logits(bool training);            // on the loaded inputs
+  void forward_logits(bool training) { forward_pass(-1, training); }  // on the loaded inputs
+  // The forward pass to the logits over the whole micro-batch (position < 0), or at `position`
+  // of sequence 0 alone, its attention over the positions before it (decoding).
+  void forward_pass(int position, bool training);
+  void check_tokens(const int32_t* ids, int64_t n, const char* what) const;
+  std::vector<float> logits_at(int position) const;  // sequence 0's, the real vocabulary
   void forward_loss(float dloss);                // forward_logits and the classifier
   void forward_and_backward(float dloss, const std::function<void(int block)>& grads_done);
   void run_recorded(float dloss);                // forward_and_backward, recorded or replayed
@@ -184,6 +199,7 @@ class Gpt {
   size_t act_bytes_ = 0;
   void* act_memory_ = nullptr;
   bool grads_ready_ = false;
+  int decoded_ = 0;  // positions of sequence 0 that decoding holds
   // Recorded micro-batches, by the host state they start from.
   struct Recording {
     HostProgress before, after;

@@ -55,31 +55,44 @@ void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches,
   if (!problems.empty()) throw UserErrors(problems);
 }
 
-// The samples train prints: their tokenizer and prompt, made now so that a missing vocabulary
-// or a prompt that is not UTF-8 stops the run before anything is written.
+// The shards' tokenizer, loaded (gpt2 from data.vocab's files) when the samples train prints
+// need it or data.vocab is to be checked against the shards' record, and the sample prompt
+// encoded: a missing vocabulary, the wrong one, or a prompt that is not UTF-8 stops the run
+// before anything is written.
 void plan_samples(const Config& config, DataPlan& data, std::vector<std::string>& warnings) {
   const LoggingConfig& log = config.logging;
-  if (log.sample_every == 0) return;
+  const std::string& vocab = config.data.vocab;
+  if (!vocab.empty() && data.tokenizer != "gpt2")
+    throw UserError("data.vocab: " + vocab + " is a GPT-2 vocabulary, but the shards' tokenizer is " +
+                    (data.tokenizer.empty() ? std::string("not known") : data.tokenizer) +
+                    "; expected data.vocab only with gpt2 shards");
+  if (log.sample_every == 0 && vocab.empty()) return;
   if (!data.tokenizer.empty()) {
-    const Tokenizer tokenizer = Tokenizer::load(data.tokenizer);
-    const std::optional<TokenizerRecord> record =
-        read_tokenizer_record(fs::path(data.train_files.front()).parent_path().string());
+    const Tokenizer tokenizer = Tokenizer::load(data.tokenizer, vocab);
+    const std::string shard_dir = fs::path(data.train_files.front()).parent_path().string();
+    const std::optional<TokenizerRecord> record = read_tokenizer_record(shard_dir);
     if (record && record->vocabulary_sha256 != tokenizer.vocabulary_sha256()) {
+      if (!vocab.empty())
+        throw UserError("data.vocab: " + vocab + " is not the vocabulary the shards in " + shard_dir +
+                        " were made with (their " + kTokenizerRecord + " records SHA-256 " +
+                        record->vocabulary_sha256 + ", these files hash to " + tokenizer.vocabulary_sha256() +
+                        "); expected the vocabulary given to data prepare --vocab");
       warnings.push_back("logging.sample_every: the shards were made with another " + data.tokenizer +
-                         " vocabulary than the default one, so samples print token ids");
+                         " vocabulary than the default one, so samples print token ids (data.vocab names "
+                         "the files they were made with)");
     } else if (tokenizer.vocab_size() > config.model.vocab_size) {
       throw UserError("model.vocab_size is " + std::to_string(config.model.vocab_size) + ", below the " +
                       data.tokenizer + " tokenizer's " + std::to_string(tokenizer.vocab_size()) +
                       " tokens; expected model.vocab_size: " + std::to_string(tokenizer.vocab_size()) + " or more");
-    } else {
+    } else if (log.sample_every > 0) {
       data.sample_tokenizer = tokenizer;
     }
   }
-  if (log.sample_prompt.empty()) return;
+  if (log.sample_every == 0 || log.sample_prompt.empty()) return;
   if (!data.sample_tokenizer)
     throw UserError("logging.sample_prompt: the shards' tokenizer is not known here, so the prompt cannot be "
-                    "encoded; expected data.tokenizer: bytes or gpt2 with its default vocabulary, or no "
-                    "sample_prompt (samples then print token ids)");
+                    "encoded; expected data.tokenizer: bytes or gpt2 (with data.vocab if the shards were not made "
+                    "with the default vocabulary), or no sample_prompt (samples then print token ids)");
   for (const uint16_t id : data.sample_tokenizer->encode(log.sample_prompt, "logging.sample_prompt"))
     data.sample_prompt.push_back(id);
 }
@@ -320,6 +333,13 @@ RunPlan plan_run(const Config& config) {
                     ", which run.overwrite would delete; expected run.overwrite: false to resume");
   plan_init_from(plan);
   plan.data = plan_data(config, plan.run_dir, plan.warnings);
+  // The embeddings a checkpoint learned mean its tokenizer's ids (checkpoints from before
+  // tokenizers were recorded, and data whose tokenizer is unknown, pass).
+  const std::string& trained_on = plan.resume ? plan.resume->state.tokenizer : std::string();
+  if (!trained_on.empty() && !plan.data.tokenizer.empty() && trained_on != plan.data.tokenizer)
+    throw UserError("checkpoint.resume: " + plan.resume->path + " was trained on " + trained_on +
+                    " tokens, but the shards of data.train are " + plan.data.tokenizer +
+                    " tokens; expected shards made by the checkpoint's tokenizer (" + trained_on + ")");
   return plan;
 }
 

@@ -12,16 +12,21 @@ namespace {
 int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng) {
   const int V = static_cast<int>(logits.size());
   if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // The candidates: every id in id order, or the k most likely, ties broken by id, so the draw
+  // is a pure function of the seed. Sorting all V ids (50,257 for GPT-2) cost more than the
+  // KV-cached forward pass of a small model.
   std::vector<int> order(V);
   for (int i = 0; i < V; ++i) order[i] = i;
   const int k = top_k > 0 ? std::min(top_k, V) : V;
-  // Ties broken by token id, so the draw is a pure function of the seed.
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-  });
+  if (k < V) {
+    const auto more_likely = [&](int a, int b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), more_likely);
+    std::sort(order.begin(), order.begin() + k, more_likely);
+  }
+  const float top = *std::max_element(logits.begin(), logits.end());
   std::vector<double> p(k);
   double sum = 0;
-  for (int i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / temperature);
+  for (int i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - top) / temperature);
   double u = rng.uniform_double() * sum;
   for (int i = 0; i < k; ++i)
     if ((u -= p[i]) < 0) return order[i];
@@ -39,20 +44,22 @@ std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer) {
 void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& o, Rng& rng,
               const std::function<void(int32_t)>& emit) {
   PTRAIN_CHECK(!tokens.empty(), "generation needs a first token");
-  const int T = model.seq_len();
-  std::vector<int32_t> window(static_cast<size_t>(T), 0);
+  const size_t T = static_cast<size_t>(model.seq_len());
+  // The last T tokens through the whole forward pass (the cache starts from them).
+  const auto run_window = [&] {
+    const size_t start = tokens.size() > T ? tokens.size() - T : 0;
+    return model.start_decoding(tokens.data() + start, static_cast<int>(tokens.size() - start));
+  };
+  std::vector<float> logits = run_window();
   for (int i = 0; i < o.tokens; ++i) {
-    // The last T tokens; positions after them are ignored by causal attention.
-    const size_t start = tokens.size() > window.size() ? tokens.size() - window.size() : 0;
-    std::fill(window.begin(), window.end(), 0);
-    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(start), tokens.end(), window.begin());
-    const int position = static_cast<int>(tokens.size() - start) - 1;
-    std::vector<float> logits = model.next_token_logits(window.data(), position);
     if (o.vocab > 0 && o.vocab < static_cast<int>(logits.size())) logits.resize(static_cast<size_t>(o.vocab));
     const int32_t next = draw(std::move(logits), o.temperature, o.top_k, rng);
     if (next == o.stop_token) break;
     tokens.push_back(next);
     emit(next);
+    if (i + 1 == o.tokens) break;
+    const bool cached = o.kv_cache && static_cast<size_t>(model.decoded_length()) < T;
+    logits = cached ? model.decode_next(next) : run_window();
   }
 }
 

@@ -19,6 +19,7 @@ struct GenerateOptions {
   int top_k = 0;             // 0 = the whole vocabulary
   int stop_token = -1;       // generation ends when it draws this token (not emitted); -1 = never
   int vocab = 0;             // draw among ids below this (the tokenizer's; a padded model has more); 0 = all
+  bool kv_cache = true;      // false: every token runs the forward pass over the whole window
 };
 
 // The tokens a generation with no prompt starts from: <|endoftext|> for gpt2 (a document
@@ -26,8 +27,10 @@ struct GenerateOptions {
 std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer);
 
 // Extends `tokens` (non-empty) with tokens drawn from `model` (micro-batch 1), calling
-// `emit(token)` for each. Past the model's context the window slides over the last seq_len
-// tokens: learned positions cannot extrapolate.
+// `emit(token)` for each. The KV cache (Gpt::decode_next) computes each new position alone
+// while the sequence fits the model's context. Past it the window slides over the last seq_len
+// tokens, since learned positions cannot extrapolate; sliding moves every token to a new
+// position, which no cached key holds, so each token there runs the whole window again.
 void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& options, Rng& rng,
               const std::function<void(int32_t)>& emit);
 

@@ -1,6 +1,7 @@
 #include "train/tools.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -115,10 +116,13 @@ void sample(const SampleOptions& o) {
   if (tokens.empty()) tokens = empty_prompt(text);
   if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   Rng rng(o.seed, 0x5A4D504C45ull);
-  GenerateOptions g{o.tokens, o.temperature, o.top_k, -1, text ? text->vocab_size() : 0};
+  GenerateOptions g{o.tokens, o.temperature, o.top_k, -1, text ? text->vocab_size() : 0, o.kv_cache};
   if (text && text->has_end_of_text() && !o.ignore_end_of_text) g.stop_token = text->end_of_text();
   bool first = true;
+  int generated = 0;
+  const auto start = std::chrono::steady_clock::now();
   generate(*lm.model, tokens, g, rng, [&](int32_t next) {
+    ++generated;
     if (text) {
       // Bytes as they come: a character split across tokens is whole once its last byte is out.
       const std::string piece = text->decode({next});
@@ -130,6 +134,11 @@ void sample(const SampleOptions& o) {
     std::fflush(stdout);
   });
   std::printf("\n");
+  if (o.timing) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "sample: %d tokens in %.3f s, %.1f tokens/s (%s, context %d)\n", generated, seconds,
+                 generated / seconds, o.kv_cache ? "KV cache" : "whole window per token", m.seq_len);
+  }
 }
 
 namespace {

@@ -21,11 +21,14 @@ struct SampleOptions {
   uint64_t seed = 1;
   std::string vocabulary;   // gpt2: another vocabulary file or directory (data prepare's --vocab)
   bool ignore_end_of_text = false;  // go on past <|endoftext|> instead of stopping there
+  bool kv_cache = true;             // false: each token reruns the window (checks and timing)
+  bool timing = false;              // the generation's tokens/s on stderr
 };
 
 // `ptrain sample`: generates text decoded by the tokenizer the checkpoint's run recorded (token
-// ids when none is known), deterministic for a seed. Past the model's context the window slides:
-// each token sees the last seq_len tokens (learned positions cannot extrapolate).
+// ids when none is known), deterministic for a seed, with a KV cache while the sequence fits the
+// model's context. Past it the window slides: each token sees the last seq_len tokens (learned
+// positions cannot extrapolate) and reruns the window.
 void sample(const SampleOptions& options);
 
 // `ptrain inspect PATH`: what a checkpoint directory, a safetensors file or an llm.c model file

@@ -519,6 +519,22 @@ struct AttentionShape {
 const AttentionShape kAttentionShapes[] = {{1, 1, 1, 1},   {1, 7, 1, 7},    {2, 19, 3, 5},
                                            {1, 111, 2, 8}, {1, 769, 1, 16}, {kB, kT, kNH, kC / kNH}};
 
+TEST_CASE("gpu: attention_decode matches the CPU backend's", "[gpu]") {
+  // Several tiles of keys (the kernel's are 256), with the largest score past the first tile
+  // likely at 700, and the shape of the model tests.
+  const AttentionShape shapes[] = {{1, 1, 1, 1}, {1, 7, 1, 7}, {1, 19, 3, 5}, {1, 700, 2, 8}, {1, kT, kNH, kC / kNH}};
+  for (const Format f : kFormats)
+    for (const AttentionShape& s : shapes) {
+      INFO(format_name(f) << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
+      const int C = s.NH * s.HS;
+      Twin qkv({s.T, 3 * C}, f, on_grid(size_t(s.T) * 3 * C, 54, 1.0f, f)), out({C}, f, zeros(size_t(C)));
+      out.poison_device();
+      cpu().attention_decode(out.cpu_view(), qkv.cpu_view(), s.NH);
+      gpu().attention_decode(out.device_view(), qkv.device_view(), s.NH);
+      expect_close("attention_decode out", out, tolerance(f));
+    }
+}
+
 TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend", "[gpu]") {
   for (const Format f : kFormats)
     for (const AttentionShape& s : kAttentionShapes) {

@@ -148,6 +148,36 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
   return losses;
 }
 
+TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pass", "[gpu][sample]") {
+  const GptShape shape{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
+                       /*padded_vocab=*/128};
+  const int B = 2, T = 32, prompt = 5;
+  std::vector<int32_t> tokens(T);
+  for (int i = 0; i < T; ++i) tokens[i] = (i * 37 + 11) % shape.vocab;
+  for (const char* mode : {"fp32", "bf16"})
+    for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
+      if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;
+      INFO("mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
+      const PrecisionPolicy policy = policy_for(mode);
+      auto cpu = make_cpu_backend(0);
+      auto gpu = make_cuda_backend(0);
+      if (path == AttentionPath::fused)
+        REQUIRE(gpu->choose_attention("cudnn", gpu->storage_for(policy.activations, DType::f32), B, T, shape.n_head,
+                                      shape.n_embd / shape.n_head)
+                    .path == AttentionPath::fused);
+      Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
+      on_cpu.init(9, 0.2);
+      on_gpu.init(9, 0.2);
+      std::vector<float> got = on_gpu.start_decoding(tokens.data(), prompt);
+      for (int length = prompt; length <= T; ++length) {
+        INFO("position " << length - 1);
+        CHECK(relative_error(got, on_cpu.start_decoding(tokens.data(), length)) <= mode_tolerance(mode));
+        if (length < T) got = on_gpu.decode_next(tokens[static_cast<size_t>(length)]);
+      }
+      CHECK(on_gpu.decoded_length() == T);
+    }
+}
+
 TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-train");
   for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"}) {

@@ -246,5 +246,34 @@ TEMPLATE_TEST_CASE("attention fallback backward matches the CPU backend", "[kern
   }
 }
 
+struct DecodeShape {
+  int T, NH, HS;
+};
+// One key, ragged head sizes, more keys than a tile (several tiles: the online softmax must
+// rescale), a GPT-2 layer, and a head wider than the block's usual 256 threads.
+const std::vector<DecodeShape> kDecodeShapes{{1, 1, 1}, {7, 3, 5}, {19, 2, 7}, {300, 2, 8}, {600, 1, 3},
+                                             {64, 12, 64}, {5, 1, 300}};
+
+TEMPLATE_TEST_CASE("attention_decode kernel matches the CPU backend's decoding op", "[kernels][attention]", float,
+                   bf16, fp16) {
+  constexpr Format f = format_of<TestType>();
+  for (const DecodeShape s : kDecodeShapes) {
+    const int C = s.NH * s.HS;
+    std::vector<float> qkv = random_on_grid(static_cast<size_t>(s.T) * 3 * C, 71, 1.0f, f);
+    std::vector<float> ref(static_cast<size_t>(C));
+    CpuReference cpu;
+    cpu->attention_decode(cpu.view(ref, {C}, f), cpu.view(qkv, {s.T, 3 * C}), s.NH);
+    const auto d_qkv = to_storage<TestType>(qkv);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    for (const auto& order : thread_orders()) {
+      simt::ScopedOptions use(order);
+      INFO("T=" << s.T << " NH=" << s.NH << " HS=" << s.HS << " order " << order.name());
+      auto out = poisoned<TestType>(static_cast<size_t>(C));
+      kernels::attention_decode(out.data(), d_qkv.data(), s.T, s.NH, s.HS, scale, nullptr);
+      expect_close("attention_decode out", to_floats(out), ref, f);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ptrain::test

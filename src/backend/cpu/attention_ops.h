@@ -51,6 +51,38 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t Tn, int6
   }
 }
 
+// One query over cached keys and values (incremental decoding): qkv (n, 3C) holds rows 0..n-1
+// of one sequence; out (C) is row n-1 of attention_forward's output, computed the same way (the
+// scores, then the softmax of vector_math.h, then the probabilities times V) without the other
+// rows. A loop per head: one query row is a matrix-vector product, too small for BLAS panels.
+template <typename T>
+void attention_decode(T* out, const T* qkv, int64_t n, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH, ld = 3 * C;
+  const T scale = 1 / std::sqrt(static_cast<T>(hs));
+  const T* q = qkv + (n - 1) * ld;
+#pragma omp parallel
+  {
+    std::vector<T> p(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < NH; ++h) {
+      for (int64_t j = 0; j < n; ++j) {
+        const T* k = qkv + j * ld + C + h * hs;
+        T dot = 0;
+        for (int64_t d = 0; d < hs; ++d) dot += q[h * hs + d] * k[d];
+        p[j] = scale * dot;
+      }
+      const T inv = 1 / vmath::exp_in_place(p.data(), n, vmath::row_max(p.data(), n));
+      T* o = out + h * hs;
+      for (int64_t d = 0; d < hs; ++d) o[d] = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const T w = p[j] * inv;
+        const T* v = qkv + j * ld + 2 * C + h * hs;
+        for (int64_t d = 0; d < hs; ++d) o[d] += w * v[d];
+      }
+    }
+  }
+}
+
 // Accumulates into dqkv (the caller zeroes it).
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t Tn, int64_t C,

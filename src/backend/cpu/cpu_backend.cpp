@@ -304,6 +304,20 @@ class CpuBackend final : public Backend {
     round_output(profile_, att);
   }
 
+  void attention_decode(Tensor out, Tensor qkv, int n_head) override {
+    const OpScope scope(profile_, OpFamily::attention);
+    expect_same_float_dtype("attention_decode", {&out, &qkv});
+    const int64_t n = qkv.dim(0), C = qkv.dim(-1) / 3;
+    expect(qkv.ndim == 2 && n > 0 && qkv.dim(1) == 3 * C && n_head > 0 && C % n_head == 0 && out.numel() == C,
+           "attention_decode", "shape mismatch: qkv " + qkv.shape_string() + " (want (T,3C), T >= 1) out " +
+                                   out.shape_string() + " (want C elements)");
+    dispatch(qkv, [&](auto z) {
+      using T = decltype(z);
+      cpu::attention_decode<T>(out.as<T>(), qkv.as<T>(), n, C, n_head);
+    });
+    round_output(profile_, out);
+  }
+
   // `out` serves the fused path only: the probabilities saved in `att` make it unnecessary here.
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor /*out*/, Tensor att, int n_head) override {
     const OpScope scope(profile_, OpFamily::attention);

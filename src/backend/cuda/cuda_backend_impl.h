@@ -161,6 +161,7 @@ class CudaBackend final : public Backend {
   // ops_attention.cu
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor att, int n_head) override;
+  void attention_decode(Tensor out, Tensor qkv, int n_head) override;
   AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
                                    int64_t head_size) override;
 

@@ -123,6 +123,24 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   st.finish();
 }
 
+// Decoding's one query row runs ptrain's own kernel whichever path the training forward takes.
+void CudaBackend::attention_decode(Tensor out, Tensor qkv, int n_head) {
+  const char* op = "attention_decode";
+  expect_floats(op, {{"out", &out}, {"qkv", &qkv}});
+  PTRAIN_EXPECT(qkv.ndim == 2 && qkv.dim(0) > 0 && qkv.dim(1) % 3 == 0 && n_head > 0, op,
+                "qkv must be (T,3C) with T >= 1 and n_head positive, got " + qkv.shape_string());
+  const int64_t n = qkv.dim(0), C = qkv.dim(1) / 3, HS = C / n_head;
+  PTRAIN_EXPECT(C % n_head == 0 && out.numel() == C && HS <= 1024, op,
+                "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " with " +
+                    std::to_string(n_head) + " heads (want C elements, head size at most 1024)");
+  run_staged(op, qkv.dtype, [&](Staged& st, auto tag) {
+    PTRAIN_ELEMENT_TYPE(T, tag);
+    const Tensor o = st.out(out, qkv.dtype, false);
+    kernels::attention_decode<T>(o.as<T>(), qkv.as<T>(), to_int(n, op, "T"), n_head, to_int(HS, op, "head size"),
+                                 attention_scale(HS), stream_);
+  });
+}
+
 SdpaShape CudaBackend::sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn,
                                   int64_t NH, int64_t HS) const {
   PTRAIN_EXPECT(cudnn_ != nullptr, op, "the fused attention path was not chosen (choose_attention)");
