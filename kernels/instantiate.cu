@@ -8,6 +8,7 @@
 #include "encoder.cuh"
 #include "fp8.cuh"
 #include "layernorm.cuh"
+#include "llama.cuh"
 #include "optimizer.cuh"
 #include "reduce.cuh"
 
@@ -40,6 +41,11 @@ void instantiate_launchers_for() {
   (void)&softmax_causal_forward<T>;
   (void)&softmax_causal_backward<T>;
   (void)&attention_decode<T>;
+  (void)&rmsnorm_forward<T>;
+  (void)&rmsnorm_backward<T>;
+  (void)&rope<T>;
+  (void)&swiglu_forward<T>;
+  (void)&swiglu_backward<T>;
   (void)&fused_classifier<T>;
   (void)&adamw_update<T>;
   (void)&grad_norm_squared<T>;

@@ -69,6 +69,18 @@ class ForwardingBackend : public Backend {
     inner_.attention_backward(dqkv, dout, qkv, out, saved, nh);
   }
   void attention_decode(Tensor out, Tensor qkv, int nh) override { inner_.attention_decode(out, qkv, nh); }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override {
+    inner_.rmsnorm_forward(out, rstd, inp, w, eps);
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override {
+    inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd);
+  }
+  void rope_forward(Tensor x, Tensor table, int heads) override { inner_.rope_forward(x, table, heads); }
+  void rope_backward(Tensor dx, Tensor table, int heads) override { inner_.rope_backward(dx, table, heads); }
+  void swiglu_forward(Tensor out, Tensor gate_up) override { inner_.swiglu_forward(out, gate_up); }
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override {
+    inner_.swiglu_backward(dgate_up, dout, gate_up);
+  }
   AttentionChoice choose_attention(const std::string& want, DType dt, int64_t B, int64_t T, int nh,
                                    int64_t hs) override {
     return inner_.choose_attention(want, dt, B, T, nh, hs);

@@ -33,7 +33,7 @@ TEST_CASE("op profile: exclusive times per family, inside steps only, medians af
   const double step_ms[] = {100, 40, 50, 60};
   for (int step = 0; step < 4; ++step) {
     p.begin_step();
-    p.begin(OpFamily::layernorm);
+    p.begin(OpFamily::norms);
     advance_ms(step + 1);  // layernorm's own time: 1, 2, 3, 4 ms
     p.begin(OpFamily::rounding);
     advance_ms(10);  // charged to rounding, not to the layernorm that called it
@@ -54,7 +54,7 @@ TEST_CASE("op profile: exclusive times per family, inside steps only, medians af
   const OpProfile::Summary s = p.summary();
   CHECK(s.steps == 3);
   CHECK(s.step_ms == Approx(50));
-  CHECK(row_ms(s, OpFamily::layernorm) == Approx(4));  // steps 2-4: 2, 3, 4 ms own time + 1 ms after rounding
+  CHECK(row_ms(s, OpFamily::norms) == Approx(4));  // steps 2-4: 2, 3, 4 ms own time + 1 ms after rounding
   CHECK(row_ms(s, OpFamily::rounding) == Approx(10));
   CHECK(row_ms(s, OpFamily::gemm) == Approx(20));
   CHECK(row_ms(s, OpFamily::adamw) == 0);
@@ -81,7 +81,7 @@ TEST_CASE("bench --profile prints where the step's time goes, the GEMMs' rate be
   REQUIRE(std::regex_search(r.output, m, std::regex(R"(sgemm ceiling\s+([0-9.]+) GFLOP/s)")));
   const double ceiling = std::stod(m[1].str());
   // Every family a GPT step runs has a line: ms per step, its share of the median step.
-  for (const char* family : {"GEMMs", "attention", "classifier", "layernorm", "GELU", "AdamW", "embedding"}) {
+  for (const char* family : {"GEMMs", "attention", "classifier", "norms", "activations", "AdamW", "embedding"}) {
     CAPTURE(family);
     REQUIRE(std::regex_search(r.output, m, std::regex(std::string(R"(\n  )") + family + R"([^\n]*?\s([0-9.]+) ms\s+([0-9.]+) %)")));
     const double ms = std::stod(m[1].str()), share = std::stod(m[2].str());

@@ -3,10 +3,12 @@
 // sum(out * R) for a random R, and the float backward against the float64 one. Odd sizes.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <functional>
 
 #include "backend/backend.h"
 #include "model/gpt.h"
+#include "model/rope_table.h"
 #include "optim/adamw.h"
 #include "test_backends.h"
 #include "test_util.h"
@@ -185,6 +187,153 @@ TEST_CASE("gelu forward and backward", "[ops]") {
     cpu_backend().gelu_backward(dinp.view(), inp.view(), R.view());
     check_gradient(dinp.data, finite_difference(inp.data, loss));
   }
+}
+
+TEST_CASE("rmsnorm forward and backward", "[ops][llama]") {
+  for (int N : kSizes)
+    for (int C : {1, 7, 19, 111}) {
+      CAPTURE(N, C);
+      const double eps = 1e-5;
+      HostBuffer<double> inp({N, C}), w({C}), out({N, C}), rstd({N}), R({N, C});
+      fill_normal(inp.data, 41, 2.0);
+      fill_normal(w.data, 42);
+      fill_normal(R.data, 43);
+      std::vector<double> ref(out.size());
+      for (int n = 0; n < N; ++n) {
+        double squares = 0;
+        for (int c = 0; c < C; ++c) squares += inp.data[n * C + c] * inp.data[n * C + c];
+        for (int c = 0; c < C; ++c) ref[n * C + c] = inp.data[n * C + c] / std::sqrt(squares / C + eps) * w.data[c];
+      }
+      HostBuffer<float> fi({N, C}), fw({C}), fo({N, C}), fr({N});
+      fi.data = cast<float>(inp.data);
+      fw.data = cast<float>(w.data);
+      cpu_backend().rmsnorm_forward(fo.view(), fr.view(), fi.view(), fw.view(), static_cast<float>(eps));
+      CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+      auto loss = [&] {
+        cpu_backend().rmsnorm_forward(out.view(), rstd.view(), inp.view(), w.view(), static_cast<float>(eps));
+        return dot(out.data, R.data);
+      };
+      loss();  // rstd at the unperturbed point
+      // Accumulates: start from non-zero gradients.
+      HostBuffer<double> dinp({N, C}, 0.25), dw({C}, -0.5);
+      cpu_backend().rmsnorm_backward(dinp.view(), dw.view(), R.view(), inp.view(), w.view(), rstd.view());
+      for (auto& g : dinp.data) g -= 0.25;
+      for (auto& g : dw.data) g += 0.5;
+      // With one channel out = w x / sqrt(x^2 + eps) is flat but for eps: no signal to check.
+      if (C > 1) check_gradient(dinp.data, finite_difference(inp.data, loss));
+      check_gradient(dw.data, finite_difference(w.data, loss));
+    }
+}
+
+TEST_CASE("swiglu forward and backward", "[ops][llama]") {
+  for (int N : {1, 7, 19})
+    for (int H : {1, 7, 111}) {
+      CAPTURE(N, H);
+      HostBuffer<double> gate_up({N, 2 * H}), out({N, H}), R({N, H});
+      fill_normal(gate_up.data, 44, 2.0);
+      fill_normal(R.data, 45);
+      std::vector<double> ref(out.size());
+      for (int n = 0; n < N; ++n)
+        for (int h = 0; h < H; ++h) {
+          const double g = gate_up.data[n * 2 * H + h], u = gate_up.data[n * 2 * H + H + h];
+          ref[n * H + h] = g / (1 + std::exp(-g)) * u;
+        }
+      HostBuffer<float> fg({N, 2 * H}), fo({N, H});
+      fg.data = cast<float>(gate_up.data);
+      cpu_backend().swiglu_forward(fo.view(), fg.view());
+      CHECK(relative_error(fo.data, ref) < kFp32Tol);
+
+      auto loss = [&] {
+        cpu_backend().swiglu_forward(out.view(), gate_up.view());
+        return dot(out.data, R.data);
+      };
+      HostBuffer<double> dgate_up({N, 2 * H}, 0.5);
+      cpu_backend().swiglu_backward(dgate_up.view(), R.view(), gate_up.view());
+      for (auto& g : dgate_up.data) g -= 0.5;
+      check_gradient(dgate_up.data, finite_difference(gate_up.data, loss));
+    }
+}
+
+// RoPE by its definition: in head h, elements i and i + hs/2 at position t turn by
+// t * theta^(-2i/hs); v's heads (after the rotated ones) stay as they were.
+TEST_CASE("rope rotates q and k heads by position times theta^(-2i/hs)", "[ops][llama]") {
+  for (int hs : {2, 6, 38})
+    for (int Tn : {1, 7, 19}) {
+      CAPTURE(hs, Tn);
+      const int B = 2, heads = 3, width = 5 * hs;  // 3 rotated heads (q and k), 2 that stay (v)
+      const double theta = 10000;
+      const std::vector<float> table = rope_table(Tn, hs, theta);
+      HostBuffer<float> ftable({Tn, hs / 2, 2});
+      ftable.data = table;
+      HostBuffer<double> x({B, Tn, width}), R({B, Tn, width});
+      fill_normal(x.data, 46);
+      fill_normal(R.data, 47);
+      std::vector<double> ref = x.data;
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < Tn; ++t)
+          for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < hs / 2; ++i) {
+              const double angle = t * std::pow(theta, -2.0 * i / hs);
+              const size_t at = (static_cast<size_t>(b) * Tn + t) * width + h * hs + i, pair = at + hs / 2;
+              ref[at] = x.data[at] * std::cos(angle) - x.data[pair] * std::sin(angle);
+              ref[pair] = x.data[pair] * std::cos(angle) + x.data[at] * std::sin(angle);
+            }
+      HostBuffer<float> fx({B, Tn, width});
+      fx.data = cast<float>(x.data);
+      cpu_backend().rope_forward(fx.view(), ftable.view(), heads);
+      CHECK(relative_error(fx.data, ref) < kFp32Tol);
+
+      // The backward turns a gradient back: the gradient of sum(rope(x) * R) is rope^-1(R).
+      auto loss = [&] {
+        HostBuffer<double> y = x;
+        cpu_backend().rope_forward(y.view(), ftable.view(), heads);
+        return dot(y.data, R.data);
+      };
+      HostBuffer<double> dx = R;
+      cpu_backend().rope_backward(dx.view(), ftable.view(), heads);
+      check_gradient(dx.data, finite_difference(x.data, loss));
+    }
+}
+
+// What RoPE is for: the score q_s . k_t of rotated vectors depends on s - t alone.
+TEST_CASE("rope makes attention scores depend only on relative position", "[ops][llama]") {
+  const int hs = 38, Tn = 64;
+  const std::vector<float> table = rope_table(Tn, hs, 10000);
+  HostBuffer<float> ftable({Tn, hs / 2, 2});
+  ftable.data = table;
+  HostBuffer<double> q({1, Tn, hs}), k({1, Tn, hs});
+  std::vector<double> q0(hs), k0(hs);
+  fill_normal(q0, 48);
+  fill_normal(k0, 49);
+  for (int t = 0; t < Tn; ++t)
+    for (int i = 0; i < hs; ++i) {
+      q.data[t * hs + i] = q0[i];  // the same vectors at every position
+      k.data[t * hs + i] = k0[i];
+    }
+  cpu_backend().rope_forward(q.view(), ftable.view(), 1);
+  cpu_backend().rope_forward(k.view(), ftable.view(), 1);
+  const auto score = [&](int s, int t) {
+    double d = 0;
+    for (int i = 0; i < hs; ++i) d += q.data[s * hs + i] * k.data[t * hs + i];
+    return d;
+  };
+  for (const auto& [s, t, s2, t2] : {std::array{5, 2, 40, 37}, std::array{63, 0, 63, 0}, std::array{9, 9, 50, 50},
+                                     std::array{20, 30, 33, 43}})
+    CHECK(score(s, t) == Approx(score(s2, t2)).epsilon(1e-5));
+  CHECK(std::fabs(score(5, 2) - score(5, 3)) > 1e-3);  // and it does depend on the distance
+}
+
+TEST_CASE("rope_table computes HF's FP32 angles", "[ops][llama]") {
+  const int hs = 64, Tn = 2049;
+  const std::vector<float> table = rope_table(Tn, hs, 500000);
+  // Position 2048, pair 1: inverse frequency 1 / 500000^(2/64) in FP32, times 2048 in FP32.
+  const float inv = 1.0f / std::pow(500000.0f, 2.0f / 64.0f);
+  const float angle = 2048.0f * inv;
+  CHECK(table[(2048 * 32 + 1) * 2] == std::cos(angle));
+  CHECK(table[(2048 * 32 + 1) * 2 + 1] == std::sin(angle));
+  CHECK(table[0] == 1.0f);  // position 0 does not turn
+  CHECK(table[1] == 0.0f);
 }
 
 TEST_CASE("causal attention forward and backward", "[ops]") {

@@ -108,6 +108,24 @@ class RecordingBackend final : public ForwardingBackend {
   void attention_decode(Tensor out, Tensor qkv, int nh) override {
     queue("attention_decode", [=] { inner_.attention_decode(out, qkv, nh); });
   }
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor w, float eps) override {
+    queue("rmsnorm_forward", [=] { inner_.rmsnorm_forward(out, rstd, inp, w, eps); });
+  }
+  void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override {
+    queue("rmsnorm_backward", [=] { inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd); });
+  }
+  void rope_forward(Tensor x, Tensor table, int heads) override {
+    queue("rope_forward", [=] { inner_.rope_forward(x, table, heads); });
+  }
+  void rope_backward(Tensor dx, Tensor table, int heads) override {
+    queue("rope_backward", [=] { inner_.rope_backward(dx, table, heads); });
+  }
+  void swiglu_forward(Tensor out, Tensor gate_up) override {
+    queue("swiglu_forward", [=] { inner_.swiglu_forward(out, gate_up); });
+  }
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override {
+    queue("swiglu_backward", [=] { inner_.swiglu_backward(dgate_up, dout, gate_up); });
+  }
   void gelu_forward(Tensor out, Tensor inp) override {
     queue("gelu_forward", [=] { inner_.gelu_forward(out, inp); });
   }

@@ -209,6 +209,24 @@ class Backend {
     gelu_backward(dpre, pre, dgelu);
   }
 
+  // The ops of a Llama-style block.
+  //   RMSNorm: out(N,C) = inp * rstd * weight per row, rstd(N) = 1 / sqrt(mean(inp^2) + eps),
+  //   saved (FP32) for the backward pass.
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) = 0;
+  virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) = 0;
+  //   Rotary position embeddings, rotate-half layout (Llama, Hugging Face): in the first `heads`
+  //   heads of each row of x (B,T,width) (q's heads, then k's), element i < hs/2 of a head pairs
+  //   with i + hs/2 and the pair turns by the angle whose cosine and sine table (T,hs/2,2), FP32,
+  //   holds for the row's position (hs = 2 table.dim(1)). In place. The backward turns the
+  //   gradient back, in place too: the one backward op that writes instead of adding, since the
+  //   rotated tensor's gradient holds nothing else.
+  virtual void rope_forward(Tensor x, Tensor table, int heads) = 0;
+  virtual void rope_backward(Tensor dx, Tensor table, int heads) = 0;
+  //   SwiGLU: out(N,H) = silu(gate) * up, each row of gate_up (N,2H) the gate projection's H
+  //   values, then the up projection's.
+  virtual void swiglu_forward(Tensor out, Tensor gate_up) = 0;
+  virtual void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) = 0;
+
   // out = a + b, elementwise.
   virtual void add(Tensor out, Tensor a, Tensor b) = 0;
 

@@ -22,8 +22,8 @@ const char* op_family_name(OpFamily f) {
     case OpFamily::gemm: return "GEMMs (linear layers, LM head)";
     case OpFamily::attention: return "attention";
     case OpFamily::classifier: return "classifier (softmax, loss)";
-    case OpFamily::layernorm: return "layernorm";
-    case OpFamily::gelu: return "GELU";
+    case OpFamily::norms: return "norms (layernorm, RMSNorm)";
+    case OpFamily::activations: return "activations (GELU, SwiGLU)";
     case OpFamily::bias: return "bias";
     case OpFamily::residual: return "residual adds";
     case OpFamily::embedding: return "embedding";

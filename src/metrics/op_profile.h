@@ -17,8 +17,8 @@ enum class OpFamily {
   gemm,         // the linear layers' GEMMs, the LM head's included
   attention,    // scores, causal softmax and the weighted values, with their GEMMs
   classifier,   // softmax, loss and logit gradients over the vocabulary
-  layernorm,
-  gelu,
+  norms,        // LayerNorm, RMSNorm
+  activations,  // GELU, SwiGLU
   bias,         // bias adds and bias gradients
   residual,     // elementwise adds
   embedding,

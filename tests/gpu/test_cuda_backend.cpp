@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/rope_table.h"
 #include "precision/formats.h"
 #include "precision/fp8_scaling.h"
 #include "test_util.h"
@@ -380,6 +381,62 @@ struct RowsShape {
   int N, C;
 };
 const RowsShape kRowShapes[] = {{1, 1}, {7, 7}, {19, 19}, {111, 111}, {7, 769}, {769, 19}, {kB * kT, kC}};
+
+TEST_CASE("gpu: rmsnorm_forward and rmsnorm_backward match the CPU backend", "[gpu][llama]") {
+  for (const Format f : kFormats)
+    for (const RowsShape& s : kRowShapes) {
+      INFO(format_name(f) << " N=" << s.N << " C=" << s.C);
+      const size_t n = size_t(s.N) * s.C;
+      Twin inp({s.N, s.C}, f, on_grid(n, 61, 2.0f, f)), weight({s.C}, f, on_grid(size_t(s.C), 62, 1.0f, f));
+      Twin out({s.N, s.C}, f, zeros(n)), rstd({s.N}, Format::fp32, zeros(size_t(s.N)));
+      out.poison_device();
+      rstd.poison_device();
+      cpu().rmsnorm_forward(out.cpu_view(), rstd.cpu_view(), inp.cpu_view(), weight.cpu_view(), 1e-5f);
+      gpu().rmsnorm_forward(out.device_view(), rstd.device_view(), inp.device_view(), weight.device_view(), 1e-5f);
+      expect_close("rmsnorm_forward out", out, tolerance(f));
+      expect_close("rmsnorm_forward rstd", rstd, 1e-5);
+
+      rstd.to_device();  // both backwards from the CPU's statistics
+      Twin dout({s.N, s.C}, f, on_grid(n, 63, 1.0f, f)), dinp({s.N, s.C}, f, on_grid(n, 64, 0.5f, f));
+      Twin dweight({s.C}, f, on_grid(size_t(s.C), 65, 0.5f, f));
+      cpu().rmsnorm_backward(dinp.cpu_view(), dweight.cpu_view(), dout.cpu_view(), inp.cpu_view(), weight.cpu_view(),
+                             rstd.cpu_view());
+      gpu().rmsnorm_backward(dinp.device_view(), dweight.device_view(), dout.device_view(), inp.device_view(),
+                             weight.device_view(), rstd.device_view());
+      expect_close("rmsnorm_backward dinp", dinp, tolerance(f));
+      expect_close("rmsnorm_backward dweight", dweight, tolerance(f));
+    }
+}
+
+TEST_CASE("gpu: rope_forward, rope_backward and swiglu match the CPU backend", "[gpu][llama]") {
+  for (const Format f : kFormats) {
+    INFO(format_name(f));
+    // q (4 heads) and k (2 heads) turn, v (2 heads) stays; head size 38.
+    const int B = 2, T = 19, hs = 38, width = 8 * hs, heads = 6;
+    const size_t n = size_t(B) * T * width;
+    Twin table({T, hs / 2, 2}, Format::fp32, rope_table(T, hs, 10000));
+    Twin x({B, T, width}, f, on_grid(n, 66, 1.0f, f));
+    cpu().rope_forward(x.cpu_view(), table.cpu_view(), heads);
+    gpu().rope_forward(x.device_view(), table.device_view(), heads);
+    expect_close("rope_forward", x, tolerance(f));
+    x.to_device();
+    cpu().rope_backward(x.cpu_view(), table.cpu_view(), heads);
+    gpu().rope_backward(x.device_view(), table.device_view(), heads);
+    expect_close("rope_backward", x, tolerance(f));
+
+    const int N = 19, H = 111;
+    Twin gate_up({N, 2 * H}, f, on_grid(size_t(N) * 2 * H, 67, 2.0f, f)), out({N, H}, f, zeros(size_t(N) * H));
+    out.poison_device();
+    cpu().swiglu_forward(out.cpu_view(), gate_up.cpu_view());
+    gpu().swiglu_forward(out.device_view(), gate_up.device_view());
+    expect_close("swiglu_forward", out, tolerance(f));
+    Twin dout({N, H}, f, on_grid(size_t(N) * H, 68, 1.0f, f)),
+        dgate_up({N, 2 * H}, f, on_grid(size_t(N) * 2 * H, 69, 0.5f, f));
+    cpu().swiglu_backward(dgate_up.cpu_view(), dout.cpu_view(), gate_up.cpu_view());
+    gpu().swiglu_backward(dgate_up.device_view(), dout.device_view(), gate_up.device_view());
+    expect_close("swiglu_backward", dgate_up, tolerance(f));
+  }
+}
 
 TEST_CASE("gpu: layernorm_forward and layernorm_backward match the CPU backend", "[gpu]") {
   for (const Format f : kFormats)

@@ -52,6 +52,13 @@ PrecisionPolicy policy_for(const std::string& mode) {
   return PrecisionPolicy::from_config(c);
 }
 
+// The fused (cuDNN) attention path must be what runs for this shape, or its test tests nothing.
+void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const GptShape& shape, int B, int T) {
+  REQUIRE(gpu.choose_attention("cudnn", gpu.storage_for(policy.activations, DType::f32), B, T, shape.n_head,
+                               shape.n_embd / shape.n_head)
+              .path == AttentionPath::fused);
+}
+
 TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
   const GptShape shape{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
                        /*padded_vocab=*/256};
@@ -68,10 +75,7 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
     const PrecisionPolicy policy = policy_for(mode);
     auto cpu = make_cpu_backend(0);
     auto gpu = make_cuda_backend(0);
-    if (path == AttentionPath::fused)
-      REQUIRE(gpu->choose_attention("cudnn", gpu->storage_for(policy.activations, DType::f32), B, T, shape.n_head,
-                                    shape.n_embd / shape.n_head)
-                  .path == AttentionPath::fused);
+    if (path == AttentionPath::fused) require_fused_attention(*gpu, policy, shape, B, T);
     Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
     const bool fp8 = std::string(mode) == "fp8";
     Gpt on_cpu_bf16(shape, *cpu, DType::f32, B, T, policy_for("bf16"));  // FP8's own noise, measured
@@ -161,10 +165,7 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
       const PrecisionPolicy policy = policy_for(mode);
       auto cpu = make_cpu_backend(0);
       auto gpu = make_cuda_backend(0);
-      if (path == AttentionPath::fused)
-        REQUIRE(gpu->choose_attention("cudnn", gpu->storage_for(policy.activations, DType::f32), B, T, shape.n_head,
-                                      shape.n_embd / shape.n_head)
-                    .path == AttentionPath::fused);
+      if (path == AttentionPath::fused) require_fused_attention(*gpu, policy, shape, B, T);
       Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
       on_cpu.init(9, 0.2);
       on_gpu.init(9, 0.2);

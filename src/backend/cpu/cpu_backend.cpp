@@ -20,6 +20,7 @@
 #include "backend/cpu/format_ops.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/layer_ops.h"
+#include "backend/cpu/llama_ops.h"
 #include "precision/fp8_scaling.h"
 #include "precision/formats.h"
 
@@ -215,7 +216,7 @@ class CpuBackend final : public Backend {
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
                          Tensor bias) override {
-    const OpScope scope(profile_, OpFamily::layernorm);
+    const OpScope scope(profile_, OpFamily::norms);
     expect_same_float_dtype("layernorm_forward", {&out, &mean, &rstd, &inp, &weight, &bias});
     const int64_t C = inp.dim(-1), N = inp.numel() / C;
     expect(out.numel() == N * C && mean.numel() == N && rstd.numel() == N && weight.numel() == C &&
@@ -231,7 +232,7 @@ class CpuBackend final : public Backend {
 
   void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                           Tensor weight, Tensor mean, Tensor rstd) override {
-    const OpScope scope(profile_, OpFamily::layernorm);
+    const OpScope scope(profile_, OpFamily::norms);
     expect_same_float_dtype("layernorm_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd});
     const int64_t C = inp.dim(-1), N = inp.numel() / C;
     expect(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C &&
@@ -341,7 +342,7 @@ class CpuBackend final : public Backend {
   }
 
   void gelu_forward(Tensor out, Tensor inp) override {
-    const OpScope scope(profile_, OpFamily::gelu);
+    const OpScope scope(profile_, OpFamily::activations);
     expect_same_float_dtype("gelu_forward", {&out, &inp});
     expect(out.numel() == inp.numel(), "gelu_forward", "shape mismatch");
     dispatch(inp, [&](auto z) {
@@ -352,7 +353,7 @@ class CpuBackend final : public Backend {
   }
 
   void gelu_backward(Tensor dinp, Tensor inp, Tensor dout) override {
-    const OpScope scope(profile_, OpFamily::gelu);
+    const OpScope scope(profile_, OpFamily::activations);
     expect_same_float_dtype("gelu_backward", {&dinp, &inp, &dout});
     expect(dinp.numel() == inp.numel() && dout.numel() == inp.numel(), "gelu_backward", "shape mismatch");
     dispatch(inp, [&](auto z) {
@@ -360,6 +361,66 @@ class CpuBackend final : public Backend {
       cpu::gelu_backward<T>(dinp.as<T>(), inp.as<T>(), dout.as<T>(), inp.numel());
     });
     round_output(profile_, dinp, &grad_numerics_);
+  }
+
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override {
+    const OpScope scope(profile_, OpFamily::norms);
+    expect_same_float_dtype("rmsnorm_forward", {&out, &rstd, &inp, &weight});
+    const int64_t C = inp.dim(-1), N = inp.numel() / C;
+    expect(out.numel() == N * C && rstd.numel() == N && weight.numel() == C && eps >= 0, "rmsnorm_forward",
+           "shape mismatch: inp " + inp.shape_string() + " out " + out.shape_string() + " rstd " + rstd.shape_string() +
+               " weight " + weight.shape_string());
+    dispatch(inp, [&](auto z) {
+      using T = decltype(z);
+      cpu::rmsnorm_forward<T>(out.as<T>(), rstd.as<T>(), inp.as<T>(), weight.as<T>(), N, C, static_cast<T>(eps));
+    });
+    round_output(profile_, out);
+  }
+
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override {
+    const OpScope scope(profile_, OpFamily::norms);
+    expect_same_float_dtype("rmsnorm_backward", {&dinp, &dweight, &dout, &inp, &weight, &rstd});
+    const int64_t C = inp.dim(-1), N = inp.numel() / C;
+    expect(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && weight.numel() == C &&
+               rstd.numel() == N,
+           "rmsnorm_backward", "shape mismatch");
+    dispatch(inp, [&](auto z) {
+      using T = decltype(z);
+      cpu::rmsnorm_backward<T>(dinp.as<T>(), dweight.as<T>(), dout.as<T>(), inp.as<T>(), weight.as<T>(), rstd.as<T>(),
+                               N, C);
+    });
+    round_output(profile_, dinp, &grad_numerics_);
+    round_output(profile_, dweight, &grad_numerics_);
+  }
+
+  void rope_forward(Tensor x, Tensor table, int heads) override { rope("rope_forward", x, table, heads, 1); }
+  void rope_backward(Tensor dx, Tensor table, int heads) override { rope("rope_backward", dx, table, heads, -1); }
+
+  void swiglu_forward(Tensor out, Tensor gate_up) override {
+    const OpScope scope(profile_, OpFamily::activations);
+    expect_same_float_dtype("swiglu_forward", {&out, &gate_up});
+    const int64_t H = gate_up.dim(-1) / 2, N = gate_up.numel() / std::max<int64_t>(1, 2 * H);
+    expect(gate_up.dim(-1) == 2 * H && H > 0 && out.numel() == N * H, "swiglu_forward",
+           "shape mismatch: gate_up " + gate_up.shape_string() + " (want (N,2H)) out " + out.shape_string() +
+               " (want (N,H))");
+    dispatch(gate_up, [&](auto z) {
+      using T = decltype(z);
+      cpu::swiglu_forward<T>(out.as<T>(), gate_up.as<T>(), N, H);
+    });
+    round_output(profile_, out);
+  }
+
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override {
+    const OpScope scope(profile_, OpFamily::activations);
+    expect_same_float_dtype("swiglu_backward", {&dgate_up, &dout, &gate_up});
+    const int64_t H = gate_up.dim(-1) / 2, N = gate_up.numel() / std::max<int64_t>(1, 2 * H);
+    expect(gate_up.dim(-1) == 2 * H && H > 0 && dgate_up.numel() == gate_up.numel() && dout.numel() == N * H,
+           "swiglu_backward", "shape mismatch");
+    dispatch(gate_up, [&](auto z) {
+      using T = decltype(z);
+      cpu::swiglu_backward<T>(dgate_up.as<T>(), dout.as<T>(), gate_up.as<T>(), N, H);
+    });
+    round_output(profile_, dgate_up, &grad_numerics_);
   }
 
   void add(Tensor out, Tensor a, Tensor b) override {
@@ -501,6 +562,25 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Both directions of RoPE: direction -1 turns each pair back.
+  void rope(const char* op, Tensor x, Tensor table, int heads, int direction) {
+    const OpScope scope(profile_, OpFamily::attention);
+    expect_same_float_dtype(op, {&x});
+    const int64_t half = table.ndim == 3 ? table.dim(1) : 0, hs = 2 * half;
+    expect(x.ndim == 3 && table.dtype == DType::f32 && half > 0 && table.dim(2) == 2 && table.dim(0) >= x.dim(1) &&
+               heads > 0 && heads * hs <= x.dim(2),
+           op, "shape mismatch: x " + x.shape_string() + " (want (B,T,width)) table " + table.shape_string() +
+                   " (want f32 (T,hs/2,2)) for " + std::to_string(heads) + " heads");
+    dispatch(x, [&](auto z) {
+      using T = decltype(z);
+      cpu::rope_rotate<T>(x.as<T>(), table.as<float>(), x.dim(0), x.dim(1), x.dim(2), heads, hs, direction);
+    });
+    if (direction > 0)
+      round_output(profile_, x);
+    else
+      round_output(profile_, x, &grad_numerics_);
+  }
+
   GradNumerics grad_numerics_;
   OpProfile* profile_ = nullptr;
 };

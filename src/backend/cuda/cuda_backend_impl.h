@@ -9,6 +9,7 @@
 //   ops_layers.cu        embedding, layernorm, GELU, add, classifier, AdamW
 //   ops_matmul.cu        GEMMs through cuBLASLt, bias gradients, GELU epilogues
 //   ops_attention.cu     the fallback attention chain and cuDNN's fused attention
+//   ops_llama.cu         RMSNorm, RoPE, SwiGLU
 //   ops_reductions.cu    sums and amax
 //   fp8_casts.cu         the FP8 casts and their statistics
 //   fp8_gemms.cu         native FP8 GEMMs of one linear layer
@@ -85,7 +86,7 @@ enum Slot : int {
   kAttnDv,
   kAttnDqkv,        // fused backward: dq, dk, dv before they are added into dqkv
   kCudnnWorkspace,  // cuDNN's execution-plan workspace
-  kPartials,        // layernorm / bias gradient partial sums
+  kPartials,        // layernorm / RMSNorm / bias gradient partial sums
   kReduce,          // double partial sums of sum / sum_squares
   kFp8Codes,
   kFp8ScaleInv,
@@ -162,6 +163,13 @@ class CudaBackend final : public Backend {
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override;
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor att, int n_head) override;
   void attention_decode(Tensor out, Tensor qkv, int n_head) override;
+  // ops_llama.cu
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override;
+  void rope_forward(Tensor x, Tensor table, int heads) override;
+  void rope_backward(Tensor dx, Tensor table, int heads) override;
+  void swiglu_forward(Tensor out, Tensor gate_up) override;
+  void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override;
   AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
                                    int64_t head_size) override;
 
@@ -236,6 +244,10 @@ class CudaBackend final : public Backend {
                     int64_t stride_out);
   static bool gelu_epilogue_fits(std::initializer_list<const Tensor*> operands, const Tensor& bias);
   void bias_backward_into(Staged& st, const Tensor& dbias, const Tensor& dout, int64_t N, int64_t OC);
+
+  // ---------------------------------------------------------------------- Llama ops (ops_llama.cu)
+
+  void rope(const char* op, const Tensor& x, const Tensor& table, int heads, bool inverse);
 
   // ---------------------------------------------------------------------- attention (ops_attention.cu)
 
