@@ -6,7 +6,11 @@
 // dqkv, like every backward op, because the other gradients here are scratch.
 //
 // Why this shape: a GEMM wants each head's rows contiguous, (B, NH, T, HS), while the model keeps
-// tokens contiguous, (B, T, 3, NH, HS) for qkv and (B, T, NH, HS) for out. The permutes move
+// tokens contiguous, (B, T, NH + 2 KV, HS) for qkv (q's NH heads, then k's and v's KV heads:
+// backend/attention_heads.h) and (B, T, NH, HS) for out. With grouped-query attention
+// (KV < NH) the permute copies each K/V head once for every query head of its group, so the
+// GEMMs are those of multi-head attention, and the backward permute sums the group's
+// gradients, in a fixed order, into the K/V head's. The permutes move
 // 16-byte chunks of a head's HS elements, one chunk per thread, bit for bit. The causal softmax
 // gives one warp to each row: a lane keeps a running max and a sum rescaled to it while it reads
 // its chunks of the visible part (j <= t), so the row is read once for the statistics and once
@@ -25,6 +29,7 @@ constexpr int kAttentionThreads = 256;  // 8 warps: 8 softmax rows, or 256 permu
 struct HeadChunk {
   bool valid;
   int i;
+  int h;  // the head
   size_t head;
   size_t token;
 };
@@ -36,7 +41,7 @@ __device__ __forceinline__ HeadChunk head_chunk(int B, int Tn, int NH, int HS, i
   const int idx = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   const int row = idx / chunks;  // (b, h, t)
   const int t = row % Tn, h = (row / Tn) % NH, b = row / Tn / NH;
-  return {idx < B * NH * Tn * chunks, (idx % chunks) * V, static_cast<size_t>(row) * HS,
+  return {idx < B * NH * Tn * chunks, (idx % chunks) * V, h, static_cast<size_t>(row) * HS,
           ((static_cast<size_t>(b) * Tn + t) * token_heads + h) * HS};
 }
 
@@ -62,27 +67,46 @@ __device__ __forceinline__ void add_chunk(T* dst, const T* src, int i, int n) {
   store_chunk(dst, i, n, acc);
 }
 
-// qkv (B, T, 3, NH, HS) -> q, k, v, each (B, NH, T, HS).
-template <typename T>
-__global__ void attention_permute_kernel(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int HS) {
-  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, 3 * NH);
-  if (!c.valid) return;
-  const size_t C = static_cast<size_t>(NH) * HS;
-  copy_chunk(q + c.head, qkv + c.token, c.i, HS);
-  copy_chunk(k + c.head, qkv + c.token + C, c.i, HS);
-  copy_chunk(v + c.head, qkv + c.token + 2 * C, c.i, HS);
+// Where query head h's K head sits in a qkv row, relative to the row's q head h.
+__device__ __forceinline__ size_t kv_head_shift(int h, int NH, int KV, int HS) {
+  return static_cast<size_t>(NH - h + h / (NH / KV)) * HS;
 }
 
-// dqkv (B, T, 3, NH, HS) += dq, dk, dv, each (B, NH, T, HS).
+// qkv (B, T, NH + 2 KV, HS) -> q, k, v, each (B, NH, T, HS).
+template <typename T>
+__global__ void attention_permute_kernel(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int KV, int HS) {
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, NH + 2 * KV);
+  if (!c.valid) return;
+  const size_t key = c.token + kv_head_shift(c.h, NH, KV, HS), kv_width = static_cast<size_t>(KV) * HS;
+  copy_chunk(q + c.head, qkv + c.token, c.i, HS);
+  copy_chunk(k + c.head, qkv + key, c.i, HS);
+  copy_chunk(v + c.head, qkv + key + kv_width, c.i, HS);
+}
+
+// dqkv (B, T, NH + 2 KV, HS) += dq, dk, dv, each (B, NH, T, HS): the thread of a group's first
+// query head also adds the group's dk and dv, summed in FP32 in head order, into its K/V head.
 template <typename T>
 __global__ void attention_permute_backward_kernel(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int NH,
-                                                  int HS) {
-  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, 3 * NH);
+                                                  int KV, int HS) {
+  constexpr int V = Packed128<T>::size;
+  const HeadChunk c = head_chunk<T>(B, Tn, NH, HS, NH + 2 * KV);
   if (!c.valid) return;
-  const size_t C = static_cast<size_t>(NH) * HS;
   add_chunk(dqkv + c.token, dq + c.head, c.i, HS);
-  add_chunk(dqkv + c.token + C, dk + c.head, c.i, HS);
-  add_chunk(dqkv + c.token + 2 * C, dv + c.head, c.i, HS);
+  const int group = NH / KV;
+  if (c.h % group != 0) return;
+  const size_t key = c.token + kv_head_shift(c.h, NH, KV, HS), kv_width = static_cast<size_t>(KV) * HS;
+  const size_t head_stride = static_cast<size_t>(Tn) * HS;  // from head h to h + 1 in (B, NH, T, HS)
+  float acc_k[V], acc_v[V], x[V];
+  load_chunk(acc_k, dqkv + key, c.i, HS);
+  load_chunk(acc_v, dqkv + key + kv_width, c.i, HS);
+  for (int g = 0; g < group; ++g) {
+    load_chunk(x, dk + c.head + g * head_stride, c.i, HS);
+    for (int e = 0; e < V; ++e) acc_k[e] += x[e];
+    load_chunk(x, dv + c.head + g * head_stride, c.i, HS);
+    for (int e = 0; e < V; ++e) acc_v[e] += x[e];
+  }
+  store_chunk(dqkv + key, c.i, HS, acc_k);
+  store_chunk(dqkv + key + kv_width, c.i, HS, acc_v);
 }
 
 // y (B, NH, T, HS) -> out (B, T, NH, HS), i.e. (B, T, C).
@@ -167,16 +191,16 @@ __global__ void softmax_causal_backward_kernel(T* dpreatt, const T* datt, const 
 // p_j v_j[d], both rescaled when the max grows, so any n takes one pass and fixed shared memory:
 // blockDim.x scores, then 32 floats for the block reductions.
 template <typename T>
-__global__ void attention_decode_kernel(T* out, const T* qkv, int n, int NH, int HS, float scale) {
+__global__ void attention_decode_kernel(T* out, const T* qkv, int n, int NH, int KV, int HS, float scale) {
   PTRAIN_DYNAMIC_SHARED(float, shared);
   float* scores = shared;
   float* scratch = shared + blockDim.x;
   const int h = blockIdx.x, tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warps = blockDim.x / kWarpSize, tile_size = blockDim.x;
-  const size_t C = static_cast<size_t>(NH) * HS, ld = 3 * C;
+  const size_t ld = static_cast<size_t>(NH + 2 * KV) * HS;
   const T* q = qkv + static_cast<size_t>(n - 1) * ld + static_cast<size_t>(h) * HS;
-  const T* keys = qkv + C + static_cast<size_t>(h) * HS;
-  const T* values = qkv + 2 * C + static_cast<size_t>(h) * HS;
+  const T* keys = qkv + static_cast<size_t>(NH + h / (NH / KV)) * HS;
+  const T* values = keys + static_cast<size_t>(KV) * HS;
   float m = -INFINITY, sum = 0.0f, acc = 0.0f;
   for (int j0 = 0; j0 < n; j0 += tile_size) {
     const int tile = n - j0 < tile_size ? n - j0 : tile_size;
@@ -213,11 +237,11 @@ inline int attention_permute_blocks(int B, int Tn, int NH, int HS) {
   return ceil_div(B * NH * Tn * ceil_div(HS, Packed128<T>::size), kAttentionThreads);
 }
 
-// qkv (B, T, 3C) with C = NH * HS -> q, k, v (B, NH, T, HS).
+// qkv (B, T, (NH + 2 KV) HS) -> q, k, v (B, NH, T, HS); KV divides NH.
 template <typename T>
-void attention_permute(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int HS, cudaStream_t stream) {
+void attention_permute(T* q, T* k, T* v, const T* qkv, int B, int Tn, int NH, int KV, int HS, cudaStream_t stream) {
   PTRAIN_LAUNCH(attention_permute_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0, stream, q,
-                k, v, qkv, B, Tn, NH, HS);
+                k, v, qkv, B, Tn, NH, KV, HS);
 }
 
 // y (B, NH, T, HS) -> out (B, T, C).
@@ -234,12 +258,12 @@ void attention_unpermute_backward(T* dy, const T* dout, int B, int Tn, int NH, i
                 stream, dy, dout, B, Tn, NH, HS);
 }
 
-// Adds dq, dk, dv (B, NH, T, HS) into dqkv (B, T, 3C).
+// Adds dq, dk, dv (B, NH, T, HS) into dqkv (B, T, (NH + 2 KV) HS).
 template <typename T>
-void attention_permute_backward(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int NH, int HS,
+void attention_permute_backward(T* dqkv, const T* dq, const T* dk, const T* dv, int B, int Tn, int NH, int KV, int HS,
                                 cudaStream_t stream) {
   PTRAIN_LAUNCH(attention_permute_backward_kernel<T>, attention_permute_blocks<T>(B, Tn, NH, HS), kAttentionThreads, 0,
-                stream, dqkv, dq, dk, dv, B, Tn, NH, HS);
+                stream, dqkv, dq, dk, dv, B, Tn, NH, KV, HS);
 }
 
 // att, preatt (BNH, T, T) with BNH = B * NH.
@@ -259,13 +283,13 @@ void softmax_causal_backward(T* dpreatt, const T* datt, const T* att, float scal
                 dpreatt, datt, att, scale, rows, Tn);
 }
 
-// out (C) = attention of row n-1 of qkv (n, 3C), C = NH * HS, over rows 0..n-1 (n >= 1,
-// HS <= 1024): one block per head, of at least HS threads.
+// out (NH HS) = attention of row n-1 of qkv (n, (NH + 2 KV) HS) over rows 0..n-1 (n >= 1,
+// HS <= 1024): one block per query head, of at least HS threads.
 template <typename T>
-void attention_decode(T* out, const T* qkv, int n, int NH, int HS, float scale, cudaStream_t stream) {
+void attention_decode(T* out, const T* qkv, int n, int NH, int KV, int HS, float scale, cudaStream_t stream) {
   const int threads = HS > kAttentionThreads ? ceil_div(HS, kWarpSize) * kWarpSize : kAttentionThreads;
   PTRAIN_LAUNCH(attention_decode_kernel<T>, NH, threads, (threads + kWarpSize) * sizeof(float), stream, out, qkv, n, NH,
-                HS, scale);
+                KV, HS, scale);
 }
 
 }  // namespace ptrain::kernels

@@ -33,7 +33,7 @@ struct PackedBucketsView {
 };
 __host__ __device__ constexpr size_t packed_bucket_ints(int n) { return 3 * static_cast<size_t>(n) + 2; }
 
-// out(N, C) = wte[tokens[bt]] + wpe[bt % Tn], one rounding per element.
+// out(N, C) = wte[tokens[bt]] + wpe[bt % Tn], one rounding per element; wte's row alone without wpe.
 template <typename T>
 __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, const T* wpe, int N, int Tn, int C) {
   constexpr int V = Packed128<T>::size;
@@ -44,8 +44,12 @@ __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, 
     const int bt = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
     float e[V], p[V], o[V];
     load_chunk(e, wte + static_cast<size_t>(tokens[bt]) * C, i, C);
-    load_chunk(p, wpe + static_cast<size_t>(bt % Tn) * C, i, C);
-    for (int k = 0; k < V; ++k) o[k] = e[k] + p[k];
+    if (wpe) {
+      load_chunk(p, wpe + static_cast<size_t>(bt % Tn) * C, i, C);
+      for (int k = 0; k < V; ++k) o[k] = e[k] + p[k];
+    } else {
+      for (int k = 0; k < V; ++k) o[k] = e[k];
+    }
     store_chunk(out + static_cast<size_t>(bt) * C, i, C, o);
   }
 }
@@ -139,7 +143,7 @@ inline int encoder_blocks(size_t work) {
   return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// out(B, Tn, C) = wte[tokens] + wpe[t]; tokens (B, Tn) in device memory.
+// out(B, Tn, C) = wte[tokens] + wpe[t]; tokens (B, Tn) in device memory; wpe may be null.
 template <typename T>
 void encoder_forward(T* out, const int* tokens, const T* wte, const T* wpe, int B, int Tn, int C, cudaStream_t stream) {
   const size_t work = static_cast<size_t>(B) * Tn * ceil_div(C, Packed128<T>::size);
@@ -156,7 +160,7 @@ inline void pack_buckets(const TokenBuckets& b, int n, int* packed) {
   std::copy(b.positions.begin(), b.positions.end(), packed + 2 + 2 * static_cast<size_t>(n));
 }
 
-// Adds into dwte (V, C) and dwpe (Tn, C). packed_buckets: pack_buckets() of the step's tokens
+// Adds into dwte (V, C) and dwpe (Tn, C; null: none). packed_buckets: pack_buckets() of the step's tokens
 // (bucket_tokens(tokens, B * Tn)) copied to the device. The grid covers as many buckets as
 // there are positions, the most a batch can have; the kernel reads how many there are.
 template <typename T>
@@ -165,7 +169,7 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const int* packed_buckets
   const size_t chunks = static_cast<size_t>(ceil_div(C, Packed128<T>::size));
   const int n = B * Tn;
   const size_t wpe_work = static_cast<size_t>(Tn) * chunks, wte_work = static_cast<size_t>(n) * chunks;
-  if (wpe_work > 0)
+  if (wpe_work > 0 && dwpe)
     PTRAIN_LAUNCH(encoder_backward_wpe_kernel<T>, encoder_blocks(wpe_work), kEncoderThreads, 0, stream, dwpe, dout, B,
                   Tn, C);
   if (wte_work > 0)

@@ -59,6 +59,11 @@ bench_rows=(
   "350m fp8 recipe=current|gpt2-350m|precision.mode=fp8 precision.fp8.recipe=current"
   "774m bf16|gpt2-774m|precision.mode=bf16"
   "774m fp8 recipe=current|gpt2-774m|precision.mode=fp8 precision.fp8.recipe=current"
+  "llama 125m bf16|llama-125m|precision.mode=bf16"
+  "llama 125m fp8 recipe=current|llama-125m|precision.mode=fp8 precision.fp8.recipe=current"
+  "llama 350m bf16|llama-350m|precision.mode=bf16"
+  "llama 1b bf16|llama-1b|precision.mode=bf16"
+  "llama 1b fp8 recipe=current|llama-1b|precision.mode=fp8 precision.fp8.recipe=current"
 )
 
 # ---------------------------------------------------------------------------- --plan
@@ -270,7 +275,7 @@ run_speed() {
   echo
   echo "== benchmark rows matching '$speed_filter' (medians over steps 2-8; MFU against the data sheet's dense peak)"
   local table="$work/bench-table.txt" row label config sets log
-  printf '%-28s %10s %9s %7s %9s %-9s %s\n' row "tokens/s" "TFLOP/s" "MFU %" "peak GiB" attention "native fp8" >"$table"
+  printf '%-30s %10s %9s %7s %9s %-9s %s\n' row "tokens/s" "TFLOP/s" "MFU %" "peak GiB" attention "native fp8" >"$table"
   for row in "${bench_rows[@]}"; do
     label="${row%%|*}"
     [[ "$label" =~ $speed_filter ]] || continue
@@ -280,7 +285,7 @@ run_speed() {
     step "bench $label" 90 "$bin/ptrain" bench "configs/bench-gpu/$config.yaml" --set "run.out_dir=$work/runs" "${sets[@]}"
     log="$work/logs/$(slug "bench $label").log"
     field() { awk -v key="$1" 'index($0, key) { print $(NF - ($2)) }' "$log" | tail -1; }
-    printf '%-28s %10s %9s %7s %9s %-9s %s\n' "$label" "$(field 'tokens/s' 0)" "$(field 'model FLOP/s' 6)" "$(field 'MFU' 1)" \
+    printf '%-30s %10s %9s %7s %9s %-9s %s\n' "$label" "$(field 'tokens/s' 0)" "$(field 'model FLOP/s' 6)" "$(field 'MFU' 1)" \
       "$(field 'peak device memory' 1)" "$(grep -m1 -o 'attention: [a-z]*' "$log" | cut -d' ' -f2)" \
       "$(grep -m1 -o 'fp8: [0-9]* of [0-9]*' "$log" | cut -d' ' -f2,4 | tr ' ' /)" >>"$table"
     cat "$table" >"$out/speed-table.txt"

@@ -4,7 +4,8 @@
 # data/moby-dick/ (the last 10% as val), trains configs/quickstart.yaml (a ~1M-parameter GPT)
 # on the CPU into runs/quickstart/, then prints a sample from the first checkpoint and from the
 # last, each with the share of its words that occur in the training text. Arguments go to
-# `ptrain train` (e.g. --set training.steps=100).
+# `ptrain train` (e.g. --set training.steps=100). PTRAIN_QUICKSTART=configs/llama-quickstart.yaml
+# runs the Llama-style quick start instead (its run directory is named after the config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
@@ -14,10 +15,11 @@ if [ ! -f "$data/ptrain-tokenizer.json" ]; then
   rm -rf "$data"
   ./build/ptrain data prepare --input "$book" --out "$data" --tokenizer bytes --val-fraction 0.1
 fi
-./build/ptrain train configs/quickstart.yaml --set run.overwrite=true "$@"
+config="${PTRAIN_QUICKSTART:-configs/quickstart.yaml}"
+./build/ptrain train "$config" --set run.overwrite=true "$@"
 
 # The training split is the book's first N bytes (N from the shard header's token count).
-run=runs/quickstart
+run="runs/$(basename "$config" .yaml)"
 train_bytes=$(od -An -t d4 -j 8 -N 4 "$data/moby-dick_train_000000.bin" | tr -d ' ')
 head -c "$train_bytes" "$book" >"$run/train-text.txt"
 checkpoints=("$run"/checkpoints/step_*)

@@ -115,6 +115,9 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
                "--set precision.loss_scaling.hysteresis=2 --set precision.loss_scaling.growth_interval=2"},
       // A history of 4 is full at the stop after step 4.
       {"fp8", "--set precision.mode=fp8 --set precision.fp8.recipe=delayed --set precision.fp8.amax_history=4"},
+      // Llama, one K/V head, its own tensor names in the checkpoint files.
+      {"llama-bf16", "--set model.arch=llama --set model.n_kv_head=1 --set model.mlp_hidden=48 "
+                     "--set precision.mode=bf16"},
   };
   Workspace ws;
   for (const auto& [mode, flags] : modes) {
@@ -146,6 +149,21 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
     for (const char* file : {"weights.safetensors", "optimizer.safetensors"})
       CHECK(bytes_of(ws.run(mode + "-straight") / "checkpoints/step_00000008" / file) ==
             bytes_of(ws.run(mode + "-resumed") / "checkpoints/step_00000008" / file));
+  }
+}
+
+TEST_CASE("a checkpoint of one architecture does not resume under the other", "[checkpoint][llama]") {
+  Workspace ws;
+  const std::string llama = " --set model.arch=llama --set model.n_kv_head=1";
+  for (const auto& [trained, resumed] : {std::pair{llama, std::string()}, std::pair{std::string(), llama}}) {
+    CAPTURE(trained, resumed);
+    REQUIRE(ws.train("--set run.name=a --set run.overwrite=true --stop-at 2" + trained).exit_code == 0);
+    const std::string before = bytes_of(ws.run("a") / "checkpoints/step_00000002/weights.safetensors");
+    const CommandResult r = ws.train("--set run.name=a --set checkpoint.resume=auto" + resumed);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find("model.arch") != std::string::npos);
+    CHECK(bytes_of(ws.run("a") / "checkpoints/step_00000002/weights.safetensors") == before);
   }
 }
 

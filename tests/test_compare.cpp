@@ -249,6 +249,15 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
   CHECK(r.output.find("model.n_embd: 64 in runs/a, 32 in runs/b") != std::string::npos);
   CHECK(!fs::exists(ws.dir / "report"));
 
+  // The same shape in the other architecture: the key named is model.arch.
+  REQUIRE(run_ptrain("train a.yaml --set run.name=llama --set model.arch=llama --set model.n_kv_head=2", ws.dir)
+              .exit_code == 0);
+  const CommandResult arch = run_ptrain("compare runs/a runs/llama --out report", ws.dir);
+  INFO(arch.output);
+  CHECK(arch.exit_code == 2);
+  CHECK(arch.output.find("model.arch: \"gpt2\" in runs/a, \"llama\" in runs/llama") != std::string::npos);
+  CHECK(!fs::exists(ws.dir / "report"));
+
   const CommandResult unfinished = run_ptrain("compare runs/a runs/missing", ws.dir);
   CHECK(unfinished.exit_code == 2);
   CHECK(unfinished.output.find("runs/missing") != std::string::npos);

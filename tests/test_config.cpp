@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -422,6 +423,59 @@ TEST_CASE("cross-key checks report at the first key named", "[config]") {
   CHECK(contains(branching, "above data.synthetic.vocab = 8; expected at most 8"));
 }
 
+TEST_CASE("llama's settings round trip, and a GPT-2 config.yaml leaves them out", "[config][llama]") {
+  const Config llama = parse_config(kMinimal, "cfg.yaml",
+                                    {"model.arch=llama", "model.n_kv_head=2", "model.rope_theta=500000",
+                                     "model.norm_eps=1e-6", "model.mlp_multiple_of=64", "model.tie_embeddings=true"});
+  CHECK(llama.model.kv_heads() == 2);
+  CHECK(llama.model.swiglu_hidden() == 192);  // 8 * 64 / 3 = 170, rounded up to a multiple of 64
+  const std::string yaml = ptrain::config_to_yaml(llama);
+  INFO(yaml);
+  const Config back = parse_config(yaml, "config.yaml");
+  CHECK(ptrain::config_to_yaml(back) == yaml);
+  CHECK(back.model.rope_theta == 500000);
+  CHECK(back.model.norm_eps == 1e-6);
+  CHECK(back.model.tie_embeddings == "true");
+  CHECK(parse_config(kMinimal, "cfg.yaml", {"model.arch=llama", "model.mlp_hidden=100"}).model.swiglu_hidden() == 100);
+
+  const std::string gpt2 = ptrain::config_to_yaml(parse_config(kMinimal, "cfg.yaml"));
+  CHECK(contains(gpt2, "arch: gpt2"));
+  CHECK_FALSE(contains(gpt2, "n_kv_head"));
+  CHECK_FALSE(contains(gpt2, "rope_theta"));
+}
+
+TEST_CASE("llama's settings are checked, and refused with gpt2", "[config][llama]") {
+  const auto with_gpt2 = only_problem(kMinimal, {"model.n_kv_head=2"});
+  check_shape(with_gpt2, "--set model.n_kv_head=2", "model.n_kv_head");
+  CHECK(contains(with_gpt2, "is a llama setting, and model.arch is gpt2"));
+  const auto untied = only_problem(kMinimal, {"model.tie_embeddings=false"});
+  check_shape(untied, "--set model.tie_embeddings=false", "model.tie_embeddings");
+
+  const auto odd_head = only_problem(kMinimal, {"model.arch=llama", "model.n_embd=60", "model.n_head=4"});
+  check_shape(odd_head, "--set model.n_embd=60", "model.n_embd");
+  CHECK(contains(odd_head, "15 is an odd head size"));
+
+  const auto cudnn = only_problem(kMinimal, {"model.arch=llama", "model.n_kv_head=2", "model.attention=cudnn"});
+  check_shape(cudnn, "--set model.attention=cudnn", "model.attention");
+  CHECK(contains(cudnn, "runs on the fallback path"));
+  CHECK(problems_of(kMinimal, {"model.arch=llama", "model.attention=cudnn"}).empty());  // multi-head
+
+  const auto groups = only_problem(kMinimal, {"model.arch=llama", "model.n_kv_head=3"});
+  check_shape(groups, "--set model.n_kv_head=3", "model.n_kv_head");
+  CHECK(contains(groups, "3 does not divide model.n_head = 4"));
+  CHECK(contains(groups, "expected a divisor of 4, e.g. 2 or 4"));
+
+  // FP8 GEMMs: the SwiGLU width (8 * 64 / 3 = 170, rounded to 256) and the K/V width 1 * 16.
+  CHECK(problems_of(kMinimal, {"model.arch=llama", "model.n_kv_head=1", "precision.mode=fp8"}).empty());
+  const auto hidden = only_problem(kMinimal, {"model.arch=llama", "model.mlp_hidden=100", "precision.mode=fp8"});
+  check_shape(hidden, "--set model.mlp_hidden=100", "model.mlp_hidden");
+  CHECK(contains(hidden, "the SwiGLU width 100 is not a multiple of 16"));
+  const auto kv = only_problem(kMinimal, {"model.arch=llama", "model.n_embd=128", "model.n_kv_head=2", "precision.mode=fp8",
+                                          "precision.fp8.recipe=block"});
+  check_shape(kv, "--set model.n_kv_head=2", "model.n_kv_head");
+  CHECK(contains(kv, "n_kv_head * head_size = 64 is not a multiple of 128"));
+}
+
 TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[config]") {
   for (const char* mode : {"fp32", "bf16", "fp16", "fp8"}) {
     CAPTURE(mode);
@@ -556,4 +610,15 @@ TEST_CASE("load_config reads a file and names a missing one", "[config]") {
     CHECK(contains(e.what(), "expected"));
   }
   CHECK_THROWS_AS(ptrain::load_config("/tmp"), ptrain::UserError);
+}
+
+TEST_CASE("every config shipped in configs/ is valid", "[config]") {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(std::string(PTRAIN_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    CAPTURE(entry.path().string());
+    CHECK_NOTHROW(ptrain::load_config(entry.path().string()));
+    ++checked;
+  }
+  CHECK(checked >= 10);
 }

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "model/gpt.h"
+#include "precision/policy.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -19,11 +20,8 @@ std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t seed) {
   return t;
 }
 
-}  // namespace
-
-TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
+void check_gradients(const GptShape& shape) {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 8, 7, 11, 128};  // L, NH, C, max T, V, Vp
   const int B = 2, T = 5;
   Gpt model(shape, *backend, DType::f64, B, T);
   model.init(42);
@@ -32,7 +30,11 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
   Rng rng(7);
   for (int64_t i = 0; i < model.num_params(); ++i) p[i] += 0.3 * rng.normal();
   // Keep the padded vocabulary rows at zero, as training does.
-  for (int64_t i = int64_t{shape.vocab} * shape.n_embd; i < int64_t{shape.padded_vocab} * shape.n_embd; ++i) p[i] = 0;
+  for (const ParamId id : {kWte, kLmHead}) {
+    const Tensor t = model.param(id);
+    if (t.empty()) continue;
+    for (int64_t i = int64_t{shape.vocab} * shape.n_embd; i < t.numel(); ++i) t.as<double>()[i] = 0;
+  }
 
   const auto inputs = random_tokens(B * T, shape.vocab, 1);
   const auto targets = random_tokens(B * T, shape.vocab, 2);
@@ -41,10 +43,10 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
   model.backward();
 
   const double eps = 1e-5;
-  for (int id = 0; id < kNumParams; ++id) {
-    const Tensor param = model.param(static_cast<ParamId>(id));
-    const Tensor grad = model.grad(static_cast<ParamId>(id));
-    CAPTURE(model.specs()[id].name);
+  for (const ParamSpec& spec : model.specs()) {
+    const Tensor param = model.param(spec.id);
+    const Tensor grad = model.grad(spec.id);
+    CAPTURE(spec.name);
     std::vector<double> numeric(param.numel()), analytic(grad.as<double>(), grad.as<double>() + grad.numel());
     for (int64_t i = 0; i < param.numel(); ++i) {
       double& x = param.as<double>()[i];
@@ -59,6 +61,57 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
     REQUIRE(norm(numeric) > 0);
     CHECK(relative_error(analytic, numeric) < 1e-6);
   }
+}
+
+}  // namespace
+
+TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
+  const GptShape gpt2{2, 2, 8, 7, 11, 128};  // L, NH, C, max T, V, Vp
+  SECTION("gpt2") { check_gradients(gpt2); }
+  // Head sizes 2 and 6; K/V heads 1 (multi-query), 2 of 4 (grouped) and all 4 (multi-head).
+  SECTION("llama, grouped-query attention 4:2, untied head") { check_gradients(llama_shape({2, 4, 24, 7, 11, 128}, 2, 20)); }
+  SECTION("llama, one K/V head, head size 2, tied head") { check_gradients(llama_shape({1, 4, 8, 7, 11, 128}, 1, 12, true)); }
+  SECTION("llama, multi-head attention") { check_gradients(llama_shape({1, 4, 24, 7, 11, 128}, 4, 16)); }
+}
+
+// training.recompute trades memory for a second forward pass; the recomputed activations are
+// the first pass's bits, so the loss and every gradient must be too, in every format.
+TEST_CASE("activation recomputation gives the same loss and gradients bit for bit, in less memory", "[model]") {
+  auto backend = make_cpu_backend(0);
+  const GptShape gpt2{3, 4, 64, 16, 50, 128};
+  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 96)}));
+  const char* mode = GENERATE("fp32", "bf16", "fp8");
+  INFO(arch_name(shape.arch) << " " << mode);
+  PrecisionPolicy policy;
+  if (std::string(mode) != "fp32") {
+    PrecisionConfig config;
+    config.mode = mode;
+    policy = PrecisionPolicy::from_config(config);
+  }
+  const int B = 2, T = 16;
+  const auto inputs = random_tokens(B * T, shape.vocab, 21), targets = random_tokens(B * T, shape.vocab, 22);
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;
+  std::vector<size_t> bytes;
+  for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block}) {
+    Gpt model(shape, *backend, DType::f32, B, T, policy, AttentionPath::fallback, true, recompute);
+    model.init(5);
+    model.zero_grad();
+    losses.push_back(model.forward(inputs.data(), targets.data(), 1.0f / (B * T)));
+    model.backward();
+    const Tensor g = model.grads_flat();
+    grads.emplace_back(g.as<float>(), g.as<float>() + g.numel());
+    bytes.push_back(model.activation_bytes());
+  }
+  CHECK(norm(grads[0]) > 0);
+  for (size_t i = 1; i < losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(losses[i] == losses[0]);
+    CHECK(grads[i] == grads[0]);
+  }
+  CHECK(bytes[1] < bytes[0]);
+  CHECK(bytes[2] < bytes[1]);
+  CHECK(gpt_activation_bytes(shape, B, T, sizeof(float), Recompute::block) < gpt_activation_bytes(shape, B, T, sizeof(float)));
 }
 
 TEST_CASE("padded vocabulary rows get no gradient", "[model]") {
@@ -79,12 +132,15 @@ TEST_CASE("loss at initialisation is close to ln(vocab)", "[model]") {
   auto backend = make_cpu_backend(0);
   for (int vocab : {256, 1000}) {
     CAPTURE(vocab);
-    const GptShape shape{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
-    Gpt model(shape, *backend, DType::f32, 4, 64);
-    model.init(1337);
-    const auto inputs = random_tokens(4 * 64, vocab, 6), targets = random_tokens(4 * 64, vocab, 7);
-    const double loss = model.forward(inputs.data(), targets.data(), 0.0f);
-    CHECK(std::abs(loss - std::log(vocab)) < 0.05);
+    const GptShape gpt2{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
+    for (const GptShape& shape : {gpt2, llama_shape(gpt2, 2, 176)}) {
+      CAPTURE(arch_name(shape.arch));
+      Gpt model(shape, *backend, DType::f32, 4, 64);
+      model.init(1337);
+      const auto inputs = random_tokens(4 * 64, vocab, 6), targets = random_tokens(4 * 64, vocab, 7);
+      const double loss = model.forward(inputs.data(), targets.data(), 0.0f);
+      CHECK(std::abs(loss - std::log(vocab)) < 0.05);
+    }
   }
 }
 
@@ -184,11 +240,13 @@ TEST_CASE("a token id outside the vocabulary is refused before the model reads i
 // two (only sequence 0 decodes).
 TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every position", "[model][sample]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
+  const GptShape gpt2{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
+  // Llama: RoPE turns each decoded row by its own position's angles, over 4 query heads on 2 K/V heads.
+  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape({2, 4, 16, 24, 50, 64}, 2, 40)}));
   const int B = 2, T = 24;
   const auto tokens = random_tokens(T, shape.vocab, 3);
   for (const DType dt : {DType::f64, DType::f32}) {
-    INFO((dt == DType::f64 ? "f64" : "f32"));
+    INFO(arch_name(shape.arch) << (dt == DType::f64 ? " f64" : " f32"));
     Gpt decoding(shape, *backend, dt, B, T), whole(shape, *backend, dt, B, T);
     decoding.init(4, 0.2);  // larger than GPT-2's 0.02: logits far from uniform
     whole.init(4, 0.2);

@@ -336,16 +336,25 @@ TEST_CASE("rope_table computes HF's FP32 angles", "[ops][llama]") {
   CHECK(table[1] == 0.0f);
 }
 
+// Query heads and K/V heads (attention_heads.h): multi-head, grouped-query and multi-query.
+const std::pair<int, int> kHeadLayouts[] = {{1, 1}, {3, 3}, {4, 2}, {4, 1}};
+
 TEST_CASE("causal attention forward and backward", "[ops]") {
   for (int Tn : {1, 7, 19})
-    for (int NH : {1, 3})
-      for (int hs : {1, 7}) {
-        const int B = 2, C = NH * hs;
-        CAPTURE(Tn, NH, hs);
-        HostBuffer<double> qkv({B, Tn, 3 * C}), out({B, Tn, C}), att({B, NH, Tn, Tn}), R({B, Tn, C});
+    for (const auto& [NH, KV] : kHeadLayouts)
+      for (int hs : {1, 2, 7}) {
+        const int B = 2, C = NH * hs, W = (NH + 2 * KV) * hs, group = NH / KV;
+        CAPTURE(Tn, NH, KV, hs);
+        HostBuffer<double> qkv({B, Tn, W}), out({B, Tn, C}), att({B, NH, Tn, Tn}), R({B, Tn, C});
         fill_normal(qkv.data, 11);
         fill_normal(R.data, 12);
 
+        // Query head h reads K/V head h / group: K after the NH query heads, V after the KV K heads.
+        const auto q = [&](int b, int t, int h, int i) { return qkv.data[(b * Tn + t) * W + h * hs + i]; };
+        const auto k = [&](int b, int t, int h, int i) { return qkv.data[(b * Tn + t) * W + (NH + h / group) * hs + i]; };
+        const auto v = [&](int b, int t, int h, int i) {
+          return qkv.data[(b * Tn + t) * W + (NH + KV + h / group) * hs + i];
+        };
         std::vector<double> ref(out.size(), 0.0);
         for (int b = 0; b < B; ++b)
           for (int h = 0; h < NH; ++h)
@@ -354,17 +363,15 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
               double mx = -INFINITY, sum = 0;
               for (int u = 0; u <= t; ++u) {
                 double d = 0;
-                for (int i = 0; i < hs; ++i)
-                  d += qkv.data[(b * Tn + t) * 3 * C + h * hs + i] * qkv.data[(b * Tn + u) * 3 * C + C + h * hs + i];
+                for (int i = 0; i < hs; ++i) d += q(b, t, h, i) * k(b, u, h, i);
                 s[u] = d / std::sqrt(static_cast<double>(hs));
                 mx = std::max(mx, s[u]);
               }
               for (int u = 0; u <= t; ++u) sum += (s[u] = std::exp(s[u] - mx));
               for (int u = 0; u <= t; ++u)
-                for (int i = 0; i < hs; ++i)
-                  ref[(b * Tn + t) * C + h * hs + i] += s[u] / sum * qkv.data[(b * Tn + u) * 3 * C + 2 * C + h * hs + i];
+                for (int i = 0; i < hs; ++i) ref[(b * Tn + t) * C + h * hs + i] += s[u] / sum * v(b, u, h, i);
             }
-        HostBuffer<float> fq({B, Tn, 3 * C}), fo({B, Tn, C}), fa({B, NH, Tn, Tn});
+        HostBuffer<float> fq({B, Tn, W}), fo({B, Tn, C}), fa({B, NH, Tn, Tn});
         fq.data = cast<float>(qkv.data);
         cpu_backend().attention_forward(fo.view(), fa.view(), fq.view(), NH);
         CHECK(relative_error(fo.data, ref) < kFp32Tol);
@@ -374,7 +381,7 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
           return dot(out.data, R.data);
         };
         loss();
-        HostBuffer<double> dqkv({B, Tn, 3 * C});
+        HostBuffer<double> dqkv({B, Tn, W});
         cpu_backend().attention_backward(dqkv.view(), R.view(), qkv.view(), out.view(), att.view(), NH);
         check_gradient(dqkv.data, finite_difference(qkv.data, loss));
       }
@@ -384,32 +391,36 @@ TEST_CASE("causal attention forward and backward", "[ops]") {
 // of the cache: in double, to rounding; in float, as close as two summation orders allow.
 TEST_CASE("attention_decode gives attention_forward's last row", "[ops]") {
   for (int Tn : {1, 2, 7, 19, 70})
-    for (int NH : {1, 3})
+    for (const auto& [NH, KV] : kHeadLayouts)
       for (int hs : {1, 7}) {
-        const int C = NH * hs;
-        CAPTURE(Tn, NH, hs);
-        HostBuffer<double> qkv({1, Tn, 3 * C}), out({1, Tn, C}), att({1, NH, Tn, Tn}), row({C});
+        const int C = NH * hs, W = (NH + 2 * KV) * hs;
+        CAPTURE(Tn, NH, KV, hs);
+        HostBuffer<double> qkv({1, Tn, W}), out({1, Tn, C}), att({1, NH, Tn, Tn}), row({C});
         fill_normal(qkv.data, 13);
         cpu_backend().attention_forward(out.view(), att.view(), qkv.view(), NH);
         const std::vector<double> last(out.data.end() - C, out.data.end());
         std::fill(row.data.begin(), row.data.end(), NAN);  // every element must be written
-        cpu_backend().attention_decode(row.view(), qkv.view().reshaped({Tn, 3 * C}), NH);
+        cpu_backend().attention_decode(row.view(), qkv.view().reshaped({Tn, W}), NH);
         CHECK(relative_error(row.data, last) < 1e-12);
 
-        HostBuffer<float> fq({Tn, 3 * C}), frow({C});
+        HostBuffer<float> fq({Tn, W}), frow({C});
         fq.data = cast<float>(qkv.data);
         cpu_backend().attention_decode(frow.view(), fq.view(), NH);
         CHECK(relative_error(frow.data, last) < kFp32Tol);
       }
 }
 
-TEST_CASE("attention_decode refuses shapes that are not one sequence's (T,3C) rows", "[ops]") {
+TEST_CASE("attention refuses qkv rows that are no layout of query and K/V heads", "[ops]") {
   HostBuffer<float> qkv({1, 4, 12}), out({4}), wrong_out({5});
   CHECK_THROWS_WITH(cpu_backend().attention_decode(out.view(), qkv.view(), 2), Catch::Contains("attention_decode"));
+  // 5 outputs over 2 heads, and 12 = (3 + 2 KV) * 4/3 wide rows for 3 heads: neither is a layout.
   CHECK_THROWS_WITH(cpu_backend().attention_decode(wrong_out.view(), qkv.view().reshaped({4, 12}), 2),
-                    Catch::Contains("want C elements"));
+                    Catch::Contains("query heads over K/V heads"));
   CHECK_THROWS_WITH(cpu_backend().attention_decode(out.view(), qkv.view().reshaped({4, 12}), 3),
-                    Catch::Contains("shape mismatch"));
+                    Catch::Contains("query heads over K/V heads"));
+  // 4 query heads of size 1 with (12 - 4) / 2 = 4 K/V heads is a layout; 3 K/V heads would not divide 4.
+  HostBuffer<float> odd({4, 10});
+  CHECK_THROWS_WITH(cpu_backend().attention_decode(out.view(), odd.view(), 4), Catch::Contains("query heads"));
 }
 
 TEST_CASE("embedding forward and backward", "[ops]") {
@@ -442,6 +453,15 @@ TEST_CASE("embedding forward and backward", "[ops]") {
       cpu_backend().embedding_backward(dwte.view(), dwpe.view(), R.view(), tokens.view());
       check_gradient(dwte.data, finite_difference(wte.data, loss));
       check_gradient(dwpe.data, finite_difference(wpe.data, loss));
+
+      // Without position embeddings (llama): the token rows alone, and dwte the same sums.
+      HostBuffer<float> token_rows({B, Tn, C});
+      cpu_backend().embedding_forward(token_rows.view(), tokens.view(), fte.view(), Tensor());
+      for (int bt = 0; bt < B * Tn; ++bt)
+        for (int c = 0; c < C; ++c) REQUIRE(token_rows.data[bt * C + c] == fte.data[tokens.data[bt] * C + c]);
+      HostBuffer<double> dwte_alone({V, C});
+      cpu_backend().embedding_backward(dwte_alone.view(), Tensor(), R.view(), tokens.view());
+      CHECK(dwte_alone.data == dwte.data);
     }
 }
 
@@ -576,9 +596,8 @@ TEST_CASE("AdamW clips by the global gradient norm and decays 2-D weights only",
     AdamW adamw(model, cpu_backend(), AdamWConfig{0.9, 0.95, 1e-8, 0.5, 1.0});
     adamw.step(0.1, 0.0);
     int64_t offset = 0, decayed = 0, kept = 0;
-    for (int id = 0; id < kNumParams; ++id) {
-      const ParamSpec& spec = model.specs()[id];
-      const int64_t count = model.param(static_cast<ParamId>(id)).numel();
+    for (const ParamSpec& spec : model.specs()) {
+      const int64_t count = model.param(spec.id).numel();
       CAPTURE(spec.name);
       // The matrices (wte, wpe and each block's four linear weights), not biases or layernorms.
       const bool matrix = spec.name == "wte" || spec.name == "wpe" ||

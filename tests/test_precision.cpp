@@ -31,8 +31,10 @@ struct Run {
   std::vector<nlohmann::json> metrics;
 };
 
-Run train_run(const fs::path& dir, const std::string& name, const std::vector<std::string>& overrides) {
+Run train_run(const fs::path& dir, const std::string& name, const std::vector<std::string>& overrides,
+              const std::vector<std::string>& model = {}) {
   std::vector<std::string> all = {"run.name=" + name, "run.out_dir=" + dir.string()};
+  all.insert(all.end(), model.begin(), model.end());
   all.insert(all.end(), overrides.begin(), overrides.end());
   const TrainResult result = train(parse_config(kRun, "precision-test.yaml", all), TrainOptions{});
   return Run{result.final_val_loss, read_metrics(dir / name / "metrics.jsonl")};
@@ -49,8 +51,13 @@ std::vector<nlohmann::json> numerics(const Run& run) {
 }  // namespace
 
 TEST_CASE("every reduced precision ends within 2 percent of fp32", "[precision]") {
+  // Llama's K/V width 4 x 32 = 128 fits the block recipe's 128-wide blocks; SwiGLU 256 wide.
+  const std::vector<std::string> model =
+      GENERATE(std::vector<std::string>{},
+               std::vector<std::string>{"model.arch=llama", "model.n_kv_head=4", "model.mlp_hidden=256"});
+  CAPTURE(model);
   const fs::path dir = make_temp_dir("precision");
-  const double fp32 = train_run(dir, "fp32", {}).val_loss;
+  const double fp32 = train_run(dir, "fp32", {}, model).val_loss;
   REQUIRE(std::isfinite(fp32));
   REQUIRE(fp32 < std::log(32.0) * 0.5);  // the reference itself learned
 
@@ -62,7 +69,7 @@ TEST_CASE("every reduced precision ends within 2 percent of fp32", "[precision]"
       {"fp8-block", {"precision.mode=fp8", "precision.fp8.recipe=block"}},
   };
   for (const auto& [name, overrides] : modes) {
-    const Run run = train_run(dir, name, overrides);
+    const Run run = train_run(dir, name, overrides, model);
     INFO(name << ": val " << run.val_loss << " vs fp32 " << fp32);
     CHECK(std::abs(run.val_loss - fp32) / fp32 < 0.02);
     const auto records = numerics(run);

@@ -33,10 +33,14 @@ const char* kTinyRun =
 }  // namespace
 
 TEST_CASE("a tiny model closes 90% of the gap to the oracle loss", "[training]") {
+  // GPT-2, and Llama with 4 query heads over 2 K/V heads.
+  const std::string model = GENERATE(as<std::string>{}, "n_layer: 2, n_head: 2, n_embd: 64",
+                                     "arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, mlp_hidden: 160");
+  CAPTURE(model);
   const fs::path dir = make_temp_dir("learn");
   const std::string yaml =
       "run: {name: learn, out_dir: '" + dir.string() + "', seed: 1}\n"
-      "model: {n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64, vocab_size: 16}\n"
+      "model: {" + model + ", seq_len: 64, vocab_size: 16}\n"
       "data: {synthetic: {vocab: 16, order: 2, branching: 2, tokens: 400000, seed: 3}}\n"
       "training: {steps: 400, batch_tokens: 1024, micro_batch: 16, eval_every: 0, eval_batches: 8}\n"
       "optimizer: {lr: 1.0e-2, weight_decay: 0.0}\n"
@@ -54,10 +58,13 @@ TEST_CASE("a tiny model closes 90% of the gap to the oracle loss", "[training]")
 }
 
 TEST_CASE("same config and seed give identical metrics", "[training]") {
+  const std::string arch = GENERATE(as<std::string>{}, "",
+                                    "--set model.arch=llama --set model.n_kv_head=1 --set model.mlp_hidden=128 ");
+  CAPTURE(arch);
   const fs::path dir = make_temp_dir("determinism");
   write_file(dir / "run.yaml", kTinyRun);
   auto run = [&](const std::string& name, const std::string& extra) {
-    const CommandResult r = run_ptrain("train run.yaml --set run.name=" + name + " " + extra, dir);
+    const CommandResult r = run_ptrain("train run.yaml --set run.name=" + name + " " + arch + extra, dir);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     return numeric_trace(read_metrics(dir / "runs" / name / "metrics.jsonl"));
@@ -72,6 +79,10 @@ TEST_CASE("same config and seed give identical metrics", "[training]") {
     CHECK(one == two);
   }
   SECTION("a different seed gives different losses") { CHECK(run("s", "--set run.seed=2") != first); }
+  SECTION("recomputing activations in the backward pass gives identical losses") {
+    CHECK(run("mlp", "--set training.recompute=mlp") == first);
+    CHECK(run("block", "--set training.recompute=block") == first);
+  }
   fs::remove_all(dir);
 }
 

@@ -16,6 +16,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "model/gpt_params.h"
 
 namespace ptrain::test {
 
@@ -146,6 +147,15 @@ inline std::filesystem::path source_dir() {
 inline CommandResult run_ptrain(const std::string& args, const std::filesystem::path& cwd,
                                 const std::string& env = "") {
   return run_shell("cd '" + cwd.string() + "' && " + env + " '" + ptrain_binary() + "' " + args);
+}
+
+// A Llama-style shape of s's size: n_kv_head K/V heads, SwiGLU width `hidden`, LM head tied or not.
+inline GptShape llama_shape(GptShape s, int n_kv_head, int hidden, bool tied = false) {
+  s.arch = Arch::llama;
+  s.n_kv_head = n_kv_head;
+  s.mlp_hidden = hidden;
+  s.tied_head = tied;
+  return s;
 }
 
 }  // namespace ptrain::test

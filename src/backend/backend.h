@@ -150,7 +150,8 @@ class Backend {
   // dst = src rounded to dst.format (e.g. the bf16 copy of FP32 master weights).
   virtual void copy(Tensor dst, Tensor src) = 0;
 
-  // out(B,T,C) = wte[tokens] + wpe[t]; tokens (B,T) i32.
+  // out(B,T,C) = wte[tokens] + wpe[t]; tokens (B,T) i32. An empty wpe (dwpe): no position
+  // embedding (llama, whose positions are RoPE's), out = wte[tokens].
   virtual void embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) = 0;
   virtual void embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) = 0;
 
@@ -168,22 +169,23 @@ class Backend {
   // dbias(OC) += column sums of dout(N, OC).
   virtual void bias_backward(Tensor dbias, Tensor dout) = 0;
 
-  // Causal multi-head self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C).
+  // Causal multi-head self-attention. qkv (B,T,W) holds q's heads, then k's and v's
+  // (attention_heads.h: W = 3C for GPT-2, fewer K/V heads for grouped-query attention); out (B,T,C).
   // `saved` keeps what the backward pass needs, and its shape says which path runs (see
   // AttentionPath): the softmax probabilities (B,NH,T,T), or one FP32 log-sum-exp per row
   // (B,NH,T) for the fused path, which recomputes the probabilities from qkv and out.
   virtual void attention_forward(Tensor out, Tensor saved, Tensor qkv, int n_head) = 0;
   virtual void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor saved,
                                   int n_head) = 0;
-  // One query over cached keys and values, for incremental decoding (a KV cache): qkv (T,3C)
+  // One query over cached keys and values, for incremental decoding (a KV cache): qkv (T,W)
   // holds rows 0..T-1 of one sequence, and out (C) = causal attention at its last row, what
   // attention_forward writes at that row, at O(T) cost. Saves nothing: decoding has no backward.
   virtual void attention_decode(Tensor out, Tensor qkv, int n_head) = 0;
   // Which attention path runs for this shape, given model.attention (`want`: auto | cudnn |
-  // fallback) and the activations' storage dtype. Throws UserError, saying why, when `cudnn` is
-  // asked for and cannot run here.
+  // fallback) and the activations' storage dtype, with n_kv_head K/V heads (n_head: multi-head).
+  // Throws UserError, saying why, when `cudnn` is asked for and cannot run here.
   virtual AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t T,
-                                           int n_head, int64_t head_size) = 0;
+                                           int n_head, int n_kv_head, int64_t head_size) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;
@@ -211,7 +213,8 @@ class Backend {
 
   // The ops of a Llama-style block.
   //   RMSNorm: out(N,C) = inp * rstd * weight per row, rstd(N) = 1 / sqrt(mean(inp^2) + eps),
-  //   saved (FP32) for the backward pass.
+  //   saved for the backward pass in the statistics' format (FP32 on a GPU; the CPU keeps its
+  //   compute dtype, f32 or f64). dinp must not alias dout.
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) = 0;
   virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) = 0;
   //   Rotary position embeddings, rotate-half layout (Llama, Hugging Face): in the first `heads`

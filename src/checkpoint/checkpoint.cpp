@@ -56,19 +56,17 @@ struct HostTensors {
 // The master weights (or the FP32 parameters), one entry per parameter tensor.
 HostTensors weight_copies(Gpt& model) {
   HostTensors host;
-  host.buffers.reserve(kNumParams);
-  for (int i = 0; i < kNumParams; ++i)
-    host.add(model.backend(), model.specs()[i].name, model.specs()[i].shape, model.master(static_cast<ParamId>(i)));
+  host.buffers.reserve(model.specs().size());
+  for (const ParamSpec& spec : model.specs()) host.add(model.backend(), spec.name, spec.shape, model.master(spec.id));
   return host;
 }
 
 HostTensors moment_copies(Gpt& model, AdamW& optimizer) {
   HostTensors host;
-  host.buffers.reserve(2 * kNumParams);
+  host.buffers.reserve(2 * model.specs().size());
   int64_t offset = 0;
-  for (int i = 0; i < kNumParams; ++i) {
-    const auto& spec = model.specs()[i];
-    const int64_t n = model.param(static_cast<ParamId>(i)).numel();
+  for (const ParamSpec& spec : model.specs()) {
+    const int64_t n = model.param(spec.id).numel();
     host.add(model.backend(), "m." + spec.name, spec.shape, optimizer.first_moment().range(offset, n));
     host.add(model.backend(), "v." + spec.name, spec.shape, optimizer.second_moment().range(offset, n));
     offset += n;
@@ -281,9 +279,9 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
       } else {
         std::vector<SafetensorView> views;
         int64_t offset = 0;
-        for (int i = 0; i < kNumParams; ++i) {
-          views.push_back({model.specs()[i].name, model.specs()[i].shape, master.data() + offset});
-          offset += model.param(static_cast<ParamId>(i)).numel();
+        for (const ParamSpec& spec : model.specs()) {
+          views.push_back({spec.name, spec.shape, master.data() + offset});
+          offset += model.param(spec.id).numel();
         }
         j["sha256"][kWeightsFile] = write_safetensors((tmp_dir / kWeightsFile).string(), views, metadata);
       }
@@ -394,10 +392,7 @@ void remove_checkpoints(const std::string& dir) {
 }
 
 void load_weights(const SafetensorsFile& weights, Gpt& model) {
-  for (int i = 0; i < kNumParams; ++i) {
-    const auto id = static_cast<ParamId>(i);
-    read_into(weights, model.specs()[i].name, model.backend(), model.master(id));
-  }
+  for (const ParamSpec& spec : model.specs()) read_into(weights, spec.name, model.backend(), model.master(spec.id));
   model.sync_params_from_master();
 }
 
@@ -416,9 +411,9 @@ std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Gpt& m
   };
   if (checkpoint.optimizer) {
     int64_t offset = 0;
-    for (int i = 0; i < kNumParams; ++i) {
-      const int64_t n = model.param(static_cast<ParamId>(i)).numel();
-      take(offset, n, [&](float* dst) { checkpoint.optimizer->copy_to(which + "." + model.specs()[i].name, dst, n); });
+    for (const ParamSpec& spec : model.specs()) {
+      const int64_t n = model.param(spec.id).numel();
+      take(offset, n, [&](float* dst) { checkpoint.optimizer->copy_to(which + "." + spec.name, dst, n); });
       offset += n;
     }
     return out;

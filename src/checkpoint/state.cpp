@@ -172,9 +172,26 @@ CheckpointState state_from_json(const json& j) {
   return s;
 }
 
+// GPT-2's keys are those of checkpoints from before model.arch; llama's add its settings,
+// resolved (no 0 = default left), so that a resume compares what the model is.
 json model_json(const ModelConfig& m) {
-  return {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
-          {"vocab_size", m.vocab_size}};
+  json j = {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
+            {"vocab_size", m.vocab_size}};
+  if (m.arch != "llama") return j;
+  j["arch"] = m.arch;
+  j["n_kv_head"] = m.kv_heads();
+  j["mlp_hidden"] = m.swiglu_hidden();
+  j["rope_theta"] = m.rope_theta;
+  j["norm_eps"] = m.norm_eps;
+  j["tie_embeddings"] = m.tie_embeddings == "true";
+  return j;
+}
+
+static double positive_number(const json& j, const char* key) {
+  const json& v = member(j, "model", key);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0)
+    bad(std::string("model.") + key, v, "a positive number");
+  return v.get<double>();
 }
 
 ModelConfig model_from_json(const json& j) {
@@ -186,15 +203,37 @@ ModelConfig model_from_json(const json& j) {
     bad("model.n_head", j["n_head"], "a divisor of model.n_embd " + std::to_string(m.n_embd));
   m.seq_len = static_cast<int>(integer(j, "model", "seq_len", 1, kMaxSeqLen));
   m.vocab_size = static_cast<int>(integer(j, "model", "vocab_size", 2, kMaxVocab));
+  if (!j.contains("arch")) return m;  // GPT-2
+  m.arch = text(j, "model", "arch", {"gpt2", "llama"});
+  if (m.arch == "gpt2") return m;
+  m.n_kv_head = static_cast<int>(integer(j, "model", "n_kv_head", 1, m.n_head));
+  if (m.n_head % m.n_kv_head != 0) bad("model.n_kv_head", j["n_kv_head"], "a divisor of model.n_head");
+  if ((m.n_embd / m.n_head) % 2 != 0)
+    bad("model.n_head", j["n_head"], "a head count that leaves an even head size (RoPE turns pairs)");
+  m.mlp_hidden = static_cast<int>(integer(j, "model", "mlp_hidden", 1, 4 * int64_t{kMaxEmbd}));
+  m.rope_theta = positive_number(j, "rope_theta");
+  m.norm_eps = positive_number(j, "norm_eps");
+  const json& tie = member(j, "model", "tie_embeddings");
+  if (!tie.is_boolean()) bad("model.tie_embeddings", tie, "true or false");
+  m.tie_embeddings = tie.get<bool>() ? "true" : "false";
   return m;
 }
 
+// Over the keys of either side, so that a llama checkpoint meets a GPT-2 config's missing keys
+// too; a missing arch is GPT-2's (model_json leaves it out).
 std::vector<std::string> model_differences(const json& saved, const json& current) {
+  const auto with_arch = [](json j) {
+    if (j.is_object() && !j.contains("arch")) j["arch"] = "gpt2";
+    return j;
+  };
+  const json a = with_arch(saved), b = with_arch(current);
   std::vector<std::string> out;
-  for (const auto& [key, value] : current.items())
-    if (!saved.contains(key) || saved[key] != value)
-      out.push_back("model." + key + " " + (saved.contains(key) ? saved[key].dump() : "absent") + " in the checkpoint vs " +
-                    value.dump() + " now");
+  const auto shown = [](const json& j, const std::string& key) { return j.contains(key) ? j[key].dump() : "absent"; };
+  for (const auto& [key, value] : b.items())
+    if (!a.contains(key) || a[key] != value)
+      out.push_back("model." + key + " " + shown(a, key) + " in the checkpoint vs " + value.dump() + " now");
+  for (const auto& [key, value] : a.items())
+    if (!b.contains(key)) out.push_back("model." + key + " " + value.dump() + " in the checkpoint vs absent now");
   return out;
 }
 

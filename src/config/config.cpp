@@ -128,6 +128,18 @@ Schema make_schema(Config& c) {
            "GPU: GELU in the epilogues of the GEMMs beside it (the CPU computes the same ops apart)"),
       number("model.init_std", &m.init_std, above(0),
              "std of the initial weights (residual projections: / sqrt(2 n_layer))"),
+      choice("model.arch", &m.arch, {"gpt2", "llama"},
+             "gpt2 (LayerNorm, learned positions, GELU, biases) or llama (RMSNorm, RoPE, SwiGLU, GQA, no biases)"),
+      number("model.n_kv_head", &m.n_kv_head, between(0, kMaxEmbd),
+             "llama: key/value heads (grouped-query attention; n_head a multiple of it); 0 = n_head"),
+      number("model.rope_theta", &m.rope_theta, above(0), "llama: RoPE base (Llama 3 uses 500000)"),
+      number("model.norm_eps", &m.norm_eps, above(0), "llama: RMSNorm epsilon"),
+      number("model.mlp_hidden", &m.mlp_hidden, between(0, 4 * kMaxEmbd),
+             "llama: SwiGLU width; 0 = 2/3 of 4 n_embd rounded up to mlp_multiple_of"),
+      number("model.mlp_multiple_of", &m.mlp_multiple_of, between(1, kMaxEmbd),
+             "llama: the default SwiGLU width is rounded up to a multiple of this"),
+      choice("model.tie_embeddings", &m.tie_embeddings, {"auto", "true", "false"},
+             "LM head shares the token embedding; auto = gpt2 tied, llama untied"),
 
       text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
@@ -160,6 +172,9 @@ Schema make_schema(Config& c) {
              "multiplies the loss and so every gradient (the logged loss is unweighted)"),
       flag("training.cuda_graph", &t.cuda_graph,
            "GPU: replay each micro-batch's forward and backward as one recorded CUDA graph"),
+      choice("training.recompute", &t.recompute, {"none", "mlp", "block"},
+             "activations the backward pass recomputes instead of keeping: none, the MLP's hidden ones, or whole "
+             "blocks (only their outputs kept)"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),
@@ -374,6 +389,28 @@ std::string nearest_multiples(int64_t value, int64_t m) {
   const int64_t below = value / m * m;
   if (below == 0) return std::to_string(m);
   return std::to_string(below) + " or " + std::to_string(below + m);
+}
+
+// The model keys only model.arch: llama reads.
+constexpr const char* kLlamaSettings[] = {"model.n_kv_head", "model.rope_theta", "model.norm_eps", "model.mlp_hidden",
+                                          "model.mlp_multiple_of"};
+bool is_llama_setting(const std::string& key) {
+  for (const char* k : kLlamaSettings)
+    if (key == k) return true;
+  return false;
+}
+
+// The divisors of n next to value: "a or b", or one of them at the ends.
+std::string nearest_divisors(int64_t n, int64_t value) {
+  int64_t below = 0, above = 0;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) {
+      if (d <= value) below = d;
+      if (d >= value && above == 0) above = d;
+    }
+  if (below == 0) return std::to_string(above);
+  if (above == 0 || above == below) return std::to_string(below);
+  return std::to_string(below) + " or " + std::to_string(above);
 }
 
 // ---- Loading ----------------------------------------------------------------------------------
@@ -591,6 +628,8 @@ class Loader {
                   " is not divisible by model.n_head = " + std::to_string(m.n_head),
               "a multiple of model.n_head, e.g. " + nearest_multiples(m.n_embd, m.n_head));
 
+    check_architecture(c);
+
     const TrainingConfig& t = c.training;
     if (usable({"training.seq_len", "model.seq_len"}) && t.seq_len > m.seq_len)
       problem(where({"training.seq_len"}), "training.seq_len",
@@ -668,6 +707,58 @@ class Loader {
     if (c.distributed.zero_stage > 1)
       problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
               std::to_string(c.distributed.zero_stage) + " is not supported", "0 (replicated optimizer) or 1 (sharded optimizer state and master weights)");
+  }
+
+  // What model.arch allows: GPT-2's fixed layout, or Llama's settings and what RoPE and GQA need.
+  void check_architecture(const Config& c) {
+    const ModelConfig& m = c.model;
+    if (!usable({"model.arch"})) return;
+    if (m.arch == "gpt2") {
+      // Llama's keys given with GPT-2 would be silently ignored: say so instead.
+      for (const char* key : kLlamaSettings)
+        if (seen_.count(key))
+          problem(where({key}), key, "is a llama setting, and model.arch is gpt2", "model.arch: llama, or no " +
+                                                                                       std::string(key));
+      if (usable({"model.tie_embeddings"}) && m.tie_embeddings == "false")
+        problem(where({"model.tie_embeddings"}), "model.tie_embeddings",
+                "false with model.arch gpt2, whose LM head is the token embedding", "auto or true");
+      return;
+    }
+    if (!usable({"model.n_embd", "model.n_head"}) || m.n_embd % m.n_head != 0) return;
+    const int hs = m.n_embd / m.n_head;
+    if (hs % 2 != 0)
+      problem(where({"model.n_embd", "model.n_head"}), "model.n_embd",
+              "/ model.n_head = " + std::to_string(hs) + " is an odd head size, and RoPE turns pairs of elements",
+              "an even head size");
+    if (usable({"model.n_kv_head"}) && m.n_head % m.kv_heads() != 0)
+      problem(where({"model.n_kv_head", "model.n_head"}), "model.n_kv_head",
+              std::to_string(m.n_kv_head) + " does not divide model.n_head = " + std::to_string(m.n_head) +
+                  " (each K/V head serves a whole group of query heads)",
+              "a divisor of " + std::to_string(m.n_head) + ", e.g. " + nearest_divisors(m.n_head, m.n_kv_head));
+    if (usable({"model.attention", "model.n_kv_head"}) && m.attention == "cudnn" && m.kv_heads() != m.n_head)
+      problem(where({"model.attention", "model.n_kv_head"}), "model.attention",
+              "cudnn with grouped-query attention (model.n_kv_head " + std::to_string(m.n_kv_head) +
+                  "), which runs on the fallback path: the fused graph takes one K/V head per query head",
+              "auto or fallback, or model.n_kv_head equal to model.n_head");
+    const Fp8Config& f8 = c.precision.fp8;
+    if (c.precision.mode == "fp8" &&
+        usable({"precision.mode", "precision.fp8.recipe", "model.mlp_hidden", "model.mlp_multiple_of"})) {
+      // Beyond n_embd (checked with GPT-2's rules), the K/V and SwiGLU widths are GEMM dimensions.
+      const int multiple = f8.recipe == "block" ? 128 : 16;
+      const std::string needs = " as precision.mode fp8" +
+                                std::string(f8.recipe == "block" ? " with recipe block" : "") + " needs";
+      const int hidden = m.swiglu_hidden();
+      if (hidden % multiple != 0)
+        problem(where({"model.mlp_hidden", "precision.mode"}), "model.mlp_hidden",
+                "the SwiGLU width " + std::to_string(hidden) + " is not a multiple of " + std::to_string(multiple) + needs,
+                "a multiple of " + std::to_string(multiple) + ", e.g. " + nearest_multiples(hidden, multiple));
+      const int64_t kv_width = int64_t{m.kv_heads()} * hs;
+      if (usable({"model.n_kv_head"}) && kv_width % multiple != 0)
+        problem(where({"model.n_kv_head", "precision.mode"}), "model.n_kv_head",
+                "the K/V width n_kv_head * head_size = " + std::to_string(kv_width) + " is not a multiple of " +
+                    std::to_string(multiple) + needs,
+                "n_kv_head * head_size a multiple of " + std::to_string(multiple));
+    }
   }
 
   void throw_if_problems() const {
@@ -876,6 +967,7 @@ std::string config_to_yaml(const Config& config) {
         absent = absent || !*flag->second;
     const auto* text_member = std::get_if<std::string*>(&f.target);
     if (absent || (text_member && f.empty == Empty::kOmit && (*text_member)->empty())) continue;
+    if (copy.model.arch != "llama" && is_llama_setting(f.key)) continue;  // refused with gpt2 when read
 
     const std::vector<std::string> parts = split(f.key);
     size_t shared = 0;

@@ -33,9 +33,24 @@ struct ModelConfig {
   std::string attention = "auto";  // auto | cudnn | fallback
   bool fused_gelu = true;          // GELU in the neighbouring GEMMs' epilogues (GPU: bf16/fp16, non-FP8 layers)
   double init_std = 0.02;  // GPT-2 initialisation (Megatron's --init-method-std)
+  // The architecture, and the settings only llama reads.
+  std::string arch = "gpt2";              // gpt2 | llama
+  int n_kv_head = 0;                      // grouped-query attention's K/V heads; 0 = n_head
+  double rope_theta = 10000;              // RoPE base (Llama 3: 500000)
+  double norm_eps = 1e-5;                 // RMSNorm epsilon
+  int mlp_hidden = 0;                     // SwiGLU width; 0 = the Llama rule (swiglu_hidden)
+  int mlp_multiple_of = 256;              // the Llama rule rounds up to a multiple of this
+  std::string tie_embeddings = "auto";    // auto (gpt2 tied, llama not) | true | false
 
   // Vocabulary padded to a multiple of 128 (the padded logits never win, never get gradient).
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // Llama's SwiGLU width: mlp_hidden, or 2/3 of 4 n_embd rounded up to mlp_multiple_of.
+  int swiglu_hidden() const {
+    if (mlp_hidden > 0) return mlp_hidden;
+    const int64_t two_thirds = int64_t{8} * n_embd / 3, m = mlp_multiple_of > 0 ? mlp_multiple_of : 1;
+    return static_cast<int>((two_thirds + m - 1) / m * m);
+  }
 };
 
 struct SyntheticDataConfig {
@@ -71,6 +86,7 @@ struct TrainingConfig {
   int threads = 0;  // CPU threads; 0 = all available
   double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
   bool cuda_graph = false;   // GPU: record each kind of micro-batch once, replay it as one CUDA graph
+  std::string recompute = "none";  // activation recomputation: none | mlp | block (model/gpt.h)
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
 };

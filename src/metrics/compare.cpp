@@ -49,7 +49,15 @@ nlohmann::json comparable_keys(const Config& c) {
       {"schedule.decay", c.schedule.decay},
       {"schedule.min_lr_ratio", c.schedule.min_lr_ratio},
       {"schedule.wsd_decay_fraction", c.schedule.wsd_decay_fraction},
+      {"model.arch", c.model.arch},
   };
+  if (c.model.arch == "llama") {  // resolved, as the model has them
+    j["model.n_kv_head"] = c.model.kv_heads();
+    j["model.mlp_hidden"] = c.model.swiglu_hidden();
+    j["model.rope_theta"] = c.model.rope_theta;
+    j["model.norm_eps"] = c.model.norm_eps;
+    j["model.tie_embeddings"] = c.model.tie_embeddings == "true";
+  }
   if (c.data.synthetic_enabled) {
     const SyntheticDataConfig& s = c.data.synthetic;
     j["data.synthetic.vocab"] = s.vocab;

@@ -295,8 +295,12 @@ std::vector<std::string> summary_lines(const Comparison& c) {
                 ", branching " + key("data.synthetic.branching") + ", " + key("data.synthetic.tokens") +
                 " tokens, seed " + key("data.synthetic.seed") + ")"
           : "shards (train " + key("data.train") + ", val " + key("data.val") + ")";
+  const std::string llama = config_find(config, "model.n_kv_head")
+                                ? "llama (n_kv_head " + key("model.n_kv_head") + ", mlp_hidden " + key("model.mlp_hidden") +
+                                      ", rope_theta " + key("model.rope_theta") + ") "
+                                : "";
   std::vector<std::string> lines = {
-      "Config: model n_layer " + key("model.n_layer") + ", n_head " + key("model.n_head") + ", n_embd " +
+      "Config: model " + llama + "n_layer " + key("model.n_layer") + ", n_head " + key("model.n_head") + ", n_embd " +
           key("model.n_embd") + ", seq_len " + key("model.seq_len") + ", vocab_size " + key("model.vocab_size") +
           "; training " + key("training.steps") + " steps of " + key("training.batch_tokens") +
           " tokens; data " + data + "; seed " + key("run.seed") + ".",

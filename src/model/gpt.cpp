@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "metrics/nvtx.h"
+#include "model/rope_table.h"
 
 namespace ptrain {
 
@@ -34,13 +35,18 @@ struct ActivationPlan {
   }
 };
 
-// Activations and their gradients take the policy's formats; layernorm statistics and the
-// per-token losses stay FP32, as in every mixed-precision recipe. `storage` maps a format to the
-// backend's storage dtype.
+// Activations and their gradients take the policy's formats; norm statistics and the per-token
+// losses stay FP32, as in every mixed-precision recipe. `storage` maps a format to the backend's
+// storage dtype. Llama's RMSNorms save no mean; its MLP buffers are the SwiGLU's (gate and up
+// side by side in fch, the product in fch_gelu).
+// Recomputed activations keep one layer's room, which every layer's forward pass overwrites.
 template <typename Storage>
 ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, Format act, Format grad,
-                                AttentionPath attention, Storage storage) {
-  const int64_t L = s.n_layer, C = s.n_embd, NH = s.n_head;
+                                AttentionPath attention, Storage storage, Recompute recompute) {
+  const int64_t L = recompute == Recompute::block ? 1 : s.n_layer, Lm = recompute == Recompute::none ? L : 1;
+  const int64_t C = s.n_embd, NH = s.n_head, W = s.qkv_width();
+  const bool llama = s.arch == Arch::llama;
+  const int64_t fc_width = llama ? 2 * int64_t{s.mlp_width()} : 4 * C, fc_out = llama ? s.mlp_width() : 4 * C;
   ActivationPlan p;
   auto add = [&](Tensor* slot, std::vector<int64_t> shape, Format f) {
     p.entries.push_back({slot, std::move(shape), storage(f), f});
@@ -51,9 +57,9 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   add_tokens(&a.targets);
   add(&a.encoded, {B, T, C}, act);
   add(&a.ln1, {L, B, T, C}, act);
-  add(&a.ln1_mean, {L, B, T}, fp32);
+  if (!llama) add(&a.ln1_mean, {L, B, T}, fp32);
   add(&a.ln1_rstd, {L, B, T}, fp32);
-  add(&a.qkv, {L, B, T, 3 * C}, act);
+  add(&a.qkv, {L, B, T, W}, act);
   add(&a.atty, {L, B, T, C}, act);
   if (attention == AttentionPath::fused)  // a log-sum-exp per row (the fused backward recomputes the
     // rest), each layer's rows padded to 16 bytes: cuDNN reads 16-byte aligned tensors
@@ -63,44 +69,54 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   add(&a.attproj, {L, B, T, C}, act);
   add(&a.residual2, {L, B, T, C}, act);
   add(&a.ln2, {L, B, T, C}, act);
-  add(&a.ln2_mean, {L, B, T}, fp32);
+  if (!llama) add(&a.ln2_mean, {L, B, T}, fp32);
   add(&a.ln2_rstd, {L, B, T}, fp32);
-  add(&a.fch, {L, B, T, 4 * C}, act);
-  add(&a.fch_gelu, {L, B, T, 4 * C}, act);
+  add(&a.fch, {Lm, B, T, fc_width}, act);
+  add(&a.fch_gelu, {Lm, B, T, fc_out}, act);
   add(&a.fcproj, {L, B, T, C}, act);
-  add(&a.residual3, {L, B, T, C}, act);
+  add(&a.residual3, {s.n_layer, B, T, C}, act);  // the blocks' outputs: always kept
   add(&a.lnf, {B, T, C}, act);
-  add(&a.lnf_mean, {B, T}, fp32);
+  if (!llama) add(&a.lnf_mean, {B, T}, fp32);
   add(&a.lnf_rstd, {B, T}, fp32);
   add(&a.logits, {B, T, s.padded_vocab}, grad);  // overwritten in place by its gradient
   add(&a.losses, {B, T}, fp32);
   add(&a.dresidual, {B, T, C}, grad);
   add(&a.dln, {B, T, C}, grad);
   add(&a.datty, {B, T, C}, grad);
-  add(&a.dfch_gelu, {B, T, 4 * C}, grad);
-  add(&a.dfch, {B, T, 4 * C}, grad);
-  add(&a.dqkv, {B, T, 3 * C}, grad);
+  add(&a.dfch_gelu, {B, T, fc_out}, grad);
+  add(&a.dfch, {B, T, fc_width}, grad);
+  add(&a.dqkv, {B, T, W}, grad);
   return p;
 }
 }  // namespace
 
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem) {
+Recompute recompute_from(const std::string& name) {
+  if (name == "mlp") return Recompute::mlp;
+  if (name == "block") return Recompute::block;
+  PTRAIN_CHECK(name == "none", "training.recompute: " + name + " is not none, mlp or block");
+  return Recompute::none;
+}
+
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute) {
   GptActivations unused;
   const DType dt = elem == 8 ? DType::f64 : DType::f32;
   return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, AttentionPath::fallback,
-                         [dt](Format) { return dt; })
+                          [dt](Format) { return dt; }, recompute)
       .bytes();
 }
 
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
-                             const std::function<DType(Format)>& storage) {
+                             const std::function<DType(Format)>& storage, Recompute recompute) {
   GptActivations unused;
-  return plan_activations(unused, s, B, T, act, grad, attention, storage).bytes();
+  return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute).bytes();
 }
 
-// (C, OC) of the four linears of a block, in LinearId order.
-static std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const GptShape& s) {
+std::array<std::array<int64_t, 2>, kLinearsPerBlock> gpt_block_linear_shapes(const GptShape& s) {
   const int64_t C = s.n_embd;
+  if (s.arch == Arch::llama) {
+    const int64_t H = s.mlp_width();
+    return {{{C, s.qkv_width()}, {C, C}, {C, 2 * H}, {H, C}}};
+  }
   return {{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}};
 }
 
@@ -110,13 +126,17 @@ int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, i
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [C, OC] : block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
+      for (const auto& [C, OC] : gpt_block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
   if (!policy.fp8.bf16_lm_head) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
 
+int64_t gpt_rope_table_bytes(const GptShape& s, int T) {
+  return s.arch == Arch::llama ? int64_t{T} * (s.head_size() / 2) * 2 * static_cast<int64_t>(sizeof(float)) : 0;
+}
+
 Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
-         AttentionPath attention, bool fused_gelu)
+         AttentionPath attention, bool fused_gelu, Recompute recompute)
     : shape_(shape),
       backend_(backend),
       dtype_(dtype),
@@ -124,7 +144,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
       T_(T),
       specs_(gpt_param_specs(shape)),
       attention_(attention),
-      fused_gelu_(fused_gelu) {
+      fused_gelu_(fused_gelu),
+      recompute_(recompute) {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
@@ -138,15 +159,24 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
   if (has_master_) master_flat_ = flat(Format::fp32);
   if (policy.grads != Format::fp32) accum_flat_ = flat(Format::fp32);
   int64_t offset = 0;
-  for (int i = 0; i < kNumParams; ++i) {
-    const int64_t count = product(specs_[i].shape);
-    params_[i] = params_flat_.range(offset, count).reshaped(specs_[i].shape);
-    grads_[i] = grads_flat_.range(offset, count).reshaped(specs_[i].shape);
-    if (!accum_flat_.empty()) accum_[i] = accum_flat_.range(offset, count).reshaped(specs_[i].shape);
+  for (const ParamSpec& spec : specs_) {
+    const int64_t count = product(spec.shape);
+    params_[spec.id] = params_flat_.range(offset, count).reshaped(spec.shape);
+    grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
+    if (!accum_flat_.empty()) accum_[spec.id] = accum_flat_.range(offset, count).reshaped(spec.shape);
     offset += count;
   }
+  if (shape.arch == Arch::llama) {
+    PTRAIN_CHECK(shape.head_size() % 2 == 0 && shape.n_head % shape.kv_heads() == 0,
+                 "llama needs an even head size and n_head a multiple of n_kv_head");
+    const std::vector<float> table = rope_table(T, shape.head_size(), shape.rope_theta);
+    rope_table_ = Tensor(backend.allocate(table.size() * sizeof(float)), DType::f32,
+                         {T, shape.head_size() / 2, 2}, backend.device());
+    backend.upload(rope_table_, table.data());
+  }
 
-  ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.grads, attention, storage);
+  ActivationPlan plan =
+      plan_activations(a_, shape, B, T, policy.activations, policy.grads, attention, storage, recompute);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
@@ -159,8 +189,10 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
 
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
   const int64_t rows = int64_t{B} * T;
-  const auto linear_shapes = block_linear_shapes(shape);
-  const char* linear_names[kLinearsPerBlock] = {"qkv", "attproj", "fc", "fcproj"};
+  const auto linear_shapes = gpt_block_linear_shapes(shape);
+  const std::array<const char*, kLinearsPerBlock> linear_names =
+      shape.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
+                                : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
   if (policy.fp8.enabled) {
     for (int l = 0; l < shape.n_layer; ++l)
       for (int k = 0; k < kLinearsPerBlock; ++k)
@@ -175,6 +207,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
 }
 
 Gpt::~Gpt() {
+  if (!rope_table_.empty()) backend_.release(rope_table_.data);
   backend_.release(act_memory_);
   backend_.release(grads_flat_.data);
   if (!accum_flat_.empty()) backend_.release(accum_flat_.data);
@@ -186,7 +219,8 @@ Tensor Gpt::master(ParamId id) const {
   if (master_flat_.empty()) return params_[id];
   const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
                          static_cast<int64_t>(dtype_size(params_flat_.dtype));
-  return master_flat_.range(offset, params_[id].numel()).reshaped(specs_[id].shape);
+  const Tensor& p = params_[id];
+  return master_flat_.range(offset, p.numel()).reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
 void Gpt::release_master() {
@@ -196,6 +230,7 @@ void Gpt::release_master() {
 }
 
 void Gpt::sync_params_from_master() {
+  decoded_ = 0;  // the cached keys and values came from the old weights
   if (!master_flat_.empty()) backend_.copy(params_flat_, master_flat_);
 }
 
@@ -242,9 +277,10 @@ std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
 }
 
 Tensor Gpt::saved_attention(int layer) const {
-  if (attention_ == AttentionPath::fallback) return a_.att[layer];
+  const Tensor saved = a_.att[block_slot(layer)];
+  if (attention_ == AttentionPath::fallback) return saved;
   const int64_t rows = int64_t{B_} * shape_.n_head * T_;
-  return a_.att[layer].range(0, rows).reshaped({B_, shape_.n_head, T_});
+  return saved.range(0, rows).reshaped({B_, shape_.n_head, T_});
 }
 
 std::string Gpt::fp8_gemm_summary() const {
@@ -264,20 +300,21 @@ std::string Gpt::fp8_gemm_summary() const {
 
 void Gpt::init(uint64_t seed, double std) {
   const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
-  for (int i = 0; i < kNumParams; ++i) {
+  for (const ParamSpec& spec : specs_) {
+    const int i = spec.id;
     const Tensor& t = params_[i];
     std::vector<float> host(t.numel(), 0.0f);
-    const bool is_layernorm_weight = (i == kLn1w || i == kLn2w || i == kLnfw);
-    if (is_layernorm_weight) {
+    const bool is_norm_weight = (i == kLn1w || i == kLn2w || i == kLnfw);
+    if (is_norm_weight) {
       std::fill(host.begin(), host.end(), 1.0f);
-    } else if (specs_[i].weight_decay) {  // the 2-D weights
+    } else if (spec.weight_decay) {  // the 2-D weights
       const double tensor_std = (i == kAttprojw || i == kFcprojw) ? residual_std : std;
       // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
-      const int64_t count = (i == kWte) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
+      const int64_t count = (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
       Rng rng(seed, static_cast<uint64_t>(i));
       for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
     }
-    backend_.upload(master(static_cast<ParamId>(i)), host.data());
+    backend_.upload(master(spec.id), host.data());
   }
   // The master weights hold the values; the GEMMs' copy is them rounded to its format.
   sync_params_from_master();
@@ -420,6 +457,7 @@ std::vector<float> Gpt::logits_at(int position) const {
 std::vector<float> Gpt::start_decoding(const int32_t* tokens, int length) {
   PTRAIN_CHECK(length >= 1 && length <= T_, "decoding starts from 1 to seq_len tokens");
   PTRAIN_CHECK(fp8_.empty(), "decoding runs without FP8 linears");
+  PTRAIN_CHECK(recompute_ != Recompute::block, "decoding needs every layer's keys and values (not Recompute::block)");
   check_tokens(tokens, length, "prompt");
   // Every sequence of the micro-batch runs; only sequence 0's first `length` positions count.
   std::vector<int32_t> window(static_cast<size_t>(B_) * T_, 0);
@@ -441,62 +479,130 @@ std::vector<float> Gpt::decode_next(int32_t token) {
   return logits_at(position);
 }
 
+Tensor Gpt::rows_at(Tensor t, int position) const {
+  if (position < 0) return t;
+  const Tensor sequence = t[0];
+  const int64_t width = sequence.numel() / T_;
+  return sequence.range(position * width, width).reshaped({1, 1, width});
+}
+
+void Gpt::attention_forward(int layer, int position) {
+  if (position < 0) {
+    const int b = block_slot(layer);
+    return backend_.attention_forward(a_.atty[b], saved_attention(layer), a_.qkv[b], shape_.n_head);
+  }
+  const int64_t W = shape_.qkv_width();
+  const Tensor cached = a_.qkv[layer][0].range(0, (position + 1) * W).reshaped({position + 1, W});
+  backend_.attention_decode(rows_at(a_.atty[layer], position), cached, shape_.n_head);
+}
+
+Tensor Gpt::rope_rows(int position) const {
+  if (position < 0) return rope_table_;
+  const int64_t row = rope_table_.numel() / T_;
+  return rope_table_.range(position * row, row).reshaped({1, rope_table_.dim(1), 2});
+}
+
+Tensor Gpt::lm_head() const { return shape_.tied_head ? params_[kWte] : params_[kLmHead]; }
+
 void Gpt::forward_pass(int position, bool training) {
-  const int L = shape_.n_layer, NH = shape_.n_head;
+  const int L = shape_.n_layer;
   const int64_t C = shape_.n_embd;
   Backend& be = backend_;
-  const bool whole = position < 0;
   decoded_ = 0;
-  // What the pass reads and writes: a whole (B,T,...) activation, or position `position` of
-  // sequence 0 as a (1,1,width) row.
-  const auto at = [&](Tensor t) {
-    if (whole) return t;
-    const Tensor sequence = t[0];
-    const int64_t width = sequence.numel() / T_;
-    return sequence.range(position * width, width).reshaped({1, 1, width});
-  };
-  const auto attention = [&](int l) {
-    if (whole) return be.attention_forward(a_.atty[l], saved_attention(l), a_.qkv[l], NH);
-    const Tensor cached = a_.qkv[l][0].range(0, (position + 1) * 3 * C).reshaped({position + 1, 3 * C});
-    be.attention_decode(at(a_.atty[l]), cached, NH);
-  };
-  const Tensor wpe = whole ? params_[kWpe] : params_[kWpe][position].reshaped({1, C});
+  const auto at = [&](Tensor t) { return rows_at(t, position); };
+  // GPT-2 adds learned positions here; Llama's positions are RoPE's, inside attention.
+  Tensor wpe;
+  if (shape_.arch == Arch::gpt2) wpe = position < 0 ? params_[kWpe] : params_[kWpe][position].reshaped({1, C});
 
   be.embedding_forward(at(a_.encoded), at(a_.tokens), params_[kWte], wpe);
   for (int l = 0; l < L; ++l) {
     NvtxRange range(block_names_[l].c_str());
-    const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[l]), qkv = at(a_.qkv[l]), atty = at(a_.atty[l]);
-    const Tensor attproj = at(a_.attproj[l]), residual2 = at(a_.residual2[l]), ln2 = at(a_.ln2[l]);
-    const Tensor fch = at(a_.fch[l]), fch_gelu = at(a_.fch_gelu[l]), fcproj = at(a_.fcproj[l]);
-    be.layernorm_forward(ln1, at(a_.ln1_mean[l]), at(a_.ln1_rstd[l]), x, params_[kLn1w][l], params_[kLn1b][l]);
-    linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
-    attention(l);
-    linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], params_[kAttprojb][l], training);
-    be.add(residual2, x, attproj);
-    be.layernorm_forward(ln2, at(a_.ln2_mean[l]), at(a_.ln2_rstd[l]), residual2, params_[kLn2w][l], params_[kLn2b][l]);
-    if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
-      linear_forward(fc, fch, ln2, params_[kFcw][l], params_[kFcb][l], training);
-      be.gelu_forward(fch_gelu, fch);
-    } else {
-      be.matmul_gelu_forward(fch_gelu, fch, ln2, params_[kFcw][l], params_[kFcb][l]);
-    }
-    linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kFcprojw][l], params_[kFcprojb][l], training);
-    be.add(at(a_.residual3[l]), residual2, fcproj);
+    block_forward(l, position, training);
   }
   const Tensor lnf = at(a_.lnf);
-  be.layernorm_forward(lnf, at(a_.lnf_mean), at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], params_[kLnfb]);
-  linear_forward(lm_head_fp8(), at(a_.logits), lnf, params_[kWte], Tensor(), training);
+  if (shape_.arch == Arch::llama)
+    be.rmsnorm_forward(lnf, at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], shape_.norm_eps);
+  else
+    be.layernorm_forward(lnf, at(a_.lnf_mean), at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], params_[kLnfb]);
+  linear_forward(lm_head_fp8(), at(a_.logits), lnf, lm_head(), Tensor(), training);
+}
+
+// x -> LayerNorm -> qkv (with biases) -> attention -> attproj -> + x -> LayerNorm -> fc ->
+// GELU -> fcproj -> + residual2.
+void Gpt::block_forward(int l, int position, bool training) {
+  if (shape_.arch == Arch::llama)
+    llama_block_forward(l, position, training);
+  else
+    gpt2_block_forward(l, position, training);
+}
+
+void Gpt::mlp_hidden_forward(int l, int position, bool training) {
+  const auto at = [&](Tensor t) { return rows_at(t, position); };
+  const int m = mlp_slot(l);
+  const Tensor ln2 = at(a_.ln2[block_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[m]);
+  if (shape_.arch == Arch::llama) {
+    linear_forward(fp8_linear(l, kFc), fch, ln2, params_[kFcw][l], Tensor(), training);
+    backend_.swiglu_forward(hidden, fch);
+  } else if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
+    linear_forward(fc, fch, ln2, params_[kFcw][l], params_[kFcb][l], training);
+    backend_.gelu_forward(hidden, fch);
+  } else {
+    backend_.matmul_gelu_forward(hidden, fch, ln2, params_[kFcw][l], params_[kFcb][l]);
+  }
+}
+
+void Gpt::gpt2_block_forward(int l, int position, bool training) {
+  Backend& be = backend_;
+  const auto at = [&](Tensor t) { return rows_at(t, position); };
+  const int b = block_slot(l);
+  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
+  const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
+  const Tensor fch_gelu = at(a_.fch_gelu[mlp_slot(l)]), fcproj = at(a_.fcproj[b]);
+  be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kLn1w][l], params_[kLn1b][l]);
+  linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
+  attention_forward(l, position);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], params_[kAttprojb][l], training);
+  be.add(residual2, x, attproj);
+  be.layernorm_forward(ln2, at(a_.ln2_mean[b]), at(a_.ln2_rstd[b]), residual2, params_[kLn2w][l], params_[kLn2b][l]);
+  mlp_hidden_forward(l, position, training);
+  linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kFcprojw][l], params_[kFcprojb][l], training);
+  be.add(at(a_.residual3[l]), residual2, fcproj);
+}
+
+// x -> RMSNorm -> qkv (no biases) -> RoPE on q's and k's heads -> attention -> o_proj -> + x ->
+// RMSNorm -> gate_up -> SwiGLU -> down -> + residual2. RoPE turns qkv in place: what attention
+// and its backward read is the turned q and k.
+void Gpt::llama_block_forward(int l, int position, bool training) {
+  Backend& be = backend_;
+  const auto at = [&](Tensor t) { return rows_at(t, position); };
+  const float eps = shape_.norm_eps;
+  const int b = block_slot(l);
+  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
+  const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
+  const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[b]);
+  be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kLn1w][l], eps);
+  linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], Tensor(), training);
+  be.rope_forward(qkv, rope_rows(position), shape_.n_head + shape_.kv_heads());
+  attention_forward(l, position);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], Tensor(), training);
+  be.add(residual2, x, attproj);
+  be.rmsnorm_forward(ln2, at(a_.ln2_rstd[b]), residual2, params_[kLn2w][l], eps);
+  mlp_hidden_forward(l, position, training);
+  linear_forward(fp8_linear(l, kFcproj), down, swiglu, params_[kFcprojw][l], Tensor(), training);
+  be.add(at(a_.residual3[l]), residual2, down);
 }
 
 // Parameters stacked over blocks (the per-block slices) and the rest.
-static bool is_block_param(int id) { return id != kWte && id != kWpe && id != kLnfw && id != kLnfb; }
+static bool is_block_param(int id) {
+  return id != kWte && id != kWpe && id != kLnfw && id != kLnfb && id != kLmHead;
+}
 
 std::vector<Tensor> Gpt::block_grads(int block) const {
   std::vector<Tensor> out;
-  for (int i = 0; i < kNumParams; ++i) {
-    const Tensor g = grad(static_cast<ParamId>(i));
-    if (block >= 0 && is_block_param(i)) out.push_back(g[block]);
-    if (block < 0 && !is_block_param(i)) out.push_back(g);
+  for (const ParamSpec& spec : specs_) {
+    const Tensor g = grad(spec.id);
+    if (block >= 0 && is_block_param(spec.id)) out.push_back(g[block]);
+    if (block < 0 && !is_block_param(spec.id)) out.push_back(g);
   }
   return out;
 }
@@ -507,61 +613,114 @@ void Gpt::backward(const std::function<void(int block)>& grads_done) {
   const auto finish = [&](int block) {
     if (!grads_done) return;
     if (!accum_flat_.empty())
-      for (int i = 0; i < kNumParams; ++i) {
-        if (is_block_param(i) != (block >= 0)) continue;
-        const Tensor g = block >= 0 ? grads_[i][block] : grads_[i];
-        const Tensor sum = block >= 0 ? accum_[i][block] : accum_[i];
+      for (const ParamSpec& spec : specs_) {
+        if (is_block_param(spec.id) != (block >= 0)) continue;
+        const Tensor g = block >= 0 ? grads_[spec.id][block] : grads_[spec.id];
+        const Tensor sum = block >= 0 ? accum_[spec.id][block] : accum_[spec.id];
         backend_.add(sum, sum, g);
         backend_.zero(g);
       }
     grads_done(block);
   };
   grads_ready_ = false;
-  const int L = shape_.n_layer, NH = shape_.n_head;
+  const int L = shape_.n_layer;
+  const bool llama = shape_.arch == Arch::llama;
   Backend& be = backend_;
   auto& g = grads_;
   auto& p = params_;
 
-  // LM head (tied to wte) and the final layernorm; dresidual collects the residual stream's
-  // gradient from here down to the embedding.
+  // LM head and the final norm; dresidual collects the residual stream's gradient from here
+  // down to the embedding.
   be.zero(a_.dln);
-  linear_backward(lm_head_fp8(), a_.dln, g[kWte], Tensor(), a_.logits, a_.lnf, p[kWte]);
+  linear_backward(lm_head_fp8(), a_.dln, shape_.tied_head ? g[kWte] : g[kLmHead], Tensor(), a_.logits, a_.lnf,
+                  lm_head());
   be.zero(a_.dresidual);
-  be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
+  if (llama)
+    be.rmsnorm_backward(a_.dresidual, g[kLnfw], a_.dln, residual_in(L), p[kLnfw], a_.lnf_rstd);
+  else
+    be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
 
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange range(block_names_[l].c_str());
-    // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
-    if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
-      be.zero(a_.dfch_gelu);
-      linear_backward(fcproj, a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l],
-                      p[kFcprojw][l]);
-      be.zero(a_.dfch);
-      be.gelu_backward(a_.dfch, a_.fch[l], a_.dfch_gelu);
-    } else {
-      be.matmul_gelu_backward(a_.dfch, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[l], p[kFcprojw][l],
-                              a_.fch[l], a_.dfch_gelu);
+    // What the forward pass did not keep, made again from what it kept (the same bits). The
+    // last block's activations are still there from the forward pass.
+    const bool still_there = l == L - 1;
+    if (!still_there && recompute_ == Recompute::block) {
+      NvtxRange again("recompute block");
+      block_forward(l, -1, /*training=*/true);
+    } else if (!still_there && recompute_ == Recompute::mlp) {
+      NvtxRange again("recompute mlp");
+      mlp_hidden_forward(l, -1, /*training=*/true);
     }
-    be.zero(a_.dln);
-    linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[l], p[kFcw][l]);
-    be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[l], p[kLn2w][l], a_.ln2_mean[l], a_.ln2_rstd[l]);
-    // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
-    be.zero(a_.datty);
-    linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[l],
-                    p[kAttprojw][l]);
-    be.zero(a_.dqkv);
-    be.attention_backward(a_.dqkv, a_.datty, a_.qkv[l], a_.atty[l], saved_attention(l), NH);
-    be.zero(a_.dln);
-    linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[l], p[kQkvw][l]);
-    be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[l], a_.ln1_rstd[l]);
+    if (llama)
+      llama_block_backward(l);
+    else
+      gpt2_block_backward(l);
     finish(l);
   }
-  be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);
+  be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);  // g[kWpe] is empty for llama
   if (grads_done) return finish(-1);
   if (!accum_flat_.empty()) {  // this micro-batch's gradients into the FP32 sums
     be.add(accum_flat_, accum_flat_, grads_flat_);
     be.zero(grads_flat_);
   }
+}
+
+void Gpt::gpt2_block_backward(int l) {
+  Backend& be = backend_;
+  auto& g = grads_;
+  auto& p = params_;
+  const int b = block_slot(l), m = mlp_slot(l);
+  // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
+  if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
+    be.zero(a_.dfch_gelu);
+    linear_backward(fcproj, a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[m], p[kFcprojw][l]);
+    be.zero(a_.dfch);
+    be.gelu_backward(a_.dfch, a_.fch[m], a_.dfch_gelu);
+  } else {
+    be.matmul_gelu_backward(a_.dfch, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[m], p[kFcprojw][l],
+                            a_.fch[m], a_.dfch_gelu);
+  }
+  be.zero(a_.dln);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[b], p[kFcw][l]);
+  be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[b], p[kLn2w][l], a_.ln2_mean[b],
+                        a_.ln2_rstd[b]);
+  // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
+  be.zero(a_.datty);
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[b],
+                  p[kAttprojw][l]);
+  be.zero(a_.dqkv);
+  be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
+  be.zero(a_.dln);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[b], p[kQkvw][l]);
+  be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[b],
+                        a_.ln1_rstd[b]);
+}
+
+void Gpt::llama_block_backward(int l) {
+  Backend& be = backend_;
+  auto& g = grads_;
+  auto& p = params_;
+  const int b = block_slot(l), m = mlp_slot(l);
+  // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
+  be.zero(a_.dfch_gelu);
+  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kFcprojw][l], Tensor(), a_.dresidual, a_.fch_gelu[m],
+                  p[kFcprojw][l]);
+  be.zero(a_.dfch);
+  be.swiglu_backward(a_.dfch, a_.dfch_gelu, a_.fch[m]);
+  be.zero(a_.dln);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], Tensor(), a_.dfch, a_.ln2[b], p[kFcw][l]);
+  be.rmsnorm_backward(a_.dresidual, g[kLn2w][l], a_.dln, a_.residual2[b], p[kLn2w][l], a_.ln2_rstd[b]);
+  // Attention branch: residual2 = residual + o_proj(attention(rope(qkv(rmsnorm(residual))))).
+  be.zero(a_.datty);
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], Tensor(), a_.dresidual, a_.atty[b],
+                  p[kAttprojw][l]);
+  be.zero(a_.dqkv);
+  be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
+  be.rope_backward(a_.dqkv, rope_table_, shape_.n_head + shape_.kv_heads());
+  be.zero(a_.dln);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), a_.dqkv, a_.ln1[b], p[kQkvw][l]);
+  be.rmsnorm_backward(a_.dresidual, g[kLn1w][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_rstd[b]);
 }
 
 // With an accumulator, backward() leaves the per-micro-batch gradients zeroed behind it.

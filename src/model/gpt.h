@@ -1,7 +1,11 @@
-// GPT-2, written once against the Backend interface: token + learned position embeddings,
-// pre-LayerNorm blocks (causal multi-head attention, GELU MLP), final LayerNorm, LM head tied
-// to the token embedding. Parameters are laid out as in llm.c (each tensor stacked over layers)
-// in one buffer, gradients in a second buffer of the same layout, activations in a third.
+// A GPT-style decoder, written once against the Backend interface, in either architecture
+// (model.arch). GPT-2: token + learned position embeddings, pre-LayerNorm blocks (causal
+// multi-head attention, GELU MLP, biases), final LayerNorm, LM head tied to the token embedding.
+// Llama: token embedding, pre-RMSNorm blocks (RoPE on q and k, grouped-query attention, SwiGLU
+// MLP, no biases), final RMSNorm, LM head untied unless asked. The training loop, precision
+// policy, FP8 linears and checkpoints are the same for both. Parameters are laid out as in llm.c
+// (each tensor stacked over layers) in one buffer, gradients in a second buffer of the same
+// layout, activations in a third.
 #pragma once
 
 #include <array>
@@ -19,40 +23,56 @@
 
 namespace ptrain {
 
+// Activation recomputation (training.recompute): what the forward pass keeps for each layer.
+// none: everything the backward pass reads. mlp: not the MLP's hidden activations (4C, or
+// SwiGLU's 3F, per token), which the backward pass recomputes from the saved norm output.
+// block: only each block's output (the residual stream); the backward pass reruns the block's
+// forward from its input first. The recomputed values are the same bits as the first pass's,
+// so losses and gradients do not change.
+enum class Recompute { none, mlp, block };
+Recompute recompute_from(const std::string& name);  // training.recompute
+
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem);
+int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none);
 // The same for a backend that stores format f as storage(f), activations and their gradients
 // in `act` and `grad`, attention by `attention`: the size of the one block Gpt allocates.
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
-                             const std::function<DType(Format)>& storage);
+                             const std::function<DType(Format)>& storage, Recompute recompute = Recompute::none);
 
-// The linear layers of a block, in order: what FP8 telemetry calls them.
+// The linear layers of a block, in order. FP8 telemetry calls them qkv, attproj, fc, fcproj
+// (GPT-2) or qkv, o_proj, gate_up, down (llama).
 enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };
 
+// (C, OC) of a block's linears, in LinearId order.
+std::array<std::array<int64_t, 2>, kLinearsPerBlock> gpt_block_linear_shapes(const GptShape& s);
 // Bytes of the FP8 cast copies a model allocates under `policy` (0 without FP8).
 int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, int B, int T);
+// Bytes of the RoPE angle table a llama model keeps for sequence length T (0 for GPT-2).
+int64_t gpt_rope_table_bytes(const GptShape& s, int T);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
+// W is the qkv width (3C for GPT-2), F the MLP's hidden width (4C for GPT-2; llama's fch holds
+// SwiGLU's gate and up, 2F wide, and fch_gelu its product). Llama has no *_mean.
 struct GptActivations {
   Tensor tokens, targets;            // (B,T) i32
   Tensor encoded;                    // (B,T,C)
   Tensor ln1, ln1_mean, ln1_rstd;    // (L,B,T,C), (L,B,T)
-  Tensor qkv;                        // (L,B,T,3C)
+  Tensor qkv;                        // (L,B,T,W), q and k turned by RoPE (llama)
   Tensor atty;                       // (L,B,T,C)
   Tensor att;                        // (L,B,NH,T,T) probabilities, or FP32 log-sum-exps (fused; saved_attention)
   Tensor attproj;                    // (L,B,T,C)
   Tensor residual2;                  // (L,B,T,C)
   Tensor ln2, ln2_mean, ln2_rstd;    // (L,B,T,C), (L,B,T)
-  Tensor fch, fch_gelu;              // (L,B,T,4C)
+  Tensor fch, fch_gelu;              // (L,B,T,4C); llama (L,B,T,2F), (L,B,T,F)
   Tensor fcproj;                     // (L,B,T,C)
   Tensor residual3;                  // (L,B,T,C)
   Tensor lnf, lnf_mean, lnf_rstd;    // (B,T,C), (B,T)
   Tensor logits;                     // (B,T,Vp), gradient in place after forward
   Tensor losses;                     // (B,T)
   // Backward scratch, reused by every layer.
-  Tensor dresidual, dln, datty, dfch_gelu, dfch;  // (B,T,C) and (B,T,4C)
-  Tensor dqkv;                                    // (B,T,3C)
+  Tensor dresidual, dln, datty, dfch_gelu, dfch;  // (B,T,C) and fch_gelu's, fch's widths
+  Tensor dqkv;                                    // (B,T,W)
 };
 
 class Gpt {
@@ -61,16 +81,18 @@ class Gpt {
   // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format);
   // `attention` is the path Backend::choose_attention picked (it decides what attention saves);
   // `fused_gelu` (model.fused_gelu) lets the backend fold the MLP's GELU into the GEMMs beside
-  // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8.
+  // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8; `recompute` is
+  // training.recompute's choice (Recompute).
   Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T,
       const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
-      bool fused_gelu = true);
+      bool fused_gelu = true, Recompute recompute = Recompute::none);
   ~Gpt();
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
-  // GPT-2 initialisation: N(0, std) with std 0.02 by default, residual projections scaled by
-  // 1/sqrt(2L), biases 0, layernorm weights 1, padded vocabulary rows 0. Deterministic in `seed`.
+  // GPT-2 initialisation, for both architectures: N(0, std) with std 0.02 by default, residual
+  // projections (attproj/o_proj, fcproj/down) scaled by 1/sqrt(2L), biases 0, norm weights 1,
+  // padded vocabulary rows 0. Deterministic in `seed`.
   void init(uint64_t seed, double std = 0.02);
 
   // Runs the forward pass on inputs/targets (B*T token ids each) and returns the mean loss.
@@ -102,7 +124,8 @@ class Gpt {
   // values the earlier ones left in the activation buffers (Backend::attention_decode): O(length)
   // per token instead of a forward pass over the window. The logits equal start_decoding's over
   // the same tokens up to rounding. Any other forward pass ends the decoding. Not with FP8
-  // linears, whose casts are sized for the whole micro-batch.
+  // linears, whose casts are sized for the whole micro-batch, nor with Recompute::block, which
+  // keeps no layer's keys and values. Llama's position is RoPE's angle at that row.
   std::vector<float> start_decoding(const int32_t* tokens, int length);
   std::vector<float> decode_next(int32_t token);
   // How many positions the decoding holds (0: none; seq_len: full, decode_next refuses).
@@ -127,7 +150,7 @@ class Gpt {
   DType dtype() const { return dtype_; }
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
-  Tensor param(ParamId id) const { return params_[id]; }
+  Tensor param(ParamId id) const { return params_[id]; }  // empty for a tensor this architecture lacks
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(). In
   // reduced precision each micro-batch's gradients are rounded to the gradient format as the
   // backward pass writes them and then added into an FP32 accumulator (Megatron's main_grad):
@@ -158,6 +181,21 @@ class Gpt {
   // The forward pass to the logits over the whole micro-batch (position < 0), or at `position`
   // of sequence 0 alone, its attention over the positions before it (decoding).
   void forward_pass(int position, bool training);
+  void block_forward(int layer, int position, bool training);
+  void gpt2_block_forward(int layer, int position, bool training);
+  void llama_block_forward(int layer, int position, bool training);
+  // The MLP up to its hidden activations (fc and GELU, or gate_up and SwiGLU), from ln2.
+  void mlp_hidden_forward(int layer, int position, bool training);
+  // Which stored layer of a per-layer activation holds layer l's: l, or 0 when recomputed.
+  int block_slot(int layer) const { return recompute_ == Recompute::block ? 0 : layer; }
+  int mlp_slot(int layer) const { return recompute_ == Recompute::none ? layer : 0; }
+  void gpt2_block_backward(int layer);
+  void llama_block_backward(int layer);
+  // t (B,T,...) whole (position < 0), or position `position` of sequence 0 as a (1,1,width) row.
+  Tensor rows_at(Tensor t, int position) const;
+  void attention_forward(int layer, int position);  // whole, or one decoded row over the cache
+  Tensor rope_rows(int position) const;             // the RoPE table, or its row at `position`
+  Tensor lm_head() const;                           // wte when tied
   void check_tokens(const int32_t* ids, int64_t n, const char* what) const;
   std::vector<float> logits_at(int position) const;  // sequence 0's, the real vocabulary
   void forward_loss(float dloss);                // forward_logits and the classifier
@@ -193,8 +231,10 @@ class Gpt {
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
   bool fused_gelu_;
+  Recompute recompute_;
   bool has_master_ = false;
   GptActivations a_;
+  Tensor rope_table_;  // llama: (T, head_size/2, 2) FP32 cos and sin
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names
   size_t act_bytes_ = 0;
   void* act_memory_ = nullptr;

@@ -79,12 +79,12 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
   const bool has_copy = model_.has_master_weights();  // the update also writes the GEMMs' copy
   // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
   int64_t offset = 0;
-  for (int i = 0; i < kNumParams; ++i) {
-    const int64_t n = model_.param(static_cast<ParamId>(i)).numel();
+  for (const ParamSpec& spec : model_.specs()) {
+    const int64_t n = model_.param(spec.id).numel();
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
-      p.weight_decay = model_.specs()[i].weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
+      p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
                      p, has_copy ? params.range(lo, len) : Tensor());
     }

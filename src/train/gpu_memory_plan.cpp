@@ -43,13 +43,11 @@ int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64
 
 int64_t fp8_bytes(const GptShape& s, const PrecisionPolicy& policy, int64_t rows) {
   if (!policy.fp8.enabled) return 0;
-  const int64_t C = s.n_embd;
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [in, out] : {std::pair{C, 3 * C}, std::pair{C, C}, std::pair{C, 4 * C}, std::pair{4 * C, C}})
-        bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
-  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, C, s.padded_vocab);
+      for (const auto& [in, out] : gpt_block_linear_shapes(s)) bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
+  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
 
@@ -68,7 +66,9 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   p.grads = block_of(n, policy.grads);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
-  p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype));
+  p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
+                                             recompute_from(config.training.recompute))) +
+                  (s.arch == Arch::llama ? block(gpt_rope_table_bytes(s, T)) : 0);
   p.fp8 = fp8_bytes(s, policy, int64_t{B} * T);
   // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
   // master weights, which replace the full master block before the first step.
@@ -115,7 +115,10 @@ AttentionPath expected_gpu_attention(const Config& config) {
   if (!half && config.model.attention == "cudnn")  // as the CUDA backend refuses it
     throw UserError("model.attention: cudnn cannot run this model: cuDNN's flash attention takes bf16 or fp16; this "
                     "run's activations are f32");
-  return half && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
+  const bool grouped = config.model.arch == "llama" && config.model.kv_heads() != config.model.n_head;
+  if (grouped && config.model.attention == "cudnn")
+    throw UserError("model.attention: cudnn cannot run this model: grouped-query attention runs on the fallback path");
+  return half && !grouped && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
 }
 
 std::string GpuMemoryPlan::describe() const {

@@ -231,6 +231,9 @@ void plan_resume(RunPlan& plan) {
 void plan_init_from(RunPlan& plan) {
   const Config& c = plan.config;
   if (c.model.init_from.empty() || plan.resume) return;
+  if (c.model.arch != "gpt2")
+    throw UserError("model.init_from: \"" + c.model.init_from + "\" would be an llm.c model file, which holds GPT-2 " +
+                    "weights only, and model.arch is " + c.model.arch + "; expected model.init_from: null");
   plan.init_from = read_llmc(c.model.init_from, "model.init_from");
   const auto mismatches = llmc_mismatches(*plan.init_from, c.model);
   if (!mismatches.empty()) {
@@ -267,10 +270,17 @@ void plan_machine(RunPlan& plan) {
   // first estimate in double cannot overflow, and bounds the exact one's int64 arithmetic.
   const bool on_cpu = c.run.device == "cpu" || (c.run.device == "auto" && probe_cuda().devices.empty());
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const double L = c.model.n_layer, C = c.model.n_embd, H = c.model.n_head, V = c.model.padded_vocab();
+  const GptShape s = GptShape::of(c.model);
+  const double L = s.n_layer, C = s.n_embd, H = s.n_head, V = s.padded_vocab, F = s.mlp_width();
+  const double W = static_cast<double>(s.qkv_width()), mlp_matrices = s.arch == Arch::llama ? 3 : 2;
   const double corpus = c.data.synthetic_enabled ? 6.0 * static_cast<double>(c.data.synthetic.tokens) : 0.0;
+  // GPT-2's terms are per_layer = 12 C^2 and 20 C activations per token, as before llama.
+  const bool llama = s.arch == Arch::llama;
+  const double per_layer = C * W + C * C + mlp_matrices * C * F, heads = llama && !s.tied_head ? 2 : 1;
+  const double act_per_token = llama ? 8.0 * C + W + 3 * F : 20.0 * C;
   const double rough =
-      4.0 * (6.0 * (V * C + T * C + L * 12.0 * C * C) + L * B * T * (20.0 * C + H * T) + 2.0 * B * T * V) + corpus;
+      4.0 * (6.0 * (heads * V * C + T * C + L * per_layer) + L * B * T * (act_per_token + H * T) + 2.0 * B * T * V) +
+      corpus;
   if (rough > 4e18 || (on_cpu && have > 0 && rough > 8 * have))
     throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(std::min(rough, 9e18))) +
                     " of memory; this machine has " + format_mib(static_cast<int64_t>(have)) +
@@ -304,7 +314,8 @@ MemoryPlan plan_memory(const Config& config) {
           n,
           policy.grads != Format::fp32 ? n : 0,
           2 * n,
-          gpt_activation_bytes(s, B, T, sizeof(float)),
+          gpt_activation_bytes(s, B, T, sizeof(float), recompute_from(config.training.recompute)) +
+              gpt_rope_table_bytes(s, T),
           gpt_fp8_buffer_bytes(s, policy, B, T)};
 }
 
@@ -352,6 +363,10 @@ std::string describe_plan(const RunPlan& plan) {
   const auto line = [&](const std::string& text) { out += text + "\n"; };
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.3g", training_flops_per_token(c.model, T));
+  if (shape.arch == Arch::llama)
+    line("model: llama, " + std::to_string(shape.n_head) + " query heads over " + std::to_string(shape.kv_heads()) +
+         " K/V heads, SwiGLU width " + std::to_string(shape.mlp_width()) + ", RoPE theta " +
+         format_thousands(shape.rope_theta) + ", " + (shape.tied_head ? "tied" : "untied") + " LM head");
   line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);

@@ -165,6 +165,10 @@ void inspect_checkpoint(const fs::path& p) {
   std::printf("checkpoint %s\n  step %s, tokens %s, precision %s\n  model %s\n", path.c_str(),
               state.value("step", nlohmann::json()).dump().c_str(), state.value("tokens", nlohmann::json()).dump().c_str(),
               state.value("precision", nlohmann::json()).dump().c_str(), state.value("model", nlohmann::json()).dump().c_str());
+  // Checkpoints from before model.arch are GPT-2's.
+  const nlohmann::json model = state.value("model", nlohmann::json::object());
+  const nlohmann::json arch = model.is_object() ? model.value("arch", nlohmann::json("gpt2")) : nlohmann::json();
+  std::printf("  architecture %s\n", arch.is_string() ? arch.get<std::string>().c_str() : arch.dump().c_str());
   if (state.contains("loss_scaler")) std::printf("  loss scaler %s\n", state["loss_scaler"].dump().c_str());
   if (state.contains("fp8")) std::printf("  fp8 tensors with scaling state: %zu\n", state["fp8"].size());
   for (const auto& [file, expected] : state["sha256"].items()) {
@@ -225,6 +229,9 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
+  if (m.arch != "gpt2")
+    throw UserError("--checkpoint " + checkpoint + ": a " + m.arch + " model; llm.c's model file holds GPT-2 only " +
+                    "(learned positions, LayerNorm with biases, GELU, tied head), so it cannot be written as one");
   LlmcModel file;
   file.version = dtype == "fp32" ? 3 : 5;
   file.max_seq_len = m.seq_len;

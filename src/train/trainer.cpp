@@ -114,7 +114,8 @@ class Trainer {
         device_choice_(std::move(device_choice)),
         backend_(std::move(backend)),
         attention_(std::move(attention)),
-        model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path, config.model.fused_gelu),
+        model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path, config.model.fused_gelu,
+               recompute_from(config.training.recompute)),
         optimizer_(model_, *backend_,
                    AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
                                config.optimizer.weight_decay, config.training.grad_clip},
@@ -393,9 +394,13 @@ class Trainer {
     const std::string fp8_gemms = model_.fp8_gemm_summary();
     if (!fp8_gemms.empty()) log_.info("fp8: " + fp8_gemms);
     for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
-    log_.info("model: GPT-2 L=" + std::to_string(shape_.n_layer) + " H=" + std::to_string(shape_.n_head) +
-              " C=" + std::to_string(shape_.n_embd) + " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) +
-              " (padded " + std::to_string(shape_.padded_vocab) + ") | " + format_thousands(n) + " parameters");
+    const bool llama = shape_.arch == Arch::llama;
+    const std::string llama_shape = " KV=" + std::to_string(shape_.kv_heads()) + " F=" + std::to_string(shape_.mlp_width()) +
+                                    (shape_.tied_head ? " tied head" : " untied head");
+    log_.info(std::string("model: ") + (llama ? "Llama" : "GPT-2") + " L=" + std::to_string(shape_.n_layer) +
+              " H=" + std::to_string(shape_.n_head) + (llama ? llama_shape : "") + " C=" + std::to_string(shape_.n_embd) +
+              " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) + " (padded " +
+              std::to_string(shape_.padded_vocab) + ") | " + format_thousands(n) + " parameters");
     log_.info("batch: " + format_thousands(static_cast<double>(cfg_.training.batch_tokens)) + " tokens/step = " +
               std::to_string(B_) + " x " + std::to_string(T_) + " x " + std::to_string(accum_) + " accumulation steps" +
               (comm_->world_size() > 1 ? " x " + std::to_string(comm_->world_size()) + " ranks" : std::string()) +
@@ -409,7 +414,8 @@ class Trainer {
                 std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
                 " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
                 fmt("%.4f", std::log(shape_.vocab)));
-    log_.info("memory: " + plan_memory(cfg_).describe());
+    log_.info("memory: " + plan_memory(cfg_).describe() +
+              (cfg_.training.recompute == "none" ? "" : " (training.recompute: " + cfg_.training.recompute + ")"));
     if (backend_->device() == Device::cuda) {  // MFU needs the device's peak; a CPU has none to quote
       const CudaProbe probe = probe_cuda();
       const std::string name = probe.devices.empty() ? "the device" : probe.devices[0].name;
@@ -698,7 +704,13 @@ void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_asid
 }  // namespace
 
 double training_flops_per_token(const ModelConfig& model, int seq_len) {
-  return 6.0 * static_cast<double>(gpt_num_params(GptShape::of(model))) + 6.0 * model.n_layer * model.n_embd * seq_len;
+  const GptShape s = GptShape::of(model);
+  double matmul_params = static_cast<double>(gpt_num_params(s));
+  // An untied input embedding is a lookup, not matmul work. (GPT-2 keeps llm.c's count, wpe and
+  // all, so that its figures stay comparable with earlier runs.)
+  if (s.arch == Arch::llama && !s.tied_head) matmul_params -= static_cast<double>(s.padded_vocab) * s.n_embd;
+  // Attention's scores and weighted sum: n_head * head_size = n_embd wide whatever the K/V heads.
+  return 6.0 * matmul_params + 6.0 * model.n_layer * model.n_embd * seq_len;
 }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
@@ -723,7 +735,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   if (backend) {
     attention = backend->choose_attention(config.model.attention, backend->storage_for(policy.activations, DType::f32),
                                           config.training.micro_batch, config.training.effective_seq_len(config.model),
-                                          shape.n_head, shape.n_embd / shape.n_head);
+                                          shape.n_head, shape.kv_heads(), shape.head_size());
   } else {
     device_choice = "device cuda: none on this machine (" + probe.why_none +
                     "): `ptrain train` would stop here; below, what a GPU run would take";

@@ -51,13 +51,15 @@ struct Run {
   int zero_stage = 1;
   int n_embd = 64;
   std::string checkpoint = "{save_final: false}";
+  std::string arch = "gpt2";  // llama: 4 query heads over 2 K/V heads
 };
 
 std::string config_yaml(const Run& r) {
   const std::string precision =
       r.precision == "fp8" ? "{mode: fp8, fp8: {recipe: delayed}}" : "{mode: " + r.precision + "}";
   return "run: {name: " + r.name + ", out_dir: runs, seed: 3, device: cpu}\n"
-         "model: {n_layer: 2, n_head: 4, n_embd: " + std::to_string(r.n_embd) + ", seq_len: 32, vocab_size: 64}\n"
+         "model: {" + (r.arch == "llama" ? "arch: llama, n_kv_head: 2, mlp_hidden: 96, " : std::string()) +
+         "n_layer: 2, n_head: 4, n_embd: " + std::to_string(r.n_embd) + ", seq_len: 32, vocab_size: 64}\n"
          "data: {synthetic: {vocab: 64, order: 2, branching: 4, tokens: 100000, seed: 5}}\n"
          "training: {steps: " + std::to_string(r.steps) + ", batch_tokens: " + std::to_string(r.batch_tokens) +
          ", micro_batch: 8, eval_every: 0, eval_batches: 2, threads: 1}\n"
@@ -183,16 +185,19 @@ TEST_CASE("2 ranks equal 1 rank on the same global batch", "[mpi]") {
     const char* name;
     int64_t batch_tokens;  // 1 rank accumulates batch_tokens / 256 micro-batches, each of 2 ranks half of them
   };
+  for (const std::string arch : {"gpt2", "llama"})
   for (const std::string mode : {"fp32", "bf16"})
     for (const Layout layout : {Layout{"1 rank x 2 micro-batches vs 2 ranks x 1", 512},
                                 Layout{"1 rank x 4 micro-batches vs 2 ranks x 2", 1024}}) {
-      const std::string label = mode + ", " + layout.name;
+      if (arch == "llama" && layout.batch_tokens != 512) continue;  // one layout shows the architecture
+      const std::string label = arch + ", " + mode + ", " + layout.name;
       INFO(label);
-      Run one{mode + "-" + std::to_string(layout.batch_tokens) + "-one"};
+      Run one{arch + "-" + mode + "-" + std::to_string(layout.batch_tokens) + "-one"};
       one.precision = mode;
       one.batch_tokens = layout.batch_tokens;
+      one.arch = arch;
       Run two = one;
-      two.name = mode + "-" + std::to_string(layout.batch_tokens) + "-two";
+      two.name = arch + "-" + mode + "-" + std::to_string(layout.batch_tokens) + "-two";
 
       std::string out_one, out_two;
       const Trace a = train_ok(ws.dir, 1, one, "", &out_one);

@@ -572,19 +572,22 @@ TEST_CASE("gpu: matmul with f32 FP8 operands and bf16 outputs matches the CPU ba
 
 struct AttentionShape {
   int B, T, NH, HS;
+  int KV = 0;  // K/V heads (grouped-query attention); 0 = NH
+  int width() const { return (NH + 2 * (KV > 0 ? KV : NH)) * HS; }  // of a qkv row
 };
-const AttentionShape kAttentionShapes[] = {{1, 1, 1, 1},   {1, 7, 1, 7},    {2, 19, 3, 5},
-                                           {1, 111, 2, 8}, {1, 769, 1, 16}, {kB, kT, kNH, kC / kNH}};
+const AttentionShape kAttentionShapes[] = {{1, 1, 1, 1},   {1, 7, 1, 7},    {2, 19, 3, 5},          {1, 111, 2, 8},
+                                           {1, 769, 1, 16}, {kB, kT, kNH, kC / kNH}, {2, 19, 4, 6, 2}, {1, 111, 4, 8, 1}};
 
 TEST_CASE("gpu: attention_decode matches the CPU backend's", "[gpu]") {
   // Several tiles of keys (the kernel's are 256), with the largest score past the first tile
   // likely at 700, and the shape of the model tests.
-  const AttentionShape shapes[] = {{1, 1, 1, 1}, {1, 7, 1, 7}, {1, 19, 3, 5}, {1, 700, 2, 8}, {1, kT, kNH, kC / kNH}};
+  const AttentionShape shapes[] = {{1, 1, 1, 1},   {1, 7, 1, 7},          {1, 19, 3, 5},
+                                   {1, 700, 2, 8}, {1, kT, kNH, kC / kNH}, {1, 300, 4, 6, 2}};
   for (const Format f : kFormats)
     for (const AttentionShape& s : shapes) {
-      INFO(format_name(f) << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
-      const int C = s.NH * s.HS;
-      Twin qkv({s.T, 3 * C}, f, on_grid(size_t(s.T) * 3 * C, 54, 1.0f, f)), out({C}, f, zeros(size_t(C)));
+      INFO(format_name(f) << " T=" << s.T << " NH=" << s.NH << " KV=" << s.KV << " HS=" << s.HS);
+      const int C = s.NH * s.HS, W = s.width();
+      Twin qkv({s.T, W}, f, on_grid(size_t(s.T) * W, 54, 1.0f, f)), out({C}, f, zeros(size_t(C)));
       out.poison_device();
       cpu().attention_decode(out.cpu_view(), qkv.cpu_view(), s.NH);
       gpu().attention_decode(out.device_view(), qkv.device_view(), s.NH);
@@ -595,10 +598,10 @@ TEST_CASE("gpu: attention_decode matches the CPU backend's", "[gpu]") {
 TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend", "[gpu]") {
   for (const Format f : kFormats)
     for (const AttentionShape& s : kAttentionShapes) {
-      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
-      const int C = s.NH * s.HS;
-      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T;
-      Twin qkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 51, 1.0f, f));
+      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << s.KV << " HS=" << s.HS);
+      const int C = s.NH * s.HS, W = s.width();
+      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T, n_qkv = size_t(s.B) * s.T * W;
+      Twin qkv({s.B, s.T, W}, f, on_grid(n_qkv, 51, 1.0f, f));
       Twin out({s.B, s.T, C}, f, zeros(n)), att({s.B, s.NH, s.T, s.T}, f, zeros(n_att));
       out.poison_device();
       att.poison_device();
@@ -609,7 +612,7 @@ TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend",
 
       // Both backwards from the same saved probabilities (the CPU's).
       att.to_device();
-      Twin dout({s.B, s.T, C}, f, on_grid(n, 52, 1.0f, f)), dqkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 53, 0.5f, f));
+      Twin dout({s.B, s.T, C}, f, on_grid(n, 52, 1.0f, f)), dqkv({s.B, s.T, W}, f, on_grid(n_qkv, 53, 0.5f, f));
       cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), out.cpu_view(), att.cpu_view(), s.NH);
       gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), out.device_view(),
                                att.device_view(), s.NH);
@@ -626,7 +629,7 @@ TEST_CASE("gpu: fused (cuDNN) attention matches the CPU backend", "[gpu]") {
   for (const Format f : {Format::bf16, Format::fp16})
     for (const AttentionShape& s : shapes) {
       INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
-      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, s.HS);
+      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, s.NH, s.HS);
       REQUIRE(choice.path == AttentionPath::fused);
       const int C = s.NH * s.HS;
       const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T;

@@ -55,13 +55,19 @@ PrecisionPolicy policy_for(const std::string& mode) {
 // The fused (cuDNN) attention path must be what runs for this shape, or its test tests nothing.
 void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const GptShape& shape, int B, int T) {
   REQUIRE(gpu.choose_attention("cudnn", gpu.storage_for(policy.activations, DType::f32), B, T, shape.n_head,
-                               shape.n_embd / shape.n_head)
+                               shape.kv_heads(), shape.head_size())
               .path == AttentionPath::fused);
 }
 
 TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
-  const GptShape shape{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
-                       /*padded_vocab=*/256};
+  const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
+                      /*padded_vocab=*/256};
+  // Llama with 4 query heads over 2 K/V heads (the fallback attention only), and multi-head
+  // (cuDNN's fused attention too).
+  const GptShape shape =
+      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256)}));
+  const bool grouped = shape.kv_heads() != shape.n_head;
+  INFO(arch_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads");
   const int B = 4, T = 64;
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {
@@ -71,6 +77,7 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
   for (const char* mode : kModes)
     for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
     if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;  // cuDNN's is bf16/fp16 only
+    if (path == AttentionPath::fused && grouped) continue;  // the fused graph takes one K/V head per query head
     INFO("mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
     const PrecisionPolicy policy = policy_for(mode);
     auto cpu = make_cpu_backend(0);
@@ -95,9 +102,9 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
     CHECK(std::fabs(loss_gpu - loss_cpu) <= mode_tolerance(mode) * std::fabs(loss_cpu));
     on_cpu.backward();
     on_gpu.backward();
-    for (int i = 0; i < kNumParams; ++i) {
-      const auto id = static_cast<ParamId>(i);
-      INFO("gradient of " << on_cpu.specs()[i].name);
+    for (const ParamSpec& spec : on_cpu.specs()) {
+      const ParamId id = spec.id;
+      INFO("gradient of " << spec.name);
       std::vector<float> g_cpu(on_cpu.grad(id).numel()), g_gpu(g_cpu.size());
       cpu->download(g_cpu.data(), on_cpu.grad(id));
       gpu->download(g_gpu.data(), on_gpu.grad(id));
@@ -122,17 +129,18 @@ constexpr const char* kBatch = "batch_tokens: 1024, micro_batch: 8";
 
 // A small synthetic run through the real binary (two micro-batches a step); returns its
 // per-step training losses. `mode` is precision.mode, or fp8:RECIPE; `training_extra` more
-// training keys (", key: value"); *output receives what the run printed.
+// training keys (", key: value"), `model_extra` more model keys; *output receives what the run
+// printed.
 std::vector<double> train_losses(const fs::path& dir, const std::string& name, const std::string& device,
                                  const std::string& mode, const std::string& training_extra = "",
-                                 std::string* output = nullptr) {
+                                 std::string* output = nullptr, const std::string& model_extra = "") {
   const size_t colon = mode.find(':');
   const std::string precision = colon == std::string::npos
                                     ? "{mode: " + mode + "}"
                                     : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}";
   const std::string config =
       "run: {name: " + name + ", out_dir: runs, seed: 3, device: " + device + "}\n"
-      "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
+      "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256" + model_extra + "}\n"
       "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
       "training: {steps: 10, " + std::string(kBatch) + ", eval_every: 0, eval_batches: 2" + training_extra +
       "}\n"
@@ -153,15 +161,18 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
 }
 
 TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pass", "[gpu][sample]") {
-  const GptShape shape{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
-                       /*padded_vocab=*/128};
+  const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
+                      /*padded_vocab=*/128};
+  // Llama: each decoded row turned by RoPE at its own position, over grouped K/V heads.
+  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 128)}));
+  const bool grouped = shape.kv_heads() != shape.n_head;
   const int B = 2, T = 32, prompt = 5;
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 37 + 11) % shape.vocab;
   for (const char* mode : {"fp32", "bf16"})
     for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
-      if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;
-      INFO("mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
+      if (path == AttentionPath::fused && (std::string(mode) == "fp32" || grouped)) continue;
+      INFO(arch_name(shape.arch) << " mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
       const PrecisionPolicy policy = policy_for(mode);
       auto cpu = make_cpu_backend(0);
       auto gpu = make_cuda_backend(0);
@@ -181,12 +192,17 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
 
 TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-train");
-  for (const std::string mode : {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"}) {
-    INFO("mode " << mode);
-    std::string tag = mode;  // a run name: no ':'
+  // GPT-2 in every mode; Llama (4 query heads over 2 K/V heads) in bf16 and FP8.
+  const std::string llama = ", arch: llama, n_kv_head: 2, mlp_hidden: 256";
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"fp32", ""},          {"bf16", ""},   {"fp16", ""},        {"fp8:delayed", ""}, {"fp8:current", ""},
+      {"fp8:block", ""},     {"bf16", llama}, {"fp8:current", llama}};
+  for (const auto& [mode, model] : runs) {
+    INFO("mode " << mode << (model.empty() ? ", gpt2" : ", llama"));
+    std::string tag = mode + (model.empty() ? "" : "-llama");  // a run name: no ':'
     std::replace(tag.begin(), tag.end(), ':', '-');
-    const auto cpu = train_losses(dir, "cpu-" + tag, "cpu", mode);
-    const auto gpu = train_losses(dir, "gpu-" + tag, "cuda", mode);
+    const auto cpu = train_losses(dir, "cpu-" + tag, "cpu", mode, "", nullptr, model);
+    const auto gpu = train_losses(dir, "gpu-" + tag, "cuda", mode, "", nullptr, model);
     for (size_t s = 0; s < cpu.size(); ++s) {
       INFO("step " << s + 1 << ": cpu " << cpu[s] << " gpu " << gpu[s]);
       CHECK(std::fabs(gpu[s] - cpu[s]) <= mode_tolerance(mode) * std::fabs(cpu[s]));

@@ -161,47 +161,54 @@ TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN
   const auto be = make_cuda_backend(0, 512 * kMiB);
   const auto fallback = AttentionPath::fallback;
 
-  AttentionChoice c = be->choose_attention("fallback", DType::bf16, 1, 64, 2, 32);
+  AttentionChoice c = be->choose_attention("fallback", DType::bf16, 1, 64, 2, 2, 32);
   CHECK((c.path == fallback && c.reason == "fallback (model.attention: fallback)"));
-  c = be->choose_attention("auto", DType::f32, 1, 64, 2, 32);
+  c = be->choose_attention("auto", DType::f32, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN's flash attention takes bf16 or fp16; this run's activations are f32"));
-  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::f32, 1, 64, 2, 32),
+  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::f32, 1, 64, 2, 2, 32),
                     Contains("model.attention: cudnn cannot run this model"));
 
   // cuDNN that cannot start (no driver, a mismatched sub-library).
   sim::fail_call("cudnnCreate", 1, CUDNN_STATUS_NOT_INITIALIZED);
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 32);
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN could not start"));
 
   // No engine takes the graph: every execution plan refused as not supported.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_NOT_SUPPORTED, 1000);
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 32);
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN found no engine for the forward graph") && Contains("refused"));
-  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::bf16, 1, 64, 2, 32),
+  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::bf16, 1, 64, 2, 2, 32),
                     Contains("model.attention: cudnn cannot run this model: cuDNN found no engine"));
   sim::clear_faults();
 
   // An engine failing for another reason than support is an error of cuDNN's; `auto` still
   // falls back, naming it.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_INTERNAL_ERROR, 1000);
-  c = be->choose_attention("auto", DType::bf16, 1, 32, 2, 32);
+  c = be->choose_attention("auto", DType::bf16, 1, 32, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN's attention failed") && Contains("CUDNN_STATUS_INTERNAL_ERROR"));
   sim::clear_faults();
 
   // The first engine refused, a later one taken: fused, checked against the fallback.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_NOT_SUPPORTED, 1);
-  c = be->choose_attention("auto", DType::f16, 1, 64, 2, 64);
+  c = be->choose_attention("auto", DType::f16, 1, 64, 2, 2, 64);
   CHECK(c.path == AttentionPath::fused);
   CHECK_THAT(c.reason, Contains("checked against the fallback on this shape"));
 
   // A head size cuDNN's SDPA does not take.
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 12);
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 12);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("head size"));
+
+  // Grouped-query attention: the fused graph takes one K/V head per query head.
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 4, 2, 32);
+  CHECK(c.path == fallback);
+  CHECK_THAT(c.reason, Contains("grouped-query attention (4 query heads over 2 K/V heads)"));
+  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::bf16, 1, 64, 4, 2, 32),
+                    Contains("model.attention: cudnn cannot run this model: grouped-query attention"));
 }
 
 TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left to the emulation, with the reason",

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/attention_heads.h"
 #include "backend/cpu/attention_ops.h"
 #include "backend/cpu/classifier_ops.h"
 #include "backend/cpu/format_ops.h"
@@ -191,11 +192,12 @@ class CpuBackend final : public Backend {
     expect_same_float_dtype("embedding_forward", {&out, &wte, &wpe});
     const int64_t B = out.dim(0), Tn = out.dim(1), C = out.dim(2);
     expect(tokens.dtype == DType::i32 && tokens.numel() == B * Tn && wte.dim(1) == C &&
-               wpe.dim(1) == C && wpe.dim(0) >= Tn,
+               (wpe.empty() || (wpe.dim(1) == C && wpe.dim(0) >= Tn)),
            "embedding_forward", "shape mismatch");
     dispatch(out, [&](auto z) {
       using T = decltype(z);
-      cpu::embedding_forward<T>(out.as<T>(), tokens.as<int32_t>(), wte.as<T>(), wpe.as<T>(), B, Tn, C);
+      cpu::embedding_forward<T>(out.as<T>(), tokens.as<int32_t>(), wte.as<T>(), wpe.empty() ? nullptr : wpe.as<T>(), B,
+                                Tn, C);
     });
     round_output(profile_, out);
   }
@@ -204,14 +206,15 @@ class CpuBackend final : public Backend {
     const OpScope scope(profile_, OpFamily::embedding);
     expect_same_float_dtype("embedding_backward", {&dout, &dwte, &dwpe});
     const int64_t B = dout.dim(0), Tn = dout.dim(1), C = dout.dim(2);
-    expect(tokens.numel() == B * Tn && dwte.dim(1) == C && dwpe.dim(1) == C, "embedding_backward",
+    expect(tokens.numel() == B * Tn && dwte.dim(1) == C && (dwpe.empty() || dwpe.dim(1) == C), "embedding_backward",
            "shape mismatch");
     dispatch(dout, [&](auto z) {
       using T = decltype(z);
-      cpu::embedding_backward<T>(dwte.as<T>(), dwpe.as<T>(), dout.as<T>(), tokens.as<int32_t>(), B, Tn, C);
+      cpu::embedding_backward<T>(dwte.as<T>(), dwpe.empty() ? nullptr : dwpe.as<T>(), dout.as<T>(),
+                                 tokens.as<int32_t>(), B, Tn, C);
     });
     round_output(profile_, dwte, &grad_numerics_);
-    round_output(profile_, dwpe, &grad_numerics_);
+    if (!dwpe.empty()) round_output(profile_, dwpe, &grad_numerics_);
   }
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor inp, Tensor weight,
@@ -293,13 +296,14 @@ class CpuBackend final : public Backend {
   void attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) override {
     const OpScope scope(profile_, OpFamily::attention);
     expect_same_float_dtype("attention_forward", {&out, &att, &qkv});
-    const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3;
-    expect(qkv.dim(2) == 3 * C && C % n_head == 0 && out.numel() == B * Tn * C &&
-               att.numel() == B * n_head * Tn * Tn,
+    expect(qkv.ndim == 3, "attention_forward", "qkv must be (B,T,W), got " + qkv.shape_string());
+    const AttentionHeads heads = attention_heads("attention_forward", qkv, out, n_head);
+    const int64_t B = qkv.dim(0), Tn = qkv.dim(1);
+    expect(out.numel() == B * Tn * heads.q_width() && att.numel() == B * n_head * Tn * Tn,
            "attention_forward", "shape mismatch");
     dispatch(qkv, [&](auto z) {
       using T = decltype(z);
-      cpu::attention_forward<T>(out.as<T>(), att.as<T>(), qkv.as<T>(), B, Tn, C, n_head);
+      cpu::attention_forward<T>(out.as<T>(), att.as<T>(), qkv.as<T>(), B, Tn, heads);
     });
     round_output(profile_, out);
     round_output(profile_, att);
@@ -308,13 +312,14 @@ class CpuBackend final : public Backend {
   void attention_decode(Tensor out, Tensor qkv, int n_head) override {
     const OpScope scope(profile_, OpFamily::attention);
     expect_same_float_dtype("attention_decode", {&out, &qkv});
-    const int64_t n = qkv.dim(0), C = qkv.dim(-1) / 3;
-    expect(qkv.ndim == 2 && n > 0 && qkv.dim(1) == 3 * C && n_head > 0 && C % n_head == 0 && out.numel() == C,
-           "attention_decode", "shape mismatch: qkv " + qkv.shape_string() + " (want (T,3C), T >= 1) out " +
-                                   out.shape_string() + " (want C elements)");
+    expect(qkv.ndim == 2 && qkv.dim(0) > 0, "attention_decode",
+           "shape mismatch: qkv " + qkv.shape_string() + " (want (T,W), T >= 1)");
+    const AttentionHeads heads = attention_heads("attention_decode", qkv, out, n_head);
+    expect(out.numel() == heads.q_width(), "attention_decode",
+           "out " + out.shape_string() + " is not one row of n_head * head_size elements");
     dispatch(qkv, [&](auto z) {
       using T = decltype(z);
-      cpu::attention_decode<T>(out.as<T>(), qkv.as<T>(), n, C, n_head);
+      cpu::attention_decode<T>(out.as<T>(), qkv.as<T>(), qkv.dim(0), heads);
     });
     round_output(profile_, out);
   }
@@ -323,18 +328,20 @@ class CpuBackend final : public Backend {
   void attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor /*out*/, Tensor att, int n_head) override {
     const OpScope scope(profile_, OpFamily::attention);
     expect_same_float_dtype("attention_backward", {&dqkv, &dout, &qkv, &att});
-    const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3;
-    expect(dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C &&
+    expect(qkv.ndim == 3, "attention_backward", "qkv must be (B,T,W), got " + qkv.shape_string());
+    const AttentionHeads heads = attention_heads("attention_backward", qkv, dout, n_head);
+    const int64_t B = qkv.dim(0), Tn = qkv.dim(1);
+    expect(dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * heads.q_width() &&
                att.numel() == B * n_head * Tn * Tn,
            "attention_backward", "shape mismatch");
     dispatch(qkv, [&](auto z) {
       using T = decltype(z);
-      cpu::attention_backward<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), att.as<T>(), B, Tn, C, n_head);
+      cpu::attention_backward<T>(dqkv.as<T>(), dout.as<T>(), qkv.as<T>(), att.as<T>(), B, Tn, heads);
     });
     round_output(profile_, dqkv, &grad_numerics_);
   }
 
-  AttentionChoice choose_attention(const std::string& want, DType, int64_t, int64_t, int, int64_t) override {
+  AttentionChoice choose_attention(const std::string& want, DType, int64_t, int64_t, int, int, int64_t) override {
     if (want == "cudnn")
       throw UserError("model.attention: cudnn runs on the CUDA backend only; this run uses the CPU backend "
                       "(use model.attention: auto or fallback, or run.device: cuda)");
@@ -384,6 +391,7 @@ class CpuBackend final : public Backend {
     expect(dinp.numel() == N * C && dout.numel() == N * C && dweight.numel() == C && weight.numel() == C &&
                rstd.numel() == N,
            "rmsnorm_backward", "shape mismatch");
+    expect(dinp.data != dout.data, "rmsnorm_backward", "dinp must not alias dout (dinp is added to row by row)");
     dispatch(inp, [&](auto z) {
       using T = decltype(z);
       cpu::rmsnorm_backward<T>(dinp.as<T>(), dweight.as<T>(), dout.as<T>(), inp.as<T>(), weight.as<T>(), rstd.as<T>(),

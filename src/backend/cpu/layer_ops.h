@@ -32,8 +32,12 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
 #pragma omp parallel for schedule(static) if (worth_threads(B * Tn * C))
   for (int64_t bt = 0; bt < B * Tn; ++bt) {
     const T* e = wte + static_cast<int64_t>(tokens[bt]) * C;
-    const T* p = wpe + (bt % Tn) * C;
     T* o = out + bt * C;
+    if (!wpe) {  // no position embedding
+      for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      continue;
+    }
+    const T* p = wpe + (bt % Tn) * C;
     for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
   }
 }
@@ -46,6 +50,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
   for (int64_t c = 0; c < C; ++c) {
     for (int64_t bt = 0; bt < B * Tn; ++bt) dwte[static_cast<int64_t>(tokens[bt]) * C + c] += dout[bt * C + c];
   }
+  if (!dwpe) return;
 #pragma omp parallel for schedule(static) if (worth_threads(B * Tn * C))
   for (int64_t t = 0; t < Tn; ++t) {
     for (int64_t b = 0; b < B; ++b) {

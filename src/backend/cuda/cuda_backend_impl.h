@@ -50,6 +50,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/attention_heads.h"
 #include "backend/backend.h"
 #include "backend/cuda/cuda_error.h"
 #include "backend/cuda/cudnn_attention.h"
@@ -171,7 +172,7 @@ class CudaBackend final : public Backend {
   void swiglu_forward(Tensor out, Tensor gate_up) override;
   void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override;
   AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
-                                   int64_t head_size) override;
+                                   int n_kv_head, int64_t head_size) override;
 
   // ops_reductions.cu
   double sum(Tensor t) override { return reduce("sum", t, false); }
@@ -256,8 +257,8 @@ class CudaBackend final : public Backend {
     return saved.ndim == 3 && saved.dtype == DType::f32 && saved.dim(0) == B && saved.dim(1) == NH &&
            saved.dim(2) == Tn;
   }
-  SdpaShape sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn, int64_t NH,
-                       int64_t HS) const;
+  SdpaShape sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn,
+                       const AttentionHeads& heads) const;
   void fused_attention_forward(const Tensor& out, const Tensor& stats, const Tensor& qkv, const SdpaShape& s);
   void fused_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                 const Tensor& stats, const SdpaShape& s);

@@ -22,17 +22,18 @@ static float attention_scale(int64_t HS) { return 1.0f / std::sqrt(static_cast<f
 void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int n_head) {
   const char* op = "attention_forward";
   expect_floats(op, {{"out", &out}, {"att", &att}, {"qkv", &qkv}});
-  PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
-                "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
-  const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
+  PTRAIN_EXPECT(qkv.ndim == 3, op, "qkv must be (B,T,W), got " + qkv.shape_string());
+  const AttentionHeads heads = attention_heads(op, qkv, out, n_head);
+  const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = heads.q_width(), NH = n_head;
   const bool fused = is_fused_saved(att, B, NH, Tn);
-  PTRAIN_EXPECT(C % NH == 0 && out.numel() == B * Tn * C && (fused || att.numel() == B * NH * Tn * Tn), op,
+  PTRAIN_EXPECT(out.numel() == B * Tn * C && (fused || att.numel() == B * NH * Tn * Tn), op,
                 "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " saved " +
                     att.shape_string() + " (want (B,NH,T,T) probabilities or (B,NH,T) f32 log-sum-exps)");
   if (B * Tn * C == 0) return;
-  if (fused) return fused_attention_forward(out, att, qkv, sdpa_shape(op, qkv, out, B, Tn, NH, C / NH));
-  const int64_t HS = C / NH, BNH = B * NH;
+  if (fused) return fused_attention_forward(out, att, qkv, sdpa_shape(op, qkv, out, B, Tn, heads));
+  const int64_t HS = heads.head_size, BNH = B * NH;
   const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
+  const int kv = static_cast<int>(heads.n_kv_head);
   to_int(BNH * Tn, op, "attention rows");
   Staged st(*this);
   const DType dt = qkv.dtype;
@@ -46,7 +47,7 @@ void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int n_he
   with_float_type(dt, op, [&](auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
     kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
-                                  n_head, hs, stream_);
+                                  n_head, kv, hs, stream_);
   });
   batched_gemm(dt, BNH, Tn, Tn, HS, false, true, q, Tn * HS, k, Tn * HS, a.data, Tn * Tn);  // q k^T
   with_float_type(dt, op, [&](auto tag) {
@@ -67,12 +68,12 @@ void CudaBackend::attention_forward(Tensor out, Tensor att, Tensor qkv, int n_he
 void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tensor out, Tensor att, int n_head) {
   const char* op = "attention_backward";
   expect_floats(op, {{"dqkv", &dqkv}, {"dout", &dout}, {"qkv", &qkv}, {"att", &att}});
-  PTRAIN_EXPECT(qkv.ndim == 3 && qkv.dim(2) % 3 == 0 && n_head > 0, op,
-                "qkv must be (B,T,3C) and n_head positive, got " + qkv.shape_string());
-  const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = qkv.dim(2) / 3, NH = n_head;
+  PTRAIN_EXPECT(qkv.ndim == 3, op, "qkv must be (B,T,W), got " + qkv.shape_string());
+  const AttentionHeads heads = attention_heads(op, qkv, dout, n_head);
+  const int64_t B = qkv.dim(0), Tn = qkv.dim(1), C = heads.q_width(), NH = n_head;
   const bool fused = is_fused_saved(att, B, NH, Tn);
   PTRAIN_EXPECT(
-      C % NH == 0 && dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C &&
+      dqkv.numel() == qkv.numel() && dout.numel() == B * Tn * C &&
           (fused || att.numel() == B * NH * Tn * Tn),
       op,
       "shape mismatch: qkv " + qkv.shape_string() + " dout " + dout.shape_string() + " saved " + att.shape_string());
@@ -81,10 +82,11 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
     PTRAIN_EXPECT(!out.empty() && out.numel() == B * Tn * C, op,
                   "the fused path needs the forward's output (B,T,C), got " + out.shape_string());
     expect_float(op, "out", out);
-    return fused_attention_backward(dqkv, dout, qkv, out, att, sdpa_shape(op, qkv, out, B, Tn, NH, C / NH));
+    return fused_attention_backward(dqkv, dout, qkv, out, att, sdpa_shape(op, qkv, out, B, Tn, heads));
   }
-  const int64_t HS = C / NH, BNH = B * NH;
+  const int64_t HS = heads.head_size, BNH = B * NH;
   const int b = to_int(B, op, "B"), tn = to_int(Tn, op, "T"), hs = to_int(HS, op, "head size");
+  const int kv = static_cast<int>(heads.n_kv_head);
   to_int(BNH * Tn, op, "attention rows");
   Staged st(*this);
   const DType dt = qkv.dtype;
@@ -103,7 +105,7 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   with_float_type(dt, op, [&](auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
     kernels::attention_permute<T>(static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), qkv.as<T>(), b, tn,
-                                  n_head, hs, stream_);
+                                  n_head, kv, hs, stream_);
     kernels::attention_unpermute_backward<T>(static_cast<T*>(dy), d.as<T>(), b, tn, n_head, hs, stream_);
   });
   batched_gemm(dt, BNH, Tn, Tn, HS, false, true, dy, Tn * HS, v, Tn * HS, datt, Tn * Tn);     // dy v^T
@@ -118,7 +120,7 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
   with_float_type(dt, op, [&](auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
     kernels::attention_permute_backward<T>(dx.as<T>(), static_cast<const T*>(dq), static_cast<const T*>(dk),
-                                           static_cast<const T*>(dv), b, tn, n_head, hs, stream_);
+                                           static_cast<const T*>(dv), b, tn, n_head, kv, hs, stream_);
   });
   st.finish();
 }
@@ -127,23 +129,25 @@ void CudaBackend::attention_backward(Tensor dqkv, Tensor dout, Tensor qkv, Tenso
 void CudaBackend::attention_decode(Tensor out, Tensor qkv, int n_head) {
   const char* op = "attention_decode";
   expect_floats(op, {{"out", &out}, {"qkv", &qkv}});
-  PTRAIN_EXPECT(qkv.ndim == 2 && qkv.dim(0) > 0 && qkv.dim(1) % 3 == 0 && n_head > 0, op,
-                "qkv must be (T,3C) with T >= 1 and n_head positive, got " + qkv.shape_string());
-  const int64_t n = qkv.dim(0), C = qkv.dim(1) / 3, HS = C / n_head;
-  PTRAIN_EXPECT(C % n_head == 0 && out.numel() == C && HS <= 1024, op,
+  PTRAIN_EXPECT(qkv.ndim == 2 && qkv.dim(0) > 0, op, "qkv must be (T,W) with T >= 1, got " + qkv.shape_string());
+  const AttentionHeads heads = attention_heads(op, qkv, out, n_head);
+  const int64_t n = qkv.dim(0), C = heads.q_width(), HS = heads.head_size;
+  PTRAIN_EXPECT(out.numel() == C && HS <= 1024, op,
                 "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " with " +
                     std::to_string(n_head) + " heads (want C elements, head size at most 1024)");
   run_staged(op, qkv.dtype, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
     const Tensor o = st.out(out, qkv.dtype, false);
-    kernels::attention_decode<T>(o.as<T>(), qkv.as<T>(), to_int(n, op, "T"), n_head, to_int(HS, op, "head size"),
-                                 attention_scale(HS), stream_);
+    kernels::attention_decode<T>(o.as<T>(), qkv.as<T>(), to_int(n, op, "T"), n_head, static_cast<int>(heads.n_kv_head),
+                                 to_int(HS, op, "head size"), attention_scale(HS), stream_);
   });
 }
 
 SdpaShape CudaBackend::sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn,
-                                  int64_t NH, int64_t HS) const {
+                                  const AttentionHeads& heads) const {
   PTRAIN_EXPECT(cudnn_ != nullptr, op, "the fused attention path was not chosen (choose_attention)");
+  PTRAIN_EXPECT(heads.n_kv_head == heads.n_head, op, "the fused path takes as many K/V heads as query heads");
+  const int64_t NH = heads.n_head, HS = heads.head_size;
   PTRAIN_EXPECT((qkv.dtype == DType::bf16 || qkv.dtype == DType::f16) && out.dtype == qkv.dtype, op,
                 "the fused path takes bf16 or fp16 qkv and out of one dtype");
   return SdpaShape{B, Tn, NH, HS, cuda_type(qkv.dtype)};
@@ -174,7 +178,7 @@ void CudaBackend::fused_attention_backward(const Tensor& dqkv, const Tensor& dou
 }
 
 AttentionChoice CudaBackend::choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
-                                              int64_t head_size) {
+                                              int n_kv_head, int64_t head_size) {
   if (want == "fallback") return {AttentionPath::fallback, "fallback (model.attention: fallback)"};
   const bool required = want == "cudnn";
   const auto fallback = [&](const std::string& why) {
@@ -184,6 +188,12 @@ AttentionChoice CudaBackend::choose_attention(const std::string& want, DType dty
   if (dtype != DType::bf16 && dtype != DType::f16)
     return fallback("cuDNN's flash attention takes bf16 or fp16; this run's activations are " +
                     std::string(dtype_name(dtype)));
+  // ptrain's cuDNN graph reads one K/V head per query head; grouped K/V heads need other strides
+  // and a broadcast it does not build yet.
+  if (n_kv_head != n_head)
+    return fallback("grouped-query attention (" + std::to_string(n_head) + " query heads over " +
+                    std::to_string(n_kv_head) + " K/V heads) runs on the fallback path: the fused graph takes one "
+                    "K/V head per query head");
   try {
     if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(stream_, /*deterministic=*/true);
   } catch (const CudaError& e) {

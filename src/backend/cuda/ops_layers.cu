@@ -14,12 +14,13 @@ namespace ptrain::cuda_impl {
 
 void CudaBackend::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tensor wpe) {
   const char* op = "embedding_forward";
-  expect_floats(op, {{"out", &out}, {"wte", &wte}, {"wpe", &wpe}});
+  expect_floats(op, {{"out", &out}, {"wte", &wte}}, {{"wpe", &wpe}});
   expect_tokens(op, "tokens", tokens);
-  PTRAIN_EXPECT(out.ndim == 3 && wte.ndim == 2 && wpe.ndim == 2, op,
-                "expected out (B,T,C), wte (V,C) and wpe (maxT,C)");
+  PTRAIN_EXPECT(out.ndim == 3 && wte.ndim == 2 && (wpe.empty() || wpe.ndim == 2), op,
+                "expected out (B,T,C), wte (V,C) and wpe (maxT,C) or none");
   const int64_t B = out.dim(0), Tn = out.dim(1), C = out.dim(2);
-  PTRAIN_EXPECT(tokens.numel() == B * Tn && wte.dim(1) == C && wpe.dim(1) == C && wpe.dim(0) >= Tn, op,
+  PTRAIN_EXPECT(tokens.numel() == B * Tn && wte.dim(1) == C && (wpe.empty() || (wpe.dim(1) == C && wpe.dim(0) >= Tn)),
+                op,
                 "shape mismatch: out " + out.shape_string() + " tokens " + tokens.shape_string() + " wte " +
                     wte.shape_string() + " wpe " + wpe.shape_string());
   if (out.numel() == 0) return;
@@ -28,20 +29,23 @@ void CudaBackend::embedding_forward(Tensor out, Tensor tokens, Tensor wte, Tenso
   const DType dt = wte.dtype;
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor o = st.out(out, dt, false), pe = st.in(wpe, dt);
-    kernels::encoder_forward<T>(o.as<T>(), tokens.as<int>(), wte.as<T>(), pe.as<T>(), static_cast<int>(B),
+    const Tensor o = st.out(out, dt, false), pe = wpe.empty() ? Tensor() : st.in(wpe, dt);
+    kernels::encoder_forward<T>(o.as<T>(), tokens.as<int>(), wte.as<T>(), pe.empty() ? nullptr : pe.as<T>(),
+                                static_cast<int>(B),
                                 static_cast<int>(Tn), to_int(C, op, "C"), stream_);
   });
 }
 
 void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tensor tokens) {
   const char* op = "embedding_backward";
-  expect_floats(op, {{"dwte", &dwte}, {"dwpe", &dwpe}, {"dout", &dout}});
+  expect_floats(op, {{"dwte", &dwte}, {"dout", &dout}}, {{"dwpe", &dwpe}});
   expect_tokens(op, "tokens", tokens);
-  PTRAIN_EXPECT(dout.ndim == 3 && dwte.ndim == 2 && dwpe.ndim == 2, op,
-                "expected dout (B,T,C), dwte (V,C), dwpe (maxT,C)");
+  PTRAIN_EXPECT(dout.ndim == 3 && dwte.ndim == 2 && (dwpe.empty() || dwpe.ndim == 2), op,
+                "expected dout (B,T,C), dwte (V,C), dwpe (maxT,C) or none");
   const int64_t B = dout.dim(0), Tn = dout.dim(1), C = dout.dim(2);
-  PTRAIN_EXPECT(tokens.numel() == B * Tn && dwte.dim(1) == C && dwpe.dim(1) == C && dwpe.dim(0) >= Tn, op,
+  PTRAIN_EXPECT(tokens.numel() == B * Tn && dwte.dim(1) == C &&
+                    (dwpe.empty() || (dwpe.dim(1) == C && dwpe.dim(0) >= Tn)),
+                op,
                 "shape mismatch: dout " + dout.shape_string() + " tokens " + tokens.shape_string() + " dwte " +
                     dwte.shape_string() + " dwpe " + dwpe.shape_string());
   if (dout.numel() == 0) return;
@@ -53,8 +57,8 @@ void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tens
   const DType dt = dout.dtype;
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor te = st.out(dwte, dt, true), pe = st.out(dwpe, dt, true);
-    kernels::encoder_backward<T>(te.as<T>(), pe.as<T>(), dout.as<T>(), buckets.packed, static_cast<int>(B),
+    const Tensor te = st.out(dwte, dt, true), pe = dwpe.empty() ? Tensor() : st.out(dwpe, dt, true);
+    kernels::encoder_backward<T>(te.as<T>(), pe.empty() ? nullptr : pe.as<T>(), dout.as<T>(), buckets.packed, static_cast<int>(B),
                                  static_cast<int>(Tn), to_int(C, op, "C"), stream_);
   });
 }
