@@ -735,11 +735,6 @@ class Loader {
               std::to_string(m.n_kv_head) + " does not divide model.n_head = " + std::to_string(m.n_head) +
                   " (each K/V head serves a whole group of query heads)",
               "a divisor of " + std::to_string(m.n_head) + ", e.g. " + nearest_divisors(m.n_head, m.n_kv_head));
-    if (usable({"model.attention", "model.n_kv_head"}) && m.attention == "cudnn" && m.kv_heads() != m.n_head)
-      problem(where({"model.attention", "model.n_kv_head"}), "model.attention",
-              "cudnn with grouped-query attention (model.n_kv_head " + std::to_string(m.n_kv_head) +
-                  "), which runs on the fallback path: the fused graph takes one K/V head per query head",
-              "auto or fallback, or model.n_kv_head equal to model.n_head");
     const Fp8Config& f8 = c.precision.fp8;
     if (c.precision.mode == "fp8" &&
         usable({"precision.mode", "precision.fp8.recipe", "model.mlp_hidden", "model.mlp_multiple_of"})) {

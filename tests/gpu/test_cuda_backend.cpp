@@ -621,19 +621,22 @@ TEST_CASE("gpu: attention_forward and attention_backward match the CPU backend",
 }
 
 // cuDNN's flash attention (the fused path) against the CPU's reference attention: it must be
-// offered for these shapes on a Hopper GPU (model.attention: cudnn), give the CPU's output,
-// and add the CPU's gradients into dqkv.
+// offered for these shapes on a Hopper GPU (model.attention: cudnn), grouped K/V heads included
+// (4:1, multi-query, and 12 over 3 at the GPT-2 width), give the CPU's output, and add the CPU's
+// gradients into dqkv.
 TEST_CASE("gpu: fused (cuDNN) attention matches the CPU backend", "[gpu]") {
-  const AttentionShape shapes[] = {{1, 64, 1, 64}, {2, 128, 4, 32}, {3, 200, 2, 128}, {kB, kT, kNH, kC / kNH},
-                                   {1, 1024, 12, 64}};
+  const AttentionShape shapes[] = {{1, 64, 1, 64},    {2, 128, 4, 32},        {3, 200, 2, 128},
+                                   {kB, kT, kNH, kC / kNH}, {1, 1024, 12, 64}, {2, 128, 4, 32, 1},
+                                   {2, 200, 8, 64, 2}, {1, 512, 12, 64, 3}};
   for (const Format f : {Format::bf16, Format::fp16})
     for (const AttentionShape& s : shapes) {
-      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " HS=" << s.HS);
-      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, s.NH, s.HS);
+      const int KV = s.KV > 0 ? s.KV : s.NH;
+      INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << KV << " HS=" << s.HS);
+      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, KV, s.HS);
       REQUIRE(choice.path == AttentionPath::fused);
-      const int C = s.NH * s.HS;
-      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T;
-      Twin qkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 61, 1.0f, f));
+      const int C = s.NH * s.HS, W = s.width();
+      const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T, n_qkv = size_t(s.B) * s.T * W;
+      Twin qkv({s.B, s.T, W}, f, on_grid(n_qkv, 61, 1.0f, f));
       Twin out({s.B, s.T, C}, f, zeros(n)), probs({s.B, s.NH, s.T, s.T}, f, zeros(n_att));
       Twin lse({s.B, s.NH, s.T}, Format::fp32, zeros(size_t(s.B) * s.NH * s.T));
       out.poison_device();
@@ -644,7 +647,7 @@ TEST_CASE("gpu: fused (cuDNN) attention matches the CPU backend", "[gpu]") {
       // Each saved log-sum-exp is finite.
       for (const float x : lse.from_device()) REQUIRE(std::isfinite(x));
 
-      Twin dout({s.B, s.T, C}, f, on_grid(n, 62, 1.0f, f)), dqkv({s.B, s.T, 3 * C}, f, on_grid(3 * n, 63, 0.5f, f));
+      Twin dout({s.B, s.T, C}, f, on_grid(n, 62, 1.0f, f)), dqkv({s.B, s.T, W}, f, on_grid(n_qkv, 63, 0.5f, f));
       cpu().attention_backward(dqkv.cpu_view(), dout.cpu_view(), qkv.cpu_view(), out.cpu_view(), probs.cpu_view(), s.NH);
       out.to_device();  // both backwards from the CPU's output
       gpu().attention_backward(dqkv.device_view(), dout.device_view(), qkv.device_view(), out.device_view(),

@@ -62,11 +62,10 @@ void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const 
 TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
   const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
                       /*padded_vocab=*/256};
-  // Llama with 4 query heads over 2 K/V heads (the fallback attention only), and multi-head
-  // (cuDNN's fused attention too).
+  // Llama with 4 query heads over 2 K/V heads (cuDNN's grouped graph on the fused path), and
+  // multi-head.
   const GptShape shape =
       GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256)}));
-  const bool grouped = shape.kv_heads() != shape.n_head;
   INFO(arch_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads");
   const int B = 4, T = 64;
   std::vector<int32_t> inputs(B * T), targets(B * T);
@@ -77,7 +76,6 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
   for (const char* mode : kModes)
     for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
     if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;  // cuDNN's is bf16/fp16 only
-    if (path == AttentionPath::fused && grouped) continue;  // the fused graph takes one K/V head per query head
     INFO("mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
     const PrecisionPolicy policy = policy_for(mode);
     auto cpu = make_cpu_backend(0);
@@ -163,15 +161,15 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
 TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pass", "[gpu][sample]") {
   const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
                       /*padded_vocab=*/128};
-  // Llama: each decoded row turned by RoPE at its own position, over grouped K/V heads.
+  // Llama: each decoded row turned by RoPE at its own position, over grouped K/V heads (the
+  // prompt's forward pass on cuDNN's grouped graph when fused).
   const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 128)}));
-  const bool grouped = shape.kv_heads() != shape.n_head;
   const int B = 2, T = 32, prompt = 5;
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 37 + 11) % shape.vocab;
   for (const char* mode : {"fp32", "bf16"})
     for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
-      if (path == AttentionPath::fused && (std::string(mode) == "fp32" || grouped)) continue;
+      if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;
       INFO(arch_name(shape.arch) << " mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
       const PrecisionPolicy policy = policy_for(mode);
       auto cpu = make_cpu_backend(0);
@@ -222,6 +220,11 @@ TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu][train
     CHECK(train_losses(dir, std::string("a-") + mode, "cuda", mode) ==
           train_losses(dir, std::string("b-") + mode, "cuda", mode));
   }
+  // Llama with grouped K/V heads on cuDNN's attention: its K/V gradient group sums must be
+  // reproducible too.
+  const std::string llama = ", arch: llama, n_kv_head: 2, mlp_hidden: 256, attention: cudnn";
+  CHECK(train_losses(dir, "a-llama", "cuda", "bf16", "", nullptr, llama) ==
+        train_losses(dir, "b-llama", "cuda", "bf16", "", nullptr, llama));
   fs::remove_all(dir);
 }
 

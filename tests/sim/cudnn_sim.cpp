@@ -9,8 +9,12 @@
 // _POINTWISE_, _REDUCTION_, _RESHAPE_): tensors are up to 8-D with explicit strides; a pointwise
 // input broadcasts along every dimension where its extent is 1 (a lower-rank input aligns to the
 // output's last dimensions, as cudnn-frontend's rank-1 scalars do); a reduction reduces the
-// dimensions where the output's extent is 1; a matmul multiplies the last two dimensions,
-// batched over the others; a reshape presents the same memory with the output's dims and strides.
+// dimensions where the output's extent is 1, and groups of consecutive indices where it divides
+// the input's (output index c / g collects input indices c, g = input / output extent); a matmul
+// multiplies the last two dimensions, batched over the others, where an operand's batch extent
+// that divides the output's is broadcast by the same groups (output batch index c reads operand
+// index c / g: grouped-query attention's K/V heads, as cudnn-frontend's GQA lowering uses them;
+// extent 1 is the plain broadcast); a reshape presents the same memory with the output's dims and strides.
 // Real (non-virtual) tensors are read and written through their strides from the variant pack's
 // pointers; virtual tensors live in the plan's workspace, densely, in their declared data type
 // (a 16-bit virtual rounds as the engine's would); by-value scalars are read when
@@ -278,8 +282,8 @@ cudnnStatus_t finalize_operation(Descriptor& d) {
       if (ta.dims[r - 1] != tb.dims[r - 2] || ta.dims[r - 2] != tc.dims[r - 2] || tb.dims[r - 1] != tc.dims[r - 1])
         return bad("matmul: A (M,K) x B (K,N) -> C (M,N) do not agree");
       for (size_t i = 0; i + 2 < r; ++i)
-        if ((ta.dims[i] != tc.dims[i] && ta.dims[i] != 1) || (tb.dims[i] != tc.dims[i] && tb.dims[i] != 1))
-          return bad("matmul: batch dimensions do not agree");
+        if (ta.dims[i] <= 0 || tb.dims[i] <= 0 || tc.dims[i] % ta.dims[i] != 0 || tc.dims[i] % tb.dims[i] != 0)
+          return bad("matmul: batch dimensions do not agree (an operand's extent must divide C's)");
       op.inputs = {a, b};
       op.output = c;
       return CUDNN_STATUS_SUCCESS;
@@ -325,8 +329,8 @@ cudnnStatus_t finalize_operation(Descriptor& d) {
         return bad("reduction: an operator the simulation does not model", CUDNN_STATUS_NOT_SUPPORTED);
       if (x->tensor.dims.size() != y->tensor.dims.size()) return bad("reduction: X and Y need the same rank");
       for (size_t i = 0; i < y->tensor.dims.size(); ++i)
-        if (y->tensor.dims[i] != 1 && y->tensor.dims[i] != x->tensor.dims[i])
-          return bad("reduction: Y's extents must be X's or 1");
+        if (y->tensor.dims[i] <= 0 || x->tensor.dims[i] % y->tensor.dims[i] != 0)
+          return bad("reduction: Y's extents must divide X's");
       op.inputs = {x};
       op.output = y;
       return CUDNN_STATUS_SUCCESS;
@@ -467,8 +471,8 @@ void run_step(const Step& step, const std::map<int64_t, Bound>& bound) {
         for (size_t i = r - 2; i-- > 0;) {
           const int64_t c = rem % y.dims[i];
           rem /= y.dims[i];
-          a_batch += (a.info.dims[i] == 1 ? 0 : c) * a_mul;
-          b_batch += (bt.info.dims[i] == 1 ? 0 : c) * b_mul;
+          a_batch += c / (y.dims[i] / a.info.dims[i]) * a_mul;  // grouped (or extent-1) broadcast
+          b_batch += c / (y.dims[i] / bt.info.dims[i]) * b_mul;
           a_mul *= a.info.dims[i];
           b_mul *= bt.info.dims[i];
         }
@@ -530,7 +534,7 @@ void run_step(const Step& step, const std::map<int64_t, Bound>& bound) {
         for (size_t i = x.info.dims.size(); i-- > 0;) {
           const int64_t c = rem % x.info.dims[i];
           rem /= x.info.dims[i];
-          o += (y.dims[i] == 1 ? 0 : c) * mul;
+          o += c / (x.info.dims[i] / y.dims[i]) * mul;  // extent 1: everything; else groups
           mul *= y.dims[i];
         }
         const double v = read(x, e);

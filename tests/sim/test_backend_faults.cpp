@@ -157,7 +157,7 @@ TEST_CASE("simulated device: a recording CUDA refuses is a reason, a failure ins
   CHECK(got == std::vector<float>(1024, 2.0f));
 }
 
-TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN cannot run it, or refuses to", "[sim]") {
+TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN cannot run it, or refuses to, and runs grouped K/V heads fused", "[sim]") {
   const auto be = make_cuda_backend(0, 512 * kMiB);
   const auto fallback = AttentionPath::fallback;
 
@@ -203,12 +203,19 @@ TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("head size"));
 
-  // Grouped-query attention: the fused graph takes one K/V head per query head.
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 4, 2, 32);
+  // Grouped-query attention (4 query heads over 2 K/V heads, and multi-query over 1): the fused
+  // graph reads the K/V heads in place and agrees with the fallback on q, k and v gradients.
+  for (const int kv : {2, 1}) {
+    c = be->choose_attention("auto", DType::bf16, 2, 64, 4, kv, 32);
+    CHECK(c.path == AttentionPath::fused);
+    CHECK_THAT(c.reason, Contains("checked against the fallback on this shape") &&
+                             Contains("NH=4 KV=" + std::to_string(kv) + " HS=32"));
+  }
+  // 3 K/V heads cannot serve 4 query heads (config validation refuses it first; cuDNN's
+  // shape check says so too).
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 4, 3, 32);
   CHECK(c.path == fallback);
-  CHECK_THAT(c.reason, Contains("grouped-query attention (4 query heads over 2 K/V heads)"));
-  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::bf16, 1, 64, 4, 2, 32),
-                    Contains("model.attention: cudnn cannot run this model: grouped-query attention"));
+  CHECK_THAT(c.reason, Contains("3 K/V heads do not divide 4 query heads"));
 }
 
 TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left to the emulation, with the reason",

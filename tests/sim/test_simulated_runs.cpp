@@ -1,6 +1,7 @@
 // Whole training runs of ptrain_simulated (the real binary on the simulated device) that cover
-// every axis at least once in a dozen short runs instead of the cross product: each precision
-// mode and FP8 recipe, CUDA graphs on and off, fused and fallback attention, one rank and two
+// every axis at least once in sixteen short runs instead of the cross product: each precision
+// mode and FP8 recipe, CUDA graphs on and off, fused and fallback attention, GPT-2 and Llama
+// blocks (cuDNN's grouped-query graph among them), one rank and two
 // under mpirun (NCCL simulated over MPI), and three with shards of uneven size. Each run
 // asserts that the GPU-only path ran, not a fallback, twice over: the run's own log lines (what
 // a user reads), and the simulated device's report of the operations it executed
@@ -33,6 +34,7 @@ struct Axes {
   int ranks;
   int zero_stage;
   int seq_len = 64;
+  const char* arch = "gpt2";  // llama: grouped-query attention, 2 K/V heads under 4 query heads
 };
 
 // The parameter count the run's log gives ("| 437,760 parameters").
@@ -125,7 +127,8 @@ void check_run(const Axes& run) {
   write_file(dir / "run.yaml",
              std::string("run: {name: r, out_dir: runs, seed: 3, device: cuda}\n") +
                  "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: " + std::to_string(run.seq_len) +
-                 ", vocab_size: 256, attention: " + run.attention + "}\n"
+                 ", vocab_size: 256, attention: " + run.attention +
+                 (std::string(run.arch) == "llama" ? ", arch: llama, n_kv_head: 2" : "") + "}\n"
                  "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
                  "training: {steps: 2, batch_tokens: " + std::to_string(8 * run.seq_len * run.ranks) +
                  ", micro_batch: 4, eval_every: 0, eval_batches: 1, "
@@ -242,7 +245,7 @@ void check_run(const Axes& run) {
   CHECK(planned_mib - fixed_mib <= 1.15 * (peak_mib - fixed_mib));
 }
 
-// The dozen runs: every value of every axis at least once, and ZeRO-1's uneven shards. fp32 has
+// The runs: every value of every axis at least once, ZeRO-1's uneven shards, and Llama blocks. fp32 has
 // no fused attention; delayed-scaling FP8 is never recorded (its scales move on the host between
 // micro-batches).
 const Axes kRuns[] = {
@@ -260,6 +263,11 @@ const Axes kRuns[] = {
     {"fp16-2-ranks-fused-zero1", "fp16", "cudnn", false, 2, 1},
     // Three ranks and 32 positions: 433,664 parameters do not split in three (uneven shards).
     {"bf16-3-ranks-fallback-zero1-uneven", "bf16", "fallback", false, 3, 1, 32},
+    // Llama blocks: cuDNN's grouped-query graph (checked against the fallback), FP8 on the
+    // fallback, and two ranks.
+    {"llama-bf16-fused-gqa-graphs", "bf16", "cudnn", true, 1, 0, 64, "llama"},
+    {"llama-fp8-current-fallback", "fp8:current", "fallback", false, 1, 0, 64, "llama"},
+    {"llama-fp16-2-ranks-fused-zero1", "fp16", "cudnn", false, 2, 1, 64, "llama"},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
@@ -297,7 +305,7 @@ TEST_CASE("simulated device: a run whose NCCL fails stops on every rank with NCC
   }
 }
 
-TEST_CASE("simulated device: a dozen short runs of ptrain_simulated cover every axis on the GPU paths", "[sim]") {
+TEST_CASE("simulated device: short runs of ptrain_simulated cover every axis on the GPU paths, Llama blocks included", "[sim]") {
   for (const Axes& run : kRuns) {
     SECTION(run.name) { check_run(run); }
   }

@@ -56,15 +56,22 @@
 //                                        into dQ, or straight into dQ (the deterministic variant)
 // That is 14 operations forward and 22 (21 deterministic) backward.
 //
+// Grouped-query attention (KV K/V heads under NH query heads, NH a multiple of KV) follows the
+// frontend's lowering too: K^T, V and V^T are declared with KV heads, and the matmuls pair query
+// head h with K/V head h / (NH / KV) (their batch dimension broadcasts by groups, "b (hk g)" in the
+// frontend's einsum comments). The backward's dK and dV are computed per query head into virtual
+// 16-bit (B,NH,T,HS) tensors and summed over each group by a REDUCTION ADD into (B,KV,T,HS):
+// two more operations, and no extra workspace for ptrain's non-ragged layout.
+//
 // Layout
 // ------
-// ptrain keeps q, k, v interleaved per token in qkv (B, T, 3C), C = NH * HS. As 4-D tensors
-// (B, NH, T, HS) Q, K, V have strides (T*3C, HS, 3C, 1) from base pointers qkv, qkv + C and
-// qkv + 2C elements; the backend's attention matmuls take K (and in the backward V) transposed,
-// (B, NH, HS, T) with the last two strides swapped (no data moves). O and dO are (B, T, C): strides
-// (T*C, HS, C, 1). dQ, dK, dV are written with Q's strides into dqkv. stats is (B, NH, T, 1) FP32,
-// packed. HS % 8 == 0 keeps every head and the K/V base pointers 16-byte aligned (C = NH * HS is
-// then a multiple of 8 too).
+// ptrain keeps q, k, v interleaved per token in qkv (B, T, W), C = NH * HS, W = C + 2 * KV * HS.
+// As 4-D tensors Q (B, NH, T, HS), K and V (B, KV, T, HS) have strides (T*W, HS, W, 1) from base
+// pointers qkv, qkv + C and qkv + C + KV*HS elements; the backend's attention matmuls take K (and
+// in the backward V) transposed, (B, KV, HS, T) with the last two strides swapped (no data moves).
+// O and dO are (B, T, C): strides (T*C, HS, C, 1). dQ, dK, dV are written with Q's strides into
+// dqkv. stats is (B, NH, T, 1) FP32, packed. HS % 8 == 0 keeps every head and the K/V base
+// pointers 16-byte aligned (C and W are then multiples of 8 too).
 //
 // Determinism (what was found)
 // ----------------------------
@@ -101,10 +108,10 @@
 // accumulator itself (the frontend stopped memsetting it); older versions get a cudaMemsetAsync.
 // Descriptors are owned by RAII handles (Desc) so nothing leaks when a call throws.
 //
-// Doubts a GPU run must settle: that these graphs find engines at all (the op list and types follow
+// Doubts a GPU run must settle: that these graphs (the grouped-query ones above all) find engines at all (the op list and types follow
 // the frontend, but nothing here was run); that the outputs match the fallback attention, with
 // extra care for the strides of K^T/V^T and dK/dV; that two deterministic backward runs are bitwise
-// equal on the target GPU; the dP-workspace plan's workspace size at the training shapes. Details
+// equal on the target GPU, grouped K/V heads included (the group reduction is cuDNN's); the dP-workspace plan's workspace size at the training shapes. Details
 // copied from the frontend that a failure would point at first: GEN_INDEX computes in FP32 (v1.23;
 // v1.5 used INT32), the K view for dQ = dS K is declared FP32 although K is 16-bit, and the virtual
 // dO * O product has the frontend's aliasing strides.
@@ -136,7 +143,7 @@ using Dims = std::array<int64_t, 4>;
 
 // Tensor uids. Graph inputs and outputs are 1..14; virtual tensors are numbered from 100.
 constexpr int64_t kUidQ = 1;      // Q view of qkv (B,NH,T,HS)
-constexpr int64_t kUidK = 2;      // K^T view of qkv (B,NH,HS,T)
+constexpr int64_t kUidK = 2;      // K^T view of qkv (B,KV,HS,T)
 constexpr int64_t kUidV = 3;      // V view (forward) / V^T view (backward) of qkv
 constexpr int64_t kUidO = 4;      // attention output (B,NH,T,HS) in (B,T,C)
 constexpr int64_t kUidStats = 5;  // FP32 (B,NH,T,1) log-sum-exp
@@ -271,7 +278,8 @@ class GraphBuilder {
     pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, y, CUDNN_DATA_FLOAT, axis);
   }
 
-  // y = reduction of x over the dimensions where y has extent 1.
+  // y = reduction of x over the dimensions where y has extent 1, and over groups of consecutive
+  // indices where y's extent divides x's (the grouped K/V heads' gradients).
   void reduction(cudnnReduceTensorOp_t mode, const GraphTensor& x, const GraphTensor& y) {
     Desc red = create(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
     const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
@@ -382,13 +390,17 @@ class GraphBuilder {
 
 // The 4-D shapes and strides of one attention call (see "Layout" above).
 struct AttentionDims {
-  int64_t B, H, T, D, C;
-  explicit AttentionDims(const SdpaShape& s) : B(s.B), H(s.NH), T(s.T), D(s.HS), C(s.NH * s.HS) {}
+  int64_t B, H, KV, T, D, C, W;
+  explicit AttentionDims(const SdpaShape& s)
+      : B(s.B), H(s.NH), KV(s.KV), T(s.T), D(s.HS), C(s.NH * s.HS), W((s.NH + 2 * s.KV) * s.HS) {}
 
-  Dims bhtd() const { return {B, H, T, D}; }
-  Dims bhdt() const { return {B, H, D, T}; }
-  Dims qkv_strides() const { return {T * 3 * C, D, 3 * C, 1}; }    // Q, K, V, dQ, dK, dV in (B,T,3C)
-  Dims qkv_t_strides() const { return {T * 3 * C, D, 1, 3 * C}; }  // K^T, V^T
+  bool grouped() const { return KV != H; }
+  Dims bhtd() const { return {B, H, T, D}; }   // Q, O and their gradients; per-query-head dK, dV
+  Dims bktd() const { return {B, KV, T, D}; }  // K, V, dK, dV
+  Dims bkdt() const { return {B, KV, D, T}; }  // K^T, V^T
+  Dims qkv_strides() const { return {T * W, D, W, 1}; }    // Q, K, V, dQ, dK, dV in (B,T,W)
+  Dims qkv_t_strides() const { return {T * W, D, 1, W}; }  // K^T, V^T
+  Dims packed_strides() const { return {H * T * D, T * D, D, 1}; }  // a (B,NH,T,HS) tensor of its own
   Dims out_strides() const { return {T * C, D, C, 1}; }            // O, dO in (B,T,C)
   Dims scores() const { return {B, H, T, T}; }
   Dims score_strides() const { return {H * T * T, T * T, T, 1}; }
@@ -413,8 +425,8 @@ GraphTensor causal_mask(GraphBuilder& g, const GraphTensor& scores, const GraphT
 void build_forward_graph(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io) {
   const AttentionDims d(s);
   const GraphTensor q = g.tensor(kUidQ, d.bhtd(), d.qkv_strides(), io);
-  const GraphTensor k_t = g.tensor(kUidK, d.bhdt(), d.qkv_t_strides(), io);
-  const GraphTensor v = g.tensor(kUidV, d.bhtd(), d.qkv_strides(), io);
+  const GraphTensor k_t = g.tensor(kUidK, d.bkdt(), d.qkv_t_strides(), io);
+  const GraphTensor v = g.tensor(kUidV, d.bktd(), d.qkv_strides(), io);
   const GraphTensor o = g.tensor(kUidO, d.bhtd(), d.out_strides(), io);
   const GraphTensor stats = g.tensor(kUidStats, d.rows(), d.row_strides(), CUDNN_DATA_FLOAT);
   const GraphTensor scale = g.scalar(kUidScale);
@@ -446,14 +458,14 @@ void build_forward_graph(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io
 void build_backward_graph(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t io, bool dq_accumulator) {
   const AttentionDims d(s);
   const GraphTensor q = g.tensor(kUidQ, d.bhtd(), d.qkv_strides(), io);
-  const GraphTensor k_t = g.tensor(kUidK, d.bhdt(), d.qkv_t_strides(), io);
-  const GraphTensor v_t = g.tensor(kUidV, d.bhdt(), d.qkv_t_strides(), io);
+  const GraphTensor k_t = g.tensor(kUidK, d.bkdt(), d.qkv_t_strides(), io);
+  const GraphTensor v_t = g.tensor(kUidV, d.bkdt(), d.qkv_t_strides(), io);
   const GraphTensor o = g.tensor(kUidO, d.bhtd(), d.out_strides(), io);
   const GraphTensor d_o = g.tensor(kUidDO, d.bhtd(), d.out_strides(), io);
   const GraphTensor stats = g.tensor(kUidStats, d.rows(), d.row_strides(), CUDNN_DATA_FLOAT);
   const GraphTensor dq = g.tensor(kUidDQ, d.bhtd(), d.qkv_strides(), io);
-  const GraphTensor dk = g.tensor(kUidDK, d.bhtd(), d.qkv_strides(), io);
-  const GraphTensor dv = g.tensor(kUidDV, d.bhtd(), d.qkv_strides(), io);
+  const GraphTensor dk = g.tensor(kUidDK, d.bktd(), d.qkv_strides(), io);
+  const GraphTensor dv = g.tensor(kUidDV, d.bktd(), d.qkv_strides(), io);
   const GraphTensor scale = g.scalar(kUidScale);
   const GraphTensor neg_inf = g.scalar(kUidNegInf);
   const GraphTensor one = g.scalar(kUidOne);
@@ -480,10 +492,21 @@ void build_backward_graph(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t i
   const GraphTensor p = g.virt_like(s_raw);
   g.unary(CUDNN_POINTWISE_EXP, s_masked, p);  // P = exp(masked (S - stats))
 
+  // Grouped K/V heads: a K/V gradient is first computed per query head, then summed over its group.
+  const auto grouped_gradient = [&](const GraphTensor& a, const GraphTensor& b, const GraphTensor& out) {
+    if (!d.grouped()) {
+      g.matmul(a, b, out);
+      return;
+    }
+    const GraphTensor per_head = g.virt(d.bhtd(), d.packed_strides(), io);
+    g.matmul(a, b, per_head);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, per_head, out);  // (B,NH,T,HS) -> (B,KV,T,HS)
+  };
+
   // dV = P^T dO
   const GraphTensor p_t = g.virt(d.scores(), d.score_t_strides(), io);
-  g.reshape(p, p_t);       // P^T, a 16-bit transposed view
-  g.matmul(p_t, d_o, dv);  // dV = P^T dO
+  g.reshape(p, p_t);                 // P^T, a 16-bit transposed view
+  grouped_gradient(p_t, d_o, dv);  // dV = P^T dO
 
   // dS = P * (dO V^T - softmax_sum) * scale
   const GraphTensor dp = g.virt(d.scores(), d.score_strides());
@@ -497,15 +520,14 @@ void build_backward_graph(GraphBuilder& g, const SdpaShape& s, cudnnDataType_t i
 
   // dK = dS^T Q
   const GraphTensor ds_t = g.virt(d.scores(), d.score_t_strides(), io);
-  g.reshape(ds, ds_t);    // dS^T, a 16-bit transposed view
-  g.matmul(ds_t, q, dk);  // dK = dS^T Q
+  g.reshape(ds, ds_t);            // dS^T, a 16-bit transposed view
+  grouped_gradient(ds_t, q, dk);  // dK = dS^T Q
 
   // dQ = dS K. K is K^T viewed back (the frontend leaves this view's type at FP32).
-  const GraphTensor k = g.virt(d.bhtd(), d.qkv_strides());
+  const GraphTensor k = g.virt(d.bktd(), d.qkv_strides());
   g.reshape(k_t, k);  // K
   if (dq_accumulator) {
-    const GraphTensor dq_accum =
-        g.tensor(kUidDQAccum, d.bhtd(), {d.H * d.T * d.D, d.T * d.D, d.D, 1}, CUDNN_DATA_FLOAT);
+    const GraphTensor dq_accum = g.tensor(kUidDQAccum, d.bhtd(), d.packed_strides(), CUDNN_DATA_FLOAT);
     g.matmul(ds, k, dq_accum);                        // dQ_accum = dS K, FP32 (accumulated across key tiles)
     g.unary(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);  // dQ = dQ_accum, converted to 16 bits
   } else {
@@ -580,7 +602,8 @@ struct ShapeEntry {
 
 std::string describe_sdpa_shape(const SdpaShape& s) {
   return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " NH=" + std::to_string(s.NH) +
-         " HS=" + std::to_string(s.HS) + " " + dtype_name(s.type);
+         (s.KV != s.NH ? " KV=" + std::to_string(s.KV) : std::string()) + " HS=" + std::to_string(s.HS) + " " +
+         dtype_name(s.type);
 }
 
 struct CudnnAttention::Impl {
@@ -657,8 +680,11 @@ struct CudnnAttention::Impl {
   std::string static_problem(const SdpaShape& s) const {
     if (s.type != CUDA_R_16BF && s.type != CUDA_R_16F)
       return "cuDNN attention runs bf16 or fp16 only, not " + dtype_name(s.type);
-    if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.HS <= 0) return "empty attention shape " + describe_sdpa_shape(s);
-    // HS % 8 == 0 also makes C = NH * HS a multiple of 8: the K and V views stay 16-byte aligned.
+    if (s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.KV <= 0 || s.HS <= 0)
+      return "empty attention shape " + describe_sdpa_shape(s);
+    if (s.NH % s.KV != 0)
+      return std::to_string(s.KV) + " K/V heads do not divide " + std::to_string(s.NH) + " query heads";
+    // HS % 8 == 0 also makes C and W multiples of 8: the K and V views stay 16-byte aligned.
     if (s.HS % 8 != 0)
       return "head size " + std::to_string(s.HS) + " is not a multiple of 8 (cuDNN flash attention needs it)";
     if (s.T == 1) return "T=1 is not supported by cuDNN's attention backward (s_q = s_kv = 1)";
@@ -847,7 +873,7 @@ struct CudnnAttention::Impl {
     nlohmann::json record = {{"library", "cuDNN"},
                              {"version", version},
                              {"sm", sm},
-                             {"shape", {{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"HS", s.HS}}},
+                             {"shape", {{"B", s.B}, {"T", s.T}, {"NH", s.NH}, {"KV", s.KV}, {"HS", s.HS}}},
                              {"type", s.type == CUDA_R_16BF ? "bf16" : "fp16"},
                              {"graph", dq_accumulator ? "dQ-accumulator backward" : "dP-workspace backward"},
                              {"ok", e.ok}};
@@ -897,13 +923,13 @@ void CudnnAttention::forward(const SdpaShape& s, void* out, float* stats, const 
                "cuDNN attention forward: qkv, out and stats must be 16-byte aligned");
   PTRAIN_CHECK(e.fwd.workspace == 0 || (workspace && aligned(workspace, 16)),
                "cuDNN attention forward: missing or misaligned workspace");
-  char* base = static_cast<char*>(const_cast<void*>(qkv));                     // cuDNN's variant pack takes void*
-  const size_t head_block = static_cast<size_t>(s.NH * s.HS) * kElementBytes;  // C elements
+  char* base = static_cast<char*>(const_cast<void*>(qkv));  // cuDNN's variant pack takes void*
+  const size_t k_offset = static_cast<size_t>(s.NH * s.HS) * kElementBytes;
+  const size_t v_offset = k_offset + static_cast<size_t>(s.KV * s.HS) * kElementBytes;
   float scale_value = scale;  // by-value scalars: host pointers, read when the kernels launch
   float neg_inf = impl_->neg_inf;
   const std::array<int64_t, 7> uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidNegInf};
-  const std::array<void*, 7> pointers = {base,         base + head_block, base + 2 * head_block, out, stats,
-                                         &scale_value, &neg_inf};
+  const std::array<void*, 7> pointers = {base, base + k_offset, base + v_offset, out, stats, &scale_value, &neg_inf};
   impl_->execute(e.fwd, uids.data(), pointers.data(), uids.size(), workspace);
 }
 
@@ -916,7 +942,8 @@ void CudnnAttention::backward(const SdpaShape& s, void* dqkv, const void* dout, 
   char* base = static_cast<char*>(const_cast<void*>(qkv));
   char* dbase = static_cast<char*>(dqkv);
   char* ws = static_cast<char*>(workspace);
-  const size_t head_block = static_cast<size_t>(s.NH * s.HS) * kElementBytes;
+  const size_t k_offset = static_cast<size_t>(s.NH * s.HS) * kElementBytes;
+  const size_t v_offset = k_offset + static_cast<size_t>(s.KV * s.HS) * kElementBytes;
   void* softmax_sum = ws + e.softmax_sum_offset;
   void* dq_accum = e.dq_accum_bytes ? ws + e.dq_accum_offset : nullptr;
   // cuDNN >= 9.6 initialises the accumulator itself; the frontend memsets it for older versions.
@@ -928,14 +955,14 @@ void CudnnAttention::backward(const SdpaShape& s, void* dqkv, const void* dout, 
   std::array<int64_t, 14> uids = {kUidQ,  kUidK,  kUidV,     kUidO,      kUidDO,  kUidStats,      kUidDQ,
                                   kUidDK, kUidDV, kUidScale, kUidNegInf, kUidOne, kUidSoftmaxSum, kUidDQAccum};
   std::array<void*, 14> pointers = {base,
-                                    base + head_block,
-                                    base + 2 * head_block,
+                                    base + k_offset,
+                                    base + v_offset,
                                     const_cast<void*>(out),
                                     const_cast<void*>(dout),
                                     const_cast<float*>(stats),
                                     dbase,
-                                    dbase + head_block,
-                                    dbase + 2 * head_block,
+                                    dbase + k_offset,
+                                    dbase + v_offset,
                                     &scale_value,
                                     &neg_inf,
                                     &one,

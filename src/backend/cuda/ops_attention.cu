@@ -146,11 +146,9 @@ void CudaBackend::attention_decode(Tensor out, Tensor qkv, int n_head) {
 SdpaShape CudaBackend::sdpa_shape(const char* op, const Tensor& qkv, const Tensor& out, int64_t B, int64_t Tn,
                                   const AttentionHeads& heads) const {
   PTRAIN_EXPECT(cudnn_ != nullptr, op, "the fused attention path was not chosen (choose_attention)");
-  PTRAIN_EXPECT(heads.n_kv_head == heads.n_head, op, "the fused path takes as many K/V heads as query heads");
-  const int64_t NH = heads.n_head, HS = heads.head_size;
   PTRAIN_EXPECT((qkv.dtype == DType::bf16 || qkv.dtype == DType::f16) && out.dtype == qkv.dtype, op,
                 "the fused path takes bf16 or fp16 qkv and out of one dtype");
-  return SdpaShape{B, Tn, NH, HS, cuda_type(qkv.dtype)};
+  return SdpaShape{B, Tn, heads.n_head, heads.n_kv_head, heads.head_size, cuda_type(qkv.dtype)};
 }
 
 void CudaBackend::fused_attention_forward(const Tensor& out, const Tensor& stats, const Tensor& qkv,
@@ -188,18 +186,12 @@ AttentionChoice CudaBackend::choose_attention(const std::string& want, DType dty
   if (dtype != DType::bf16 && dtype != DType::f16)
     return fallback("cuDNN's flash attention takes bf16 or fp16; this run's activations are " +
                     std::string(dtype_name(dtype)));
-  // ptrain's cuDNN graph reads one K/V head per query head; grouped K/V heads need other strides
-  // and a broadcast it does not build yet.
-  if (n_kv_head != n_head)
-    return fallback("grouped-query attention (" + std::to_string(n_head) + " query heads over " +
-                    std::to_string(n_kv_head) + " K/V heads) runs on the fallback path: the fused graph takes one "
-                    "K/V head per query head");
   try {
     if (!cudnn_) cudnn_ = std::make_unique<CudnnAttention>(stream_, /*deterministic=*/true);
   } catch (const CudaError& e) {
     return fallback(std::string("cuDNN could not start: ") + e.what());
   }
-  const SdpaShape s{B, Tn, n_head, head_size, cuda_type(dtype)};
+  const SdpaShape s{B, Tn, n_head, n_kv_head, head_size, cuda_type(dtype)};
   std::string why, mismatch;
   try {  // a cuDNN failure here (never seen on a GPU yet) must not end an `auto` run
     if (!cudnn_->supported(s, &why)) return fallback(why);
@@ -222,14 +214,16 @@ void CudaBackend::drop_attention_scratch() {
   }
 }
 
-// Runs both paths once on seeded inputs of shape s and compares out and dqkv; returns what
-// differs ("" when they agree). The composite cuDNN graph is only as right as its strides and
+// Runs both paths once on seeded inputs of shape s and compares out and each of dq, dk and dv
+// (a wrong grouped K/V gradient must not hide behind a right dq); returns what differs ("" when
+// they agree). The composite cuDNN graph is only as right as its strides and
 // modes: checking it on the run's own shape costs one attention call and keeps a wrong graph
 // from training a model.
 std::string CudaBackend::check_fused_attention(const SdpaShape& s) {
   const DType dt = s.type == CUDA_R_16F ? DType::f16 : DType::bf16;
   const Format f = dt == DType::f16 ? Format::fp16 : Format::bf16;
-  const int64_t C = s.NH * s.HS, n_qkv = s.B * s.T * 3 * C, n_out = s.B * s.T * C;
+  const int64_t C = s.NH * s.HS, KVC = s.KV * s.HS, W = C + 2 * KVC;
+  const int64_t n_qkv = s.B * s.T * W, n_out = s.B * s.T * C;
   std::vector<float> host_qkv(static_cast<size_t>(n_qkv)), host_dout(static_cast<size_t>(n_out));
   Rng rng(/*seed=*/7);
   for (float& x : host_qkv) x = 2.0f * rng.uniform() - 1.0f;
@@ -243,11 +237,11 @@ std::string CudaBackend::check_fused_attention(const SdpaShape& s) {
   };
   std::string result;
   try {
-    const Tensor qkv = tensor({s.B, s.T, 3 * C}, dt, f), dout = tensor({s.B, s.T, C}, dt, f);
+    const Tensor qkv = tensor({s.B, s.T, W}, dt, f), dout = tensor({s.B, s.T, C}, dt, f);
     const Tensor out_f = tensor({s.B, s.T, C}, dt, f), out_r = tensor({s.B, s.T, C}, dt, f);
     const Tensor lse = tensor({s.B, s.NH, s.T}, DType::f32, Format::fp32);
     const Tensor probs = tensor({s.B, s.NH, s.T, s.T}, dt, f);
-    const Tensor dqkv_f = tensor({s.B, s.T, 3 * C}, dt, f), dqkv_r = tensor({s.B, s.T, 3 * C}, dt, f);
+    const Tensor dqkv_f = tensor({s.B, s.T, W}, dt, f), dqkv_r = tensor({s.B, s.T, W}, dt, f);
     upload(qkv, host_qkv.data());
     upload(dout, host_dout.data());
     const int nh = static_cast<int>(s.NH);
@@ -255,23 +249,29 @@ std::string CudaBackend::check_fused_attention(const SdpaShape& s) {
     attention_backward(dqkv_f, dout, qkv, out_f, lse, nh);
     attention_forward(out_r, probs, qkv, nh);
     attention_backward(dqkv_r, dout, qkv, out_r, probs, nh);
-    const auto relative_error = [&](const Tensor& got, const Tensor& want) {
+    // Relative L2 error of columns [begin, end) of every row of `width` elements.
+    const auto relative_error = [&](const Tensor& got, const Tensor& want, int64_t width, int64_t begin,
+                                    int64_t end) {
       std::vector<float> g(static_cast<size_t>(got.numel())), w(g.size());
       download(g.data(), got);
       download(w.data(), want);
       double diff = 0, norm = 0;
-      for (size_t i = 0; i < g.size(); ++i) {
-        diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
-        norm += double(w[i]) * w[i];
-      }
+      for (size_t row = 0; row < g.size() / static_cast<size_t>(width); ++row)
+        for (int64_t c = begin; c < end; ++c) {
+          const size_t i = row * static_cast<size_t>(width) + static_cast<size_t>(c);
+          diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+          norm += double(w[i]) * w[i];
+        }
       return std::sqrt(diff / std::max(norm, 1e-30));  // NaN stays NaN: it never passes
     };
     // Both paths round their bf16/fp16 operands alike; they differ in accumulation order.
-    const double tolerance = 2e-2, e_out = relative_error(out_f, out_r), e_grad = relative_error(dqkv_f, dqkv_r);
-    if (!(e_out <= tolerance && e_grad <= tolerance))
+    const double tolerance = 2e-2, e_out = relative_error(out_f, out_r, C, 0, C);
+    const double e_dq = relative_error(dqkv_f, dqkv_r, W, 0, C), e_dk = relative_error(dqkv_f, dqkv_r, W, C, C + KVC),
+                 e_dv = relative_error(dqkv_f, dqkv_r, W, C + KVC, W);
+    if (!(e_out <= tolerance && e_dq <= tolerance && e_dk <= tolerance && e_dv <= tolerance))
       result = "cuDNN's attention differs from the fallback on this shape (relative error " + std::to_string(e_out) +
-               " in the output, " + std::to_string(e_grad) + " in the gradients; tolerance " +
-               std::to_string(tolerance) + ")";
+               " in the output, " + std::to_string(e_dq) + " / " + std::to_string(e_dk) + " / " +
+               std::to_string(e_dv) + " in the q / k / v gradients; tolerance " + std::to_string(tolerance) + ")";
   } catch (...) {
     for (void* b : blocks) release(b);
     throw;
