@@ -1,5 +1,6 @@
-// The ops of a Llama-style block: RMSNorm (forward saving FP32 1/rms, backward), rotary position
-// embeddings in place (rotate-half layout) and the SwiGLU activation.
+// The ops of a Llama-style block: RMSNorm (forward saving FP32 1/rms, backward; over a plain
+// matrix, or over QK-norm's q or k heads inside qkv rows), rotary position embeddings in place
+// (rotate-half layout) and the SwiGLU activation.
 //
 // Why this shape: RMSNorm gives one warp to each row, its lanes reading 16-byte chunks and
 // reducing by a fixed butterfly; the weight gradient sums over rows, so as for layernorm a
@@ -17,14 +18,25 @@ constexpr int kRmsNormGradRows = 32;  // rows per partial sum of the weight grad
 
 // ---------------------------------------------------------------------------- RMSNorm
 
+// Where row r of C elements starts: rows in groups of `group` adjacent rows, the groups `stride`
+// elements apart ({1, C}: a plain matrix; QK-norm: {heads, qkv width}).
+struct NormRows {
+  int group;
+  size_t stride;
+  __host__ __device__ size_t at(int r, int C) const {
+    return static_cast<size_t>(r / group) * stride + static_cast<size_t>(r % group) * C;
+  }
+};
+
 // out(row) = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps); one warp per row.
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps) {
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps,
+                                       NormRows rows) {
   constexpr int V = Packed128<T>::size;
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (row >= N) return;  // no block barriers here: a spare warp may leave
-  const T* x = inp + static_cast<size_t>(row) * C;
+  const T* x = inp + rows.at(row, C);
   float squares = 0.0f;
   for (int i = lane * V; i < C; i += kWarpSize * V) {
     float v[V];
@@ -37,7 +49,7 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
     load_chunk(v, x, i, C);
     load_chunk(w, weight, i, C);
     for (int k = 0; k < V; ++k) v[k] = v[k] * s * w[k];
-    store_chunk(out + static_cast<size_t>(row) * C, i, C, v);
+    store_chunk(out + rows.at(row, C), i, C, v);
   }
   if (lane == 0) rstd[row] = s;
 }
@@ -45,12 +57,12 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
 // dinp(row) += s g - s^3 x mean(g x) with g = weight * dout; one warp per row.
 template <typename T>
 __global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* rstd,
-                                              int N, int C) {
+                                              int N, int C, NormRows rows) {
   constexpr int V = Packed128<T>::size;
   const int lane = threadIdx.x % kWarpSize;
   const int row = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (row >= N) return;
-  const size_t offset = static_cast<size_t>(row) * C;
+  const size_t offset = rows.at(row, C);
   float gx = 0.0f;
   for (int i = lane * V; i < C; i += kWarpSize * V) {
     float d[V], x[V], w[V];
@@ -76,7 +88,7 @@ __global__ void rmsnorm_backward_input_kernel(T* dinp, const T* dout, const T* i
 // thread per channel, rows in order.
 template <typename T>
 __global__ void rmsnorm_backward_partial_kernel(float* partial, const T* dout, const T* inp, const float* rstd, int N,
-                                                int C) {
+                                                int C, NormRows rows) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   const int slice = blockIdx.y;
   if (c >= C) return;
@@ -84,7 +96,7 @@ __global__ void rmsnorm_backward_partial_kernel(float* partial, const T* dout, c
   const int r1 = r0 + kRmsNormGradRows < N ? r0 + kRmsNormGradRows : N;
   float sum = 0.0f;
   for (int r = r0; r < r1; ++r) {
-    const size_t i = static_cast<size_t>(r) * C + c;
+    const size_t i = rows.at(r, C) + c;
     sum += to_float(dout[i]) * to_float(inp[i]) * rstd[r];
   }
   partial[static_cast<size_t>(slice) * C + c] = sum;
@@ -98,6 +110,19 @@ __global__ void rmsnorm_backward_weight_kernel(T* dweight, const float* partial,
   float sum = to_float(dweight[c]);
   for (int s = 0; s < slices; ++s) sum += partial[static_cast<size_t>(s) * C + c];
   dweight[c] = from_float<T>(sum);
+}
+
+// QK-norm's v heads: columns [begin, width) of each of `rows` rows, copied (forward) or added
+// (backward) from src into dst. One thread per element, grid-stride.
+template <typename T>
+__global__ void copy_tail_columns_kernel(T* dst, const T* src, int rows, int width, int begin, bool accumulate) {
+  const int span = width - begin;
+  const size_t n = static_cast<size_t>(rows) * span;
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t i = e / span * width + begin + e % span;
+    dst[i] = accumulate ? from_float<T>(to_float(dst[i]) + to_float(src[i])) : src[i];
+  }
 }
 
 // ---------------------------------------------------------------------------- RoPE
@@ -160,13 +185,15 @@ inline int llama_blocks(size_t work) {
   return static_cast<int>(blocks < 1 ? 1 : blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-// out, inp (N, C); rstd (N) FP32 written.
+// out, inp (N, C), or N rows laid out as `rows` says; rstd (N) FP32 written.
 template <typename T>
-void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps, cudaStream_t stream) {
+void rmsnorm_forward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps, cudaStream_t stream,
+                     NormRows rows = {1, 0}) {
   if (N == 0) return;
+  if (rows.stride == 0) rows.stride = static_cast<size_t>(C);
   const int rows_per_block = kLlamaThreads / kWarpSize;
   PTRAIN_LAUNCH(rmsnorm_forward_kernel<T>, ceil_div(N, rows_per_block), kLlamaThreads, 0, stream, out, rstd, inp,
-                weight, N, C, eps);
+                weight, N, C, eps, rows);
 }
 
 // Floats of scratch memory rmsnorm_backward needs for N rows of C channels.
@@ -178,18 +205,57 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) {
 // dout after dinp has been updated.
 template <typename T>
 void rmsnorm_backward(T* dinp, T* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
-                      const float* rstd, int N, int C, cudaStream_t stream) {
+                      const float* rstd, int N, int C, cudaStream_t stream, NormRows rows = {1, 0}) {
   if (N == 0) return;
+  if (rows.stride == 0) rows.stride = static_cast<size_t>(C);
   const int rows_per_block = kLlamaThreads / kWarpSize;
   PTRAIN_LAUNCH(rmsnorm_backward_input_kernel<T>, ceil_div(N, rows_per_block), kLlamaThreads, 0, stream, dinp, dout,
-                inp, weight, rstd, N, C);
+                inp, weight, rstd, N, C, rows);
   const int slices = ceil_div(N, kRmsNormGradRows);
   if (slices > 65535) throw std::invalid_argument("rmsnorm_backward: " + std::to_string(N) + " rows exceed the grid");
   constexpr int kThreads = 128;
   PTRAIN_LAUNCH(rmsnorm_backward_partial_kernel<T>, dim3(ceil_div(C, kThreads), slices), kThreads, 0, stream, scratch,
-                dout, inp, rstd, N, C);
+                dout, inp, rstd, N, C, rows);
   PTRAIN_LAUNCH(rmsnorm_backward_weight_kernel<T>, ceil_div(C, kThreads), kThreads, 0, stream, dweight, scratch, slices,
                 C);
+}
+
+// QK-norm over `rows` qkv rows of (NH + 2 KV) hs: q's heads by q_weight, k's by k_weight, v's
+// copied into out unless out is inp; rstd (rows NH + rows KV) FP32 written, q's rows first.
+template <typename T>
+void qk_norm_forward(T* out, float* rstd, const T* inp, const T* q_weight, const T* k_weight, int rows, int NH, int KV,
+                     int hs, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  const int width = (NH + 2 * KV) * hs;
+  const size_t k_at = static_cast<size_t>(NH) * hs;
+  rmsnorm_forward(out, rstd, inp, q_weight, rows * NH, hs, eps, stream, NormRows{NH, static_cast<size_t>(width)});
+  rmsnorm_forward(out + k_at, rstd + static_cast<size_t>(rows) * NH, inp + k_at, k_weight, rows * KV, hs, eps, stream,
+                  NormRows{KV, static_cast<size_t>(width)});
+  if (out == inp) return;
+  PTRAIN_LAUNCH(copy_tail_columns_kernel<T>, llama_blocks(static_cast<size_t>(rows) * KV * hs), kLlamaThreads, 0,
+                stream, out, inp, rows, width, (NH + KV) * hs, false);
+}
+
+// Floats of scratch memory qk_norm_backward needs (the larger of its two weight gradients).
+inline size_t qk_norm_backward_scratch_floats(int rows, int NH, int hs) {
+  return rmsnorm_backward_scratch_floats(rows * NH, hs);
+}
+
+// Adds into dinp (rows, W), dq_weight and dk_weight (hs); v's gradient passes through. dinp must
+// not alias dout.
+template <typename T>
+void qk_norm_backward(T* dinp, T* dq_weight, T* dk_weight, float* scratch, const T* dout, const T* inp,
+                      const T* q_weight, const T* k_weight, const float* rstd, int rows, int NH, int KV, int hs,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  const int width = (NH + 2 * KV) * hs;
+  const size_t k_at = static_cast<size_t>(NH) * hs;
+  rmsnorm_backward(dinp, dq_weight, scratch, dout, inp, q_weight, rstd, rows * NH, hs, stream,
+                   NormRows{NH, static_cast<size_t>(width)});
+  rmsnorm_backward(dinp + k_at, dk_weight, scratch, dout + k_at, inp + k_at, k_weight,
+                   rstd + static_cast<size_t>(rows) * NH, rows * KV, hs, stream, NormRows{KV, static_cast<size_t>(width)});
+  PTRAIN_LAUNCH(copy_tail_columns_kernel<T>, llama_blocks(static_cast<size_t>(rows) * KV * hs), kLlamaThreads, 0,
+                stream, dinp, dout, rows, width, (NH + KV) * hs, true);
 }
 
 // x (rows = B * T, width): the first `heads` heads of size 2 * half turn; table (T, half, 2).

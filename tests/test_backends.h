@@ -75,6 +75,13 @@ class ForwardingBackend : public Backend {
   void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override {
     inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd);
   }
+  void qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor qw, Tensor kw, int nh, float eps) override {
+    inner_.qk_norm_forward(out, rstd, inp, qw, kw, nh, eps);
+  }
+  void qk_norm_backward(Tensor dinp, Tensor dqw, Tensor dkw, Tensor dout, Tensor inp, Tensor qw, Tensor kw,
+                        Tensor rstd, int nh) override {
+    inner_.qk_norm_backward(dinp, dqw, dkw, dout, inp, qw, kw, rstd, nh);
+  }
   void rope_forward(Tensor x, Tensor table, int heads) override { inner_.rope_forward(x, table, heads); }
   void rope_backward(Tensor dx, Tensor table, int heads) override { inner_.rope_backward(dx, table, heads); }
   void swiglu_forward(Tensor out, Tensor gate_up) override { inner_.swiglu_forward(out, gate_up); }

@@ -426,7 +426,8 @@ TEST_CASE("cross-key checks report at the first key named", "[config]") {
 TEST_CASE("llama's settings round trip, and a GPT-2 config.yaml leaves them out", "[config][llama]") {
   const Config llama = parse_config(kMinimal, "cfg.yaml",
                                     {"model.arch=llama", "model.n_kv_head=2", "model.rope_theta=500000",
-                                     "model.norm_eps=1e-6", "model.mlp_multiple_of=64", "model.tie_embeddings=true"});
+                                     "model.norm_eps=1e-6", "model.mlp_multiple_of=64", "model.tie_embeddings=true",
+                                     "model.qk_norm=true"});
   CHECK(llama.model.kv_heads() == 2);
   CHECK(llama.model.swiglu_hidden() == 192);  // 8 * 64 / 3 = 170, rounded up to a multiple of 64
   const std::string yaml = ptrain::config_to_yaml(llama);
@@ -436,18 +437,23 @@ TEST_CASE("llama's settings round trip, and a GPT-2 config.yaml leaves them out"
   CHECK(back.model.rope_theta == 500000);
   CHECK(back.model.norm_eps == 1e-6);
   CHECK(back.model.tie_embeddings == "true");
+  CHECK(back.model.qk_norm);
   CHECK(parse_config(kMinimal, "cfg.yaml", {"model.arch=llama", "model.mlp_hidden=100"}).model.swiglu_hidden() == 100);
 
   const std::string gpt2 = ptrain::config_to_yaml(parse_config(kMinimal, "cfg.yaml"));
   CHECK(contains(gpt2, "arch: gpt2"));
   CHECK_FALSE(contains(gpt2, "n_kv_head"));
   CHECK_FALSE(contains(gpt2, "rope_theta"));
+  CHECK_FALSE(contains(gpt2, "qk_norm"));
 }
 
 TEST_CASE("llama's settings are checked, and refused with gpt2", "[config][llama]") {
   const auto with_gpt2 = only_problem(kMinimal, {"model.n_kv_head=2"});
   check_shape(with_gpt2, "--set model.n_kv_head=2", "model.n_kv_head");
   CHECK(contains(with_gpt2, "is a llama setting, and model.arch is gpt2"));
+  const auto qk_gpt2 = only_problem(kMinimal, {"model.qk_norm=true"});
+  check_shape(qk_gpt2, "--set model.qk_norm=true", "model.qk_norm");
+  CHECK(contains(qk_gpt2, "is a llama setting, and model.arch is gpt2"));
   const auto untied = only_problem(kMinimal, {"model.tie_embeddings=false"});
   check_shape(untied, "--set model.tie_embeddings=false", "model.tie_embeddings");
 

@@ -72,6 +72,9 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
   SECTION("llama, grouped-query attention 4:2, untied head") { check_gradients(llama_shape({2, 4, 24, 7, 11, 128}, 2, 20)); }
   SECTION("llama, one K/V head, head size 2, tied head") { check_gradients(llama_shape({1, 4, 8, 7, 11, 128}, 1, 12, true)); }
   SECTION("llama, multi-head attention") { check_gradients(llama_shape({1, 4, 24, 7, 11, 128}, 4, 16)); }
+  SECTION("llama, QK-norm, grouped-query attention 4:2") {
+    check_gradients(with_qk_norm(llama_shape({2, 4, 24, 7, 11, 128}, 2, 20)));
+  }
 }
 
 // training.recompute trades memory for a second forward pass; the recomputed activations are
@@ -79,9 +82,10 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
 TEST_CASE("activation recomputation gives the same loss and gradients bit for bit, in less memory", "[model]") {
   auto backend = make_cpu_backend(0);
   const GptShape gpt2{3, 4, 64, 16, 50, 128};
-  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 96)}));
+  const GptShape shape =
+      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 96), with_qk_norm(llama_shape(gpt2, 2, 96))}));
   const char* mode = GENERATE("fp32", "bf16", "fp8");
-  INFO(arch_name(shape.arch) << " " << mode);
+  INFO(arch_name(shape.arch) << (shape.qk_norm ? " QK-norm " : " ") << mode);
   PrecisionPolicy policy;
   if (std::string(mode) != "fp32") {
     PrecisionConfig config;
@@ -242,7 +246,8 @@ TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every posi
   auto backend = make_cpu_backend(0);
   const GptShape gpt2{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
   // Llama: RoPE turns each decoded row by its own position's angles, over 4 query heads on 2 K/V heads.
-  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape({2, 4, 16, 24, 50, 64}, 2, 40)}));
+  const GptShape llama = llama_shape({2, 4, 16, 24, 50, 64}, 2, 40);
+  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama, with_qk_norm(llama)}));
   const int B = 2, T = 24;
   const auto tokens = random_tokens(T, shape.vocab, 3);
   for (const DType dt : {DType::f64, DType::f32}) {

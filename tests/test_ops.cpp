@@ -226,6 +226,63 @@ TEST_CASE("rmsnorm forward and backward", "[ops][llama]") {
     }
 }
 
+// QK-norm: each q head by the q weight, each k head by the k weight, v passed through; head
+// sizes 2, 6, 38, multi-head, grouped and multi-query.
+TEST_CASE("qk_norm forward and backward", "[ops][llama]") {
+  struct Heads {
+    int NH, KV, hs;
+  };
+  for (int N : {1, 7})
+    for (const Heads h : {Heads{1, 1, 2}, Heads{4, 2, 6}, Heads{3, 1, 38}, Heads{2, 2, 6}}) {
+      CAPTURE(N, h.NH, h.KV, h.hs);
+      const double eps = 1e-5;
+      const int W = (h.NH + 2 * h.KV) * h.hs, stats = N * (h.NH + h.KV);
+      HostBuffer<double> inp({N, W}), qw({h.hs}), kw({h.hs}), out({N, W}), rstd({stats}), R({N, W});
+      fill_normal(inp.data, 46, 2.0);
+      fill_normal(qw.data, 47);
+      fill_normal(kw.data, 48);
+      fill_normal(R.data, 49);
+      std::vector<double> ref = inp.data;  // v's heads unchanged
+      for (int n = 0; n < N; ++n)
+        for (int head = 0; head < h.NH + h.KV; ++head) {
+          double* x = &ref[static_cast<size_t>(n * W + head * h.hs)];
+          const std::vector<double>& w = head < h.NH ? qw.data : kw.data;
+          double squares = 0;
+          for (int c = 0; c < h.hs; ++c) squares += x[c] * x[c];
+          const double s = 1 / std::sqrt(squares / h.hs + eps);
+          for (int c = 0; c < h.hs; ++c) x[c] = x[c] * s * w[c];
+        }
+      HostBuffer<float> fi({N, W}), fq({h.hs}), fk({h.hs}), fo({N, W}), fr({stats});
+      fi.data = cast<float>(inp.data);
+      fq.data = cast<float>(qw.data);
+      fk.data = cast<float>(kw.data);
+      cpu_backend().qk_norm_forward(fo.view(), fr.view(), fi.view(), fq.view(), fk.view(), h.NH, static_cast<float>(eps));
+      CHECK(relative_error(fo.data, ref) < kFp32Tol);
+      cpu_backend().qk_norm_forward(fi.view(), fr.view(), fi.view(), fq.view(), fk.view(), h.NH, static_cast<float>(eps));
+      CHECK(fi.data == fo.data);  // in place: the same numbers
+
+      auto loss = [&] {
+        cpu_backend().qk_norm_forward(out.view(), rstd.view(), inp.view(), qw.view(), kw.view(), h.NH,
+                                      static_cast<float>(eps));
+        return dot(out.data, R.data);
+      };
+      loss();  // rstd at the unperturbed point
+      HostBuffer<double> dinp({N, W}, 0.25), dq({h.hs}, -0.5), dk({h.hs}, 0.75);
+      cpu_backend().qk_norm_backward(dinp.view(), dq.view(), dk.view(), R.view(), inp.view(), qw.view(), kw.view(),
+                                     rstd.view(), h.NH);
+      for (auto& g : dinp.data) g -= 0.25;
+      for (auto& g : dq.data) g += 0.5;
+      for (auto& g : dk.data) g -= 0.75;
+      check_gradient(dinp.data, finite_difference(inp.data, loss));
+      check_gradient(dq.data, finite_difference(qw.data, loss));
+      check_gradient(dk.data, finite_difference(kw.data, loss));
+    }
+  // A weight of the wrong size is refused, naming the op.
+  HostBuffer<float> qkv({1, 24}), w({6}), w5({5}), r({3}), o({1, 24});
+  CHECK_THROWS_WITH(cpu_backend().qk_norm_forward(o.view(), r.view(), qkv.view(), w.view(), w5.view(), 2, 1e-5f),
+                    Catch::Contains("qk_norm_forward"));
+}
+
 TEST_CASE("swiglu forward and backward", "[ops][llama]") {
   for (int N : {1, 7, 19})
     for (int H : {1, 7, 111}) {

@@ -114,6 +114,13 @@ class RecordingBackend final : public ForwardingBackend {
   void rmsnorm_backward(Tensor dinp, Tensor dw, Tensor dout, Tensor inp, Tensor w, Tensor rstd) override {
     queue("rmsnorm_backward", [=] { inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd); });
   }
+  void qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor qw, Tensor kw, int nh, float eps) override {
+    queue("qk_norm_forward", [=] { inner_.qk_norm_forward(out, rstd, inp, qw, kw, nh, eps); });
+  }
+  void qk_norm_backward(Tensor dinp, Tensor dqw, Tensor dkw, Tensor dout, Tensor inp, Tensor qw, Tensor kw,
+                        Tensor rstd, int nh) override {
+    queue("qk_norm_backward", [=] { inner_.qk_norm_backward(dinp, dqw, dkw, dout, inp, qw, kw, rstd, nh); });
+  }
   void rope_forward(Tensor x, Tensor table, int heads) override {
     queue("rope_forward", [=] { inner_.rope_forward(x, table, heads); });
   }

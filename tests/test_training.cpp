@@ -33,9 +33,11 @@ const char* kTinyRun =
 }  // namespace
 
 TEST_CASE("a tiny model closes 90% of the gap to the oracle loss", "[training]") {
-  // GPT-2, and Llama with 4 query heads over 2 K/V heads.
-  const std::string model = GENERATE(as<std::string>{}, "n_layer: 2, n_head: 2, n_embd: 64",
-                                     "arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, mlp_hidden: 160");
+  // GPT-2, and Llama with 4 query heads over 2 K/V heads, with and without QK-norm.
+  const std::string model =
+      GENERATE(as<std::string>{}, "n_layer: 2, n_head: 2, n_embd: 64",
+               "arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, mlp_hidden: 160",
+               "arch: llama, n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, mlp_hidden: 160, qk_norm: true");
   CAPTURE(model);
   const fs::path dir = make_temp_dir("learn");
   const std::string yaml =

@@ -158,4 +158,10 @@ inline GptShape llama_shape(GptShape s, int n_kv_head, int hidden, bool tied = f
   return s;
 }
 
+// The same with QK-norm (model.qk_norm).
+inline GptShape with_qk_norm(GptShape s) {
+  s.qk_norm = true;
+  return s;
+}
+
 }  // namespace ptrain::test

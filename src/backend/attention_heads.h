@@ -38,4 +38,9 @@ struct AttentionHeads {
 // throws, naming `op` and the shapes, when they fit none.
 AttentionHeads attention_heads(const char* op, const Tensor& qkv, const Tensor& out, int n_head);
 
+// The layout of qkv (..., W) for QK-norm with q's and k's norm weights (head_size each) and
+// rstd (rows n_head + rows n_kv_head); throws, naming `op` and the shapes, when they disagree.
+AttentionHeads qk_norm_heads(const char* op, const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                             const Tensor& rstd, int n_head);
+
 }  // namespace ptrain

@@ -217,6 +217,15 @@ class Backend {
   //   compute dtype, f32 or f64). dinp must not alias dout.
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) = 0;
   virtual void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) = 0;
+  //   QK-norm (model.qk_norm): RMSNorm over each head of q and of k in qkv rows (..., W), W =
+  //   (n_head + 2 n_kv_head) hs, q's heads by q_weight (hs), k's by k_weight (hs); v's heads are
+  //   copied (forward) or their gradient added (backward). rstd (N n_head + N n_kv_head) for N
+  //   rows: q's heads first, then k's, in the statistics' format. out may be inp; dinp must not
+  //   alias dout.
+  virtual void qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor q_weight, Tensor k_weight, int n_head,
+                               float eps) = 0;
+  virtual void qk_norm_backward(Tensor dinp, Tensor dq_weight, Tensor dk_weight, Tensor dout, Tensor inp,
+                                Tensor q_weight, Tensor k_weight, Tensor rstd, int n_head) = 0;
   //   Rotary position embeddings, rotate-half layout (Llama, Hugging Face): in the first `heads`
   //   heads of each row of x (B,T,width) (q's heads, then k's), element i < hs/2 of a head pairs
   //   with i + hs/2 and the pair turns by the angle whose cosine and sine table (T,hs/2,2), FP32,

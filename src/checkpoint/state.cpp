@@ -184,6 +184,7 @@ json model_json(const ModelConfig& m) {
   j["rope_theta"] = m.rope_theta;
   j["norm_eps"] = m.norm_eps;
   j["tie_embeddings"] = m.tie_embeddings == "true";
+  if (m.qk_norm) j["qk_norm"] = true;  // absent: off, as in checkpoints from before the key
   return j;
 }
 
@@ -216,6 +217,11 @@ ModelConfig model_from_json(const json& j) {
   const json& tie = member(j, "model", "tie_embeddings");
   if (!tie.is_boolean()) bad("model.tie_embeddings", tie, "true or false");
   m.tie_embeddings = tie.get<bool>() ? "true" : "false";
+  if (j.contains("qk_norm")) {
+    const json& qk = j["qk_norm"];
+    if (!qk.is_boolean()) bad("model.qk_norm", qk, "true or false");
+    m.qk_norm = qk.get<bool>();
+  }
   return m;
 }
 

@@ -140,6 +140,8 @@ Schema make_schema(Config& c) {
              "llama: the default SwiGLU width is rounded up to a multiple of this"),
       choice("model.tie_embeddings", &m.tie_embeddings, {"auto", "true", "false"},
              "LM head shares the token embedding; auto = gpt2 tied, llama untied"),
+      flag("model.qk_norm", &m.qk_norm,
+           "llama: RMSNorm on each q and k head before RoPE (a head_size weight per layer for each)"),
 
       text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
@@ -393,7 +395,7 @@ std::string nearest_multiples(int64_t value, int64_t m) {
 
 // The model keys only model.arch: llama reads.
 constexpr const char* kLlamaSettings[] = {"model.n_kv_head", "model.rope_theta", "model.norm_eps", "model.mlp_hidden",
-                                          "model.mlp_multiple_of"};
+                                          "model.mlp_multiple_of", "model.qk_norm"};
 bool is_llama_setting(const std::string& key) {
   for (const char* k : kLlamaSettings)
     if (key == k) return true;

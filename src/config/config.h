@@ -41,6 +41,7 @@ struct ModelConfig {
   int mlp_hidden = 0;                     // SwiGLU width; 0 = the Llama rule (swiglu_hidden)
   int mlp_multiple_of = 256;              // the Llama rule rounds up to a multiple of this
   std::string tie_embeddings = "auto";    // auto (gpt2 tied, llama not) | true | false
+  bool qk_norm = false;                   // llama: RMSNorm on each q and k head (before RoPE)
 
   // Vocabulary padded to a multiple of 128 (the padded logits never win, never get gradient).
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }

@@ -57,6 +57,7 @@ nlohmann::json comparable_keys(const Config& c) {
     j["model.rope_theta"] = c.model.rope_theta;
     j["model.norm_eps"] = c.model.norm_eps;
     j["model.tie_embeddings"] = c.model.tie_embeddings == "true";
+    j["model.qk_norm"] = c.model.qk_norm;
   }
   if (c.data.synthetic_enabled) {
     const SyntheticDataConfig& s = c.data.synthetic;

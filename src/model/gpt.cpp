@@ -60,6 +60,10 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   if (!llama) add(&a.ln1_mean, {L, B, T}, fp32);
   add(&a.ln1_rstd, {L, B, T}, fp32);
   add(&a.qkv, {L, B, T, W}, act);
+  if (s.qk_norm) {
+    add(&a.qkv_raw, {L, B, T, W}, act);
+    add(&a.qk_rstd, {L, int64_t{B} * T * (NH + s.kv_heads())}, fp32);
+  }
   add(&a.atty, {L, B, T, C}, act);
   if (attention == AttentionPath::fused)  // a log-sum-exp per row (the fused backward recomputes the
     // rest), each layer's rows padded to 16 bytes: cuDNN reads 16-byte aligned tensors
@@ -86,6 +90,7 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   add(&a.dfch_gelu, {B, T, fc_out}, grad);
   add(&a.dfch, {B, T, fc_width}, grad);
   add(&a.dqkv, {B, T, W}, grad);
+  if (s.qk_norm) add(&a.dqkv_raw, {B, T, W}, grad);
   return p;
 }
 }  // namespace
@@ -304,7 +309,7 @@ void Gpt::init(uint64_t seed, double std) {
     const int i = spec.id;
     const Tensor& t = params_[i];
     std::vector<float> host(t.numel(), 0.0f);
-    const bool is_norm_weight = (i == kLn1w || i == kLn2w || i == kLnfw);
+    const bool is_norm_weight = (i == kLn1w || i == kLn2w || i == kLnfw || i == kQNormw || i == kKNormw);
     if (is_norm_weight) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else if (spec.weight_decay) {  // the 2-D weights
@@ -569,9 +574,10 @@ void Gpt::gpt2_block_forward(int l, int position, bool training) {
   be.add(at(a_.residual3[l]), residual2, fcproj);
 }
 
-// x -> RMSNorm -> qkv (no biases) -> RoPE on q's and k's heads -> attention -> o_proj -> + x ->
-// RMSNorm -> gate_up -> SwiGLU -> down -> + residual2. RoPE turns qkv in place: what attention
-// and its backward read is the turned q and k.
+// x -> RMSNorm -> qkv (no biases) [-> QK-norm] -> RoPE on q's and k's heads -> attention ->
+// o_proj -> + x -> RMSNorm -> gate_up -> SwiGLU -> down -> + residual2. RoPE turns qkv in place:
+// what attention and its backward read is the turned q and k. With QK-norm the projection's
+// output is kept apart (qkv_raw) for QK-norm's backward pass.
 void Gpt::llama_block_forward(int l, int position, bool training) {
   Backend& be = backend_;
   const auto at = [&](Tensor t) { return rows_at(t, position); };
@@ -581,7 +587,15 @@ void Gpt::llama_block_forward(int l, int position, bool training) {
   const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
   const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[b]);
   be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kLn1w][l], eps);
-  linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], Tensor(), training);
+  if (shape_.qk_norm) {
+    // A decoded row's statistics go in the first slots: decoding never runs a backward pass.
+    const Tensor raw = at(a_.qkv_raw[b]);
+    const Tensor rstd = position < 0 ? a_.qk_rstd[b] : a_.qk_rstd[b].range(0, shape_.n_head + shape_.kv_heads());
+    linear_forward(fp8_linear(l, kQkv), raw, ln1, params_[kQkvw][l], Tensor(), training);
+    be.qk_norm_forward(qkv, rstd, raw, params_[kQNormw][l], params_[kKNormw][l], shape_.n_head, eps);
+  } else {
+    linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], Tensor(), training);
+  }
   be.rope_forward(qkv, rope_rows(position), shape_.n_head + shape_.kv_heads());
   attention_forward(l, position);
   linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], Tensor(), training);
@@ -718,8 +732,15 @@ void Gpt::llama_block_backward(int l) {
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.rope_backward(a_.dqkv, rope_table_, shape_.n_head + shape_.kv_heads());
+  Tensor dqkv = a_.dqkv;
+  if (shape_.qk_norm) {
+    be.zero(a_.dqkv_raw);
+    be.qk_norm_backward(a_.dqkv_raw, g[kQNormw][l], g[kKNormw][l], a_.dqkv, a_.qkv_raw[b], p[kQNormw][l],
+                        p[kKNormw][l], a_.qk_rstd[b], shape_.n_head);
+    dqkv = a_.dqkv_raw;
+  }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), a_.dqkv, a_.ln1[b], p[kQkvw][l]);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), dqkv, a_.ln1[b], p[kQkvw][l]);
   be.rmsnorm_backward(a_.dresidual, g[kLn1w][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_rstd[b]);
 }
 

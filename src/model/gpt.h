@@ -59,6 +59,7 @@ struct GptActivations {
   Tensor encoded;                    // (B,T,C)
   Tensor ln1, ln1_mean, ln1_rstd;    // (L,B,T,C), (L,B,T)
   Tensor qkv;                        // (L,B,T,W), q and k turned by RoPE (llama)
+  Tensor qkv_raw, qk_rstd;           // llama with QK-norm: qkv before it (L,B,T,W); (L,B*T*(NH+KV)) FP32
   Tensor atty;                       // (L,B,T,C)
   Tensor att;                        // (L,B,NH,T,T) probabilities, or FP32 log-sum-exps (fused; saved_attention)
   Tensor attproj;                    // (L,B,T,C)
@@ -73,6 +74,7 @@ struct GptActivations {
   // Backward scratch, reused by every layer.
   Tensor dresidual, dln, datty, dfch_gelu, dfch;  // (B,T,C) and fch_gelu's, fch's widths
   Tensor dqkv;                                    // (B,T,W)
+  Tensor dqkv_raw;                                // (B,T,W), QK-norm's input gradient
 };
 
 class Gpt {

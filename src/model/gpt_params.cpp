@@ -13,6 +13,7 @@ GptShape GptShape::of(const ModelConfig& m) {
   s.tied_head = m.tie_embeddings == "true";
   s.rope_theta = static_cast<float>(m.rope_theta);
   s.norm_eps = static_cast<float>(m.norm_eps);
+  s.qk_norm = m.qk_norm;
   return s;
 }
 
@@ -44,12 +45,18 @@ static std::vector<ParamSpec> llama_specs(const GptShape& s) {
       {kWte, "embed", {s.padded_vocab, C}, true},
       {kLn1w, "attn_norm", {L, C}, false},
       {kQkvw, "qkv", {L, s.qkv_width(), C}, true},
+  };
+  if (s.qk_norm) {
+    specs.push_back({kQNormw, "q_norm", {L, s.head_size()}, false});
+    specs.push_back({kKNormw, "k_norm", {L, s.head_size()}, false});
+  }
+  specs.insert(specs.end(), {
       {kAttprojw, "o_proj", {L, C, C}, true},
       {kLn2w, "mlp_norm", {L, C}, false},
       {kFcw, "gate_up", {L, 2 * H, C}, true},
       {kFcprojw, "down", {L, C, H}, true},
       {kLnfw, "final_norm", {C}, false},
-  };
+  });
   if (!s.tied_head) specs.push_back({kLmHead, "lm_head", {s.padded_vocab, C}, true});
   return specs;
 }

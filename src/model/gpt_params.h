@@ -29,6 +29,7 @@ struct GptShape {
   bool tied_head = true;  // the LM head is the token embedding
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
+  bool qk_norm = false;  // RMSNorm on each q and k head before RoPE (model.qk_norm)
 
   int head_size() const { return n_embd / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -44,6 +45,7 @@ enum ParamId {
   kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
   kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
   kLmHead,  // an untied LM head (llama)
+  kQNormw, kKNormw,  // QK-norm's weights (llama with model.qk_norm): one head_size vector per layer
   kNumParams
 };
 

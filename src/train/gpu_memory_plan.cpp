@@ -115,10 +115,7 @@ AttentionPath expected_gpu_attention(const Config& config) {
   if (!half && config.model.attention == "cudnn")  // as the CUDA backend refuses it
     throw UserError("model.attention: cudnn cannot run this model: cuDNN's flash attention takes bf16 or fp16; this "
                     "run's activations are f32");
-  const bool grouped = config.model.arch == "llama" && config.model.kv_heads() != config.model.n_head;
-  if (grouped && config.model.attention == "cudnn")
-    throw UserError("model.attention: cudnn cannot run this model: grouped-query attention runs on the fallback path");
-  return half && !grouped && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
+  return half && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
 }
 
 std::string GpuMemoryPlan::describe() const {

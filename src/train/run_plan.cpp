@@ -366,7 +366,8 @@ std::string describe_plan(const RunPlan& plan) {
   if (shape.arch == Arch::llama)
     line("model: llama, " + std::to_string(shape.n_head) + " query heads over " + std::to_string(shape.kv_heads()) +
          " K/V heads, SwiGLU width " + std::to_string(shape.mlp_width()) + ", RoPE theta " +
-         format_thousands(shape.rope_theta) + ", " + (shape.tied_head ? "tied" : "untied") + " LM head");
+         format_thousands(shape.rope_theta) + ", " + (shape.tied_head ? "tied" : "untied") + " LM head" +
+         (shape.qk_norm ? ", QK-norm" : ""));
   line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);

@@ -396,7 +396,7 @@ class Trainer {
     for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
     const bool llama = shape_.arch == Arch::llama;
     const std::string llama_shape = " KV=" + std::to_string(shape_.kv_heads()) + " F=" + std::to_string(shape_.mlp_width()) +
-                                    (shape_.tied_head ? " tied head" : " untied head");
+                                    (shape_.tied_head ? " tied head" : " untied head") + (shape_.qk_norm ? " QK-norm" : "");
     log_.info(std::string("model: ") + (llama ? "Llama" : "GPT-2") + " L=" + std::to_string(shape_.n_layer) +
               " H=" + std::to_string(shape_.n_head) + (llama ? llama_shape : "") + " C=" + std::to_string(shape_.n_embd) +
               " T=" + std::to_string(T_) + " V=" + std::to_string(shape_.vocab) + " (padded " +

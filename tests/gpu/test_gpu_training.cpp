@@ -62,11 +62,12 @@ void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const 
 TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
   const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
                       /*padded_vocab=*/256};
-  // Llama with 4 query heads over 2 K/V heads (cuDNN's grouped graph on the fused path), and
-  // multi-head.
+  // Llama with 4 query heads over 2 K/V heads (cuDNN's grouped graph on the fused path), with
+  // QK-norm, and multi-head.
   const GptShape shape =
-      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256)}));
-  INFO(arch_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads");
+      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256),
+                                      with_qk_norm(llama_shape(gpt2, 2, 256))}));
+  INFO(arch_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads" << (shape.qk_norm ? ", QK-norm" : ""));
   const int B = 4, T = 64;
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {

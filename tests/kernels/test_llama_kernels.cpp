@@ -1,5 +1,5 @@
-// The Llama block's kernels (RMSNorm, RoPE, SwiGLU) under the SIMT emulator against the CPU
-// backend's ops.
+// The Llama block's kernels (RMSNorm, QK-norm, RoPE, SwiGLU) under the SIMT emulator against
+// the CPU backend's ops.
 #include "kernel_test.h"
 #include "llama.cuh"
 #include "model/rope_table.h"
@@ -60,6 +60,58 @@ TEMPLATE_TEST_CASE("rmsnorm_backward kernels match the CPU backend", "[kernels][
                                 rstd.data(), s.N, s.C, nullptr);
       expect_close("rmsnorm_backward dinp", to_floats(dinp), ref_dinp, f);
       expect_close("rmsnorm_backward dweight", to_floats(dw), ref_dw, f);
+    }
+  }
+}
+
+struct QkShape {
+  int rows, NH, KV, hs;
+};
+// Multi-head, grouped and multi-query heads; head sizes 2, 6, 38 (ragged vector tails, rows not
+// 16-byte aligned) and 64; more q rows than one weight-gradient slice.
+const std::vector<QkShape> kQkShapes{{1, 1, 1, 2}, {3, 4, 2, 6}, {5, 3, 1, 38}, {9, 4, 4, 64}};
+
+// The forward pass out of place (v's heads copied) and in place, then the backward pass adding
+// into non-zero gradients.
+TEMPLATE_TEST_CASE("qk_norm kernels match the CPU backend", "[kernels][llama]", float, bf16, fp16) {
+  constexpr Format f = format_of<TestType>();
+  for (const QkShape s : kQkShapes) {
+    const int W = (s.NH + 2 * s.KV) * s.hs, stats = s.rows * (s.NH + s.KV);
+    const size_t n = static_cast<size_t>(s.rows) * W;
+    std::vector<float> inp = random_on_grid(n, 91, 2.0f, f), qw = random_on_grid(s.hs, 92, 1.0f, f),
+                       kw = random_on_grid(s.hs, 93, 1.0f, f), dout = random_on_grid(n, 94, 1.0f, f);
+    std::vector<float> dinp0 = random_on_grid(n, 95, 0.5f, f), dqw0 = random_on_grid(s.hs, 96, 0.5f, f),
+                       dkw0 = random_on_grid(s.hs, 97, 0.5f, f);
+    std::vector<float> ref_out(n), ref_rstd(stats), ref_dinp = dinp0, ref_dqw = dqw0, ref_dkw = dkw0;
+    CpuReference cpu;
+    cpu->qk_norm_forward(cpu.view(ref_out, {s.rows, W}, f), cpu.view(ref_rstd, {stats}), cpu.view(inp, {s.rows, W}),
+                         cpu.view(qw, {s.hs}), cpu.view(kw, {s.hs}), s.NH, 1e-5f);
+    cpu->qk_norm_backward(cpu.view(ref_dinp, {s.rows, W}, f), cpu.view(ref_dqw, {s.hs}, f),
+                          cpu.view(ref_dkw, {s.hs}, f), cpu.view(dout, {s.rows, W}), cpu.view(inp, {s.rows, W}),
+                          cpu.view(qw, {s.hs}), cpu.view(kw, {s.hs}), cpu.view(ref_rstd, {stats}), s.NH);
+    const auto d_inp = to_storage<TestType>(inp), d_qw = to_storage<TestType>(qw), d_kw = to_storage<TestType>(kw),
+               d_dout = to_storage<TestType>(dout);
+    for (const auto& order : thread_orders()) {
+      simt::ScopedOptions use(order);
+      INFO("rows=" << s.rows << " NH=" << s.NH << " KV=" << s.KV << " hs=" << s.hs << " order " << order.name());
+      auto out = poisoned<TestType>(n);
+      auto rstd = poisoned<float>(static_cast<size_t>(stats));
+      kernels::qk_norm_forward(out.data(), rstd.data(), d_inp.data(), d_qw.data(), d_kw.data(), s.rows, s.NH, s.KV,
+                               s.hs, 1e-5f, nullptr);
+      expect_close("qk_norm_forward out", to_floats(out), ref_out, f);
+      expect_close("qk_norm_forward rstd", rstd, ref_rstd, Format::fp32, 1e-5);
+      auto in_place = to_storage<TestType>(inp);
+      kernels::qk_norm_forward(in_place.data(), rstd.data(), in_place.data(), d_qw.data(), d_kw.data(), s.rows, s.NH,
+                               s.KV, s.hs, 1e-5f, nullptr);
+      expect_close("qk_norm_forward in place", to_floats(in_place), ref_out, f);
+
+      auto dinp = to_storage<TestType>(dinp0), dqw = to_storage<TestType>(dqw0), dkw = to_storage<TestType>(dkw0);
+      auto scratch = poisoned<float>(kernels::qk_norm_backward_scratch_floats(s.rows, s.NH, s.hs));
+      kernels::qk_norm_backward(dinp.data(), dqw.data(), dkw.data(), scratch.data(), d_dout.data(), d_inp.data(),
+                                d_qw.data(), d_kw.data(), rstd.data(), s.rows, s.NH, s.KV, s.hs, nullptr);
+      expect_close("qk_norm_backward dinp", to_floats(dinp), ref_dinp, f);
+      expect_close("qk_norm_backward dq_weight", to_floats(dqw), ref_dqw, f);
+      expect_close("qk_norm_backward dk_weight", to_floats(dkw), ref_dkw, f);
     }
   }
 }

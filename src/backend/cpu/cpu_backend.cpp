@@ -401,6 +401,43 @@ class CpuBackend final : public Backend {
     round_output(profile_, dweight, &grad_numerics_);
   }
 
+  void qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor q_weight, Tensor k_weight, int n_head,
+                       float eps) override {
+    const OpScope scope(profile_, OpFamily::norms);
+    expect_same_float_dtype("qk_norm_forward", {&out, &rstd, &inp, &q_weight, &k_weight});
+    const AttentionHeads h = qk_norm_heads("qk_norm_forward", inp, q_weight, k_weight, rstd, n_head);
+    expect(out.numel() == inp.numel() && eps >= 0, "qk_norm_forward",
+           "shape mismatch: inp " + inp.shape_string() + " out " + out.shape_string());
+    const int64_t N = inp.numel() / h.row_width();
+    dispatch(inp, [&](auto z) {
+      using T = decltype(z);
+      cpu::qk_norm_forward<T>(out.as<T>(), rstd.as<T>(), inp.as<T>(), q_weight.as<T>(), k_weight.as<T>(), N,
+                              h.n_head, h.n_kv_head, h.head_size, static_cast<T>(eps));
+    });
+    round_output(profile_, out);
+  }
+
+  void qk_norm_backward(Tensor dinp, Tensor dq_weight, Tensor dk_weight, Tensor dout, Tensor inp, Tensor q_weight,
+                        Tensor k_weight, Tensor rstd, int n_head) override {
+    const OpScope scope(profile_, OpFamily::norms);
+    expect_same_float_dtype("qk_norm_backward", {&dinp, &dq_weight, &dk_weight, &dout, &inp, &q_weight, &k_weight, &rstd});
+    const AttentionHeads h = qk_norm_heads("qk_norm_backward", inp, q_weight, k_weight, rstd, n_head);
+    expect(dinp.numel() == inp.numel() && dout.numel() == inp.numel() && dq_weight.numel() == h.head_size &&
+               dk_weight.numel() == h.head_size,
+           "qk_norm_backward", "shape mismatch");
+    expect(dinp.data != dout.data, "qk_norm_backward", "dinp must not alias dout (dinp is added to row by row)");
+    const int64_t N = inp.numel() / h.row_width();
+    dispatch(inp, [&](auto z) {
+      using T = decltype(z);
+      cpu::qk_norm_backward<T>(dinp.as<T>(), dq_weight.as<T>(), dk_weight.as<T>(), dout.as<T>(), inp.as<T>(),
+                               q_weight.as<T>(), k_weight.as<T>(), rstd.as<T>(), N, h.n_head, h.n_kv_head,
+                               h.head_size);
+    });
+    round_output(profile_, dinp, &grad_numerics_);
+    round_output(profile_, dq_weight, &grad_numerics_);
+    round_output(profile_, dk_weight, &grad_numerics_);
+  }
+
   void rope_forward(Tensor x, Tensor table, int heads) override { rope("rope_forward", x, table, heads, 1); }
   void rope_backward(Tensor dx, Tensor table, int heads) override { rope("rope_backward", dx, table, heads, -1); }
 

@@ -167,6 +167,10 @@ class CudaBackend final : public Backend {
   // ops_llama.cu
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor weight, float eps) override;
   void rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Tensor inp, Tensor weight, Tensor rstd) override;
+  void qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor q_weight, Tensor k_weight, int n_head,
+                       float eps) override;
+  void qk_norm_backward(Tensor dinp, Tensor dq_weight, Tensor dk_weight, Tensor dout, Tensor inp, Tensor q_weight,
+                        Tensor k_weight, Tensor rstd, int n_head) override;
   void rope_forward(Tensor x, Tensor table, int heads) override;
   void rope_backward(Tensor dx, Tensor table, int heads) override;
   void swiglu_forward(Tensor out, Tensor gate_up) override;

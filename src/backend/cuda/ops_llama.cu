@@ -1,7 +1,8 @@
-// The ops of a Llama-style block (kernels/llama.cuh): RMSNorm, RoPE in place, SwiGLU. Checks,
+// The ops of a Llama-style block (kernels/llama.cuh): RMSNorm, QK-norm, RoPE in place, SwiGLU. Checks,
 // then staging and dispatch through run_staged, as for the GPT-2 block's ops (ops_layers.cu).
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include "backend/attention_heads.h"
 #include "core/error.h"
 #include "llama.cuh"
 
@@ -53,6 +54,52 @@ void CudaBackend::rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Ten
     float* partial = scratch_floats(kPartials, kernels::rmsnorm_backward_scratch_floats(n, c));
     kernels::rmsnorm_backward<T>(di.as<T>(), dw.as<T>(), partial, d.as<T>(), inp.as<T>(), w.as<T>(),
                                  rstd.as<float>(), n, c, stream_);
+  });
+}
+
+void CudaBackend::qk_norm_forward(Tensor out, Tensor rstd, Tensor inp, Tensor q_weight, Tensor k_weight, int n_head,
+                                  float eps) {
+  const char* op = "qk_norm_forward";
+  expect_floats(op, {{"out", &out}, {"inp", &inp}, {"q_weight", &q_weight}, {"k_weight", &k_weight}});
+  const AttentionHeads h = qk_norm_heads(op, inp, q_weight, k_weight, rstd, n_head);
+  PTRAIN_EXPECT(out.numel() == inp.numel() && eps >= 0, op,
+                "shape mismatch: inp " + inp.shape_string() + " out " + out.shape_string());
+  const int64_t N = inp.numel() / h.row_width();
+  expect_rstd(op, rstd, N * (h.n_head + h.n_kv_head));
+  if (N == 0) return;
+  const DType dt = inp.dtype;
+  run_staged(op, dt, [&](Staged& st, auto tag) {
+    PTRAIN_ELEMENT_TYPE(T, tag);
+    const Tensor o = st.out(out, dt, false), qw = st.in(q_weight, dt), kw = st.in(k_weight, dt);
+    kernels::qk_norm_forward<T>(o.as<T>(), rstd.as<float>(), inp.as<T>(), qw.as<T>(), kw.as<T>(), to_int(N, op, "rows"), to_int(h.n_head, op, "n_head"),
+                                to_int(h.n_kv_head, op, "n_kv_head"), to_int(h.head_size, op, "head size"), eps,
+                                stream_);
+  });
+}
+
+void CudaBackend::qk_norm_backward(Tensor dinp, Tensor dq_weight, Tensor dk_weight, Tensor dout, Tensor inp,
+                                   Tensor q_weight, Tensor k_weight, Tensor rstd, int n_head) {
+  const char* op = "qk_norm_backward";
+  expect_floats(op, {{"dinp", &dinp}, {"dq_weight", &dq_weight}, {"dk_weight", &dk_weight}, {"dout", &dout},
+                     {"inp", &inp}, {"q_weight", &q_weight}, {"k_weight", &k_weight}});
+  const AttentionHeads h = qk_norm_heads(op, inp, q_weight, k_weight, rstd, n_head);
+  PTRAIN_EXPECT(dinp.numel() == inp.numel() && dout.numel() == inp.numel() && dq_weight.numel() == h.head_size &&
+                    dk_weight.numel() == h.head_size,
+                op, "shape mismatch: inp " + inp.shape_string() + " dinp " + dinp.shape_string());
+  const int64_t N = inp.numel() / h.row_width();
+  expect_rstd(op, rstd, N * (h.n_head + h.n_kv_head));
+  PTRAIN_EXPECT(dinp.data != dout.data, op, "dinp must not alias dout");
+  if (N == 0) return;
+  const int n = to_int(N, op, "rows"), nh = to_int(h.n_head, op, "n_head"), kv = to_int(h.n_kv_head, op, "n_kv_head"),
+            hs = to_int(h.head_size, op, "head size");
+  const DType dt = inp.dtype;
+  run_staged(op, dt, [&](Staged& st, auto tag) {
+    PTRAIN_ELEMENT_TYPE(T, tag);
+    const Tensor di = st.out(dinp, dt, true), dqw = st.out(dq_weight, dt, true), dkw = st.out(dk_weight, dt, true);
+    const Tensor d = st.in(dout, dt), qw = st.in(q_weight, dt), kw = st.in(k_weight, dt);
+    float* partial = scratch_floats(kPartials, kernels::qk_norm_backward_scratch_floats(n, nh, hs));
+    kernels::qk_norm_backward<T>(di.as<T>(), dqw.as<T>(), dkw.as<T>(), partial, d.as<T>(), inp.as<T>(), qw.as<T>(),
+                                 kw.as<T>(), rstd.as<float>(), n, nh, kv, hs, stream_);
   });
 }
 
