@@ -43,6 +43,8 @@ void instantiate_launchers_for() {
   (void)&attention_decode<T>;
   (void)&rmsnorm_forward<T>;
   (void)&rmsnorm_backward<T>;
+  (void)&qk_norm_forward<T>;
+  (void)&qk_norm_backward<T>;
   (void)&rope<T>;
   (void)&swiglu_forward<T>;
   (void)&swiglu_backward<T>;
