@@ -106,7 +106,9 @@ int report_comparison(const ptrain::Comparison& c, const CompareArgs& args) {
 
 struct CheckpointArgs {
   std::string path;  // inspect
-  std::string out, format = "llmc", dtype = "fp32";  // export
+  std::string format = "llmc";  // export
+  ptrain::HfExportOptions exported;
+  std::string dump_logits;  // eval
   ptrain::SampleOptions sample;
 };
 
@@ -117,6 +119,8 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   eval->add_option("config", config_path, "YAML run config (its data and eval batches)")->required();
   eval->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  eval->add_option("--dump-logits", a.dump_logits,
+                   "Also write the first val window's tokens and logits (JSON) to this file");
 
   CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint (its run's tokenizer decodes)");
   sample->footer(
@@ -144,14 +148,25 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
 
   app.add_subcommand("devices", "Show the CUDA libraries ptrain loads and the GPUs it can use (no GPU needed)");
 
-  CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as an llm.c model file");
-  exp->footer("Example:\n  ptrain export --checkpoint runs/quickstart/checkpoints/step_00000150 --format llmc --out model.bin");
-  exp->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
-  exp->add_option("--format", a.format, "Output format")->check(CLI::IsMember({"llmc"}))->capture_default_str();
-  exp->add_option("--out", a.out, "Output file")->required();
-  exp->add_option("--dtype", a.dtype, "fp32 (version 3) or bf16 (version 5)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+  CLI::App* exp = app.add_subcommand("export", "Write a checkpoint's weights as an llm.c model file or a Hugging Face model");
+  exp->footer(
+      "hf writes a directory that transformers' AutoModelForCausalLM.from_pretrained loads: config.json,\n"
+      "model.safetensors (shards and an index above --max-shard-size) and, for GPT-2-tokenized data,\n"
+      "vocab.json, merges.txt and tokenizer_config.json.\n"
+      "Examples:\n  ptrain export --checkpoint runs/quickstart/checkpoints/step_00000150 --format llmc --out model.bin\n"
+      "  ptrain export --checkpoint runs/quickstart/checkpoints/step_00000500 --format hf --out hf-model --dtype bf16");
+  exp->add_option("--checkpoint", a.exported.checkpoint, "Checkpoint directory")->required();
+  exp->add_option("--format", a.format, "llmc (a model file) or hf (a Hugging Face directory)")
+      ->check(CLI::IsMember({"llmc", "hf"}))
       ->capture_default_str();
+  exp->add_option("--out", a.exported.out, "Output file (llmc) or directory (hf)")->required();
+  exp->add_option("--dtype", a.exported.dtype, "fp32, bf16 or (hf only) fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  exp->add_option("--max-shard-size", a.exported.max_shard_size, "hf: the largest safetensors file (5GB, 200MB, bytes)")
+      ->capture_default_str();
+  exp->add_flag("--force", a.exported.force, "hf: replace a non-empty --out directory");
+  exp->add_option("--vocab", a.exported.vocabulary, "hf, gpt2 tokenizer: the vocabulary the shards were made with, if not the default");
 }
 
 struct SynthArgs {
@@ -276,7 +291,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (app.got_subcommand("eval")) {
-    ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint);
+    ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint, ckpt.dump_logits);
     return 0;
   }
   if (app.got_subcommand("sample")) {
@@ -292,7 +307,14 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (app.got_subcommand("export")) {
-    ptrain::export_llmc(ckpt.sample.checkpoint, ckpt.out, ckpt.dtype);
+    if (ckpt.format == "hf") {
+      ptrain::export_hf(ckpt.exported);
+    } else {
+      const ptrain::HfExportOptions defaults;
+      if (ckpt.exported.force || ckpt.exported.max_shard_size != defaults.max_shard_size || !ckpt.exported.vocabulary.empty())
+        throw ptrain::UserError("--force, --max-shard-size and --vocab apply to --format hf; expected none of them with llmc");
+      ptrain::export_llmc(ckpt.exported.checkpoint, ckpt.exported.out, ckpt.exported.dtype);
+    }
     return 0;
   }
   if (app.got_subcommand("compare")) {

@@ -78,6 +78,8 @@ print_plan() {
       echo "     same-seed determinism, CUDA graphs; a test that skips on a GPU machine is a failure"
       echo "  3. one 10-step training run per precision mode (${modes[*]}) on cuda and on cpu, 90 s each,"
       echo "     printed step by step with the relative difference"
+      echo "  4. scripts/hf-check.sh cuda: a tiny gpt2 and llama trained on cuda, exported with --format hf, loaded by"
+      echo "     transformers, logits against ptrain's within 1e-4 (exit 77, a failure here, when transformers is missing)"
       ;;
     speed)
       echo "speed (budget ${budget}s): ptrain bench, medians over steps 2-8, 90 s a row; rows matching '${speed_filter}':"
@@ -268,6 +270,10 @@ for i, (g, c) in enumerate(zip(gpu, cpu), 1):
     print(f"      {i:4d}  {g:.6f}  {c:.6f}  {abs(g - c) / abs(c):.2e}")
 PY
   done
+
+  echo
+  echo "== Hugging Face export loaded by transformers"
+  step "hf export vs transformers" 150 scripts/hf-check.sh cuda && cat "$work/logs/$(slug "hf export vs transformers").log"
 }
 
 # ---------------------------------------------------------------------------- speed

@@ -11,8 +11,20 @@
 #include "core/input_file.h"
 #include "core/json_input.h"
 #include "core/output_file.h"
+#include "precision/formats.h"
 
 namespace ptrain {
+
+const char* st_dtype_name(StDtype d) {
+  switch (d) {
+    case StDtype::bf16: return "BF16";
+    case StDtype::f16: return "F16";
+    default: return "F32";
+  }
+}
+
+size_t st_dtype_bytes(StDtype d) { return d == StDtype::f32 ? 4 : 2; }
+
 namespace {
 
 // The element count of a shape, or -1 when a dimension is negative or the product would not fit
@@ -41,8 +53,8 @@ std::string write_safetensors(const std::string& path, const std::vector<Safeten
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const auto& t : tensors) {
-    const size_t bytes = static_cast<size_t>(count_of(t.shape)) * sizeof(float);
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    const size_t bytes = static_cast<size_t>(count_of(t.shape)) * st_dtype_bytes(t.dtype);
+    header[t.name] = {{"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -59,14 +71,14 @@ std::string write_safetensors(const std::string& path, const std::vector<Safeten
   };
   put(length_le, sizeof length_le);
   put(text.data(), text.size());
-  for (const auto& t : tensors) put(t.data, static_cast<size_t>(count_of(t.shape)) * sizeof(float));
+  for (const auto& t : tensors) put(t.data, static_cast<size_t>(count_of(t.shape)) * st_dtype_bytes(t.dtype));
   out.finish(true);
   return hash.hex_digest();
 }
 
-SafetensorsFile SafetensorsFile::read(const std::string& path) {
+SafetensorsFile SafetensorsFile::read(const std::string& path, bool any_float) {
   const std::string what = "\"" + path + "\"";
-  return SafetensorsFile(InputFile(path, what).read_all(std::numeric_limits<int64_t>::max()), what);
+  return SafetensorsFile(InputFile(path, what).read_all(std::numeric_limits<int64_t>::max()), what, any_float);
 }
 
 SafetensorsFile SafetensorsFile::read_checked(const std::string& path, const std::string& expected) {
@@ -75,13 +87,13 @@ SafetensorsFile SafetensorsFile::read_checked(const std::string& path, const std
   std::string sha = sha256_hex(bytes.data(), bytes.size());
   if (sha != expected)
     throw UserError(what + " does not match its SHA-256 in state.json (truncated or corrupted)");
-  return SafetensorsFile(std::move(bytes), what, std::move(sha));
+  return SafetensorsFile(std::move(bytes), what, std::move(sha), false);
 }
 
-SafetensorsFile::SafetensorsFile(std::string bytes, std::string what)
-    : SafetensorsFile(bytes, std::move(what), sha256_hex(bytes.data(), bytes.size())) {}
+SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, bool any_float)
+    : SafetensorsFile(bytes, std::move(what), sha256_hex(bytes.data(), bytes.size()), any_float) {}
 
-SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::string sha256)
+SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::string sha256, bool any_float)
     : what_(std::move(what)), bytes_(std::move(bytes)), sha256_(std::move(sha256)) {
   auto bad = [&](const std::string& why) { return UserError(what_ + " is not a valid safetensors file: " + why); };
   const size_t size = bytes_.size();
@@ -102,7 +114,12 @@ SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::strin
       continue;
     }
     try {
-      if (!entry.is_object() || entry.at("dtype") != "F32") throw bad("tensor " + name + " is not F32");
+      if (!entry.is_object()) throw bad("entry " + name + " is not an object");
+      const auto& dtype = entry.at("dtype");
+      StDtype type = StDtype::f32;
+      if (any_float && dtype == "BF16") type = StDtype::bf16;
+      else if (any_float && dtype == "F16") type = StDtype::f16;
+      else if (dtype != "F32") throw bad("tensor " + name + " is not F32" + (any_float ? ", BF16 or F16" : ""));
       const auto& offsets = entry.at("data_offsets");
       if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
           !offsets[1].is_number_unsigned())
@@ -110,10 +127,10 @@ SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::strin
       const auto& shape = entry.at("shape");
       if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), [](const auto& d) { return d.is_number_integer(); }))
         throw bad("tensor " + name + " has a shape that is not a list of integers");
-      Entry e{shape.get<std::vector<int64_t>>(), offsets[0].get<size_t>(), offsets[1].get<size_t>()};
+      Entry e{shape.get<std::vector<int64_t>>(), type, offsets[0].get<size_t>(), offsets[1].get<size_t>()};
       const int64_t count = checked_count(e.shape);
       if (count < 0) throw bad("tensor " + name + " has a shape with a negative or overflowing size");
-      if (e.begin > e.end || e.end > data_bytes || e.end - e.begin != static_cast<size_t>(count) * sizeof(float))
+      if (e.begin > e.end || e.end > data_bytes || e.end - e.begin != static_cast<size_t>(count) * st_dtype_bytes(type))
         throw bad("tensor " + name + " has offsets that do not match its shape or the file");
       entries_[name] = std::move(e);
     } catch (const nlohmann::json::exception& ex) {
@@ -138,6 +155,12 @@ const std::vector<int64_t>& SafetensorsFile::shape(const std::string& name) cons
   return it->second.shape;
 }
 
+StDtype SafetensorsFile::dtype(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw UserError(what_ + " has no tensor " + name);
+  return it->second.dtype;
+}
+
 void SafetensorsFile::copy_to(const std::string& name, float* dst, int64_t count) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw UserError(what_ + " has no tensor " + name);
@@ -145,7 +168,13 @@ void SafetensorsFile::copy_to(const std::string& name, float* dst, int64_t count
   if (count_of(e.shape) != count)
     throw UserError(what_ + ": tensor " + name + " holds " + std::to_string(count_of(e.shape)) + " values; expected " +
                     std::to_string(count));
-  std::memcpy(dst, bytes_.data() + data_start_ + e.begin, e.end - e.begin);
+  const char* src = bytes_.data() + data_start_ + e.begin;
+  if (e.dtype == StDtype::f32) return void(std::memcpy(dst, src, e.end - e.begin));
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, 2);
+    dst[i] = e.dtype == StDtype::bf16 ? bf16_value(bits) : fp16_value(bits);
+  }
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -156,11 +185,11 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 std::string SafetensorsFile::first_non_finite(int64_t* at) const {
   for (const auto& [name, e] : entries_) {
-    const char* p = bytes_.data() + data_start_ + e.begin;
-    for (size_t i = 0; i < (e.end - e.begin) / sizeof(float); ++i) {
-      float x;
-      std::memcpy(&x, p + i * sizeof(float), sizeof x);
-      if (!std::isfinite(x)) {
+    const int64_t count = count_of(e.shape);
+    std::vector<float> values(static_cast<size_t>(count));
+    copy_to(name, values.data(), count);
+    for (int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(values[i])) {
         if (at) *at = static_cast<int64_t>(i);
         return name;
       }

@@ -120,7 +120,7 @@ Schema make_schema(Config& c) {
       required(number("model.seq_len", &m.seq_len, between(1, kMaxSeqLen), "context length")),
       required(number("model.vocab_size", &m.vocab_size, between(2, kMaxVocab),
                       "tokens (uint16); padded to a multiple of 128 internally")),
-      text("model.init_from", &m.init_from, "model file to start from; null = random init",
+      text("model.init_from", &m.init_from, "llm.c model file or Hugging Face model directory to start from; null = random init",
            Empty::kNull),
       choice("model.attention", &m.attention, {"auto", "cudnn", "fallback"},
              "attention implementation on GPU"),

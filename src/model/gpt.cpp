@@ -473,6 +473,16 @@ std::vector<float> Gpt::start_decoding(const int32_t* tokens, int length) {
   return logits_at(length - 1);
 }
 
+std::vector<float> Gpt::window_logits(const int32_t* tokens) {
+  start_decoding(tokens, T_);
+  std::vector<float> out;
+  for (int t = 0; t < T_; ++t) {
+    const std::vector<float> row = logits_at(t);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
 std::vector<float> Gpt::decode_next(int32_t token) {
   PTRAIN_CHECK(decoded_ > 0, "decode_next needs start_decoding first");
   PTRAIN_CHECK(decoded_ < T_, "decoding is at the model's context length");

@@ -130,6 +130,9 @@ class Gpt {
   // keeps no layer's keys and values. Llama's position is RoPE's angle at that row.
   std::vector<float> start_decoding(const int32_t* tokens, int length);
   std::vector<float> decode_next(int32_t token);
+  // The logits (real vocabulary) at every position of one window of seq_len tokens, row after
+  // row: what `eval --dump-logits` writes for comparison with another implementation.
+  std::vector<float> window_logits(const int32_t* tokens);
   // How many positions the decoding holds (0: none; seq_len: full, decode_next refuses).
   int decoded_length() const { return decoded_; }
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.

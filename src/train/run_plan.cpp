@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "backend/device.h"
+#include "checkpoint/hf_directory.h"
 #include "core/error.h"
 #include "core/paths.h"
 #include "data/dataset.h"
@@ -231,16 +232,30 @@ void plan_resume(RunPlan& plan) {
 void plan_init_from(RunPlan& plan) {
   const Config& c = plan.config;
   if (c.model.init_from.empty() || plan.resume) return;
+  if (path_kind(c.model.init_from, "model.init_from") == PathKind::directory) {
+    HfWeights hf = read_hf_directory(c.model.init_from, c.model, "model.init_from");
+    std::string source = "Hugging Face " + c.model.arch + " directory, " + std::to_string(hf.files.size()) +
+                         " safetensors file" + (hf.files.size() == 1 ? "" : "s");
+    if (!hf.skipped.empty()) source += ", " + std::to_string(hf.skipped.size()) + " attention-mask buffers skipped";
+    if (!hf.ignored.empty()) {
+      source += "; config.json keys ignored:";
+      for (const auto& key : hf.ignored) source += " " + key;
+    }
+    plan.init_from = InitWeights{std::move(hf.params), source};
+    return;
+  }
   if (c.model.arch != "gpt2")
     throw UserError("model.init_from: \"" + c.model.init_from + "\" would be an llm.c model file, which holds GPT-2 " +
-                    "weights only, and model.arch is " + c.model.arch + "; expected model.init_from: null");
-  plan.init_from = read_llmc(c.model.init_from, "model.init_from");
-  const auto mismatches = llmc_mismatches(*plan.init_from, c.model);
+                    "weights only, and model.arch is " + c.model.arch +
+                    "; expected a Hugging Face model directory or model.init_from: null");
+  LlmcModel file = read_llmc(c.model.init_from, "model.init_from");
+  const auto mismatches = llmc_mismatches(file, c.model);
   if (!mismatches.empty()) {
     std::vector<std::string> problems;
     for (const auto& m : mismatches) problems.push_back("model.init_from: \"" + c.model.init_from + "\": " + m);
     throw UserErrors(problems);
   }
+  plan.init_from = InitWeights{std::move(file.params), "llm.c model file, version " + std::to_string(file.version)};
 }
 
 void plan_machine(RunPlan& plan) {
@@ -398,7 +413,7 @@ std::string describe_plan(const RunPlan& plan) {
   else if (c.checkpoint.resume == "auto")
     line("resume: auto, no valid checkpoint found: training would start from step 0");
   for (const auto& s : plan.superseded) line("would set aside " + s + " (after the checkpoint resumed from)");
-  if (plan.init_from) line("init_from: " + c.model.init_from + " (llm.c model file, verified)");
+  if (plan.init_from) line("init_from: " + c.model.init_from + " (" + plan.init_from->source + ", verified)");
   if (plan.world_size > 1) line("ranks: " + std::to_string(plan.world_size));
   return out;
 }

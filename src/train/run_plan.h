@@ -50,6 +50,13 @@ struct MemoryPlan {
 };
 MemoryPlan plan_memory(const Config& config);
 
+// The weights model.init_from starts from, in ptrain's flat parameter order, and what they were
+// read from (for the log: "llm.c model file, version 3", "Hugging Face llama directory, ...").
+struct InitWeights {
+  std::vector<float> params;
+  std::string source;
+};
+
 struct RunPlan {
   Config config;
   std::string run_dir;
@@ -61,7 +68,7 @@ struct RunPlan {
   std::optional<LoadedCheckpoint> resume;
   std::vector<std::string> superseded;  // checkpoints set aside when the run starts: those after the
                                         // resumed one, or all unusable ones when auto starts afresh
-  std::optional<LlmcModel> init_from;
+  std::optional<InitWeights> init_from;
   int threads = 0;       // CPU threads: training.threads, at most the cores available (0 = all)
   int world_size = 1;    // ranks, from the launcher's environment
   std::vector<std::string> warnings;         // shown at once, and logged once the log exists

@@ -11,14 +11,17 @@
 
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_directory.h"
 #include "checkpoint/llmc.h"
 #include "checkpoint/sha256.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
+#include "core/output_file.h"
 #include "core/paths.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "data/gpt2_hf_files.h"
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
@@ -62,9 +65,50 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const Tokenizer* t
   return ids;
 }
 
+// Refuses an output file path that names a directory or cannot be created, before any work.
+void check_output_file(const std::string& path, const std::string& what) {
+  const PathKind kind = path_kind(path, what);
+  if (kind == PathKind::directory || kind == PathKind::other)
+    throw UserError(what + ": \"" + path + "\" exists and is not a regular file; expected the path of the file to write");
+  check_creatable(fs::absolute(path).lexically_normal().parent_path().string(), what,
+                  fs::path(path).filename().string().size() + 8);
+}
+
+// A checkpoint's weights as ptrain's flat parameter vector (the order of gpt_param_specs).
+std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig& m) {
+  std::vector<float> flat;
+  for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
+    int64_t n = 1;
+    for (int64_t d : spec.shape) n *= d;
+    const size_t at = flat.size();
+    flat.resize(at + static_cast<size_t>(n));
+    ckpt.weights.copy_to(spec.name, flat.data() + at, n);
+  }
+  return flat;
+}
+
+void dump_window_logits(const std::string& path, const LoadedCheckpoint& ckpt, const ModelConfig& m,
+                        const std::vector<int32_t>& window) {
+  const int T = static_cast<int>(window.size());
+  LoadedModel lm = load_model(ckpt, m, 1, T);
+  const std::vector<float> logits = lm.model->window_logits(window.data());
+  nlohmann::ordered_json j;
+  j["checkpoint"] = ckpt.path;
+  j["step"] = ckpt.state.step;
+  j["vocab_size"] = m.vocab_size;
+  j["tokens"] = window;
+  j["logits"] = nlohmann::ordered_json::array();
+  for (int t = 0; t < T; ++t)
+    j["logits"].push_back(std::vector<float>(logits.begin() + int64_t{t} * m.vocab_size,
+                                             logits.begin() + int64_t{t + 1} * m.vocab_size));
+  write_file_atomic(path, j.dump() + "\n");
+  std::printf("wrote %s: logits of %d positions x %d tokens\n", path.c_str(), T, m.vocab_size);
+}
+
 }  // namespace
 
-void eval_checkpoint(const Config& config, const std::string& checkpoint) {
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits) {
+  if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const auto differences = model_differences(ckpt.state.model, model_json(config.model));
   if (!differences.empty()) {
@@ -93,6 +137,10 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint) {
   const auto info = read_synthetic_info(fs::path(stream.files().front()).parent_path().string());
   if (info)
     std::printf("oracle loss %.6f, gap %.6f\n", info->oracle_loss_val, loss - info->oracle_loss_val);
+  if (!dump_logits.empty()) {
+    sampler.fill(0, inputs.data(), targets.data());
+    dump_window_logits(dump_logits, ckpt, config.model, std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
+  }
 }
 
 void sample(const SampleOptions& o) {
@@ -240,16 +288,44 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   file.n_head = m.n_head;
   file.n_embd = m.n_embd;
   file.padded_vocab = m.padded_vocab();
-  for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
-    int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
-    const size_t at = file.params.size();
-    file.params.resize(at + static_cast<size_t>(n));
-    ckpt.weights.copy_to(spec.name, file.params.data() + at, n);
-  }
+  file.params = flat_weights(ckpt, m);
   write_llmc(out, file);
   std::printf("wrote %s: llm.c model file version %d (%s), %zu parameters\n", out.c_str(), file.version, dtype.c_str(),
               file.params.size());
+}
+
+void export_hf(const HfExportOptions& o) {
+  StDtype dtype = StDtype::f32;
+  if (o.dtype == "bf16") dtype = StDtype::bf16;
+  else if (o.dtype == "fp16") dtype = StDtype::f16;
+  else if (o.dtype != "fp32") throw UserError("--dtype: \"" + o.dtype + "\"; expected fp32, bf16 or fp16");
+  HfDirectoryContents contents;
+  contents.dtype = dtype;
+  contents.max_shard_bytes = parse_shard_size(o.max_shard_size, "--max-shard-size");
+  check_hf_destination(o.out, "--out", o.checkpoint, o.force);
+  const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
+  const ModelConfig m = model_from_json(ckpt.state.model);
+  try {
+    contents.specs = hf_tensor_specs(m);
+  } catch (const UserError& e) {
+    throw UserError("--checkpoint " + o.checkpoint + ": " + e.what());
+  }
+  int end_of_text = -1;
+  if (ckpt.state.tokenizer == "gpt2") {
+    const Tokenizer tokenizer = Tokenizer::load("gpt2", o.vocabulary);
+    end_of_text = tokenizer.end_of_text();
+    contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
+    contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());
+    contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
+  }
+  const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::bf16 ? "bfloat16" : "float16";
+  contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
+  const std::vector<float> flat = flat_weights(ckpt, m);
+  contents.flat = flat.data();
+  const std::vector<std::string> files = write_hf_directory(o.out, contents);
+  std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
+              m.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
+              files.size(), files.size() == 1 ? "" : "s", end_of_text >= 0 ? ", GPT-2 tokenizer files" : "");
 }
 
 }  // namespace ptrain

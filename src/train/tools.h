@@ -9,8 +9,11 @@
 namespace ptrain {
 
 // `ptrain eval CONFIG --checkpoint DIR`: the val loss of the checkpoint's weights on the
-// config's validation batches, and the gap to the oracle loss for synthetic data.
-void eval_checkpoint(const Config& config, const std::string& checkpoint);
+// config's validation batches, and the gap to the oracle loss for synthetic data. With
+// `dump_logits`, also writes that file (JSON: the first validation window's tokens and the FP32
+// logits over the real vocabulary at each of its positions), for comparing with another
+// implementation of the model (scripts/hf-logits.py).
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits = "");
 
 struct SampleOptions {
   std::string checkpoint;
@@ -37,5 +40,19 @@ void inspect(const std::string& path);
 
 // `ptrain export --checkpoint DIR --format llmc --out FILE [--dtype fp32|bf16]`.
 void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype);
+
+struct HfExportOptions {
+  std::string checkpoint, out;
+  std::string dtype = "fp32";            // fp32 | bf16 | fp16
+  std::string max_shard_size = "5GB";
+  bool force = false;                    // replace a non-empty --out
+  std::string vocabulary;                // gpt2: the vocabulary the run's shards were made with
+};
+
+// `ptrain export --checkpoint DIR --format hf --out DIR`: a directory transformers'
+// AutoModelForCausalLM.from_pretrained loads (checkpoint/hf_layout.h), with GPT-2's tokenizer
+// files when the run's data used that tokenizer. Everything is checked before anything is
+// written, and the directory appears whole or not at all.
+void export_hf(const HfExportOptions& options);
 
 }  // namespace ptrain

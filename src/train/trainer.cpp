@@ -147,15 +147,13 @@ class Trainer {
 
   // `resume_from` is released once restored: its host copies of the weights and moments are
   // not kept for the whole run.
-  TrainResult run(std::optional<LoadedCheckpoint>& resume_from, const std::optional<LlmcModel>& init_from) {
+  TrainResult run(std::optional<LoadedCheckpoint>& resume_from, const std::optional<InitWeights>& init_from) {
     announce();
     model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
     if (init_from && !resume_from) {
-      // llm.c's parameter order and layout are ptrain's: the file fills the master weights.
       backend_->upload(model_.master_flat(), init_from->params.data());
       model_.sync_params_from_master();
-      log_.info("initialised from " + cfg_.model.init_from + " (llm.c model file, version " +
-                std::to_string(init_from->version) + ")");
+      log_.info("initialised from " + cfg_.model.init_from + " (" + init_from->source + ")");
     }
     int64_t first_step = 1;
     if (resume_from) {
