@@ -545,10 +545,14 @@ TEST_CASE("HF import: bad directories are refused with exit 2, naming the file a
           {"config.json", "num_key_value_heads 4", "model.n_kv_head", "rope_theta", "model.rope_theta"});
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}}; }); },
           {"config.json", "rope_scaling"});
+  refused([&](const fs::path& d) { edit_config(d, [](json& c) { c.erase("rope_theta"); c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500.0}}; }); },
+          {"config.json", "rope_parameters", "llama3"});
+  refused([&](const fs::path& d) { edit_config(d, [](json& c) { c.erase("rope_theta"); c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}}; }); },
+          {"config.json", "rope_theta 10000.0", "model.rope_theta"});
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["attention_bias"] = true; c["head_dim"] = 16; }); },
           {"attention_bias", "head_dim 16"});
   refused([&](const fs::path& d) { rewrite(d, [](auto& m) { m.erase("model.layers.1.mlp.up_proj.weight"); }); },
-          {"bad6", "model.layers.1.mlp.up_proj.weight", "missing"});
+          {"bad8", "model.layers.1.mlp.up_proj.weight", "missing"});
   refused([&](const fs::path& d) { rewrite(d, [&](auto& m) { m["model.layers.0.self_attn.q_norm.weight"] = m.at("model.norm.weight"); }); },
           {"model.safetensors", "unexpected tensor model.layers.0.self_attn.q_norm.weight"});
   refused([&](const fs::path& d) {
@@ -587,12 +591,21 @@ TEST_CASE("HF export refuses what it cannot write or must not touch, before writ
   CHECK(read_file(t.checkpoint / "weights.safetensors") == weights_before);
   CHECK_FALSE(fs::exists(t.dir / "x"));
 
-  // --force replaces the directory whole.
-  const CommandResult forced = t.ptrain("export --checkpoint " + ck + " --format hf --out full --force");
+  // --force replaces an earlier export whole, and nothing else.
+  refused("--out full --force", {"--out", "full", "not an earlier export"});
+  CHECK(read_file(t.dir / "full/notes.txt") == "mine");
+  const CommandResult first = t.ptrain("export --checkpoint " + ck + " --format hf --out prev/");  // a trailing slash too
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  write_file(t.dir / "prev/stray.txt", "from before");
+  refused("--out prev", {"--out", "prev", "not empty", "--force"});
+  const CommandResult forced = t.ptrain("export --checkpoint " + ck + " --format hf --out prev --force --dtype bf16");
   INFO(forced.output);
   CHECK(forced.exit_code == 0);
-  CHECK_FALSE(fs::exists(t.dir / "full/notes.txt"));
-  CHECK(fs::exists(t.dir / "full/model.safetensors"));
+  CHECK_FALSE(fs::exists(t.dir / "prev/stray.txt"));
+  CHECK(read_raw(t.dir / "prev/model.safetensors").tensors.at("model.norm.weight").dtype == "BF16");
+  for (const auto& entry : fs::directory_iterator(t.dir))  // no temporary or set-aside directory left
+    CHECK(entry.path().filename().string().find("ptrain-export") == std::string::npos);
   CHECK(read_file(t.checkpoint / "weights.safetensors") == weights_before);
 
   // QK-norm has no place in LlamaForCausalLM.

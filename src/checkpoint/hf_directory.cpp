@@ -55,6 +55,23 @@ bool is_empty_dir(const fs::path& p) {
   return fs::is_empty(p, ec) && !ec;
 }
 
+// What --force may replace: an earlier export (config.json and plain files, no directories),
+// never a tree that could hold a user's or a run's work.
+bool looks_like_export(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "config.json", ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) return false;
+  return !ec;
+}
+
+// --out as one absolute path, without the trailing separator of "dir/" (or the "." of "dir/.").
+fs::path resolved(const std::string& out) {
+  fs::path p = fs::absolute(out).lexically_normal();
+  while (p.filename().empty() && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
+  return p;
+}
+
 }  // namespace
 
 int64_t parse_shard_size(const std::string& text, const std::string& what) {
@@ -66,13 +83,18 @@ int64_t parse_shard_size(const std::string& text, const std::string& what) {
   else if (unit == "KB") scale = 1000;
   else if (unit == "MB") scale = 1000 * 1000;
   else if (unit == "GB") scale = 1000 * 1000 * 1000;
-  if (digits == 0 || digits > 12 || scale == 0 || std::stoll(text.substr(0, digits)) == 0)
-    throw UserError(what + ": \"" + text + "\"; expected a positive size such as 5GB, 200MB, 64KB or a byte count");
-  return std::stoll(text.substr(0, digits)) * scale;
+  // At most 12 digits, and at most 1000 GB: no product overflows.
+  const int64_t value = digits == 0 || digits > 12 ? 0 : std::stoll(text.substr(0, digits));
+  if (value == 0 || scale == 0 || value > 1'000'000'000'000 / scale)
+    throw UserError(what + ": \"" + text + "\"; expected a positive size up to 1000GB such as 5GB, 200MB, 64KB or a "
+                    "byte count");
+  return value * scale;
 }
 
 void check_hf_destination(const std::string& out, const std::string& what, const std::string& protect, bool force) {
-  const fs::path target = fs::absolute(out).lexically_normal();
+  const fs::path target = resolved(out);
+  if (target == target.parent_path())
+    throw UserError(what + ": \"" + out + "\" is the filesystem's root; expected a directory to create");
   const PathKind kind = path_kind(out, what);
   if (kind == PathKind::file || kind == PathKind::other)
     throw UserError(what + ": \"" + out + "\" exists and is not a directory; expected a directory to create");
@@ -94,8 +116,12 @@ void check_hf_destination(const std::string& out, const std::string& what, const
   }
   if (kind == PathKind::directory && holds_checkpoints(real.string()))
     throw UserError(what + ": \"" + out + "\" holds checkpoints; expected a directory outside a run's checkpoints");
-  if (kind == PathKind::directory && !force && !is_empty_dir(real))
-    throw UserError(what + ": \"" + out + "\" exists and is not empty; pass --force to replace it");
+  if (kind == PathKind::directory && !is_empty_dir(real)) {
+    if (!force) throw UserError(what + ": \"" + out + "\" exists and is not empty; pass --force to replace it");
+    if (!looks_like_export(real))
+      throw UserError(what + ": \"" + out + "\" is not an earlier export (config.json and files, no directories); "
+                      "--force replaces only those, expected another --out");
+  }
   check_creatable(real.parent_path().string(), what, real.filename().string().size() + 32);
 }
 
@@ -126,13 +152,14 @@ std::vector<std::string> write_hf_directory(const std::string& out, const HfDire
     names.push_back(shards.size() == 1 ? kSingleFile : buf);
   }
 
-  const fs::path target = fs::absolute(out).lexically_normal();
+  const fs::path target = resolved(out);
   const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".ptrain-export-tmp");
   const fs::path old = target.parent_path() / ("." + target.filename().string() + ".ptrain-export-old");
   std::error_code ec;
   fs::remove_all(tmp, ec);  // a crashed export's leftovers
   if (!fs::create_directories(tmp, ec))
     throw EnvironmentError("cannot create " + quoted(tmp) + ": " + ec.message());
+  bool moved_aside = false;
   try {
     nlohmann::ordered_json index;
     index["metadata"] = {{"total_size", total}};
@@ -152,12 +179,15 @@ std::vector<std::string> write_hf_directory(const std::string& out, const HfDire
     if (replacing) {
       fs::remove_all(old, ec);
       rename_path(target.string(), old.string());
+      moved_aside = true;
     }
     rename_path(tmp.string(), target.string());
+    moved_aside = false;
     sync_directory(target.parent_path().string());
     if (replacing) fs::remove_all(old, ec);
   } catch (...) {
     fs::remove_all(tmp, ec);
+    if (moved_aside) fs::rename(old, target, ec);  // the earlier export back where it was
     throw;
   }
   return names;

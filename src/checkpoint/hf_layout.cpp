@@ -112,7 +112,8 @@ class ConfigChecker {
   void equal_or_default(const std::string& key, const nlohmann::json& fallback, const nlohmann::json& expected,
                         const std::string& ours) {
     seen_.insert(key);
-    compare(key, config_.contains(key) ? config_[key] : fallback, expected, ours);
+    const bool given = config_.contains(key) && !config_[key].is_null();  // null: transformers' default
+    compare(key, given ? config_[key] : fallback, expected, ours);
   }
   // `key`, if present, must be one of `allowed` (ptrain computes only that).
   void one_of(const std::string& key, const std::vector<nlohmann::json>& allowed, const std::string& why) {
@@ -135,7 +136,7 @@ class ConfigChecker {
   }
   void compare(const std::string& key, const nlohmann::json& got, const nlohmann::json& expected, const std::string& ours) {
     if (!same(got, expected))
-      out_.problems.push_back(key + " " + json_text(got) + " in config.json vs " + json_text(expected) + " in " + ours);
+      out_.problems.push_back(key + " " + got.dump() + " in config.json vs " + json_text(expected) + " in " + ours);
   }
   const nlohmann::json& config_;
   HfConfigCheck& out_;
@@ -245,7 +246,18 @@ HfConfigCheck check_hf_config(const nlohmann::json& config, const ModelConfig& m
     c.equal_or_default("num_key_value_heads", m.n_head, m.kv_heads(), "model.n_kv_head");
     c.equal("intermediate_size", m.swiglu_hidden(), "model.mlp_hidden");
     c.equal_or_default("rms_norm_eps", 1e-6, m.norm_eps, "model.norm_eps");
-    c.equal_or_default("rope_theta", 10000.0, m.rope_theta, "model.rope_theta");
+    // transformers 5 keeps RoPE's settings in rope_parameters; earlier versions at the top level.
+    const nlohmann::json rope = config.value("rope_parameters", nlohmann::json());
+    c.known("rope_parameters");
+    if (!rope.is_null() && (!rope.is_object() || rope.value("rope_type", nlohmann::json("default")) != "default")) {
+      out.problems.push_back("rope_parameters " + rope.dump() + " cannot be honoured: ptrain's RoPE is the default, "
+                             "unscaled one (expected rope_type \"default\")");
+    } else if (rope.is_object() && rope.contains("rope_theta")) {
+      c.known("rope_theta");
+      ConfigChecker(rope, out).equal("rope_theta", m.rope_theta, "model.rope_theta");
+    } else {
+      c.equal_or_default("rope_theta", 10000.0, m.rope_theta, "model.rope_theta");
+    }
     c.equal_or_default("tie_word_embeddings", false, s.tied_head, "model.tie_embeddings");
     c.known("max_position_embeddings");
     // RoPE has no position weights: a shorter context than the model's is the same model.
