@@ -69,6 +69,8 @@ struct CompareArgs {
   std::vector<std::string> inputs;  // one config, or run directories
   std::string modes;                // comma-separated
   bool fail_on_regression = false;
+  double target_loss = 0;
+  CLI::Option* target_option = nullptr;  // given: options.target_loss = target_loss
   ptrain::CompareOptions options;
 };
 
@@ -77,7 +79,10 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
   cmd->footer(
       "Trains CONFIG once per mode with the same seed and data order (reusing finished runs in\n"
       "OUT/runs), or reads finished RUN_DIRs, then writes OUT/report.md, OUT/report.html and SVG\n"
-      "charts: final train/val loss against the reference, the largest divergence along the curve,\n"
+      "charts, led by a verdict in words: final train/val loss against the reference, the training\n"
+      "time and tokens each mode needed to first reach the target val loss (--target-loss, default\n"
+      "the reference's final val loss; interpolated between evaluations) and the speedup in it,\n"
+      "the largest divergence along the curve,\n"
       "the gap to the oracle loss (synthetic data), tokens/s and speedup, peak memory, skipped\n"
       "steps, FP8 underflow and saturation, and a verdict per mode.\n"
       "Exit codes: 0 done, 2 bad input, 3 a mode regressed (with --fail-on-regression), 1 other.\n"
@@ -92,13 +97,16 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
   cmd->add_option("--tolerance", args.options.tolerance_pct,
                   "Largest |final val loss difference| in % of the reference's still within tolerance")
       ->capture_default_str();
+  args.target_option = cmd->add_option(
+      "--target-loss", args.target_loss,
+      "Val loss that time-to-target measures to (default: the reference's final val loss)");
   cmd->add_flag("--fail-on-regression", args.fail_on_regression, "Exit 3 when any mode is outside the tolerance");
   cmd->add_option("--set", overrides, "With a config: override a config key (repeatable)");
 }
 
 // Prints the report's table and where the report is; the exit code --fail-on-regression asks for.
 int report_comparison(const ptrain::Comparison& c, const CompareArgs& args) {
-  std::printf("%s\nreport: %s/report.md, %s/report.html\n", ptrain::report_markdown_table(c).c_str(),
+  std::printf("%s\nreport: %s/report.md, %s/report.html\n", ptrain::report_markdown_summary(c).c_str(),
               args.options.out_dir.c_str(), args.options.out_dir.c_str());
   if (c.any_regressed()) std::printf("at least one mode is outside the tolerance of %g%%\n", c.tolerance_pct);
   return args.fail_on_regression && c.any_regressed() ? kExitRegressed : 0;
@@ -109,6 +117,7 @@ struct CheckpointArgs {
   std::string format = "llmc";  // export
   ptrain::HfExportOptions exported;
   std::string dump_logits;  // eval
+  std::string weights = "fp32";  // eval and sample: --weights
   ptrain::SampleOptions sample;
 };
 
@@ -121,6 +130,10 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   eval->add_option("--dump-logits", a.dump_logits,
                    "Also write the first val window's tokens and logits (JSON) to this file");
+  eval->add_option("--weights", a.weights,
+                   "int8: also the val loss with the block linears' weights in INT8 (per output channel, "
+                   "weight-only), and its difference to the fp32 masters'")
+      ->capture_default_str();
 
   CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint (its run's tokenizer decodes)");
   sample->footer(
@@ -141,6 +154,9 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   sample->add_flag("--no-kv-cache{false}", a.sample.kv_cache,
                    "Run the whole window for every token instead of the KV cache (same tokens, O(T) times the work)");
   sample->add_flag("--timing", a.sample.timing, "Print the generation's tokens/s on stderr");
+  sample->add_option("--weights", a.weights,
+                     "fp32 (the checkpoint's masters) or int8 (the block linears' weights in INT8, per output channel)")
+      ->capture_default_str();
 
   CLI::App* inspect = app.add_subcommand("inspect", "Show what a checkpoint, safetensors or llm.c model file holds");
   inspect->footer("Example:\n  ptrain inspect runs/quickstart/checkpoints/step_00000150");
@@ -291,10 +307,13 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (app.got_subcommand("eval")) {
-    ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint, ckpt.dump_logits);
+    const ptrain::WeightFormat weights = ptrain::parse_weight_format(ckpt.weights);
+    ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint, ckpt.dump_logits,
+                            weights);
     return 0;
   }
   if (app.got_subcommand("sample")) {
+    ckpt.sample.weights = ptrain::parse_weight_format(ckpt.weights);
     ptrain::sample(ckpt.sample);
     return 0;
   }
@@ -318,6 +337,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (app.got_subcommand("compare")) {
+    if (compare.target_option->count() > 0) compare.options.target_loss = compare.target_loss;
     const bool one_config = compare.inputs.size() == 1 && !std::filesystem::is_directory(compare.inputs[0]);
     if (one_config) {
       const ptrain::Config base = ptrain::load_config(compare.inputs[0], overrides);

@@ -1,36 +1,43 @@
 #!/usr/bin/env bash
-# Regenerates an example report committed in docs/: `synthetic` (default) is
-# configs/synthetic.yaml into docs/compare-quickstart/ (the name it had when it was the quick
-# start); `text-small` is configs/text-small.yaml on the State of the Union addresses (prepared
-# into data/sotu/ first) into docs/compare-text-small/. Each is trained on the CPU in fp32, bf16
-# and fp8 (delayed scaling), compared against fp32. The runs are not kept (the report's "Runs"
-# section names where they were). If the compare fails, the committed report is put back.
+# Regenerates an example report committed in docs/, trained on the CPU:
+#   quickstart (default): configs/quickstart.yaml on Moby-Dick (prepared into data/moby-dick/
+#     first) in fp32, bf16 and fp8 (current scaling) into docs/compare-quickstart/, with the
+#     Chromium test's screenshots of report.html at 1400 and 420 px beside it;
+#   synthetic: configs/synthetic.yaml in fp32, bf16 and fp8 (delayed) into docs/compare-synthetic/;
+#   text-small: configs/text-small.yaml on the State of the Union addresses (prepared into
+#     data/sotu/ first) in fp32, bf16 and fp8 (delayed) into docs/compare-text-small/.
+# The runs stay in build/compare-example-NAME/runs (the report's "Runs" section names them), so a
+# second call reuses them and only rewrites the report. The committed report is replaced only
+# when the compare succeeded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
-which="${1:-synthetic}"
-case "$which" in
-  synthetic) config=configs/synthetic.yaml out=docs/compare-quickstart ;;
-  text-small)
-    config=configs/text-small.yaml out=docs/compare-text-small
-    if [ ! -f data/sotu/ptrain-tokenizer.json ]; then
-      rm -rf data/sotu
-      ./build/ptrain data prepare --input "${PTRAIN_CACHE:-$HOME/.cache/ptrain}/text/sotu" --out data/sotu \
-        --tokenizer gpt2 --val-fraction 0.05
-    fi ;;
-  *) echo "usage: $0 [synthetic|text-small]" >&2; exit 2 ;;
-esac
-backup="$(mktemp -d)"
-[ -d "$out" ] && mv "$out" "$backup/previous"
-restore() {
-  if [ ! -f "$out/report.md" ] && [ -d "$backup/previous" ]; then
-    rm -rf "$out"
-    mv "$backup/previous" "$out"
-    echo "the compare failed: $out is unchanged" >&2
+which="${1:-quickstart}"
+cache="${PTRAIN_CACHE:-$HOME/.cache/ptrain}"
+prepare() {  # DIR INPUT TOKENIZER VAL_FRACTION
+  if [ ! -f "$1/ptrain-tokenizer.json" ]; then
+    rm -rf "$1"
+    ./build/ptrain data prepare --input "$2" --out "$1" --tokenizer "$3" --val-fraction "$4"
   fi
-  rm -rf "$backup"
 }
-trap restore EXIT
-./build/ptrain compare "$config" --modes fp32,bf16,fp8:delayed --out "$out" --set run.device=cpu
-rm -rf "$out/runs"
+case "$which" in
+  quickstart)
+    config=configs/quickstart.yaml modes=fp32,bf16,fp8:current
+    prepare data/moby-dick "$cache/text/moby-dick.txt" bytes 0.1 ;;
+  synthetic) config=configs/synthetic.yaml modes=fp32,bf16,fp8:delayed ;;
+  text-small)
+    config=configs/text-small.yaml modes=fp32,bf16,fp8:delayed
+    prepare data/sotu "$cache/text/sotu" gpt2 0.05 ;;
+  *) echo "usage: $0 [quickstart|synthetic|text-small]" >&2; exit 2 ;;
+esac
+work="build/compare-example-$which"
+out="docs/compare-$which"
+./build/ptrain compare "$config" --modes "$modes" --out "$work" --set run.device=cpu
+shots="$work/screenshots"
+rm -rf "$shots"
+[ "$which" = quickstart ] && ./tests/report_in_chromium.sh build/ptrain "$work" "$shots"
+rm -rf "$out"
+mkdir -p "$out"
+cp "$work"/report.md "$work"/report.html "$work"/*.svg "$out"/
+[ -d "$shots" ] && cp "$shots"/*.png "$out"/
 echo "wrote $out"

@@ -12,6 +12,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   clang libclang-rt-14-dev
   libicu-dev
+  chromium fonts-dejavu-core
 )
 
 # NVIDIA's format headers and nvcc come with the CUDA toolkit, not with Debian's main archive.

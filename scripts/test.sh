@@ -9,6 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
+# build.sh's install step (scripts/install-deps.sh) installs Chromium: the report test must find it.
+export PTRAIN_REQUIRE_CHROMIUM=1
 if [ $# -gt 0 ]; then
   (cd build && ctest --output-on-failure --no-tests=error "$@")
   exit 0

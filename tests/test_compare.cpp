@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "metrics/compare.h"
+#include "metrics/report.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -120,7 +121,8 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("report: out/report.md") != std::string::npos);
-  for (const char* f : {"report.md", "report.html", "loss.svg", "loss_diff.svg", "throughput.svg", "memory.svg"})
+  for (const char* f :
+       {"report.md", "report.html", "loss.svg", "loss_time.svg", "loss_diff.svg", "throughput.svg", "memory.svg"})
     CHECK(fs::file_size(ws.dir / "out" / f) > 0);
 
   const fs::path fp32_dir = ws.dir / "out/runs/tiny-fp32", bf16_dir = ws.dir / "out/runs/tiny-bf16";
@@ -155,11 +157,12 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   CHECK(*m.oracle_gap == b.val_loss.at(6) - oracle);
   CHECK(m.within_tolerance == (std::fabs(val_diff_pct) <= 2.0));
 
-  // The Markdown table shows those numbers, on the bf16 row.
+  // The Markdown tables show those numbers, on the bf16 rows (quality, then speed and memory).
   const std::string md = read_file(ws.dir / "out/report.md");
-  const size_t row = md.find("| bf16");
-  REQUIRE(row != std::string::npos);
-  const std::string bf16_row = md.substr(row, md.find('\n', row) - row);
+  std::string bf16_row;
+  for (size_t row = md.find("| bf16"); row != std::string::npos; row = md.find("| bf16", row + 1))
+    bf16_row += md.substr(row, md.find('\n', row) - row);
+  REQUIRE(count_of(bf16_row, "| bf16") == 2);
   INFO(bf16_row);
   CHECK(bf16_row.find(fmt("%.4f", b.loss.at(6))) != std::string::npos);
   CHECK(bf16_row.find(fmt("%+.4f", loss_diff)) != std::string::npos);
@@ -199,8 +202,11 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
     const char* marker;
     std::set<std::string> modes;
   };
-  for (const Chart& chart : {Chart{"loss.svg", "class=\"curve\"", all}, Chart{"loss_diff.svg", "class=\"curve\"", others},
-                             Chart{"throughput.svg", "class=\"bar\"", all}, Chart{"memory.svg", "class=\"bar\"", all}}) {
+  for (const Chart& chart :
+       {Chart{"loss.svg", "class=\"curve\"", all}, Chart{"loss.svg", "class=\"raw-curve\"", all},
+        Chart{"loss_time.svg", "class=\"curve\"", all}, Chart{"loss_time.svg", "class=\"raw-curve\"", all},
+        Chart{"loss_diff.svg", "class=\"curve\"", others}, Chart{"loss_diff.svg", "class=\"raw-curve\"", others},
+        Chart{"throughput.svg", "class=\"bar\"", all}, Chart{"memory.svg", "class=\"bar\"", all}}) {
     INFO(chart.file);
     const std::string svg = read_file(ws.dir / "report" / chart.file);
     std::string why;
@@ -217,7 +223,7 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
   CHECK(attribute_values(read_file(ws.dir / "report/loss.svg"), "class=\"val-curve\"", "data-mode").size() == 3);
   // The HTML report carries the charts inline and no external resource.
   const std::string html = read_file(ws.dir / "report/report.html");
-  CHECK(count_of(html, "<svg") == 4);
+  CHECK(count_of(html, "<svg") == 5);
   CHECK(html.find("src=\"http") == std::string::npos);
   CHECK(html.find("<script") == std::string::npos);
 
@@ -225,7 +231,7 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
   const CommandResult strict = run_ptrain("compare" + dirs + " --out strict --tolerance 0", ws.dir);
   CHECK(strict.exit_code == 0);
   const std::string strict_md = read_file(ws.dir / "strict/report.md");
-  CHECK(strict_md.find("Verdict: regressed beyond the tolerance: bf16, fp8:delayed.") != std::string::npos);
+  CHECK(strict_md.find("Regressed beyond the 0% tolerance: bf16, fp8:delayed.") != std::string::npos);
   CHECK(count_of(strict_md, "| regressed |") == 2);
   const CommandResult failing = run_ptrain("compare" + dirs + " --out strict --tolerance 0 --fail-on-regression", ws.dir);
   INFO(failing.output);
@@ -236,6 +242,122 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
   const CommandResult by_bf16 = run_ptrain("compare" + dirs + " --out by-bf16 --reference bf16", ws.dir);
   CHECK(by_bf16.exit_code == 0);
   CHECK(read_file(ws.dir / "by-bf16/report.md").find("# ptrain compare: bf16 vs fp32, fp8:delayed") != std::string::npos);
+}
+
+TEST_CASE("time to target: the first crossing, interpolated between evaluations, and the training time to it",
+          "[compare]") {
+  const std::vector<int64_t> evals = {0, 5, 10, 15};
+  const std::vector<double> val = {4.0, 3.0, 2.0, 1.5};
+  CHECK(*first_step_reaching(evals, val, 4.5) == 0);    // the first evaluation already is below
+  CHECK(*first_step_reaching(evals, val, 2.5) == 7.5);  // halfway from 3.0 at step 5 to 2.0 at step 10
+  CHECK(*first_step_reaching(evals, val, 2.0) == 10);   // reaching means at or below
+  CHECK(*first_step_reaching(evals, val, 1.75) == 12.5);
+  CHECK(!first_step_reaching(evals, val, 1.0));
+  // The first crossing counts, not a later one; a non-finite loss never reaches.
+  CHECK(*first_step_reaching({0, 5, 10, 15}, {4.0, 2.0, 3.0, 1.0}, 2.5) == 3.75);
+  CHECK(*first_step_reaching({0, 5, 10}, {4.0, NAN, 2.0}, 3.0) == 10);
+  CHECK(!first_step_reaching({0, 5}, {NAN, INFINITY}, 3.0));
+
+  const std::vector<int64_t> steps = {1, 2, 3};
+  const std::vector<double> seconds = {1.0, 2.0, 4.0};
+  CHECK(training_seconds_at(steps, seconds, 0) == 0);
+  CHECK(training_seconds_at(steps, seconds, 1.5) == 2.0);  // step 1, and half of step 2
+  CHECK(training_seconds_at(steps, seconds, 2) == 3.0);
+  CHECK(training_seconds_at(steps, seconds, 2.5) == 5.0);
+  CHECK(training_seconds_at(steps, seconds, 3) == 7.0);
+}
+
+// A run made up in the test: `n` steps of `step_s` seconds, evaluations every 10 steps.
+RunRecord made_up_run(const std::string& mode, const std::vector<double>& val, double step_s, double memory_mib) {
+  RunRecord r;
+  r.dir = "runs/" + mode;
+  r.mode = mode;
+  r.config = {{"training.eval_every", 10}};
+  r.batch_tokens = 1000;
+  for (int64_t s = 1; s <= 10 * static_cast<int64_t>(val.size() - 1); ++s) {
+    r.steps.push_back(s);
+    r.loss.push_back(5.0 - 0.01 * static_cast<double>(s));
+    r.tokens_per_s.push_back(1000 / step_s);
+    r.step_seconds.push_back(step_s);
+  }
+  for (size_t i = 0; i < val.size(); ++i) r.val_steps.push_back(static_cast<int64_t>(10 * i));
+  r.val_loss = val;
+  r.peak_memory_mib = memory_mib;
+  return r;
+}
+
+TEST_CASE("compare's verdict paragraph states time to target, final val loss, memory and throughput in words",
+          "[compare]") {
+  // fp32 reaches its final val loss 2.0 at step 30 (30 s). fp8 crosses it at step 25 (12.5 s,
+  // 0.5 s a step): 2.40x sooner, though its final val loss ends 0.5% higher. bf16 never gets there.
+  const Comparison c = compare_runs({made_up_run("fp32", {4.0, 3.0, 2.5, 2.0}, 1.0, 1000),
+                                     made_up_run("fp8:current", {4.0, 3.0, 2.4, 1.6, 2.01}, 0.5, 800),
+                                     made_up_run("bf16", {4.0, 3.0, 2.5, 2.1}, 1.0, 1100)},
+                                    "fp32", 2.0);
+  REQUIRE(c.target_loss == 2.0);
+  const ModeResult& fp8 = c.results[1];
+  CHECK(*fp8.target_step == 25);
+  CHECK(*fp8.time_to_target_s == 12.5);
+  CHECK(*fp8.tokens_to_target == 25000);
+  CHECK(*fp8.target_speedup == 30.0 / 12.5);
+  CHECK(fp8.train_seconds == 20.0);
+  CHECK(!c.results[2].time_to_target_s);
+  const std::string v = verdict_paragraph(c);
+  INFO(v);
+  CHECK(v ==
+        "fp8:current reached fp32's final val loss (2.0000) 2.40x sooner than fp32 (12.5 s of training against 30.0 s); "
+        "its final val loss is 0.50% higher; peak memory 20% lower; throughput 2.00x fp32's. "
+        "bf16 never reached fp32's final val loss (2.0000) in its 30 steps (its lowest val loss: 2.1000); "
+        "its final val loss is 5.00% higher; peak memory 10% higher; throughput 1.00x fp32's. "
+        "Regressed beyond the 2% tolerance: bf16. Times to target are interpolated between evaluations, every 10 steps.");
+  // The report leads with it, and the table says "never" for bf16.
+  const std::string md = report_markdown(c);
+  CHECK(md.find("**Verdict.** fp8:current reached") < md.find("Config:"));
+  CHECK(md.find("| bf16 | 30.0 s | never | never | — |") != std::string::npos);
+  CHECK(md.find("| fp8:current | 20.0 s | 12.5 s | 25,000 | 2.40x |") != std::string::npos);
+
+  // A target of one's own: fp32 never reaches 1.8, fp8 does (at step 27.5, 13.75 s).
+  const Comparison own = compare_runs({made_up_run("fp32", {4.0, 3.0, 2.5, 2.0}, 1.0, 1000),
+                                       made_up_run("fp8:current", {4.0, 3.0, 2.4, 1.6, 2.01}, 0.5, 800)},
+                                      "fp32", 2.0, 1.8);
+  CHECK(*own.results[1].time_to_target_s == 13.75);
+  CHECK(verdict_paragraph(own).find("fp8:current reached the target val loss 1.8000 after 13.8 s of training, where "
+                                    "fp32 never did") == 0);
+  // The time chart marks the target and where each mode reached it.
+  const std::string chart = loss_time_chart_svg(c);
+  CHECK(count_of(chart, "class=\"target\"") == 1);
+  CHECK(attribute_values(chart, "class=\"target-point\"", "data-mode") == std::vector<std::string>{"fp32", "fp8:current"});
+}
+
+TEST_CASE("the charts' smoothing is the debiased EMA its definition gives", "[compare]") {
+  const std::vector<double> s = ema_smoothed({1.0, 2.0, 3.0, NAN, 5.0, 7.0}, 0.5);
+  CHECK(s[0] == 1.0);  // starts at the first value
+  CHECK(s[1] == Approx((0.25 * 1 + 0.5 * 2) / 0.75).epsilon(1e-15));
+  CHECK(s[2] == Approx((0.125 * 1 + 0.25 * 2 + 0.5 * 3) / 0.875).epsilon(1e-15));
+  CHECK(std::isnan(s[3]));  // a gap, after which the average starts again
+  CHECK(s[4] == 5.0);
+  CHECK(s[5] == Approx((0.25 * 5 + 0.5 * 7) / 0.75).epsilon(1e-15));
+}
+
+TEST_CASE("compare --target-loss: a target never reached is shown as such, a bad one refused", "[compare]") {
+  TempDir ws("compare");
+  write_file(ws.dir / "tiny.yaml", tiny_config("tiny"));
+  // 0.5 is below the synthetic corpus's oracle loss (about 1.08): no model reaches it.
+  const CommandResult r = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out --target-loss 0.5", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string md = read_file(ws.dir / "out/report.md");
+  CHECK(md.find("fp32 never did") == std::string::npos);
+  CHECK(md.find("bf16 never reached the target val loss 0.5000 in its 6 steps") != std::string::npos);
+  CHECK(count_of(md, "| never | never | — |") == 2);
+  for (const char* bad : {"0", "-1", "nan", "inf"}) {
+    INFO(bad);
+    const CommandResult refused =
+        run_ptrain(std::string("compare tiny.yaml --modes fp32,bf16 --out refused --target-loss ") + bad, ws.dir);
+    CHECK(refused.exit_code == 2);
+    CHECK(refused.output.find("--target-loss") != std::string::npos);
+    CHECK(!fs::exists(ws.dir / "refused"));
+  }
 }
 
 TEST_CASE("compare refuses runs that differ in more than precision, and bad modes", "[compare]") {

@@ -16,6 +16,14 @@
 namespace fs = std::filesystem;
 
 namespace ptrain {
+
+std::string data_cache_dir() {
+  const char* cache = std::getenv("PTRAIN_CACHE");
+  if (cache && *cache) return cache;
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : ".") / ".cache" / "ptrain").string();
+}
+
 namespace {
 
 std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }

@@ -7,6 +7,10 @@
 
 namespace ptrain {
 
+// Where scripts/fetch-data.sh puts what it fetches, and ptrain caches what it measures once per
+// machine: $PTRAIN_CACHE, else ~/.cache/ptrain.
+std::string data_cache_dir();
+
 enum class PathKind { missing, directory, file, other };  // file: a regular file; other: FIFO, device, ...
 
 // What is at `path` (following links). Throws UserError naming `what` when the path cannot be

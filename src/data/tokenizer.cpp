@@ -12,13 +12,6 @@ namespace ptrain {
 
 namespace fs = std::filesystem;
 
-std::string data_cache_dir() {
-  const char* cache = std::getenv("PTRAIN_CACHE");
-  if (cache && *cache) return cache;
-  const char* home = std::getenv("HOME");
-  return (fs::path(home && *home ? home : ".") / ".cache" / "ptrain").string();
-}
-
 std::string default_gpt2_vocabulary() { return (fs::path(data_cache_dir()) / "gpt2" / "r50k_base.tiktoken").string(); }
 
 Tokenizer Tokenizer::load(const std::string& name, const std::string& vocabulary) {

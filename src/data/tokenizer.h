@@ -10,12 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "core/paths.h"
 #include "data/gpt2_vocabulary.h"
 
 namespace ptrain {
 
-// Where scripts/fetch-data.sh puts what it fetches: $PTRAIN_CACHE, else ~/.cache/ptrain.
-std::string data_cache_dir();
 // The GPT-2 vocabulary read when none is named: <cache>/gpt2/r50k_base.tiktoken.
 std::string default_gpt2_vocabulary();
 

@@ -119,6 +119,7 @@ static RunRecord read_run_files(const std::string& dir) {
   const Config config = load_config((path / "config.yaml").string());
   r.mode = PrecisionPolicy::from_config(config.precision).label();
   r.config = comparable_keys(config);
+  r.batch_tokens = config.training.batch_tokens;
 
   const nlohmann::json summary = read_json(path / "summary.json", dir);
   r.peak_memory_mib = summary.value("peak_memory_mib", 0.0);
@@ -128,7 +129,10 @@ static RunRecord read_run_files(const std::string& dir) {
   r.oracle_loss = number_or_none(summary, "oracle_loss");
 
   // A resumed run repeats the steps after its checkpoint: the last record of a step counts.
-  std::map<int64_t, std::pair<double, double>> steps;  // step -> (loss, tokens/s)
+  struct StepRecord {
+    double loss, tokens_per_s, seconds;
+  };
+  std::map<int64_t, StepRecord> steps;
   std::map<int64_t, double> vals;
   if (path_kind((path / "metrics.jsonl").string(), "run \"" + dir + "\"") == PathKind::missing)
     throw UserError("run \"" + dir + "\": no metrics.jsonl");
@@ -139,8 +143,13 @@ static RunRecord read_run_files(const std::string& dir) {
     const nlohmann::json m = parse_json(line, "run \"" + dir + "\": metrics.jsonl line " + std::to_string(line_no));
     if (!m.contains("step")) continue;
     const int64_t step = m["step"].get<int64_t>();
-    if (m.contains("loss") && m.contains("tokens_per_s"))
-      steps[step] = {m["loss"].get<double>(), m["tokens_per_s"].get<double>()};
+    if (m.contains("loss") && m.contains("tokens_per_s")) {
+      const double tokens_per_s = m["tokens_per_s"].get<double>();
+      // "ms" is the step's own time; tokens_per_s is batch_tokens over it, for a record without.
+      const double seconds = m.contains("ms") ? m["ms"].get<double>() / 1000.0
+                                              : static_cast<double>(r.batch_tokens) / tokens_per_s;
+      steps[step] = {m["loss"].get<double>(), tokens_per_s, seconds};
+    }
     if (m.contains("val_loss")) vals[step] = m["val_loss"].get<double>();
     if (m.contains("numerics") && m["numerics"].contains("fp8"))
       for (const auto& t : m["numerics"]["fp8"]) {
@@ -151,8 +160,9 @@ static RunRecord read_run_files(const std::string& dir) {
   if (steps.empty()) throw UserError("run \"" + dir + "\": metrics.jsonl holds no training steps");
   for (const auto& [step, v] : steps) {
     r.steps.push_back(step);
-    r.loss.push_back(v.first);
-    r.tokens_per_s.push_back(v.second);
+    r.loss.push_back(v.loss);
+    r.tokens_per_s.push_back(v.tokens_per_s);
+    r.step_seconds.push_back(v.seconds);
   }
   for (const auto& [step, v] : vals) {
     r.val_steps.push_back(step);
@@ -174,7 +184,31 @@ std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b) 
   return out;
 }
 
-Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct) {
+std::optional<double> first_step_reaching(const std::vector<int64_t>& steps, const std::vector<double>& loss,
+                                          double target) {
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!(loss[i] <= target)) continue;  // NaN never reaches
+    if (i == 0 || !std::isfinite(loss[i - 1])) return static_cast<double>(steps[i]);
+    const double fraction = (loss[i - 1] - target) / (loss[i - 1] - loss[i]);  // in (0, 1]: loss[i-1] > target
+    return static_cast<double>(steps[i - 1]) + fraction * static_cast<double>(steps[i] - steps[i - 1]);
+  }
+  return std::nullopt;
+}
+
+double training_seconds_at(const std::vector<int64_t>& steps, const std::vector<double>& step_seconds, double step) {
+  double total = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double s = static_cast<double>(steps[i]);
+    if (s <= step)
+      total += step_seconds[i];
+    else if (s - 1 < step)  // the step in progress
+      total += (step - (s - 1)) * step_seconds[i];
+  }
+  return total;
+}
+
+Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct,
+                        std::optional<double> target_loss) {
   if (runs.size() < 2) throw UserError("compare: needs at least two runs, got " + std::to_string(runs.size()));
   const auto ref_it =
       std::find_if(runs.begin(), runs.end(), [&](const RunRecord& r) { return r.mode == reference; });
@@ -199,6 +233,9 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
   c.reference = reference;
   c.tolerance_pct = tolerance_pct;
   const RunRecord& ref = runs[0];
+  c.target_given = target_loss.has_value();
+  c.target_loss = target_loss;
+  if (!c.target_loss && !ref.val_loss.empty() && std::isfinite(ref.val_loss.back())) c.target_loss = ref.val_loss.back();
   std::map<int64_t, double> ref_loss;
   for (size_t i = 0; i < ref.steps.size(); ++i) ref_loss[ref.steps[i]] = ref.loss[i];
   const double ref_speed = median_after_first(ref.tokens_per_s);
@@ -233,10 +270,21 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
     m.skipped_steps = r.skipped_steps;
     m.fp8_underflow = r.fp8_underflow;
     m.fp8_saturation = r.fp8_saturation;
+    for (const double s : r.step_seconds) m.train_seconds += s;
+    if (c.target_loss) {
+      m.target_step = first_step_reaching(r.val_steps, r.val_loss, *c.target_loss);
+      if (m.target_step) {
+        m.time_to_target_s = training_seconds_at(r.steps, r.step_seconds, *m.target_step);
+        m.tokens_to_target = *m.target_step * static_cast<double>(r.batch_tokens);
+      }
+    }
     const double judged = m.val_diff_pct ? *m.val_diff_pct : m.loss_diff_pct;
     m.within_tolerance = &r == &runs[0] || std::fabs(judged) <= tolerance_pct;  // NaN: regressed
     c.results.push_back(m);
   }
+  const std::optional<double> ref_time = c.results.front().time_to_target_s;
+  for (ModeResult& m : c.results)
+    if (ref_time && m.time_to_target_s && *m.time_to_target_s > 0) m.target_speedup = *ref_time / *m.time_to_target_s;
   c.runs = std::move(runs);
   return c;
 }

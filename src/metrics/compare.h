@@ -21,7 +21,9 @@ struct RunRecord {
   std::vector<int64_t> steps;      // per training step, in order
   std::vector<double> loss;        // training loss of each step
   std::vector<double> tokens_per_s;
-  std::vector<int64_t> val_steps;  // evaluations
+  std::vector<double> step_seconds;  // each step's own time, without evaluations and saves
+  int64_t batch_tokens = 0;          // tokens per step
+  std::vector<int64_t> val_steps;    // evaluations
   std::vector<double> val_loss;
   double peak_memory_mib = 0;                  // host resident memory (the CPU backend's)
   std::optional<double> peak_device_memory_mib;  // a GPU's arena peak
@@ -48,12 +50,22 @@ struct ModeResult {
   bool device_memory = false;
   int64_t skipped_steps = 0;
   std::optional<double> fp8_underflow, fp8_saturation;
+  double train_seconds = 0;  // the sum of the step times (evaluations and saves left out)
+  // The first time the val loss reached the comparison's target, interpolated linearly between
+  // the evaluations on either side of the crossing: the step (fractional), the training time to
+  // it and the tokens. Absent when it never did (or the run has no evaluations).
+  std::optional<double> target_step, time_to_target_s, tokens_to_target;
+  std::optional<double> target_speedup;  // the reference's time to target / this mode's
   bool within_tolerance = true;  // |val_diff_pct| (or |loss_diff_pct| without evaluations) <= tolerance
 };
 
 struct Comparison {
   std::string reference;   // the mode the others are measured against
   double tolerance_pct = 0;
+  // The val loss time-to-target is measured to: --target-loss, else the reference's final val
+  // loss; absent when neither exists (the reference ran no evaluation).
+  std::optional<double> target_loss;
+  bool target_given = false;  // from --target-loss, not the reference's
   std::vector<RunRecord> runs;      // in report order, the reference first
   std::vector<ModeResult> results;  // one per run, same order
   bool any_regressed() const;
@@ -67,7 +79,19 @@ RunRecord read_run(const std::string& dir);
 std::vector<std::string> run_mismatches(const RunRecord& a, const RunRecord& b);
 
 // Computes every row. Throws UserError when the runs are not comparable (listing what differs)
-// or the reference mode is not among them.
-Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct);
+// or the reference mode is not among them. `target_loss`: the val loss time-to-target is
+// measured to (default: the reference's final val loss).
+Comparison compare_runs(std::vector<RunRecord> runs, const std::string& reference, double tolerance_pct,
+                        std::optional<double> target_loss = std::nullopt);
+
+// Where `loss` (at `steps`, ascending) first reaches `target` or below: the step itself when the
+// first point does, else linearly interpolated between the point before the crossing and the
+// first one at or below it. Non-finite points never reach. Absent when no point does.
+std::optional<double> first_step_reaching(const std::vector<int64_t>& steps, const std::vector<double>& loss,
+                                          double target);
+
+// The training time at a (fractional) step: the step times summed up to it, the step in progress
+// counted in proportion (step 0, before any training, is 0 s). `steps` are 1..N in order.
+double training_seconds_at(const std::vector<int64_t>& steps, const std::vector<double>& step_seconds, double step);
 
 }  // namespace ptrain

@@ -5,8 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/output_file.h"
+#include "core/paths.h"
 #include "core/rng.h"
 
 namespace ptrain {
@@ -43,6 +50,49 @@ GemmRate GemmRate::merged(const GemmRate& other) const {
   m.rates.insert(m.rates.end(), other.rates.begin(), other.rates.end());
   std::sort(m.rates.begin(), m.rates.end());
   return m;
+}
+
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      const size_t at = line.find_first_not_of(" \t", line.find(':') + 1);
+      return at == std::string::npos ? "unknown CPU" : line.substr(at);
+    }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+CpuPeak cpu_sgemm_peak() {
+  CpuPeak peak;
+  peak.key = cpu_model_name() + " | " + std::to_string(omp_get_max_threads()) + " threads | " + openblas_get_corename();
+  peak.cache_file = (std::filesystem::path(data_cache_dir()) / "cpu-peak.json").string();
+  nlohmann::json cache = nlohmann::json::object();
+  {
+    std::ifstream in(peak.cache_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    cache = nlohmann::json::parse(text.str(), nullptr, false);
+    if (!cache.is_object()) cache = nlohmann::json::object();  // missing or damaged: measure again
+  }
+  if (cache.contains(peak.key) && cache[peak.key].is_number() && cache[peak.key].get<double>() > 0) {
+    peak.flops = cache[peak.key].get<double>();
+    peak.cached = true;
+    return peak;
+  }
+  peak.flops = measure_sgemm_rate(1024, 5).median_flops();
+  cache[peak.key] = peak.flops;
+  try {
+    std::filesystem::create_directories(std::filesystem::path(peak.cache_file).parent_path());
+    write_file_atomic(peak.cache_file, cache.dump(2) + "\n");
+  } catch (const std::exception&) {
+    // A read-only home: the next run measures again.
+  }
+  return peak;
 }
 
 }  // namespace ptrain

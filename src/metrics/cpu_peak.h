@@ -2,6 +2,7 @@
 // BLAS and thread count the CPU backend uses. MFU on a CPU is reported against this.
 #pragma once
 
+#include <string>
 #include <vector>
 
 namespace ptrain {
@@ -19,5 +20,18 @@ struct GemmRate {
 
 // Times `repeats` square sgemms of side `size` after one warm-up.
 GemmRate measure_sgemm_rate(int size, int repeats);
+
+// The CPU's peak for MFU in training logs: the median of a short sgemm measurement (5 of
+// 1024^3, about a tenth of a second on 2 cores), made once per machine and kept in
+// <data_cache_dir()>/cpu-peak.json under a key of the CPU's model name, the thread count and
+// OpenBLAS's kernel (each changes the rate). A cache that cannot be read or written is
+// measured again, never an error.
+struct CpuPeak {
+  double flops = 0;
+  bool cached = false;  // read from the cache, not measured by this process
+  std::string key;      // "Intel(R) Xeon(R) ... | 2 threads | SkylakeX"
+  std::string cache_file;
+};
+CpuPeak cpu_sgemm_peak();
 
 }  // namespace ptrain

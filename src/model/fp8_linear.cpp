@@ -15,6 +15,7 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
                      int64_t OC)
     : policy_(policy),
       backend_(backend),
+      weights_(C * OC),
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)) {

@@ -65,6 +65,7 @@ class Fp8Linear {
   // Whether the GEMMs read FP8 codes directly; if not, native_fp8_absent() says why.
   bool native() const { return gemms_ != nullptr; }
   const std::string& native_fp8_absent() const { return why_emulated_; }
+  int64_t weights() const { return weights_; }  // OC x C
 
   // What the host keeps between a layer's calls: whether this step's weight cast is done and
   // whether native casts left statistics on the device. A recorded micro-batch (CUDA graph)
@@ -97,6 +98,7 @@ class Fp8Linear {
 
   Fp8Policy policy_;
   Backend& backend_;
+  int64_t weights_;
   Fp8TensorState input_, weight_, grad_;
   Tensor input_q_, weight_q_, grad_q_;  // dequantised FP8 values, (rows, C), (OC, C), (rows, OC)
   Tensor input_qt_, grad_qt_;           // block recipe: 128x1 tiles for wgrad, (rows, C), (rows, OC)

@@ -303,6 +303,13 @@ std::string Gpt::fp8_gemm_summary() const {
   return line;
 }
 
+int64_t Gpt::native_fp8_weights() const {
+  int64_t n = 0;
+  for (const auto& f : fp8_)
+    if (f && f->native()) n += f->weights();
+  return n;
+}
+
 void Gpt::init(uint64_t seed, double std) {
   const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
   for (const ParamSpec& spec : specs_) {

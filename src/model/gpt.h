@@ -150,6 +150,9 @@ class Gpt {
   // For the run log: how many FP8 linears run native FP8 GEMMs, and why the others emulate;
   // empty without FP8.
   std::string fp8_gemm_summary() const;
+  // The weights whose GEMMs run native FP8 (an emulated FP8 linear runs at the other GEMMs'
+  // rate): times 6 FLOPs per token, the FP8 part of the training FLOPs for MFU's mixed peak.
+  int64_t native_fp8_weights() const;
 
   const GptShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }

@@ -30,15 +30,17 @@ static StepRate step_rate(const TrainResult& result) {
   return r;
 }
 
-// The GPU benchmark: tokens/s, model FLOP/s, MFU against the device's dense peak for the
-// precision (unknown devices get no MFU), and peak device memory.
+// The GPU benchmark: tokens/s, model FLOP/s, MFU against the device's dense BF16 peak and
+// against the peak of the run's precision mix (devices not in the table get no MFU), and peak
+// device memory.
 static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
-  const std::optional<double> peak = dense_peak_flops(device.name, config.precision.mode, config.precision.tf32);
-  if (peak)
-    std::printf("peak: %s, dense %s: %.1f TFLOP/s (data sheet)\n\n", device.name.c_str(), config.precision.mode.c_str(),
-                *peak / 1e12);
+  const PeakLookup lookup = lookup_device_peaks(device);
+  if (lookup.device)
+    std::printf("peak: %s (%s), dense bf16 %.1f TFLOP/s, fp8 %.1f TFLOP/s (%s)\n\n", device.name.c_str(),
+                lookup.device->part.c_str(), lookup.device->peaks.bf16 / 1e12, lookup.device->peaks.fp8 / 1e12,
+                lookup.device->source.c_str());
   else
-    std::printf("peak: %s is not in ptrain's table of dense peaks: no MFU\n\n", device.name.c_str());
+    std::printf("peak: %s\n\n", lookup.why_none.c_str());
   std::fflush(stdout);
   const TrainResult result = train(config, TrainOptions{});
   const StepRate r = step_rate(result);
@@ -49,7 +51,11 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
   std::printf("  model FLOP/s           %10.1f TFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", r.model_flops / 1e12,
               result.flops_per_token);
-  if (peak) std::printf("  MFU                    %10.1f %%\n", 100.0 * r.model_flops / *peak);
+  if (result.mfu_peaks && result.mfu_peaks->bf16) {
+    std::printf("  MFU, bf16 peak         %10.1f %%\n", 100.0 * r.model_flops / *result.mfu_peaks->bf16);
+    std::printf("  MFU, precision mix     %10.1f %%  (peak %.1f TFLOP/s)\n", 100.0 * r.model_flops / result.mfu_peaks->mix,
+                result.mfu_peaks->mix / 1e12);
+  }
   std::printf("  peak device memory     %10.2f GiB\n", static_cast<double>(result.peak_device_bytes) / (1 << 30));
 }
 

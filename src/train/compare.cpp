@@ -61,12 +61,15 @@ void check_options(const CompareOptions& options) {
   if (!std::isfinite(options.tolerance_pct) || options.tolerance_pct < 0)
     throw UserError("--tolerance: " + std::to_string(options.tolerance_pct) +
                     " is not a percentage; expected a finite number >= 0");
+  if (options.target_loss && !(std::isfinite(*options.target_loss) && *options.target_loss > 0))
+    throw UserError("--target-loss: " + std::to_string(*options.target_loss) +
+                    " is not a loss; expected a finite number > 0 (a validation loss, in nats)");
   check_creatable(options.out_dir, "--out", 64);
 }
 
 Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
   const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
-  Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct);
+  Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct, options.target_loss);
   write_report(c, options.out_dir);
   return c;
 }

@@ -2,6 +2,7 @@
 // order (or runs found finished), then the report of what each mode cost and bought.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ struct CompareOptions {
   std::string out_dir;             // the report's directory; the runs go to <out_dir>/runs
   std::string reference;           // empty: the first mode
   double tolerance_pct = 2.0;      // a mode regresses when its final (val) loss is this much worse or better
+  std::optional<double> target_loss;  // time-to-target's val loss; absent: the reference's final val loss
 };
 
 // The run config of `base` in `mode`: precision.mode (and fp8 recipe) set, run.name suffixed

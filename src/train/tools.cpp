@@ -24,7 +24,9 @@
 #include "data/gpt2_hf_files.h"
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
+#include "metrics/run_log.h"
 #include "model/gpt.h"
+#include "precision/int8_weights.h"
 #include "train/sampling.h"
 
 namespace fs = std::filesystem;
@@ -38,10 +40,34 @@ struct LoadedModel {
   std::unique_ptr<Gpt> model;
 };
 
-LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B, int T) {
+// Replaces the block linears' weights by their INT8 round trip; returns how many weights that was.
+int64_t quantize_block_linears(Gpt& model) {
+  int64_t quantized = 0;
+  for (const ParamSpec& spec : model.specs()) {
+    if (spec.id != kQkvw && spec.id != kAttprojw && spec.id != kFcw && spec.id != kFcprojw) continue;
+    const int64_t cols = spec.shape.back(), rows = model.param(spec.id).numel() / cols;  // (L, out, in)
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    model.backend().download(w.data(), model.master(spec.id));
+    dequantize_int8_rows(quantize_int8_rows(w.data(), rows, cols), w.data());
+    model.backend().upload(model.master(spec.id), w.data());
+    quantized += rows * cols;
+  }
+  model.sync_params_from_master();
+  return quantized;
+}
+
+LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B, int T,
+                       WeightFormat weights = WeightFormat::fp32) {
   LoadedModel out;
   out.model = std::make_unique<Gpt>(GptShape::of(m), *out.backend, DType::f32, B, T);
   load_weights(ckpt.weights, *out.model);
+  if (weights == WeightFormat::int8) {
+    const int64_t n = quantize_block_linears(*out.model);
+    std::fflush(stdout);  // eval's lines so far come first
+    std::fprintf(stderr, "int8 weights: %s of %s parameters (the block linears) quantized per output channel\n",
+                 format_thousands(static_cast<double>(n)).c_str(),
+                 format_thousands(static_cast<double>(out.model->num_params())).c_str());
+  }
   return out;
 }
 
@@ -105,9 +131,26 @@ void dump_window_logits(const std::string& path, const LoadedCheckpoint& ckpt, c
   std::printf("wrote %s: logits of %d positions x %d tokens\n", path.c_str(), T, m.vocab_size);
 }
 
+double val_loss(Gpt& model, const ValSampler& sampler, int B, int T) {
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  double sum = 0;
+  for (int j = 0; j < sampler.batches(); ++j) {
+    sampler.fill(j, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), 0.0f);
+  }
+  return sum / sampler.batches();
+}
+
 }  // namespace
 
-void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits) {
+WeightFormat parse_weight_format(const std::string& text) {
+  if (text == "fp32") return WeightFormat::fp32;
+  if (text == "int8") return WeightFormat::int8;
+  throw UserError("--weights: \"" + text + "\"; expected fp32 (the checkpoint's masters) or int8");
+}
+
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
+                     WeightFormat weights) {
   if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const auto differences = model_differences(ckpt.state.model, model_json(config.model));
@@ -125,19 +168,20 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint, const 
   const TokenStream stream(val, "data.val", config.model.vocab_size);
   const ValSampler sampler(stream, "data.val", config.training.eval_batches, B, T);
   LoadedModel lm = load_model(ckpt, config.model, B, T);
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  double sum = 0;
-  for (int j = 0; j < sampler.batches(); ++j) {
-    sampler.fill(j, inputs.data(), targets.data());
-    sum += lm.model->forward(inputs.data(), targets.data(), 0.0f);
-  }
-  const double loss = sum / sampler.batches();
+  const double loss = val_loss(*lm.model, sampler, B, T);
   std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),
               static_cast<long long>(ckpt.state.step), loss, sampler.batches(), B, T);
   const auto info = read_synthetic_info(fs::path(stream.files().front()).parent_path().string());
   if (info)
     std::printf("oracle loss %.6f, gap %.6f\n", info->oracle_loss_val, loss - info->oracle_loss_val);
+  if (weights == WeightFormat::int8) {
+    LoadedModel q = load_model(ckpt, config.model, B, T, WeightFormat::int8);
+    const double int8_loss = val_loss(*q.model, sampler, B, T);
+    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters\n", int8_loss,
+                int8_loss - loss, 100.0 * (int8_loss - loss) / loss);
+  }
   if (!dump_logits.empty()) {
+    std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
     sampler.fill(0, inputs.data(), targets.data());
     dump_window_logits(dump_logits, ckpt, config.model, std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
   }
@@ -159,7 +203,7 @@ void sample(const SampleOptions& o) {
     throw UserError("--checkpoint " + o.checkpoint + ": the model's vocabulary (" + std::to_string(m.vocab_size) +
                     ") is smaller than its tokenizer's (" + name + ", " + std::to_string(tokenizer->vocab_size()) + ")");
   const Tokenizer* text = tokenizer ? &*tokenizer : nullptr;
-  LoadedModel lm = load_model(ckpt, m, 1, m.seq_len);
+  LoadedModel lm = load_model(ckpt, m, 1, m.seq_len, o.weights);
   std::vector<int32_t> tokens = encode_prompt(o.prompt, text, m.vocab_size);
   if (tokens.empty()) tokens = empty_prompt(text);
   if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);

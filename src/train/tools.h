@@ -8,12 +8,20 @@
 
 namespace ptrain {
 
+// The weights a checkpoint runs with in eval and sample (--weights): its FP32 masters, or int8:
+// the block linears' weights (attention qkv and output, the MLP's two) quantized per output
+// channel and dequantized (precision/int8_weights.h); embeddings, norms, biases and the head stay.
+enum class WeightFormat { fp32, int8 };
+WeightFormat parse_weight_format(const std::string& text);  // "fp32" | "int8"; UserError naming --weights
+
 // `ptrain eval CONFIG --checkpoint DIR`: the val loss of the checkpoint's weights on the
-// config's validation batches, and the gap to the oracle loss for synthetic data. With
+// config's validation batches, and the gap to the oracle loss for synthetic data. With int8
+// weights, the loss with the masters first, then with INT8 weights and the difference. With
 // `dump_logits`, also writes that file (JSON: the first validation window's tokens and the FP32
 // logits over the real vocabulary at each of its positions), for comparing with another
 // implementation of the model (scripts/hf-logits.py).
-void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits = "");
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits = "",
+                     WeightFormat weights = WeightFormat::fp32);
 
 struct SampleOptions {
   std::string checkpoint;
@@ -26,6 +34,7 @@ struct SampleOptions {
   bool ignore_end_of_text = false;  // go on past <|endoftext|> instead of stopping there
   bool kv_cache = true;             // false: each token reruns the window (checks and timing)
   bool timing = false;              // the generation's tokens/s on stderr
+  WeightFormat weights = WeightFormat::fp32;
 };
 
 // `ptrain sample`: generates text decoded by the tokenizer the checkpoint's run recorded (token

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "backend/device.h"
+#include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
 #include "metrics/nvtx.h"
 #include "checkpoint/checkpoint.h"
@@ -279,6 +280,7 @@ class Trainer {
     if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps - first_step + 1);
     result_.device = device_choice_;
     result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
+    result_.mfu_peaks = peaks_;
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
     return result_;
@@ -414,14 +416,43 @@ class Trainer {
                 fmt("%.4f", std::log(shape_.vocab)));
     log_.info("memory: " + plan_memory(cfg_).describe() +
               (cfg_.training.recompute == "none" ? "" : " (training.recompute: " + cfg_.training.recompute + ")"));
-    if (backend_->device() == Device::cuda) {  // MFU needs the device's peak; a CPU has none to quote
-      const CudaProbe probe = probe_cuda();
-      const std::string name = probe.devices.empty() ? "the device" : probe.devices[0].name;
-      peak_flops_ = dense_peak_flops(name, cfg_.precision.mode, cfg_.precision.tf32);
-      log_.info(peak_flops_ ? "MFU against " + name + "'s dense " + cfg_.precision.mode + " peak of " +
-                                  fmt("%.1f", *peak_flops_ / 1e12) + " TFLOP/s (data sheet)"
-                            : "no MFU: " + name + " is not in ptrain's table of dense peaks");
+    announce_mfu_peaks();
+  }
+
+  // The peaks MFU is quoted against, stated once: a GPU's from the data-sheet table (the BF16
+  // dense peak and the run's precision mix's), a CPU's measured sgemm rate (no BF16 peak: the
+  // CPU backend's GEMMs are FP32 sgemm whatever the precision).
+  void announce_mfu_peaks() {
+    flops_per_token_ = training_flops_per_token(cfg_.model, T_);
+    if (!comm_->is_main()) return;  // one rank logs; the others need not measure a CPU's rate
+    const std::string per_token = "model FLOPs 6N + 6LCT = " + fmt("%.4g", flops_per_token_) + " per token";
+    if (backend_->device() != Device::cuda) {
+      const CpuPeak cpu = cpu_sgemm_peak();
+      peaks_ = MfuPeaks{std::nullopt, cpu.flops};
+      log_.info("MFU: " + per_token + "; against this CPU's sgemm rate, " + fmt("%.1f", cpu.flops / 1e9) +
+                " GFLOP/s (median of 5 sgemms of 1024^3, " + (cpu.cached ? "measured earlier" : "measured now") +
+                " for \"" + cpu.key + "\", cached in " + cpu.cache_file + "); a CPU has no BF16 peak");
+      return;
     }
+    const CudaProbe probe = probe_cuda();
+    const PeakLookup lookup =
+        probe.devices.empty() ? PeakLookup{std::nullopt, "the device's properties could not be read: " + probe.why_none}
+                              : lookup_device_peaks(probe.devices[0]);
+    if (!lookup.device) {
+      log_.info("MFU: " + per_token + "; no MFU: " + lookup.why_none);
+      return;
+    }
+    const GemmPeaks& p = lookup.device->peaks;
+    const double fp8_share = 6.0 * static_cast<double>(model_.native_fp8_weights()) / flops_per_token_;
+    const bool fp32 = cfg_.precision.mode == "fp32";
+    const double other = fp32 ? (cfg_.precision.tf32 ? p.tf32 : p.fp32) : p.bf16;
+    const std::string other_name = fp32 ? (cfg_.precision.tf32 ? "tf32" : "fp32") : "bf16";
+    peaks_ = MfuPeaks{p.bf16, mixed_peak(fp8_share, p.fp8, other)};
+    const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
+    log_.info("MFU: " + per_token + "; against " + lookup.device->part + "'s dense BF16 peak, " + tflops(p.bf16) +
+              ", and this run's precision mix's, " + tflops(peaks_->mix) + " (" + fmt("%.1f", 100 * fp8_share) +
+              "% of the FLOPs in native FP8 GEMMs at " + tflops(p.fp8) + ", the rest at " + other_name + "'s " +
+              tflops(other) + "; " + lookup.device->source + ", dense)");
   }
 
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
@@ -429,8 +460,10 @@ class Trainer {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens);
     const double tok_s = tokens / seconds;
     const int64_t rss = current_rss_bytes();
-    std::optional<double> mfu;
-    if (peak_flops_) mfu = training_flops_per_token(cfg_.model, T_) * tok_s / *peak_flops_;
+    const double flops_per_s = flops_per_token_ * tok_s;
+    std::optional<double> mfu, mfu_mix;  // null without a known peak
+    if (peaks_ && peaks_->bf16) mfu = flops_per_s / *peaks_->bf16;
+    if (peaks_) mfu_mix = flops_per_s / peaks_->mix;
     nlohmann::json record = {{"step", step},
                              {"tokens", static_cast<int64_t>(tokens) * step},
                              {"loss", loss},
@@ -439,7 +472,9 @@ class Trainer {
                              {"loss_scale", loss_scale},
                              {"skipped", scaler_.skipped_steps()},
                              {"tokens_per_s", tok_s},
-                             {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json()},  // null without a known peak
+                             {"model_flops_per_s", flops_per_s},
+                             {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json()},
+                             {"mfu_mix", mfu_mix ? nlohmann::json(*mfu_mix) : nlohmann::json()},
                              {"ms", seconds * 1000.0},
                              {"memory_mib", static_cast<double>(rss) / (1024.0 * 1024.0)}};
     const Backend::MemoryUse device_memory = backend_->memory_use();
@@ -455,7 +490,9 @@ class Trainer {
                   format_mib(rss).c_str());
     std::string text = line;
     if (device_memory.capacity > 0) text += " | gpu mem " + format_mib(static_cast<int64_t>(device_memory.peak));
-    if (mfu) text += " | MFU " + fmt("%.1f", 100.0 * *mfu) + "%";
+    text += " | " + fmt("%.3g", flops_per_s / 1e9) + " GFLOP/s";
+    if (mfu) text += " | MFU " + fmt("%.1f", 100.0 * *mfu) + "% (mix " + fmt("%.1f", 100.0 * *mfu_mix) + "%)";
+    else if (mfu_mix) text += " | MFU " + fmt("%.1f", 100.0 * *mfu_mix) + "% of sgemm";
     // Megatron's convention: loss scale and skipped steps appear when loss scaling is on.
     if (policy_.loss_scaling.mode != "off")
       text += " | loss scale " + fmt("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
@@ -596,12 +633,18 @@ class Trainer {
   void summarize(double wall_seconds, double train_seconds, int64_t steps_here) {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
     const double tokens_here = static_cast<double>(cfg_.training.batch_tokens * steps_here);
+    const double flops_per_s = flops_per_token_ * tokens_here / train_seconds;
     nlohmann::json summary = {{"steps", cfg_.training.steps},
                               {"tokens", static_cast<int64_t>(tokens)},
                               {"steps_this_run", steps_here},
                               {"wall_s", wall_seconds},
                               {"train_s", train_seconds},
                               {"tokens_per_s", tokens_here / train_seconds},
+                              {"model_flops_per_s", flops_per_s},
+                              {"mfu", nullptr},  // null without a known peak
+                              {"mfu_mix", nullptr},
+                              {"peak_bf16_flops", nullptr},
+                              {"peak_mix_flops", nullptr},
                               {"final_val_loss", last_val_},
                               {"best_val_loss", best_val_ ? *best_val_ : NAN},
                               {"best_val_step", best_val_step_},
@@ -611,6 +654,14 @@ class Trainer {
                               {"precision", policy_.label()},
                               {"skipped_steps", scaler_.skipped_steps()},
                               {"num_params", model_.num_params()}};
+    if (peaks_) {
+      summary["mfu_mix"] = flops_per_s / peaks_->mix;
+      summary["peak_mix_flops"] = peaks_->mix;
+      if (peaks_->bf16) {
+        summary["mfu"] = flops_per_s / *peaks_->bf16;
+        summary["peak_bf16_flops"] = *peaks_->bf16;
+      }
+    }
     std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
                        " tokens" + (steps_here < cfg_.training.steps ? " (" + std::to_string(steps_here) + " steps in this run)" : "") +
                        " in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens_here / train_seconds) +
@@ -654,7 +705,8 @@ class Trainer {
   std::unique_ptr<Backend> sample_backend_;
   std::unique_ptr<Gpt> sample_model_;
   std::string device_choice_;  // which device run.device gave, and why (for the log)
-  std::optional<double> peak_flops_;  // the GPU's dense peak for this precision, for MFU
+  double flops_per_token_ = 0;    // training FLOPs, for model FLOP/s
+  std::optional<MfuPeaks> peaks_;  // absent: a GPU without a known peak
   std::unique_ptr<Backend> backend_;
   AttentionChoice attention_;  // the path model.attention gave on this backend, and why
   Gpt model_;

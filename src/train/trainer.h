@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
+#include "metrics/device_peak.h"
 #include "metrics/op_profile.h"
 
 namespace ptrain {
@@ -24,6 +26,7 @@ struct TrainResult {
   std::string last_checkpoint;     // path of the newest checkpoint written, if any
   std::string device;              // the device run.device resolved to, and why
   size_t peak_device_bytes = 0;    // most device memory in use at once (GPU runs; 0 on the CPU)
+  std::optional<MfuPeaks> mfu_peaks;  // what MFU was quoted against; absent for a GPU not in the table
 };
 
 // Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is
