@@ -100,6 +100,8 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
   args.target_option = cmd->add_option(
       "--target-loss", args.target_loss,
       "Val loss that time-to-target measures to (default: the reference's final val loss)");
+  cmd->add_flag("--int8-eval", args.options.int8_eval,
+                "Also evaluate each run's final checkpoint with INT8 block-linear weights (eval --weights int8)");
   cmd->add_flag("--fail-on-regression", args.fail_on_regression, "Exit 3 when any mode is outside the tolerance");
   cmd->add_option("--set", overrides, "With a config: override a config key (repeatable)");
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates an example report committed in docs/, trained on the CPU:
 #   quickstart (default): configs/quickstart.yaml on Moby-Dick (prepared into data/moby-dick/
-#     first) in fp32, bf16 and fp8 (current scaling) into docs/compare-quickstart/, with the
+#     first) in fp32, bf16 and fp8 (current scaling), with --int8-eval, into docs/compare-quickstart/, with the
 #     Chromium test's screenshots of report.html at 1400 and 420 px beside it;
 #   synthetic: configs/synthetic.yaml in fp32, bf16 and fp8 (delayed) into docs/compare-synthetic/;
 #   text-small: configs/text-small.yaml on the State of the Union addresses (prepared into
@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
 which="${1:-quickstart}"
+extra=""
 cache="${PTRAIN_CACHE:-$HOME/.cache/ptrain}"
 prepare() {  # DIR INPUT TOKENIZER VAL_FRACTION
   if [ ! -f "$1/ptrain-tokenizer.json" ]; then
@@ -22,7 +23,7 @@ prepare() {  # DIR INPUT TOKENIZER VAL_FRACTION
 }
 case "$which" in
   quickstart)
-    config=configs/quickstart.yaml modes=fp32,bf16,fp8:current
+    config=configs/quickstart.yaml modes=fp32,bf16,fp8:current extra=--int8-eval
     prepare data/moby-dick "$cache/text/moby-dick.txt" bytes 0.1 ;;
   synthetic) config=configs/synthetic.yaml modes=fp32,bf16,fp8:delayed ;;
   text-small)
@@ -32,7 +33,7 @@ case "$which" in
 esac
 work="build/compare-example-$which"
 out="docs/compare-$which"
-./build/ptrain compare "$config" --modes "$modes" --out "$work" --set run.device=cpu
+./build/ptrain compare "$config" --modes "$modes" --out "$work" --set run.device=cpu $extra
 shots="$work/screenshots"
 rm -rf "$shots"
 [ "$which" = quickstart ] && ./tests/report_in_chromium.sh build/ptrain "$work" "$shots"

@@ -360,6 +360,42 @@ TEST_CASE("compare --target-loss: a target never reached is shown as such, a bad
   }
 }
 
+TEST_CASE("compare --int8-eval: each run's final checkpoint with INT8 weights, as eval --weights int8 gives it",
+          "[compare][int8]") {
+  TempDir ws("compare");
+  write_file(ws.dir / "tiny.yaml", tiny_config("tiny"));
+  // The tiny config keeps no final checkpoint: refused before anything is trained or written.
+  const CommandResult refused = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out --int8-eval", ws.dir);
+  INFO(refused.output);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output.find("--int8-eval: checkpoint.save_final is false") != std::string::npos);
+  CHECK(!fs::exists(ws.dir / "out"));
+
+  const CommandResult r =
+      run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out --int8-eval --set checkpoint.save_final=true", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string md = read_file(ws.dir / "out/report.md");
+  CHECK(md.find("| INT8 weights val Δ% |") != std::string::npos);
+  for (const char* mode : {"fp32", "bf16"}) {
+    INFO(mode);
+    const std::string dir = std::string("out/runs/tiny-") + mode;
+    const CommandResult eval =
+        run_ptrain("eval " + dir + "/config.yaml --checkpoint " + dir + "/checkpoints/step_00000006 --weights int8", ws.dir);
+    INFO(eval.output);
+    REQUIRE(eval.exit_code == 0);
+    const size_t at = eval.output.find("against the fp32 masters");
+    REQUIRE(at != std::string::npos);
+    // "(+0.123%)" just before it: the same figure the report's row and verdict carry.
+    const size_t open = eval.output.rfind('(', at);
+    const std::string pct = eval.output.substr(open + 1, eval.output.find(')', open) - open - 1);
+    const size_t row = md.find(std::string("| ") + mode + " |");
+    REQUIRE(row != std::string::npos);
+    CHECK(md.substr(row, md.find('\n', row) - row).find("| " + pct + " |") != std::string::npos);
+    CHECK(md.find(pct + " (" + mode + ")") != std::string::npos);
+  }
+}
+
 TEST_CASE("compare refuses runs that differ in more than precision, and bad modes", "[compare]") {
   TempDir ws("compare");
   write_file(ws.dir / "a.yaml", tiny_config("a"));

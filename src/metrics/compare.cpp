@@ -233,6 +233,7 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
   c.reference = reference;
   c.tolerance_pct = tolerance_pct;
   const RunRecord& ref = runs[0];
+  c.int8_evaluated = std::any_of(runs.begin(), runs.end(), [](const RunRecord& r) { return r.int8_val_loss.has_value(); });
   c.target_given = target_loss.has_value();
   c.target_loss = target_loss;
   if (!c.target_loss && !ref.val_loss.empty() && std::isfinite(ref.val_loss.back())) c.target_loss = ref.val_loss.back();
@@ -278,6 +279,8 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
         m.tokens_to_target = *m.target_step * static_cast<double>(r.batch_tokens);
       }
     }
+    if (r.int8_val_loss && r.final_checkpoint_val_loss)
+      m.int8_diff_pct = percent(*r.int8_val_loss - *r.final_checkpoint_val_loss, *r.final_checkpoint_val_loss);
     const double judged = m.val_diff_pct ? *m.val_diff_pct : m.loss_diff_pct;
     m.within_tolerance = &r == &runs[0] || std::fabs(judged) <= tolerance_pct;  // NaN: regressed
     c.results.push_back(m);

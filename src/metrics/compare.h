@@ -32,6 +32,9 @@ struct RunRecord {
   // FP8 telemetry, worst over every tensor and report: fraction of non-zero inputs flushed to
   // zero, and fraction saturated (absent without FP8).
   std::optional<double> fp8_underflow, fp8_saturation;
+  // compare --int8-eval: the final checkpoint's val loss computed in FP32 with its masters, and
+  // with its block linears' weights in INT8 (train/tools.h).
+  std::optional<double> final_checkpoint_val_loss, int8_val_loss;
 };
 
 // One row of the report: a mode against the reference mode.
@@ -56,6 +59,7 @@ struct ModeResult {
   // it and the tokens. Absent when it never did (or the run has no evaluations).
   std::optional<double> target_step, time_to_target_s, tokens_to_target;
   std::optional<double> target_speedup;  // the reference's time to target / this mode's
+  std::optional<double> int8_diff_pct;   // INT8 weights' val loss against the same checkpoint's masters, %
   bool within_tolerance = true;  // |val_diff_pct| (or |loss_diff_pct| without evaluations) <= tolerance
 };
 
@@ -66,6 +70,7 @@ struct Comparison {
   // loss; absent when neither exists (the reference ran no evaluation).
   std::optional<double> target_loss;
   bool target_given = false;  // from --target-loss, not the reference's
+  bool int8_evaluated = false;  // the runs carry --int8-eval's losses
   std::vector<RunRecord> runs;      // in report order, the reference first
   std::vector<ModeResult> results;  // one per run, same order
   bool any_regressed() const;

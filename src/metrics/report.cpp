@@ -128,21 +128,36 @@ std::string optional_num(const char* format, const std::optional<double>& v, dou
 // The report's two tables: what each mode's numerics cost, and what it bought.
 struct Table {
   const char* title;
-  std::vector<std::string> header;
+  std::vector<std::string> (*header)(const Comparison&);
   std::vector<std::string> (*row)(const Comparison&, const ModeResult&, const RunRecord&);
 };
 
+std::vector<std::string> quality_header(const Comparison& c) {
+  std::vector<std::string> h = {"mode",   "final loss", "Δ vs ref", "Δ%", "final val loss", "val Δ%",
+                                "largest divergence (at step)", "oracle gap"};
+  if (c.int8_evaluated) h.push_back("INT8 weights val Δ%");
+  h.push_back("verdict");
+  return h;
+}
+
 std::vector<std::string> quality_row(const Comparison& c, const ModeResult& r, const RunRecord&) {
   const bool ref = r.mode == c.reference;
-  return {r.mode,
+  std::vector<std::string> cells = {r.mode,
           num("%.4f", r.final_loss),
           ref ? kAbsent : num("%+.4f", r.loss_diff),
           ref ? kAbsent : num("%+.2f%%", r.loss_diff_pct),
           optional_num("%.4f", r.final_val_loss),
           ref ? kAbsent : optional_num("%+.2f%%", r.val_diff_pct),
           ref ? kAbsent : num("%.4f", r.max_divergence) + " (step " + std::to_string(r.max_divergence_step) + ")",
-          optional_num("%+.4f", r.oracle_gap),
-          verdict(c, r)};
+          optional_num("%+.4f", r.oracle_gap)};
+  if (c.int8_evaluated) cells.push_back(optional_num("%+.3f%%", r.int8_diff_pct));
+  cells.push_back(verdict(c, r));
+  return cells;
+}
+
+std::vector<std::string> speed_header(const Comparison&) {
+  return {"mode",     "training time", "time to target",  "tokens to target", "speedup to target",
+          "tokens/s", "speedup",       "peak memory MiB", "skipped steps",    "FP8 underflow / saturation"};
 }
 
 std::vector<std::string> speed_row(const Comparison& c, const ModeResult& r, const RunRecord& run) {
@@ -166,16 +181,7 @@ std::vector<std::string> speed_row(const Comparison& c, const ModeResult& r, con
           fp8};
 }
 
-const Table kTables[] = {
-    {"Quality",
-     {"mode", "final loss", "Δ vs ref", "Δ%", "final val loss", "val Δ%", "largest divergence (at step)", "oracle gap",
-      "verdict"},
-     quality_row},
-    {"Speed and memory",
-     {"mode", "training time", "time to target", "tokens to target", "speedup to target", "tokens/s", "speedup",
-      "peak memory MiB", "skipped steps", "FP8 underflow / saturation"},
-     speed_row},
-};
+const Table kTables[] = {{"Quality", quality_header, quality_row}, {"Speed and memory", speed_header, speed_row}};
 
 // "How to read this": each column's meaning, as (term, explanation).
 std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
@@ -191,6 +197,9 @@ std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
                      "(synthetic data only)"},
       {"verdict", "within tolerance when |val Δ%| ≤ " + tol + " (the training loss's |Δ%| when the run has no "
                   "evaluation), else regressed"},
+      {"INT8 weights val Δ%", "with --int8-eval: the final checkpoint's val loss with its block linears' weights "
+                              "quantized to INT8 (symmetric, per output channel, weight-only), against the same "
+                              "checkpoint's loss with its FP32 master weights; both computed in FP32"},
       {"training time", "the sum of the step times: evaluations, checkpoint saves and start-up left out, and the "
                         "segments of a resumed run added up"},
       {"time to target, tokens to target", "the training time and the tokens until the val loss first reached the "
@@ -273,6 +282,12 @@ std::string verdict_paragraph(const Comparison& c) {
   const std::string tol = num("%g", c.tolerance_pct) + "%";
   out += regressed.empty() ? " Every mode is within the " + tol + " tolerance."
                            : " Regressed beyond the " + tol + " tolerance: " + regressed + ".";
+  if (c.int8_evaluated) {
+    std::string each;
+    for (const ModeResult& r : c.results)
+      each += (each.empty() ? "" : ", ") + optional_num("%+.3f%%", r.int8_diff_pct) + " (" + r.mode + ")";
+    out += " INT8 weights (weight-only, per output channel) change the final checkpoints' val loss by " + each + ".";
+  }
   if (c.target_loss && !c.runs.front().val_steps.empty())
     out += " Times to target are interpolated between evaluations, every " +
            config_text(c.runs.front().config, "training.eval_every") + " steps.";
@@ -287,8 +302,9 @@ std::string report_markdown_summary(const Comparison& c) {
       for (const std::string& cell : cells) line += " " + md_escape(cell) + " |";
       return line + "\n";
     };
-    out += std::string("\n## ") + t.title + "\n\n" + row(t.header) + "|:---|";
-    for (size_t i = 1; i < t.header.size(); ++i) out += "---:|";
+    const std::vector<std::string> header = t.header(c);
+    out += std::string("\n## ") + t.title + "\n\n" + row(header) + "|:---|";
+    for (size_t i = 1; i < header.size(); ++i) out += "---:|";
     out += "\n";
     for (size_t i = 0; i < c.results.size(); ++i) out += row(t.row(c, c.results[i], c.runs[i]));
   }
@@ -319,15 +335,16 @@ std::string report_html(const Comparison& c) {
   for (const std::string& sentence : summary_lines(c)) out += "<p>" + xml_escape(sentence) + "</p>\n";
 
   for (const Table& t : kTables) {
+    const std::vector<std::string> header = t.header(c);
     out += std::string("<h2>") + t.title + "</h2>\n<div class=\"table-wrap\">\n<table>\n<thead>\n<tr>";
-    for (const std::string& cell : t.header) out += "<th>" + xml_escape(cell) + "</th>";
+    for (const std::string& cell : header) out += "<th>" + xml_escape(cell) + "</th>";
     out += "</tr>\n</thead>\n<tbody>\n";
     for (size_t i = 0; i < c.results.size(); ++i) {
       const ModeResult& r = c.results[i];
       const std::vector<std::string> cells = t.row(c, r, c.runs[i]);
       out += "<tr>";
       for (size_t j = 0; j < cells.size(); ++j) {
-        const bool verdict_cell = t.header[j] == "verdict";
+        const bool verdict_cell = header[j] == "verdict";
         const std::string cls = r.mode == c.reference ? "reference" : r.within_tolerance ? "within" : "regressed";
         out += (verdict_cell ? "<td class=\"" + cls + "\">" : std::string("<td>")) + xml_escape(cells[j]) + "</td>";
       }

@@ -10,6 +10,7 @@
 #include "metrics/run_log.h"
 #include "precision/policy.h"
 #include "train/run_plan.h"
+#include "train/tools.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -67,7 +68,32 @@ void check_options(const CompareOptions& options) {
   check_creatable(options.out_dir, "--out", 64);
 }
 
+// The newest checkpoint of a run (`latest` in its checkpoint directory), which --int8-eval
+// evaluates once it has checked it is of the run's last step. Throws UserError naming the run
+// when there is none.
+std::string final_checkpoint(const RunRecord& r, const Config& config) {
+  const fs::path dir = config.checkpoint.dir.empty() ? fs::path(r.dir) / "checkpoints" : fs::path(config.checkpoint.dir);
+  const std::string why = "--int8-eval: run \"" + r.dir + "\" has no checkpoint of its last step (" +
+                          std::to_string(r.steps.back()) + ") in " + dir.string() +
+                          "; expected one (checkpoint.save_final: true, the default)";
+  if (!fs::exists(dir / "latest")) throw UserError(why);
+  return (dir / "latest").string();
+}
+
+void add_int8_eval(RunRecord& r) {
+  const Config config = load_config((fs::path(r.dir) / "config.yaml").string());
+  const std::string checkpoint = final_checkpoint(r, config);
+  const CheckpointLosses l = checkpoint_val_losses(config, checkpoint, WeightFormat::int8);
+  if (l.step != r.steps.back())
+    throw UserError("--int8-eval: run \"" + r.dir + "\"'s newest checkpoint is of step " + std::to_string(l.step) +
+                    ", not its last step (" + std::to_string(r.steps.back()) + "); expected the final checkpoint");
+  r.final_checkpoint_val_loss = l.fp32;
+  r.int8_val_loss = l.int8;
+}
+
 Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
+  if (options.int8_eval)
+    for (RunRecord& r : runs) add_int8_eval(r);
   const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
   Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct, options.target_loss);
   write_report(c, options.out_dir);
@@ -96,7 +122,12 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
     if (std::find(labels.begin(), labels.end(), resolved.reference) == labels.end())
       throw UserError("--reference: \"" + options.reference + "\" is not among --modes; expected one of them");
   }
-  for (const Config& c : configs) plan_run(c);
+  for (const Config& c : configs) {
+    if (options.int8_eval && !c.checkpoint.save_final)
+      throw UserError("--int8-eval: checkpoint.save_final is false, so the runs keep no final checkpoint to evaluate; "
+                      "expected true (the default)");
+    plan_run(c);
+  }
   RunLog log;
   std::vector<RunRecord> runs;
   for (const Config& c : configs) {

@@ -18,6 +18,7 @@ struct CompareOptions {
   std::string reference;           // empty: the first mode
   double tolerance_pct = 2.0;      // a mode regresses when its final (val) loss is this much worse or better
   std::optional<double> target_loss;  // time-to-target's val loss; absent: the reference's final val loss
+  bool int8_eval = false;  // also each run's final checkpoint with INT8 weights (eval --weights int8)
 };
 
 // The run config of `base` in `mode`: precision.mode (and fp8 recipe) set, run.name suffixed

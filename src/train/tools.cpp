@@ -149,41 +149,68 @@ WeightFormat parse_weight_format(const std::string& text) {
   throw UserError("--weights: \"" + text + "\"; expected fp32 (the checkpoint's masters) or int8");
 }
 
-void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
-                     WeightFormat weights) {
-  if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
-  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
-  const auto differences = model_differences(ckpt.state.model, model_json(config.model));
+namespace {
+
+// The validation windows eval reads: the corpus a training run generated into its directory,
+// or the config's shards.
+struct ValData {
+  TokenStream stream;
+  ValSampler sampler;
+  explicit ValData(const Config& config)
+      : stream(config.data.synthetic_enabled
+                   ? std::vector<std::string>{synthetic_val_file(
+                         (fs::path(config.run.out_dir) / config.run.name / "data").string())}
+                   : expand_shard_glob(config.data.val, "data.val"),
+               "data.val", config.model.vocab_size),
+        sampler(stream, "data.val", config.training.eval_batches, config.training.micro_batch,
+                config.training.effective_seq_len(config.model)) {}
+};
+
+LoadedCheckpoint load_checkpoint_of_shape(const std::string& checkpoint, const ModelConfig& model) {
+  LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
+  const auto differences = model_differences(ckpt.state.model, model_json(model));
   if (!differences.empty()) {
     std::vector<std::string> problems;
     for (const auto& d : differences) problems.push_back("--checkpoint " + checkpoint + " has another model shape: " + d);
     throw UserErrors(problems);
   }
+  return ckpt;
+}
+
+}  // namespace
+
+CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& checkpoint, WeightFormat weights) {
+  const LoadedCheckpoint ckpt = load_checkpoint_of_shape(checkpoint, config.model);
+  const ValData val(config);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
-  // The corpus a training run generated into its directory, or the config's shards.
-  const std::vector<std::string> val =
-      config.data.synthetic_enabled
-          ? std::vector<std::string>{synthetic_val_file((fs::path(config.run.out_dir) / config.run.name / "data").string())}
-          : expand_shard_glob(config.data.val, "data.val");
-  const TokenStream stream(val, "data.val", config.model.vocab_size);
-  const ValSampler sampler(stream, "data.val", config.training.eval_batches, B, T);
-  LoadedModel lm = load_model(ckpt, config.model, B, T);
-  const double loss = val_loss(*lm.model, sampler, B, T);
+  CheckpointLosses out;
+  out.step = ckpt.state.step;
+  out.batches = val.sampler.batches();
+  out.fp32 = val_loss(*load_model(ckpt, config.model, B, T).model, val.sampler, B, T);
+  if (weights == WeightFormat::int8)
+    out.int8 = val_loss(*load_model(ckpt, config.model, B, T, WeightFormat::int8).model, val.sampler, B, T);
+  const auto info = read_synthetic_info(fs::path(val.stream.files().front()).parent_path().string());
+  if (info) out.oracle = info->oracle_loss_val;
+  return out;
+}
+
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
+                     WeightFormat weights) {
+  if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
+  const CheckpointLosses l = checkpoint_val_losses(config, checkpoint, weights);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),
-              static_cast<long long>(ckpt.state.step), loss, sampler.batches(), B, T);
-  const auto info = read_synthetic_info(fs::path(stream.files().front()).parent_path().string());
-  if (info)
-    std::printf("oracle loss %.6f, gap %.6f\n", info->oracle_loss_val, loss - info->oracle_loss_val);
-  if (weights == WeightFormat::int8) {
-    LoadedModel q = load_model(ckpt, config.model, B, T, WeightFormat::int8);
-    const double int8_loss = val_loss(*q.model, sampler, B, T);
-    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters\n", int8_loss,
-                int8_loss - loss, 100.0 * (int8_loss - loss) / loss);
-  }
+              static_cast<long long>(l.step), l.fp32, l.batches, B, T);
+  if (l.oracle) std::printf("oracle loss %.6f, gap %.6f\n", *l.oracle, l.fp32 - *l.oracle);
+  if (l.int8)
+    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters\n", *l.int8, *l.int8 - l.fp32,
+                100.0 * (*l.int8 - l.fp32) / l.fp32);
   if (!dump_logits.empty()) {
+    const ValData val(config);
     std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-    sampler.fill(0, inputs.data(), targets.data());
-    dump_window_logits(dump_logits, ckpt, config.model, std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
+    val.sampler.fill(0, inputs.data(), targets.data());
+    dump_window_logits(dump_logits, load_checkpoint_of_shape(checkpoint, config.model), config.model,
+                       std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
   }
 }
 

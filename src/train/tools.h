@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "config/config.h"
@@ -13,6 +14,17 @@ namespace ptrain {
 // channel and dequantized (precision/int8_weights.h); embeddings, norms, biases and the head stay.
 enum class WeightFormat { fp32, int8 };
 WeightFormat parse_weight_format(const std::string& text);  // "fp32" | "int8"; UserError naming --weights
+
+// The val loss of a checkpoint's weights on the config's validation batches, computed in FP32:
+// with its masters, and with int8 weights also with those; `oracle` for synthetic data. Throws
+// UserError for a checkpoint of another model shape or missing val data.
+struct CheckpointLosses {
+  int64_t step = 0;
+  int batches = 0;
+  double fp32 = 0;
+  std::optional<double> int8, oracle;
+};
+CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& checkpoint, WeightFormat weights);
 
 // `ptrain eval CONFIG --checkpoint DIR`: the val loss of the checkpoint's weights on the
 // config's validation batches, and the gap to the oracle loss for synthetic data. With int8
