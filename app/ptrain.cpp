@@ -21,6 +21,7 @@
 #include "data/synthetic.h"
 #include "dist/communicator.h"
 #include "train/bench.h"
+#include "optim/divergence_guard.h"
 #include "train/compare.h"
 #include "metrics/report.h"
 #include "train/tools.h"
@@ -31,6 +32,7 @@ namespace {
 constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
 constexpr int kExitRegressed = 3;  // ptrain compare --fail-on-regression
+constexpr int kExitDiverged = 4;   // training.guard stopped the run
 
 void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
                        bool& dry_run, int64_t& stop_at) {
@@ -42,7 +44,8 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
       "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing\n"
       "  ptrain train run.yaml --set checkpoint.resume=auto   # continue from the newest checkpoint\n"
       "Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0;\n"
-      "a second signal exits at once (earlier checkpoints stay valid).");
+      "a second signal exits at once (earlier checkpoints stay valid).\n"
+      "Exit codes: 0 done, 2 bad input, 4 stopped by the divergence guard (training.guard), 1 other.");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
@@ -410,6 +413,8 @@ int main(int argc, char** argv) {
     return fail("error", e.what(), kExitBadInput);
   } catch (const ptrain::EnvironmentError& e) {
     return fail("error", e.what(), kExitFailure);
+  } catch (const ptrain::DivergedError& e) {
+    return fail("error", e.what(), kExitDiverged);
   } catch (const std::exception& e) {
     return fail("internal error", e.what(), kExitFailure);
   }

@@ -20,6 +20,12 @@ const chrome = spawn(browser, ['--headless', '--no-sandbox', '--disable-gpu', '-
                      { stdio: ['ignore', 'ignore', 'pipe', 'pipe', 'pipe'] });
 let stderr = '';
 chrome.stderr.on('data', (d) => { stderr += d; });
+chrome.stdio[4].setEncoding('utf8');  // a character split across chunks stays whole
+// Chromium gone (or never started): every pending command fails instead of waiting forever.
+const gone = (why) => { for (const { reject } of pending.values()) reject(new Error(why)); pending.clear(); };
+chrome.on('error', (e) => gone(`${browser} could not start: ${e.message}`));
+chrome.on('exit', (code) => gone(`Chromium exited (code ${code})\n${stderr}`));
+chrome.stdio[3].on('error', () => {});  // a write after Chromium exited: reported through gone()
 
 // The protocol: JSON messages separated by NUL, commands on the child's fd 3, replies on fd 4.
 let nextId = 1, buffered = '';
@@ -111,8 +117,12 @@ async function check(width) {
 }
 
 (async () => {
-  const timer = setTimeout(() => { console.log('FAIL: Chromium did not answer within 60 s\n' + stderr); process.exit(1); },
-                           60000);
+  const timer = setTimeout(() => {
+    console.log('FAIL: Chromium did not answer within 60 s\n' + stderr);
+    chrome.kill();
+    fs.rmSync(profile, { recursive: true, force: true });
+    process.exit(1);
+  }, 60000);
   try {
     const { product } = await send('Browser.getVersion');
     await check(1400);
@@ -124,7 +134,7 @@ async function check(width) {
   clearTimeout(timer);
   // The profile is removed once Chromium has exited: it writes there until then.
   const exited = new Promise((resolve) => chrome.once('exit', resolve));
-  await send('Browser.close').catch(() => {});
+  send('Browser.close').catch(() => {});
   await Promise.race([exited, new Promise((resolve) => setTimeout(resolve, 10000))]);
   chrome.kill();
   fs.rmSync(profile, { recursive: true, force: true, maxRetries: 5, retryDelay: 200 });

@@ -53,7 +53,7 @@ TEST_CASE("the INT8 quantizer: a scale per output channel, codes rounded to near
     for (int64_t c = 0; c < 96; ++c) {
       const size_t i = static_cast<size_t>(row * 96 + c);
       CHECK(rq.codes[i] == static_cast<int8_t>(std::nearbyint(r[i] / scale)));
-      CHECK(std::fabs(rback[i] - r[i]) <= 0.5f * scale * (1 + 1e-6f));
+      CHECK(std::fabs(rback[i] - r[i]) <= 0.5f * scale * (1 + 1e-5f));
       largest_code = std::max(largest_code, std::abs(static_cast<int>(rq.codes[i])));
     }
     CHECK(largest_code == 127);  // the row's largest weight maps to the end of the range
@@ -92,7 +92,7 @@ TEST_CASE("INT8 weights: a small trained model's val loss within 1% of its fp32 
   char diff[64];
   std::snprintf(diff, sizeof diff, "%+.6f", int8 - fp32);
   CHECK(eval.output.find(diff) != std::string::npos);
-  CHECK(eval.output.find("quantized per output channel") != std::string::npos);
+  CHECK(eval.output.find("(the block linears) in INT8, per output channel") != std::string::npos);
   CHECK(read_file(ws.dir / ck / "weights.safetensors") == weights_before);
 
   // Without --weights, eval is unchanged: the fp32 loss only.

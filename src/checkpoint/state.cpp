@@ -104,6 +104,7 @@ json state_to_json(const CheckpointState& s) {
             {"growth_tracker", s.scaler.growth_tracker},
             {"hysteresis_left", s.scaler.hysteresis_left},
             {"skipped", s.scaler.skipped}}},
+          {"guard", {{"window", s.guard.window}, {"spike_run", s.guard.spike_run}, {"skipped", s.guard.skipped}}},
           {"fp8", fp8},
           {"best_val_loss", std::isfinite(s.best_val_loss) ? json(s.best_val_loss) : json()},
           {"best_val_step", s.best_val_step},
@@ -140,6 +141,18 @@ CheckpointState state_from_json(const json& j) {
   s.scaler.growth_tracker = integer(ls, "loss_scaler", "growth_tracker", 0, kMaxCount);
   s.scaler.hysteresis_left = static_cast<int>(integer(ls, "loss_scaler", "hysteresis_left", 0, 1 << 30));
   s.scaler.skipped = integer(ls, "loss_scaler", "skipped", 0, s.step);
+
+  if (j.contains("guard")) {  // absent before the divergence guard
+    const json& g = j["guard"];
+    const json& window = member(g, "guard", "window");
+    if (!window.is_array() || window.size() > (1u << 20)) bad("guard.window", window, "a list of losses");
+    for (const json& v : window) {
+      if (!v.is_number() || !std::isfinite(v.get<double>())) bad("guard.window", v, "a finite loss");
+      s.guard.window.push_back(v.get<double>());
+    }
+    s.guard.spike_run = static_cast<int>(integer(g, "guard", "spike_run", 0, 1 << 30));
+    s.guard.skipped = integer(g, "guard", "skipped", 0, s.step);
+  }
 
   const json& fp8 = member(j, "", "fp8");
   if (!fp8.is_array()) bad("fp8", fp8, "a list");

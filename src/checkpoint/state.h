@@ -13,6 +13,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "optim/divergence_guard.h"
 #include "precision/loss_scaler.h"
 
 namespace ptrain {
@@ -37,6 +38,7 @@ struct CheckpointState {
   int64_t optimizer_steps = 0;  // AdamW updates applied (for bias correction)
   LossScaler::State scaler{1.0, 0, 1, 0};
   std::string scaler_mode = "off";  // restored only into a run with the same loss-scaling mode
+  DivergenceGuard::State guard;     // empty in checkpoints from before the guard
   std::vector<Fp8ScalingState> fp8;
   double best_val_loss = 0;
   int64_t best_val_step = -1;  // -1: no evaluation yet

@@ -177,6 +177,13 @@ Schema make_schema(Config& c) {
       choice("training.recompute", &t.recompute, {"none", "mlp", "block"},
              "activations the backward pass recomputes instead of keeping: none, the MLP's hidden ones, or whole "
              "blocks (only their outputs kept)"),
+      choice("training.guard.action", &t.guard.action, {"stop", "skip"},
+             "what a non-finite loss (or a spike) does: stop the run (exit 4) or skip that step's update"),
+      number("training.guard.spike_zscore", &t.guard.spike_zscore, at_least(0),
+             "a loss this many standard deviations above the recent mean is a spike; 0 = spikes not watched"),
+      number("training.guard.window", &t.guard.window, at_least(2), "recent losses a spike is measured against"),
+      number("training.guard.spike_steps", &t.guard.spike_steps, at_least(1),
+             "consecutive spiking steps before the guard acts"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),

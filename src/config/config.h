@@ -76,6 +76,14 @@ struct DataConfig {
   SyntheticDataConfig synthetic;
 };
 
+// training.guard (train/guard.h): what a non-finite or spiking loss makes the run do.
+struct GuardConfig {
+  std::string action = "stop";  // stop | skip
+  double spike_zscore = 0;      // 0 = spikes not watched (non-finite losses always are)
+  int window = 50;              // accepted losses the z-score is measured against
+  int spike_steps = 3;          // consecutive spiking steps before the guard acts
+};
+
 struct TrainingConfig {
   int64_t steps = 500;
   int64_t batch_tokens = 8192;
@@ -88,6 +96,7 @@ struct TrainingConfig {
   double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
   bool cuda_graph = false;   // GPU: record each kind of micro-batch once, replay it as one CUDA graph
   std::string recompute = "none";  // activation recomputation: none | mlp | block (model/gpt.h)
+  GuardConfig guard = {};
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
 };

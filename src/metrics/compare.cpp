@@ -287,7 +287,7 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
   }
   const std::optional<double> ref_time = c.results.front().time_to_target_s;
   for (ModeResult& m : c.results)
-    if (ref_time && m.time_to_target_s && *m.time_to_target_s > 0) m.target_speedup = *ref_time / *m.time_to_target_s;
+    if (ref_time && *ref_time > 0 && m.time_to_target_s && *m.time_to_target_s > 0) m.target_speedup = *ref_time / *m.time_to_target_s;
   c.runs = std::move(runs);
   return c;
 }

@@ -79,12 +79,19 @@ std::string time_clause(const Comparison& c, const ModeResult& r, const ModeResu
   if (run.val_steps.empty()) return r.mode + " ran no evaluation, so it has no time to " + target_phrase(c);
   if (!r.time_to_target_s) {
     double lowest = INFINITY;
-    for (const double v : run.val_loss) lowest = std::min(lowest, v);
-    return r.mode + " never reached " + target_phrase(c) + " in its " + std::to_string(run.steps.back()) +
-           " steps (its lowest val loss: " + num("%.4f", lowest) + ")";
+    for (const double v : run.val_loss)
+      if (std::isfinite(v)) lowest = std::min(lowest, v);
+    return r.mode + " never reached " + target_phrase(c) + " in its " + std::to_string(run.steps.back()) + " steps (" +
+           (std::isfinite(lowest) ? "its lowest val loss: " + num("%.4f", lowest) : std::string("no finite val loss")) +
+           ")";
   }
   const std::string after = duration(*r.time_to_target_s) + " of training";
-  if (!ref.time_to_target_s) return r.mode + " reached " + target_phrase(c) + " after " + after + ", where " + c.reference + " never did";
+  if (!ref.time_to_target_s)
+    return r.mode + " reached " + target_phrase(c) + " after " + after + ", where " + c.reference +
+           (c.runs.front().val_steps.empty() ? " ran no evaluation" : " never did");
+  if (*ref.time_to_target_s == 0)
+    return r.mode + " reached " + target_phrase(c) + " after " + after + "; " + c.reference +
+           " already met it at step 0, before any training";
   if (!r.target_speedup) return r.mode + " reached " + target_phrase(c) + " at step 0, before any training";
   const std::string times = " (" + after + " against " + duration(*ref.time_to_target_s) + ")";
   const double s = *r.target_speedup;
@@ -113,7 +120,11 @@ std::vector<std::string> summary_lines(const Comparison& c) {
               " tokens; data " + data + "; seed " + key("run.seed") + ".",
           "Reference: " + c.reference + "; tolerance: " + num("%g", c.tolerance_pct) +
               "% (|val Δ%|, or |Δ%| of the training loss for runs without evaluations); time to target: " +
-              (c.target_loss ? target_phrase(c) : std::string("none (the reference ran no evaluation)")) + "."};
+              (c.target_loss ? target_phrase(c)
+                             : std::string(c.runs.empty() || c.runs[0].val_steps.empty()
+                                               ? "none (the reference ran no evaluation)"
+                                               : "none (the reference's final val loss is not finite)")) +
+              "."};
 }
 
 std::string verdict(const Comparison& c, const ModeResult& r) {
@@ -269,7 +280,7 @@ std::string verdict_paragraph(const Comparison& c) {
       clauses.push_back(whose + "final val loss is " + relative_change(*r.val_diff_pct));
     else
       clauses.push_back(whose + "final training loss is " + relative_change(r.loss_diff_pct));
-    if (ref.peak_memory_mib > 0)
+    if (ref.peak_memory_mib > 0 && r.peak_memory_mib > 0)
       clauses.push_back("peak memory " + relative_change(100 * (r.peak_memory_mib - ref.peak_memory_mib) / ref.peak_memory_mib));
     clauses.push_back("throughput " + num("%.2fx", r.speedup) + " " + c.reference + "'s");
     std::string sentence;
@@ -288,9 +299,11 @@ std::string verdict_paragraph(const Comparison& c) {
       each += (each.empty() ? "" : ", ") + optional_num("%+.3f%%", r.int8_diff_pct) + " (" + r.mode + ")";
     out += " INT8 weights (weight-only, per output channel) change the final checkpoints' val loss by " + each + ".";
   }
-  if (c.target_loss && !c.runs.front().val_steps.empty())
-    out += " Times to target are interpolated between evaluations, every " +
-           config_text(c.runs.front().config, "training.eval_every") + " steps.";
+  if (c.target_loss && !c.runs.front().val_steps.empty()) {
+    const std::string every = config_text(c.runs.front().config, "training.eval_every");
+    out += every == "0" ? " Times to target are those of the final evaluation (training.eval_every: 0)."
+                        : " Times to target are interpolated between evaluations, every " + every + " steps.";
+  }
   return out;
 }
 

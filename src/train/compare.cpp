@@ -92,9 +92,11 @@ void add_int8_eval(RunRecord& r) {
 }
 
 Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
-  if (options.int8_eval)
-    for (RunRecord& r : runs) add_int8_eval(r);
   const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
+  if (options.int8_eval) {
+    compare_runs(runs, reference, options.tolerance_pct, options.target_loss);  // refuses bad runs before evaluating
+    for (RunRecord& r : runs) add_int8_eval(r);
+  }
   Comparison c = compare_runs(std::move(runs), reference, options.tolerance_pct, options.target_loss);
   write_report(c, options.out_dir);
   return c;

@@ -61,14 +61,21 @@ LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B
   LoadedModel out;
   out.model = std::make_unique<Gpt>(GptShape::of(m), *out.backend, DType::f32, B, T);
   load_weights(ckpt.weights, *out.model);
-  if (weights == WeightFormat::int8) {
-    const int64_t n = quantize_block_linears(*out.model);
-    std::fflush(stdout);  // eval's lines so far come first
-    std::fprintf(stderr, "int8 weights: %s of %s parameters (the block linears) quantized per output channel\n",
-                 format_thousands(static_cast<double>(n)).c_str(),
-                 format_thousands(static_cast<double>(out.model->num_params())).c_str());
-  }
+  if (weights == WeightFormat::int8) quantize_block_linears(*out.model);
   return out;
+}
+
+// "786,432 of 842,496 parameters (the block linears) in INT8, per output channel".
+std::string int8_note(const ModelConfig& m) {
+  int64_t linear = 0, all = 0;
+  for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
+    int64_t n = 1;
+    for (const int64_t d : spec.shape) n *= d;
+    all += n;
+    if (spec.id == kQkvw || spec.id == kAttprojw || spec.id == kFcw || spec.id == kFcprojw) linear += n;
+  }
+  return format_thousands(static_cast<double>(linear)) + " of " + format_thousands(static_cast<double>(all)) +
+         " parameters (the block linears) in INT8, per output channel";
 }
 
 // The prompt as token ids: text through the tokenizer, or written-out ids when there is none.
@@ -203,8 +210,8 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint, const 
               static_cast<long long>(l.step), l.fp32, l.batches, B, T);
   if (l.oracle) std::printf("oracle loss %.6f, gap %.6f\n", *l.oracle, l.fp32 - *l.oracle);
   if (l.int8)
-    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters\n", *l.int8, *l.int8 - l.fp32,
-                100.0 * (*l.int8 - l.fp32) / l.fp32);
+    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters; %s\n", *l.int8,
+                *l.int8 - l.fp32, 100.0 * (*l.int8 - l.fp32) / l.fp32, int8_note(config.model).c_str());
   if (!dump_logits.empty()) {
     const ValData val(config);
     std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
@@ -231,6 +238,7 @@ void sample(const SampleOptions& o) {
                     ") is smaller than its tokenizer's (" + name + ", " + std::to_string(tokenizer->vocab_size()) + ")");
   const Tokenizer* text = tokenizer ? &*tokenizer : nullptr;
   LoadedModel lm = load_model(ckpt, m, 1, m.seq_len, o.weights);
+  if (o.weights == WeightFormat::int8) std::fprintf(stderr, "sample: %s\n", int8_note(m).c_str());
   std::vector<int32_t> tokens = encode_prompt(o.prompt, text, m.vocab_size);
   if (tokens.empty()) tokens = empty_prompt(text);
   if (text) std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);

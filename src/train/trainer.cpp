@@ -23,6 +23,7 @@
 #include "metrics/run_log.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "optim/divergence_guard.h"
 #include "optim/schedule.h"
 #include "precision/loss_scaler.h"
 #include "precision/policy.h"
@@ -122,6 +123,7 @@ class Trainer {
                                config.optimizer.weight_decay, config.training.grad_clip},
                    comm_.get(), config.distributed.zero_stage),
         scaler_(policy_.loss_scaling),
+        guard_(config.training.guard),
         inputs_(static_cast<size_t>(B_) * T_),
         targets_(static_cast<size_t>(B_) * T_) {
     schedule_.lr = config.optimizer.lr;
@@ -229,12 +231,15 @@ class Trainer {
       double loss = 0;
       for (size_t i = 0; i < global_micros; ++i) loss += micro_losses[i];
       loss /= static_cast<double>(global_micros);
+      const DivergenceGuard::Finding finding = guard_.observe(loss);
       // Before any update a non-finite loss can only come from the weights or the config (an
-      // init_std or loss_weight far too large): no later step would recover.
+      // init_std or loss_weight far too large): no skipped update would recover, so it stops.
       if (step == 1 && !std::isfinite(loss))
-        throw EnvironmentError("the loss of step 1 is " + fmt("%g", loss) +
-                               " before any update: the initial weights or the config (model.init_std, "
-                               "training.loss_weight) make the model's output non-finite; nothing was trained");
+        stop_diverged(step, "the loss of step 1 is " + fmt("%g", loss) +
+                                " before any update: the initial weights or the config (model.init_std, "
+                                "training.loss_weight) make the model's output non-finite; nothing was trained");
+      if (finding.verdict == DivergenceGuard::Verdict::stop) stop_diverged(step, finding.why);
+      const bool guard_skip = finding.verdict == DivergenceGuard::Verdict::skip;
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
       double norm;
@@ -245,7 +250,15 @@ class Trainer {
           norm = optimizer_.reduce_gradients(overlap) / loss_scale;
           reduce_fp8_amax();
         }
-        if (!scaler_.update(!std::isfinite(norm))) optimizer_.step(lr, norm, loss_scale);
+        // The guard's skip leaves the loss scaler alone: the loss, not an overflow, was the problem.
+        if (guard_skip) {
+          guard_.count_skip();
+          log_.metrics({{"step", step}, {"guard", "skip"}, {"reason", finding.why}});
+          log_.warn("guard: step " + std::to_string(step) + ": " + finding.why + "; its update skipped (" +
+                    std::to_string(guard_.skipped()) + " so far; training.guard.action: skip)");
+        } else if (!scaler_.update(!std::isfinite(norm))) {
+          optimizer_.step(lr, norm, loss_scale);
+        }
         model_.end_step();
       }
       const double seconds = seconds_since(t0);
@@ -286,6 +299,16 @@ class Trainer {
     return result_;
   }
 
+  // The guard's stop: said in the log and metrics, then exit code 4 (nothing more is saved: the
+  // newest checkpoint is from before the divergence).
+  [[noreturn]] void stop_diverged(int64_t step, const std::string& why) {
+    log_.metrics({{"step", step}, {"guard", "stop"}, {"reason", why}});
+    throw DivergedError("training stopped by the divergence guard at step " + std::to_string(step) + ": " + why +
+                        "; the newest checkpoint is " +
+                        (result_.last_checkpoint.empty() ? std::string("none of this run") : result_.last_checkpoint) +
+                        " (training.guard.action: skip skips such steps instead)");
+  }
+
   // Whether each block's gradient all-reduce starts during the last micro-batch's backward pass.
   bool overlaps_all_reduce() const {
     return comm_->world_size() > 1 && comm_->overlaps_compute() && !optimizer_.sharded();
@@ -298,6 +321,7 @@ class Trainer {
   int64_t resume(const LoadedCheckpoint& ckpt) {
     const CheckpointState& st = ckpt.state;
     restore_tensors(ckpt, model_, optimizer_);
+    guard_.restore(st.guard);
     if (st.scaler_mode == policy_.loss_scaling.mode)
       scaler_.restore(st.scaler);
     else
@@ -342,6 +366,7 @@ class Trainer {
     st.tokens = step * cfg_.training.batch_tokens;
     st.optimizer_steps = optimizer_.steps_taken();
     st.scaler = scaler_.state();
+    st.guard = guard_.state();
     st.scaler_mode = policy_.loss_scaling.mode;
     st.schedule = schedule_json(cfg_);
     for (const Fp8TensorState* t : model_.fp8_tensors()) st.fp8.push_back({t->name, t->delayed.history(), t->delayed.scale()});
@@ -471,6 +496,7 @@ class Trainer {
                              {"grad_norm", norm},
                              {"loss_scale", loss_scale},
                              {"skipped", scaler_.skipped_steps()},
+                             {"guard_skipped", guard_.skipped()},
                              {"tokens_per_s", tok_s},
                              {"model_flops_per_s", flops_per_s},
                              {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json()},
@@ -653,6 +679,7 @@ class Trainer {
                                                              (1024.0 * 1024.0)},
                               {"precision", policy_.label()},
                               {"skipped_steps", scaler_.skipped_steps()},
+                              {"guard_skipped_steps", guard_.skipped()},
                               {"num_params", model_.num_params()}};
     if (peaks_) {
       summary["mfu_mix"] = flops_per_s / peaks_->mix;
@@ -712,6 +739,7 @@ class Trainer {
   Gpt model_;
   AdamW optimizer_;
   LossScaler scaler_;
+  DivergenceGuard guard_;
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
   Tensor loss_sums_;  // f64 per micro-batch of a step, in backend memory: each one's summed token losses

@@ -1,0 +1,51 @@
+#include "optim/divergence_guard.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace ptrain {
+
+namespace {
+std::string number(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+}  // namespace
+
+DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
+  const Verdict act = config_.action == "skip" ? Verdict::skip : Verdict::stop;
+  if (!std::isfinite(loss)) {
+    spike_run_ = 0;
+    return {act, "the loss is " + number("%g", loss)};
+  }
+  if (config_.spike_zscore > 0 && static_cast<int>(window_.size()) == config_.window) {
+    double mean = 0, var = 0;
+    for (const double v : window_) mean += v;
+    mean /= static_cast<double>(window_.size());
+    for (const double v : window_) var += (v - mean) * (v - mean);
+    const double sd = std::sqrt(var / static_cast<double>(window_.size()));
+    const double z = sd > 0 ? (loss - mean) / sd : (loss > mean ? INFINITY : 0.0);
+    if (z > config_.spike_zscore) {
+      if (++spike_run_ >= config_.spike_steps)
+        return {act, "loss " + number("%.6g", loss) + " is " + number("%.3g", z) +
+                         " standard deviations above the mean of the last " + std::to_string(config_.window) +
+                         " steps (" + number("%.6g", mean) + "), for " + std::to_string(spike_run_) +
+                         " steps in a row (training.guard.spike_zscore " + number("%g", config_.spike_zscore) + ")"};
+      return {};
+    }
+  }
+  spike_run_ = 0;
+  window_.push_back(loss);
+  if (static_cast<int>(window_.size()) > config_.window) window_.pop_front();
+  return {};
+}
+
+void DivergenceGuard::restore(const State& s) {
+  window_.assign(s.window.begin(), s.window.end());
+  while (static_cast<int>(window_.size()) > config_.window) window_.pop_front();
+  spike_run_ = s.spike_run;
+  skipped_ = s.skipped;
+}
+
+}  // namespace ptrain

@@ -1,0 +1,55 @@
+// training.guard: the divergence guard. Once per step, before the update, it looks at the step's
+// loss: a non-finite loss, or a spike (the loss more than `spike_zscore` standard deviations
+// above the mean of the last `window` accepted losses) held for `spike_steps` steps in a row,
+// makes it act: `stop` (the run ends with exit code 4, saying at which step and why) or `skip`
+// (that step's update is not applied, Megatron-style, and counted). A guard that never fires
+// changes nothing: it only reads losses.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace ptrain {
+
+// The guard stopped the run (exit code 4).
+class DivergedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class DivergenceGuard {
+ public:
+  explicit DivergenceGuard(const GuardConfig& config) : config_(config) {}
+
+  enum class Verdict { ok, skip, stop };
+  struct Finding {
+    Verdict verdict = Verdict::ok;
+    std::string why;  // "the loss is nan", "loss 7.1 is 9.3 standard deviations above ..."
+  };
+  // The step's verdict. A non-finite loss and a spiking one never enter the window.
+  Finding observe(double loss);
+
+  // What a checkpoint keeps, so a resumed run decides as the uninterrupted one would.
+  struct State {
+    std::vector<double> window;  // the accepted losses, oldest first
+    int spike_run = 0;           // consecutive spiking steps up to the latest
+    int64_t skipped = 0;         // updates skipped by the guard
+  };
+  State state() const { return {{window_.begin(), window_.end()}, spike_run_, skipped_}; }
+  void restore(const State& s);
+  void count_skip() { ++skipped_; }
+  int64_t skipped() const { return skipped_; }
+
+ private:
+  GuardConfig config_;
+  std::deque<double> window_;
+  int spike_run_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace ptrain
