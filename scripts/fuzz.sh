@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config set_override shard safetensors state llmc tokenizer)
+[ ${#targets[@]} -gt 0 ] || targets=(config set_override shard safetensors state llmc tokenizer hf_config)
 
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DPTRAIN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j "$(nproc)" >/dev/null
