@@ -253,11 +253,7 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
       const auto ends_with = [&](const std::string& tail) {
         return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
       };
-      const int64_t count = [&] {
-        int64_t n = 1;
-        for (int64_t d : st.shape(stored)) n *= d;
-        return n;
-      }();
+      const int64_t count = shape_numel(st.shape(stored));
       if (gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias"))) {
         out.skipped.push_back(stored);  // causal-mask buffers of older transformers, not weights
         continue;

@@ -18,8 +18,7 @@ std::map<ParamId, FlatTensor> flat_tensors(const GptShape& shape) {
   std::map<ParamId, FlatTensor> out;
   int64_t offset = 0;
   for (const ParamSpec& spec : gpt_param_specs(shape)) {
-    int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
+    const int64_t n = shape_numel(spec.shape);
     const bool per_layer = spec.id != kWte && spec.id != kWpe && spec.id != kLnfw && spec.id != kLnfb &&
                            spec.id != kLmHead;
     out[spec.id] = {offset, per_layer ? n / shape.n_layer : n};

@@ -65,7 +65,7 @@ std::vector<ParamSpec> gpt_param_specs(const GptShape& s) {
   return s.arch == Arch::llama ? llama_specs(s) : gpt2_specs(s);
 }
 
-static int64_t product(const std::vector<int64_t>& shape) {
+int64_t shape_numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
@@ -73,7 +73,7 @@ static int64_t product(const std::vector<int64_t>& shape) {
 
 int64_t gpt_num_params(const GptShape& s) {
   int64_t n = 0;
-  for (const auto& spec : gpt_param_specs(s)) n += product(spec.shape);
+  for (const auto& spec : gpt_param_specs(s)) n += shape_numel(spec.shape);
   return n;
 }
 

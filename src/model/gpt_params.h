@@ -60,6 +60,9 @@ struct ParamSpec {
 // in the same role: kLn1w/kLn2w/kLnfw are RMSNorm weights, kFcw the SwiGLU gate and up
 // projections stacked (gate rows first), kFcprojw the down projection.
 std::vector<ParamSpec> gpt_param_specs(const GptShape& s);
+// The number of elements of a tensor of this shape (of a shape gpt_param_specs gives: no
+// overflow; the file parsers check what they read themselves).
+int64_t shape_numel(const std::vector<int64_t>& shape);
 int64_t gpt_num_params(const GptShape& s);  // includes the padded vocabulary rows, as llm.c counts
 
 }  // namespace ptrain

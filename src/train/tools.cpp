@@ -69,8 +69,7 @@ LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B
 std::string int8_note(const ModelConfig& m) {
   int64_t linear = 0, all = 0;
   for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
-    int64_t n = 1;
-    for (const int64_t d : spec.shape) n *= d;
+    const int64_t n = shape_numel(spec.shape);
     all += n;
     if (spec.id == kQkvw || spec.id == kAttprojw || spec.id == kFcw || spec.id == kFcprojw) linear += n;
   }
@@ -111,8 +110,7 @@ void check_output_file(const std::string& path, const std::string& what) {
 std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig& m) {
   std::vector<float> flat;
   for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
-    int64_t n = 1;
-    for (int64_t d : spec.shape) n *= d;
+    const int64_t n = shape_numel(spec.shape);
     const size_t at = flat.size();
     flat.resize(at + static_cast<size_t>(n));
     ckpt.weights.copy_to(spec.name, flat.data() + at, n);
