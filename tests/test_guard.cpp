@@ -131,6 +131,22 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
   CHECK(first_skip > 30);  // decided after the resume, by the window the checkpoint kept
 }
 
+TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and stops", "[guard]") {
+  TempDir ws("guard");
+  write_file(ws.dir / "run.yaml",
+             diverging_config("{action: skip, spike_zscore: 4, window: 10, spike_steps: 2, max_skips: 2}"));
+  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  INFO(r.output);
+  CHECK(r.exit_code == 4);
+  CHECK(count_of(r.output, "its update skipped") == 2);
+  CHECK(r.output.find("and 2 updates in a row were skipped (training.guard.max_skips)") != std::string::npos);
+  // The same run without the cap skips its first two at the same steps: the stop is the second's.
+  int64_t last_skip = 0;
+  for (const auto& m : read_metrics(ws.dir / "runs/div/metrics.jsonl"))
+    if (m.contains("guard") && m["guard"] == "skip") last_skip = m["step"].get<int64_t>();
+  CHECK(r.output.find("at step " + std::to_string(last_skip) + ":") != std::string::npos);
+}
+
 TEST_CASE("a guard that never fires changes nothing: bit-identical losses", "[guard]") {
   TempDir ws("guard");
   // lr 1e-3: a sane run, which the guard watches with a tight threshold and never stops.

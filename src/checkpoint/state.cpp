@@ -104,7 +104,8 @@ json state_to_json(const CheckpointState& s) {
             {"growth_tracker", s.scaler.growth_tracker},
             {"hysteresis_left", s.scaler.hysteresis_left},
             {"skipped", s.scaler.skipped}}},
-          {"guard", {{"window", s.guard.window}, {"spike_run", s.guard.spike_run}, {"skipped", s.guard.skipped}}},
+          {"guard", {{"window", s.guard.window}, {"spike_run", s.guard.spike_run}, {"skipped", s.guard.skipped},
+                     {"consecutive_skips", s.guard.consecutive_skips}}},
           {"fp8", fp8},
           {"best_val_loss", std::isfinite(s.best_val_loss) ? json(s.best_val_loss) : json()},
           {"best_val_step", s.best_val_step},
@@ -152,6 +153,7 @@ CheckpointState state_from_json(const json& j) {
     }
     s.guard.spike_run = static_cast<int>(integer(g, "guard", "spike_run", 0, 1 << 30));
     s.guard.skipped = integer(g, "guard", "skipped", 0, s.step);
+    s.guard.consecutive_skips = static_cast<int>(integer(g, "guard", "consecutive_skips", 0, s.guard.skipped));
   }
 
   const json& fp8 = member(j, "", "fp8");

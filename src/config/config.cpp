@@ -184,6 +184,8 @@ Schema make_schema(Config& c) {
       number("training.guard.window", &t.guard.window, at_least(2), "recent losses a spike is measured against"),
       number("training.guard.spike_steps", &t.guard.spike_steps, at_least(1),
              "consecutive spiking steps before the guard acts"),
+      number("training.guard.max_skips", &t.guard.max_skips, at_least(1),
+             "skip: this many skipped updates in a row stop the run (exit 4)"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),

@@ -82,6 +82,7 @@ struct GuardConfig {
   double spike_zscore = 0;      // 0 = spikes not watched (non-finite losses always are)
   int window = 50;              // accepted losses the z-score is measured against
   int spike_steps = 3;          // consecutive spiking steps before the guard acts
+  int max_skips = 10;           // skip: this many skipped updates in a row stop the run
 };
 
 struct TrainingConfig {

@@ -1,6 +1,7 @@
 #include "metrics/cpu_peak.h"
 
 #include <cblas.h>
+#include <unistd.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -12,7 +13,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/output_file.h"
 #include "core/paths.h"
 #include "core/rng.h"
 
@@ -67,7 +67,7 @@ std::string cpu_model_name() {
 
 }  // namespace
 
-CpuPeak cpu_sgemm_peak() {
+CpuPeak cpu_sgemm_peak(bool use_cache) {
   CpuPeak peak;
   peak.key = cpu_model_name() + " | " + std::to_string(omp_get_max_threads()) + " threads | " + openblas_get_corename();
   peak.cache_file = (std::filesystem::path(data_cache_dir()) / "cpu-peak.json").string();
@@ -79,19 +79,27 @@ CpuPeak cpu_sgemm_peak() {
     cache = nlohmann::json::parse(text.str(), nullptr, false);
     if (!cache.is_object()) cache = nlohmann::json::object();  // missing or damaged: measure again
   }
-  if (cache.contains(peak.key) && cache[peak.key].is_number() && cache[peak.key].get<double>() > 0) {
+  if (use_cache && cache.contains(peak.key) && cache[peak.key].is_number() && cache[peak.key].get<double>() > 0) {
     peak.flops = cache[peak.key].get<double>();
     peak.cached = true;
     return peak;
   }
   peak.flops = measure_sgemm_rate(1024, 5).median_flops();
+  if (!use_cache) return peak;
   cache[peak.key] = peak.flops;
-  try {
-    std::filesystem::create_directories(std::filesystem::path(peak.cache_file).parent_path());
-    write_file_atomic(peak.cache_file, cache.dump(2) + "\n");
-  } catch (const std::exception&) {
-    // A read-only home: the next run measures again.
+  // A temporary of this process's own, renamed over the cache: processes measuring at once
+  // (tests, several runs) each replace the file whole. A read-only home: measured again next time.
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(fs::path(peak.cache_file).parent_path(), error);
+  const std::string tmp = peak.cache_file + "." + std::to_string(::getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << cache.dump(2) << "\n";
+    if (!out.flush()) error = std::make_error_code(std::errc::io_error);
   }
+  if (!error) fs::rename(tmp, peak.cache_file, error);
+  if (error) fs::remove(tmp, error);
   return peak;
 }
 

@@ -32,6 +32,7 @@ struct CpuPeak {
   std::string key;      // "Intel(R) Xeon(R) ... | 2 threads | SkylakeX"
   std::string cache_file;
 };
-CpuPeak cpu_sgemm_peak();
+// `cache` false: measure, and neither read nor write the cache (other ranks share the machine).
+CpuPeak cpu_sgemm_peak(bool cache = true);
 
 }  // namespace ptrain

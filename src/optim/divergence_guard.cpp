@@ -36,6 +36,7 @@ DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
     }
   }
   spike_run_ = 0;
+  consecutive_skips_ = 0;
   window_.push_back(loss);
   if (static_cast<int>(window_.size()) > config_.window) window_.pop_front();
   return {};
@@ -46,6 +47,7 @@ void DivergenceGuard::restore(const State& s) {
   while (static_cast<int>(window_.size()) > config_.window) window_.pop_front();
   spike_run_ = s.spike_run;
   skipped_ = s.skipped;
+  consecutive_skips_ = s.consecutive_skips;
 }
 
 }  // namespace ptrain

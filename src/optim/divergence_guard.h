@@ -3,7 +3,8 @@
 // above the mean of the last `window` accepted losses) held for `spike_steps` steps in a row,
 // makes it act: `stop` (the run ends with exit code 4, saying at which step and why) or `skip`
 // (that step's update is not applied, Megatron-style, and counted). A guard that never fires
-// changes nothing: it only reads losses.
+// changes nothing: it only reads losses. `skip` gives up after `max_skips` skipped updates in a
+// row (weights that already diverged keep spiking) and stops.
 #pragma once
 
 #include <cstdint>
@@ -39,17 +40,24 @@ class DivergenceGuard {
     std::vector<double> window;  // the accepted losses, oldest first
     int spike_run = 0;           // consecutive spiking steps up to the latest
     int64_t skipped = 0;         // updates skipped by the guard
+    int consecutive_skips = 0;   // of them, those since the latest step it let through
   };
-  State state() const { return {{window_.begin(), window_.end()}, spike_run_, skipped_}; }
+  State state() const { return {{window_.begin(), window_.end()}, spike_run_, skipped_, consecutive_skips_}; }
   void restore(const State& s);
-  void count_skip() { ++skipped_; }
+  // The trainer skipped this step's update, as the verdict said.
+  void count_skip() {
+    ++skipped_;
+    ++consecutive_skips_;
+  }
   int64_t skipped() const { return skipped_; }
+  int consecutive_skips() const { return consecutive_skips_; }
 
  private:
   GuardConfig config_;
   std::deque<double> window_;
   int spike_run_ = 0;
   int64_t skipped_ = 0;
+  int consecutive_skips_ = 0;
 };
 
 }  // namespace ptrain

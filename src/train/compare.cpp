@@ -9,6 +9,7 @@
 #include "metrics/report.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
+#include "optim/divergence_guard.h"
 #include "train/run_plan.h"
 #include "train/tools.h"
 #include "train/trainer.h"
@@ -138,7 +139,14 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
       log.info("compare: reusing the finished run " + dir);
     } else {
       log.info("compare: training " + dir + " (" + PrecisionPolicy::from_config(c.precision).label() + ")");
-      const TrainResult result = train(c, TrainOptions{});
+      TrainResult result;
+      try {
+        result = train(c, TrainOptions{});
+      } catch (const DivergedError& e) {
+        throw DivergedError("compare: mode " + PrecisionPolicy::from_config(c.precision).label() + " diverged, so no "
+                            "report was written (the finished runs stay in " + c.run.out_dir +
+                            " and are reused): " + e.what());
+      }
       if (result.interrupted) throw EnvironmentError("compare: the run " + dir + " was interrupted; run compare again to finish it");
     }
     runs.push_back(read_run(dir));

@@ -250,13 +250,19 @@ class Trainer {
           norm = optimizer_.reduce_gradients(overlap) / loss_scale;
           reduce_fp8_amax();
         }
-        // The guard's skip leaves the loss scaler alone: the loss, not an overflow, was the problem.
+        // The loss scaler sees every step's gradients, a guard-skipped one's too (an overflow
+        // still backs its scale off); the update happens when neither skips it.
+        const bool overflow = scaler_.update(!std::isfinite(norm));
         if (guard_skip) {
           guard_.count_skip();
           log_.metrics({{"step", step}, {"guard", "skip"}, {"reason", finding.why}});
           log_.warn("guard: step " + std::to_string(step) + ": " + finding.why + "; its update skipped (" +
                     std::to_string(guard_.skipped()) + " so far; training.guard.action: skip)");
-        } else if (!scaler_.update(!std::isfinite(norm))) {
+          // Skipping cannot end a divergence that the weights already carry: a cap stops it.
+          if (guard_.consecutive_skips() >= cfg_.training.guard.max_skips)
+            stop_diverged(step, finding.why + ", and " + std::to_string(guard_.consecutive_skips()) +
+                                    " updates in a row were skipped (training.guard.max_skips)");
+        } else if (!overflow) {
           optimizer_.step(lr, norm, loss_scale);
         }
         model_.end_step();
@@ -305,7 +311,9 @@ class Trainer {
     log_.metrics({{"step", step}, {"guard", "stop"}, {"reason", why}});
     throw DivergedError("training stopped by the divergence guard at step " + std::to_string(step) + ": " + why +
                         "; the newest checkpoint is " +
-                        (result_.last_checkpoint.empty() ? std::string("none of this run") : result_.last_checkpoint) +
+                        (!result_.last_checkpoint.empty() ? result_.last_checkpoint
+                         : !resumed_from_.empty()         ? resumed_from_ + " (resumed from)"
+                                                          : std::string("none of this run")) +
                         " (training.guard.action: skip skips such steps instead)");
   }
 
@@ -321,6 +329,7 @@ class Trainer {
   int64_t resume(const LoadedCheckpoint& ckpt) {
     const CheckpointState& st = ckpt.state;
     restore_tensors(ckpt, model_, optimizer_);
+    resumed_from_ = ckpt.path;
     guard_.restore(st.guard);
     if (st.scaler_mode == policy_.loss_scaling.mode)
       scaler_.restore(st.scaler);
@@ -452,10 +461,14 @@ class Trainer {
     if (!comm_->is_main()) return;  // one rank logs; the others need not measure a CPU's rate
     const std::string per_token = "model FLOPs 6N + 6LCT = " + fmt("%.4g", flops_per_token_) + " per token";
     if (backend_->device() != Device::cuda) {
-      const CpuPeak cpu = cpu_sgemm_peak();
-      peaks_ = MfuPeaks{std::nullopt, cpu.flops};
+      // Ranks sharing the machine are busy while rank 0 measures: that figure is not cached.
+      const int ranks = comm_->world_size();
+      const CpuPeak cpu = cpu_sgemm_peak(ranks == 1);
+      peaks_ = MfuPeaks{std::nullopt, cpu.flops * ranks};
       log_.info("MFU: " + per_token + "; against this CPU's sgemm rate, " + fmt("%.1f", cpu.flops / 1e9) +
-                " GFLOP/s (median of 5 sgemms of 1024^3, " + (cpu.cached ? "measured earlier" : "measured now") +
+                " GFLOP/s" + (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") +
+                " (median of 5 sgemms of 1024^3, " +
+                (cpu.cached ? "measured earlier" : ranks > 1 ? "measured now, not cached" : "measured now") +
                 " for \"" + cpu.key + "\", cached in " + cpu.cache_file + "); a CPU has no BF16 peak");
       return;
     }
@@ -472,9 +485,12 @@ class Trainer {
     const bool fp32 = cfg_.precision.mode == "fp32";
     const double other = fp32 ? (cfg_.precision.tf32 ? p.tf32 : p.fp32) : p.bf16;
     const std::string other_name = fp32 ? (cfg_.precision.tf32 ? "tf32" : "fp32") : "bf16";
-    peaks_ = MfuPeaks{p.bf16, mixed_peak(fp8_share, p.fp8, other)};
+    // The step's FLOPs are the global batch's: the peaks are those of all the ranks' devices.
+    const double ranks = comm_->world_size();
+    peaks_ = MfuPeaks{p.bf16 * ranks, mixed_peak(fp8_share, p.fp8, other) * ranks};
     const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
     log_.info("MFU: " + per_token + "; against " + lookup.device->part + "'s dense BF16 peak, " + tflops(p.bf16) +
+              (ranks > 1 ? " (x " + fmt("%.0f", ranks) + " ranks in MFU)" : "") +
               ", and this run's precision mix's, " + tflops(peaks_->mix) + " (" + fmt("%.1f", 100 * fp8_share) +
               "% of the FLOPs in native FP8 GEMMs at " + tflops(p.fp8) + ", the rest at " + other_name + "'s " +
               tflops(other) + "; " + lookup.device->source + ", dense)");
@@ -732,6 +748,7 @@ class Trainer {
   std::unique_ptr<Backend> sample_backend_;
   std::unique_ptr<Gpt> sample_model_;
   std::string device_choice_;  // which device run.device gave, and why (for the log)
+  std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
   double flops_per_token_ = 0;    // training FLOPs, for model FLOP/s
   std::optional<MfuPeaks> peaks_;  // absent: a GPU without a known peak
   std::unique_ptr<Backend> backend_;
