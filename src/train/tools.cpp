@@ -40,11 +40,15 @@ struct LoadedModel {
   std::unique_ptr<Gpt> model;
 };
 
+// The weights --weights int8 quantizes: the four linears of every block (attention qkv and
+// output, the MLP's two).
+bool is_block_linear(ParamId id) { return id == kQkvw || id == kAttprojw || id == kFcw || id == kFcprojw; }
+
 // Replaces the block linears' weights by their INT8 round trip; returns how many weights that was.
 int64_t quantize_block_linears(Gpt& model) {
   int64_t quantized = 0;
   for (const ParamSpec& spec : model.specs()) {
-    if (spec.id != kQkvw && spec.id != kAttprojw && spec.id != kFcw && spec.id != kFcprojw) continue;
+    if (!is_block_linear(spec.id)) continue;
     const int64_t cols = spec.shape.back(), rows = model.param(spec.id).numel() / cols;  // (L, out, in)
     std::vector<float> w(static_cast<size_t>(rows * cols));
     model.backend().download(w.data(), model.master(spec.id));
@@ -71,7 +75,7 @@ std::string int8_note(const ModelConfig& m) {
   for (const ParamSpec& spec : gpt_param_specs(GptShape::of(m))) {
     const int64_t n = shape_numel(spec.shape);
     all += n;
-    if (spec.id == kQkvw || spec.id == kAttprojw || spec.id == kFcw || spec.id == kFcprojw) linear += n;
+    if (is_block_linear(spec.id)) linear += n;
   }
   return format_thousands(static_cast<double>(linear)) + " of " + format_thousands(static_cast<double>(all)) +
          " parameters (the block linears) in INT8, per output channel";

@@ -298,7 +298,7 @@ class Trainer {
     }
     if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps - first_step + 1);
     result_.device = device_choice_;
-    result_.flops_per_token = training_flops_per_token(cfg_.model, T_);
+    result_.flops_per_token = flops_per_token_;
     result_.mfu_peaks = peaks_;
     result_.tokens_per_step = cfg_.training.batch_tokens;
     result_.final_val_loss = last_val_;
@@ -469,7 +469,8 @@ class Trainer {
                 " GFLOP/s" + (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") +
                 " (median of 5 sgemms of 1024^3, " +
                 (cpu.cached ? "measured earlier" : ranks > 1 ? "measured now, not cached" : "measured now") +
-                " for \"" + cpu.key + "\", cached in " + cpu.cache_file + "); a CPU has no BF16 peak");
+                " for \"" + cpu.key + "\"" + (ranks > 1 ? std::string() : ", cached in " + cpu.cache_file) +
+                "); a CPU has no BF16 peak");
       return;
     }
     const CudaProbe probe = probe_cuda();
