@@ -93,7 +93,9 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
       "  ptrain compare configs/quickstart.yaml --modes fp32,bf16,fp8:delayed\n"
       "  ptrain compare runs/a runs/b --reference fp32 --out compare-ab --fail-on-regression");
   cmd->add_option("inputs", args.inputs, "A YAML run config, or two or more run directories")->required();
-  cmd->add_option("--modes", args.modes, "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block");
+  cmd->add_option("--modes", args.modes,
+                  "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block, and precision "
+                  "schedules: schedule (the config's own), schedule:fp8-then-bf16, schedule:bf16-then-fp8");
   cmd->add_option("--steps", args.options.steps, "With a config: override training.steps");
   cmd->add_option("--out", args.options.out_dir, "Report directory (default: <out_dir>/compare-<run.name>, or compare-report)");
   cmd->add_option("--reference", args.options.reference, "The mode the others are measured against (default: the first)");

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Regenerates an example report committed in docs/, trained on the CPU:
 #   quickstart (default): configs/quickstart.yaml on Moby-Dick (prepared into data/moby-dick/
-#     first) in fp32, bf16 and fp8 (current scaling), with --int8-eval, into docs/compare-quickstart/, with the
+#     first) in fp32, bf16, fp8 (current scaling) and the schedule fp8-then-bf16 (fp8:current for 90% of
+#     the steps, then bf16), with --int8-eval, into docs/compare-quickstart/, with the
 #     Chromium test's screenshots of report.html at 1400 and 420 px beside it;
-#   synthetic: configs/synthetic.yaml in fp32, bf16 and fp8 (delayed) into docs/compare-synthetic/;
+#   synthetic: configs/synthetic.yaml in fp32, bf16, fp8 (delayed) and the schedule bf16-then-fp8 (bf16
+#     for 10% of the steps, then fp8:current) into docs/compare-synthetic/;
 #   text-small: configs/text-small.yaml on the State of the Union addresses (prepared into
 #     data/sotu/ first) in fp32, bf16 and fp8 (delayed) into docs/compare-text-small/.
 # The runs stay in build/compare-example-NAME/runs (the report's "Runs" section names them), so a
@@ -23,9 +25,9 @@ prepare() {  # DIR INPUT TOKENIZER VAL_FRACTION
 }
 case "$which" in
   quickstart)
-    config=configs/quickstart.yaml modes=fp32,bf16,fp8:current extra=--int8-eval
+    config=configs/quickstart.yaml modes=fp32,bf16,fp8:current,schedule:fp8-then-bf16 extra=--int8-eval
     prepare data/moby-dick "$cache/text/moby-dick.txt" bytes 0.1 ;;
-  synthetic) config=configs/synthetic.yaml modes=fp32,bf16,fp8:delayed ;;
+  synthetic) config=configs/synthetic.yaml modes=fp32,bf16,fp8:delayed,schedule:bf16-then-fp8 ;;
   text-small)
     config=configs/text-small.yaml modes=fp32,bf16,fp8:delayed
     prepare data/sotu "$cache/text/sotu" gpt2 0.05 ;;

@@ -429,6 +429,36 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
   INFO(block.output);
   CHECK(block.exit_code == 2);
   CHECK(block.output.find("mode \"fp8:block\" cannot run this config") != std::string::npos);
+  // "schedule" is the config's own, which a.yaml lacks; a named one must exist.
+  const CommandResult own = run_ptrain("compare a.yaml --modes fp32,schedule", ws.dir);
+  CHECK(own.exit_code == 2);
+  CHECK(own.output.find("\"schedule\": the config has no precision.schedule; expected one, or a named schedule: "
+                        "schedule:fp8-then-bf16, schedule:bf16-then-fp8") != std::string::npos);
+  const CommandResult unnamed = run_ptrain("compare a.yaml --modes fp32,schedule:fast", ws.dir);
+  CHECK(unnamed.exit_code == 2);
+  CHECK(unnamed.output.find("\"schedule:fast\" is not a named schedule") != std::string::npos);
+}
+
+TEST_CASE("compare takes precision schedules as modes: a preset and the config's own", "[compare]") {
+  TempDir ws("compare");
+  // The config's own schedule: bf16 for 2 steps, then fp8:current; its plain modes drop it.
+  write_file(ws.dir / "tiny.yaml",
+             tiny_config("tiny", "{schedule: [{until_step: 2, mode: bf16}, {mode: fp8, fp8: {recipe: current}}]}"));
+  const CommandResult r =
+      run_ptrain("compare tiny.yaml --modes fp32,schedule:fp8-then-bf16,schedule --out out", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // fp8-then-bf16 is fp8:current for floor(0.9 x 6) = 5 steps, then bf16.
+  for (const char* run : {"runs/tiny-fp32", "runs/tiny-fp8-current-bf16-5", "runs/tiny-bf16-fp8-current-2"})
+    CHECK(fs::exists(ws.dir / "out" / run / "summary.json"));
+  CHECK(read_json_file(ws.dir / "out/runs/tiny-fp32/summary.json")["precision"] == "fp32");
+  const std::string html = read_file(ws.dir / "out/report.html");
+  for (const char* label : {"fp8:current&gt;bf16@5", "bf16&gt;fp8:current@2"}) CHECK(html.find(label) != std::string::npos);
+  CHECK(r.output.find("precision: step 6 starts phase 2 of 2, fp8:current -> bf16") != std::string::npos);
+  // A schedule's label is too wide for the legend column: one line per phase.
+  const std::string chart = read_file(ws.dir / "out/loss.svg");
+  CHECK(chart.find(">fp8:current&gt;</text>") != std::string::npos);
+  CHECK(chart.find(">bf16@5</text>") != std::string::npos);
 }
 
 }  // namespace

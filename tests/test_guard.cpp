@@ -1,7 +1,9 @@
 // training.guard: the divergence guard's decisions against their definition, and on runs made to
 // diverge on purpose (a learning rate that warms up far too high): `stop` exits 4 naming the
 // step, `skip` skips the spiking steps' updates and counts them, a resume across a skip equals
-// the uninterrupted run, and a guard that never fires changes no loss.
+// the uninterrupted run, `rollback` goes back to the checkpoint before the spike and trains on
+// in bf16 exactly as a resume from that checkpoint in bf16 would, and a guard that never fires
+// changes no loss.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -145,6 +147,158 @@ TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and sto
   for (const auto& m : read_metrics(ws.dir / "runs/div/metrics.jsonl"))
     if (m.contains("guard") && m["guard"] == "skip") last_skip = m["step"].get<int64_t>();
   CHECK(r.output.find("at step " + std::to_string(last_skip) + ":") != std::string::npos);
+}
+
+// An fp8 run at a learning rate warming up to `lr` over its 60 steps, checkpointed every 5. At
+// lr 0.2 its loss spikes 3 standard deviations at one step in the high 30s; at lr 0.6 it
+// diverges at step 33, in bf16 as well once the checkpoint of step 30 is reached.
+std::string rollback_config(const std::string& lr, const std::string& guard) {
+  std::string c = diverging_config(guard);
+  c.replace(c.find("lr: 1.0"), 7, "lr: " + lr);
+  c.replace(c.find("steps: 40,"), 10, "steps: 60,");
+  c.replace(c.find("warmup_steps: 40"), 16, "warmup_steps: 60");
+  c.replace(c.find("every: 10"), 9, "every: 5");
+  return c + "precision: {mode: fp8}\n";
+}
+
+std::map<int64_t, double> losses_by_step(const fs::path& metrics) {  // the last record of a step counts
+  std::map<int64_t, double> out;
+  for (const auto& m : read_metrics(metrics))
+    if (m.contains("loss")) out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  return out;
+}
+
+TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before the spike and trains on in bf16, "
+          "exactly as a resume from it in bf16",
+          "[guard]") {
+  TempDir ws("guard");
+  const std::string spike = "spike_zscore: 3, window: 10, spike_steps: 1";
+  write_file(ws.dir / "run.yaml", rollback_config("0.2", "{action: rollback, " + spike + "}"));
+  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> events;
+  for (const auto& m : read_metrics(ws.dir / "runs/div/metrics.jsonl"))
+    if (m.contains("guard")) events.push_back(m);
+  REQUIRE(events.size() == 1);
+  const nlohmann::json& e = events[0];
+  CHECK(e["guard"] == "rollback");
+  const int64_t fired = e["step"].get<int64_t>(), to = e["to_step"].get<int64_t>();
+  // The newest checkpoint before the spiking step (checkpoints every 5 steps).
+  CHECK(to == (fired - 1) / 5 * 5);
+  REQUIRE(to > 10);
+  CHECK(e["fallback"] == "bf16");
+  CHECK(e["fallback_last"].is_null());
+  CHECK(r.output.find("rolled back to runs/div/checkpoints/step_000000" + std::to_string(to) + " (step " +
+                      std::to_string(to) + "): bf16 from step " + std::to_string(to + 1) + " to the end of the run") !=
+        std::string::npos);
+  const nlohmann::json summary = nlohmann::json::parse(read_file(ws.dir / "runs/div/summary.json"));
+  CHECK(summary["guard_rollbacks"] == 1);
+  CHECK(summary["precision"] == "fp8:delayed");
+
+  // The same run stopped at the checkpoint, then resumed from it in bf16 (with a guard that
+  // stops, had it anything to stop): the rolled-back run's every step's loss, bit for bit. So
+  // the rollback restored the checkpoint's state exactly, and replayed the same data after it.
+  write_file(ws.dir / "ref.yaml", rollback_config("0.2", "{action: rollback, " + spike + "}"));
+  REQUIRE(run_ptrain("train ref.yaml --set run.name=ref --stop-at " + std::to_string(to), ws.dir).exit_code == 0);
+  const CommandResult resumed = run_ptrain(
+      "train ref.yaml --set run.name=ref --set checkpoint.resume=auto --set precision.mode=bf16 "
+      "--set training.guard.action=stop",
+      ws.dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::map<int64_t, double> rolled = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(rolled.size() == 60);
+  CHECK(rolled == losses_by_step(ws.dir / "runs/ref/metrics.jsonl"));
+  // The spiking branch's loss was another: the fallback trained those steps anew.
+  for (const auto& m : read_metrics(ws.dir / "runs/div/metrics.jsonl"))
+    if (m.contains("loss") && m["step"] == fired) {
+      CHECK(m["loss"].get<double>() != rolled.at(fired));
+      break;
+    }
+}
+
+TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume inside it is exact", "[guard]") {
+  TempDir ws("guard");
+  const std::string guard = "{action: rollback, spike_zscore: 3, window: 10, spike_steps: 1, fallback_steps: 10}";
+  write_file(ws.dir / "run.yaml", rollback_config("0.2", guard));
+  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  int64_t fired = 0, to = 0, back = 0;
+  for (const auto& m : read_metrics(ws.dir / "runs/div/metrics.jsonl")) {
+    if (m.contains("guard")) {
+      fired = m["step"].get<int64_t>();
+      to = m["to_step"].get<int64_t>();
+      CHECK(m["fallback_last"] == to + 10);
+    }
+    if (m.contains("precision_phase")) {
+      back = m["step"].get<int64_t>();
+      CHECK(m["precision_phase"]["from"] == "bf16");
+      CHECK(m["precision_phase"]["to"] == "fp8:delayed");
+    }
+  }
+  REQUIRE(to > 0);
+  CHECK(back == to + 11);
+  CHECK(r.output.find("bf16 from step " + std::to_string(to + 1) + " to step " + std::to_string(to + 10) +
+                      ", then fp8:delayed again") != std::string::npos);
+  CHECK(r.output.find("precision: step " + std::to_string(to + 11) + " ends the guard's bf16 fallback: fp8:delayed "
+                      "again") != std::string::npos);
+
+  // Stopped inside the fallback (after the rollback) and resumed: its checkpoint keeps the
+  // fallback, so the resumed run trains in bf16 to its end and then in fp8, as the whole run did.
+  write_file(ws.dir / "split.yaml", rollback_config("0.2", guard));
+  const int64_t stop = fired + 1;
+  REQUIRE(stop < to + 10);
+  REQUIRE(run_ptrain("train split.yaml --set run.name=split --stop-at " + std::to_string(stop), ws.dir).exit_code == 0);
+  const CommandResult resumed = run_ptrain("train split.yaml --set run.name=split --set checkpoint.resume=auto", ws.dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("precision: resuming at step " + std::to_string(stop + 1) + " in the guard's bf16 fallback") !=
+        std::string::npos);
+  const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(whole.size() == 60);
+  CHECK(losses_by_step(ws.dir / "runs/split/metrics.jsonl") == whole);
+}
+
+TEST_CASE("guard rollback: diverging again onto the same checkpoint stops (exit 4), the later checkpoints set aside",
+          "[guard]") {
+  TempDir ws("guard");
+  // lr 0.6: the fp8 run diverges at step 33; 2 steps of bf16 from step 30 do not change that.
+  write_file(ws.dir / "run.yaml",
+             rollback_config("0.6", "{action: rollback, spike_zscore: 4, window: 10, spike_steps: 2, fallback_steps: 2}"));
+  // Checkpoints every 4 steps: the one of step 32 is inside the spike (steps 32 and 33).
+  const CommandResult r = run_ptrain("train run.yaml --set checkpoint.every=4", ws.dir);
+  INFO(r.output);
+  CHECK(r.exit_code == 4);
+  CHECK(r.output.find("rolled back to runs/div/checkpoints/step_00000028 (step 28)") != std::string::npos);
+  CHECK(r.output.find("set aside runs/div/checkpoints/step_00000032.superseded: it came after the checkpoint the guard "
+                      "rolled back to") != std::string::npos);
+  CHECK(fs::exists(ws.dir / "runs/div/checkpoints/step_00000032.superseded"));
+  CHECK(r.output.find("again after rolling back to runs/div/checkpoints/step_00000028: the bf16 fallback did not prevent "
+                      "it") != std::string::npos);
+  CHECK(r.output.find("(training.guard.action: skip skips such steps instead)") == std::string::npos);
+}
+
+TEST_CASE("guard rollback is refused where it cannot work, before anything is written", "[guard]") {
+  TempDir ws("guard");
+  const auto refusal = [&](const std::string& config, const std::string& sets) {
+    write_file(ws.dir / "bad.yaml", config);
+    const CommandResult r = run_ptrain("train bad.yaml " + sets, ws.dir);
+    CHECK(r.exit_code == 2);
+    CHECK(!fs::exists(ws.dir / "runs"));
+    return r.output;
+  };
+  const std::string fp8 = rollback_config("0.2", "{action: rollback}");
+  CHECK(refusal(fp8, "--set checkpoint.every=0")
+            .find("checkpoint.every: 0 with training.guard.action rollback, which reloads the newest checkpoint") !=
+        std::string::npos);
+  CHECK(refusal(fp8, "--set precision.mode=bf16")
+            .find("training.guard.action: rollback with precision bf16: a rollback goes on in bf16") != std::string::npos);
+  CHECK(refusal(fp8, "--set distributed.zero_stage=1").find("rollback with distributed.zero_stage 1") != std::string::npos);
+  CHECK(refusal(rollback_config("0.2", "{action: skip, fallback_steps: 5}"), "")
+            .find("training.guard.fallback_steps: 5 is a rollback setting, and training.guard.action is skip") !=
+        std::string::npos);
 }
 
 TEST_CASE("a guard that never fires changes nothing: bit-identical losses", "[guard]") {

@@ -348,8 +348,10 @@ std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& c
 }
 
 std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
-                                                       const std::function<void(const std::string&)>& warn) {
+                                                       const std::function<void(const std::string&)>& warn,
+                                                       int64_t before_step) {
   for (const fs::path& candidate : checkpoint_dirs(dir)) {
+    if (step_of(candidate.filename().string()) >= before_step) continue;
     try {
       return load_checkpoint(candidate.string());
     } catch (const NewerCheckpointFormat&) {

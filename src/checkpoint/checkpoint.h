@@ -50,11 +50,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 // checkpoint and what is wrong.
 LoadedCheckpoint load_checkpoint(const std::string& path);
 
-// The newest valid checkpoint under `dir`: invalid ones (corrupt, incomplete) are reported
-// through `warn` and skipped. nullopt when there is none. A checkpoint of a newer format is
-// not skipped: NewerCheckpointFormat ends the search.
+// The newest valid checkpoint under `dir` of a step before `before_step`: invalid ones (corrupt,
+// incomplete) are reported through `warn` and skipped. nullopt when there is none. A checkpoint
+// of a newer format is not skipped: NewerCheckpointFormat ends the search.
 std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
-                                                       const std::function<void(const std::string&)>& warn);
+                                                       const std::function<void(const std::string&)>& warn,
+                                                       int64_t before_step = INT64_MAX);
 
 // The checkpoints under `dir` of steps after `step` (-1: all of them), and renaming checkpoints to
 // <name>.superseded (.superseded.2, ... if taken), so that a run resumed from an earlier

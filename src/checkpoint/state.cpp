@@ -104,8 +104,15 @@ json state_to_json(const CheckpointState& s) {
             {"growth_tracker", s.scaler.growth_tracker},
             {"hysteresis_left", s.scaler.hysteresis_left},
             {"skipped", s.scaler.skipped}}},
-          {"guard", {{"window", s.guard.window}, {"spike_run", s.guard.spike_run}, {"skipped", s.guard.skipped},
-                     {"consecutive_skips", s.guard.consecutive_skips}}},
+          {"guard", {{"window", s.guard.window},
+                     {"spike_run", s.guard.spike_run},
+                     {"skipped", s.guard.skipped},
+                     {"consecutive_skips", s.guard.consecutive_skips},
+                     // A resume inside a rollback's bf16 fallback stays in it until its end.
+                     {"rollback",
+                      {{"to_step", s.guard.rollback.to_step},
+                       {"fallback_last", s.guard.rollback.fallback_last},
+                       {"count", s.guard.rollback.count}}}}},
           {"fp8", fp8},
           {"best_val_loss", std::isfinite(s.best_val_loss) ? json(s.best_val_loss) : json()},
           {"best_val_step", s.best_val_step},
@@ -154,6 +161,16 @@ CheckpointState state_from_json(const json& j) {
     s.guard.spike_run = static_cast<int>(integer(g, "guard", "spike_run", 0, 1 << 30));
     s.guard.skipped = integer(g, "guard", "skipped", 0, s.step);
     s.guard.consecutive_skips = static_cast<int>(integer(g, "guard", "consecutive_skips", 0, s.guard.skipped));
+    if (g.contains("rollback")) {  // absent before the guard's rollback
+      const json& r = g["rollback"];
+      s.guard.rollback.to_step = integer(r, "guard.rollback", "to_step", -1, s.step - 1);
+      s.guard.rollback.count = integer(r, "guard.rollback", "count", s.guard.rollback.to_step >= 0 ? 1 : 0, s.step);
+      if (s.guard.rollback.to_step >= 0) {
+        s.guard.rollback.fallback_last = integer(r, "guard.rollback", "fallback_last", -1, kMaxCount);
+        if (s.guard.rollback.fallback_last >= 0 && s.guard.rollback.fallback_last <= s.guard.rollback.to_step)
+          bad("guard.rollback.fallback_last", r["fallback_last"], "-1 or a step after guard.rollback.to_step");
+      }
+    }
   }
 
   const json& fp8 = member(j, "", "fp8");

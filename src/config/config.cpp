@@ -177,8 +177,9 @@ Schema make_schema(Config& c) {
       choice("training.recompute", &t.recompute, {"none", "mlp", "block"},
              "activations the backward pass recomputes instead of keeping: none, the MLP's hidden ones, or whole "
              "blocks (only their outputs kept)"),
-      choice("training.guard.action", &t.guard.action, {"stop", "skip"},
-             "what a non-finite loss (or a spike) does: stop the run (exit 4) or skip that step's update"),
+      choice("training.guard.action", &t.guard.action, {"stop", "skip", "rollback"},
+             "what a non-finite loss (or a spike) does: stop the run (exit 4), skip that step's update, or roll "
+             "back to the newest checkpoint before it and go on in bf16"),
       number("training.guard.spike_zscore", &t.guard.spike_zscore, at_least(0),
              "a loss this many standard deviations above the recent mean is a spike; 0 = spikes not watched"),
       number("training.guard.window", &t.guard.window, at_least(2), "recent losses a spike is measured against"),
@@ -186,6 +187,8 @@ Schema make_schema(Config& c) {
              "consecutive spiking steps before the guard acts"),
       number("training.guard.max_skips", &t.guard.max_skips, at_least(1),
              "skip: this many skipped updates in a row stop the run (exit 4)"),
+      number("training.guard.fallback_steps", &t.guard.fallback_steps, at_least(0),
+             "rollback: steps trained in bf16 from the checkpoint on; 0 = the rest of the run"),
 
       number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),
@@ -403,6 +406,12 @@ std::string nearest_multiples(int64_t value, int64_t m) {
 }
 
 // The model keys only model.arch: llama reads.
+// precision.schedule is a list, read by the Loader itself rather than through the schema.
+constexpr const char* kScheduleKey = "precision.schedule";
+const char* const kPhaseExpected =
+    "a list of phases, each a map of mode (bf16 or fp8), optionally fp8 (a map of precision.fp8's keys) and, "
+    "in all but the last, until_step or until_fraction";
+
 constexpr const char* kLlamaSettings[] = {"model.n_kv_head", "model.rope_theta", "model.norm_eps", "model.mlp_hidden",
                                           "model.mlp_multiple_of", "model.qk_norm"};
 bool is_llama_setting(const std::string& key) {
@@ -608,6 +617,7 @@ class Loader {
     for (const Field& f : schema_.fields)
       if (f.required && !seen_.count(f.key) && !rejected(f.key))
         problem(where({f.key}), f.key, "required, no default", expected_value(f));
+    resolve_schedule();
 
     // The run directory is <out_dir>/<name>: a name that is a path could land anywhere.
     const std::string& name = c.run.name;
@@ -692,10 +702,10 @@ class Loader {
     // so a config that trains on the CPU also trains on a GPU); block scaling needs whole
     // 128-wide blocks.
     const Fp8Config& f8 = c.precision.fp8;
-    if (c.precision.mode == "fp8" && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
-      const int multiple = f8.recipe == "block" ? 128 : 16;
-      const std::string needs = " as precision.mode fp8" +
-                                std::string(f8.recipe == "block" ? " with recipe block" : "") + " needs";
+    const std::string recipe = strictest_fp8_recipe(c.precision);
+    if (!recipe.empty() && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
+      const int multiple = recipe == "block" ? 128 : 16;
+      const std::string needs = fp8_needs(c.precision, recipe);
       if (m.n_embd % multiple != 0)
         problem(where({"model.n_embd", "precision.mode"}), "model.n_embd",
                 std::to_string(m.n_embd) + " is not a multiple of " + std::to_string(multiple) + needs,
@@ -714,10 +724,54 @@ class Loader {
       problem(where({"precision.fp8.block_size"}), "precision.fp8.block_size",
               std::to_string(f8.block_size) + " is not a supported block size", "128 (1x128 tiles, 128x128 weight blocks)");
 
+    check_rollback(c);
+
     // ZeRO stages 2 and 3 (sharded gradients, sharded parameters) are not implemented.
     if (c.distributed.zero_stage > 1)
       problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
               std::to_string(c.distributed.zero_stage) + " is not supported", "0 (replicated optimizer) or 1 (sharded optimizer state and master weights)");
+  }
+
+  // training.guard.action rollback reloads a checkpoint and goes on in bf16, switched in place as
+  // a precision schedule switches: it needs checkpoints, FP8 to fall back from, and the whole
+  // master weights on each rank.
+  void check_rollback(const Config& c) {
+    const GuardConfig& g = c.training.guard;
+    if (usable({"training.guard.fallback_steps", "training.guard.action"}) && g.action != "rollback" &&
+        g.fallback_steps != 0)
+      problem(where({"training.guard.fallback_steps"}), "training.guard.fallback_steps",
+              std::to_string(g.fallback_steps) + " is a rollback setting, and training.guard.action is " + g.action,
+              "training.guard.action: rollback, or 0");
+    if (!usable({"training.guard.action"}) || g.action != "rollback") return;
+    if (usable({"checkpoint.every"}) && c.checkpoint.every == 0)
+      problem(where({"checkpoint.every", "training.guard.action"}), "checkpoint.every",
+              "0 with training.guard.action rollback, which reloads the newest checkpoint before the divergence",
+              "checkpoint.every > 0, e.g. 100");
+    if (usable({"precision.mode"}) && strictest_fp8_recipe(c.precision).empty())
+      problem(where({"precision.mode", "training.guard.action"}), "training.guard.action",
+              "rollback with precision " + (c.precision.schedule.empty() ? c.precision.mode : std::string("bf16 throughout")) +
+                  ": a rollback goes on in bf16, switched in place (as precision.schedule does), which needs a run in "
+                  "fp8 (or a schedule with an fp8 phase)",
+              "stop or skip, or precision.mode fp8");
+    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage == 1)
+      problem(where({"distributed.zero_stage", "training.guard.action"}), "training.guard.action",
+              "rollback with distributed.zero_stage 1, whose ranks do not keep the whole master weights a rollback "
+              "reloads (not implemented)",
+              "stop or skip, or distributed.zero_stage 0");
+  }
+
+  // The FP8 recipe whose alignment rules the GEMMs must meet: block (128) when any FP8 phase
+  // uses it, else the one FP8 recipe (16); "" when nothing runs in FP8.
+  static std::string strictest_fp8_recipe(const PrecisionConfig& p) {
+    std::string recipe;
+    if (p.schedule.empty()) return p.mode == "fp8" ? p.fp8.recipe : "";
+    for (const PrecisionPhase& phase : p.schedule)
+      if (phase.mode == "fp8" && recipe != "block") recipe = phase.fp8.recipe;
+    return recipe;
+  }
+  static std::string fp8_needs(const PrecisionConfig& p, const std::string& recipe) {
+    return (p.schedule.empty() ? " as precision.mode fp8" : " as precision.schedule's FP8 phases") +
+           std::string(recipe == "block" ? " with recipe block" : "") + (p.schedule.empty() ? " needs" : " need");
   }
 
   // What model.arch allows: GPT-2's fixed layout, or Llama's settings and what RoPE and GQA need.
@@ -746,13 +800,12 @@ class Loader {
               std::to_string(m.n_kv_head) + " does not divide model.n_head = " + std::to_string(m.n_head) +
                   " (each K/V head serves a whole group of query heads)",
               "a divisor of " + std::to_string(m.n_head) + ", e.g. " + nearest_divisors(m.n_head, m.n_kv_head));
-    const Fp8Config& f8 = c.precision.fp8;
-    if (c.precision.mode == "fp8" &&
+    const std::string recipe = strictest_fp8_recipe(c.precision);
+    if (!recipe.empty() &&
         usable({"precision.mode", "precision.fp8.recipe", "model.mlp_hidden", "model.mlp_multiple_of"})) {
       // Beyond n_embd (checked with GPT-2's rules), the K/V and SwiGLU widths are GEMM dimensions.
-      const int multiple = f8.recipe == "block" ? 128 : 16;
-      const std::string needs = " as precision.mode fp8" +
-                                std::string(f8.recipe == "block" ? " with recipe block" : "") + " needs";
+      const int multiple = recipe == "block" ? 128 : 16;
+      const std::string needs = fp8_needs(c.precision, recipe);
       const int hidden = m.swiglu_hidden();
       if (hidden % multiple != 0)
         problem(where({"model.mlp_hidden", "precision.mode"}), "model.mlp_hidden",
@@ -807,7 +860,9 @@ class Loader {
 
   void visit(const std::string& key, const YAML::Node& value, const Location& location,
              const Source& source) {
-    if (const auto field = index_.find(key); field != index_.end()) {
+    if (key == kScheduleKey) {
+      read_schedule(value, location, source);
+    } else if (const auto field = index_.find(key); field != index_.end()) {
       set_field(schema_.fields[field->second], value, location);
     } else if (sections_.count(key)) {
       mark_present(key, location);
@@ -829,6 +884,176 @@ class Loader {
     }
   }
 
+  // One phase of precision.schedule as given: its keys (fp8's as "fp8.KEY") with their values and
+  // where they stand. Values are checked in resolve_schedule(), once precision.fp8, the phases'
+  // defaults, is final (an override may come after the file).
+  struct GivenValue {
+    std::string key;
+    YAML::Node value;
+    Location location;
+  };
+  struct GivenPhase {
+    Location location;
+    std::vector<GivenValue> values;
+  };
+
+  // precision.schedule: null (no schedule) or a list of phase maps; replaces any earlier one.
+  void read_schedule(const YAML::Node& value, const Location& location, const Source& source) {
+    seen_[kScheduleKey] = location;
+    mark_present(parent(kScheduleKey), location);
+    schedule_.clear();
+    bad_.erase(kScheduleKey);
+    if (value.IsNull()) return;
+    if (!value.IsSequence() || value.size() == 0) {
+      bad_.insert(kScheduleKey);
+      problem(location, kScheduleKey, "got " + (value.IsSequence() ? std::string("an empty list") : describe(value)),
+              kPhaseExpected);
+      return;
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      const YAML::Node node = value[i];
+      const std::string name = phase_name(i);
+      GivenPhase phase{source.at(node.Mark()), {}};
+      if (!node.IsMap()) {
+        bad_.insert(kScheduleKey);
+        problem(phase.location, name, "got " + describe(node), "a map with keys until_step, until_fraction, mode, fp8");
+        continue;
+      }
+      const auto add = [&](const std::string& key, const YAML::Node& v, const Location& at) {
+        for (const GivenValue& earlier : phase.values)
+          if (earlier.key == key) {
+            bad_.insert(kScheduleKey);
+            problem(at, name + "." + key, "duplicate key", "each key at most once");
+            return;
+          }
+        phase.values.push_back({key, v, at});
+      };
+      for (const auto& entry : node) {
+        const Location at = source.at(entry.first.Mark());
+        const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string();
+        if (key == "until_step" || key == "until_fraction" || key == "mode") {
+          add(key, entry.second, at);
+        } else if (key == "fp8" && (entry.second.IsMap() || entry.second.IsNull())) {
+          add("fp8", YAML::Node(), at);  // a second fp8 map is a duplicate key
+          for (const auto& f : entry.second) {
+            const Location f_at = source.at(f.first.Mark());
+            if (f.first.IsScalar() && index_.count("precision.fp8." + f.first.Scalar())) {
+              add("fp8." + f.first.Scalar(), f.second, f_at);
+            } else {
+              bad_.insert(kScheduleKey);
+              problem(f_at, name + ".fp8" + (f.first.IsScalar() ? "." + f.first.Scalar() : std::string()),
+                      f.first.IsScalar() ? "unknown key" : "a key is " + describe(f.first),
+                      "a key of precision.fp8: " + children_text("precision.fp8"));
+            }
+          }
+        } else {
+          bad_.insert(kScheduleKey);
+          problem(at, name + (key.empty() ? std::string() : "." + key),
+                  key.empty() ? "a key is " + describe(entry.first) : key == "fp8" ? "got " + describe(entry.second) : "unknown key",
+                  key == "fp8" ? "a map of precision.fp8's keys" : "until_step, until_fraction, mode or fp8");
+        }
+      }
+      schedule_.push_back(std::move(phase));
+    }
+  }
+
+  static std::string phase_name(size_t i) { return std::string(kScheduleKey) + "[" + std::to_string(i + 1) + "]"; }
+
+  // Fills config_.precision.schedule from the phases as given and checks them against each other
+  // and against training.steps; precision.mode becomes the first phase's.
+  void resolve_schedule() {
+    Config& c = config_;
+    c.precision.schedule.clear();
+    if (schedule_.empty() || rejected(kScheduleKey)) return;
+    bool complete = true;
+    std::vector<PrecisionPhase> phases;
+    for (size_t i = 0; i < schedule_.size(); ++i) {
+      const std::string name = phase_name(i);
+      Config scratch;  // the phase's fp8 keys over precision.fp8, checked as precision.fp8's are
+      scratch.precision.fp8 = c.precision.fp8;
+      const Schema scratch_schema = make_schema(scratch);
+      PrecisionPhase phase;
+      for (const GivenValue& v : schedule_[i].values) {
+        if (v.key == "fp8") continue;  // its keys follow as fp8.KEY
+        Field f = v.key == "until_step"       ? number(name + ".until_step", &phase.until_step, at_least(1), "")
+                  : v.key == "until_fraction" ? number(name + ".until_fraction", &phase.until_fraction,
+                                                       between(0, 1, true, true), "")
+                  : v.key == "mode"           ? choice(name + ".mode", &phase.mode, {"bf16", "fp8"}, "")
+                                              : scratch_schema.fields[index_.at("precision." + v.key)];
+        f.key = name + "." + v.key;
+        const std::string wrong = assign(f, v.value);
+        if (wrong.empty()) continue;
+        complete = false;
+        problem(v.location, f.key, wrong,
+                v.key == "mode" ? "bf16 or fp8, the modes that store weights, activations and gradients alike (in "
+                                  "bf16), so that a switch keeps every buffer"
+                                : expected_value(f));
+      }
+      phase.fp8 = scratch.precision.fp8;
+      const bool own_block_size = std::any_of(schedule_[i].values.begin(), schedule_[i].values.end(),
+                                              [](const GivenValue& v) { return v.key == "fp8.block_size"; });
+      if (own_block_size && phase.fp8.block_size != 128) {
+        complete = false;
+        problem(schedule_[i].location, name + ".fp8.block_size",
+                std::to_string(phase.fp8.block_size) + " is not a supported block size", "128 (1x128 tiles, 128x128 weight blocks)");
+      }
+      const bool last = i + 1 == schedule_.size();
+      const bool has_step = phase.until_step > 0, has_fraction = phase.until_fraction > 0;
+      const bool given_until = std::any_of(schedule_[i].values.begin(), schedule_[i].values.end(),
+                                           [](const GivenValue& v) { return v.key.rfind("until_", 0) == 0; });
+      if (phase.mode.empty() &&
+          std::none_of(schedule_[i].values.begin(), schedule_[i].values.end(), [](const GivenValue& v) { return v.key == "mode"; })) {
+        complete = false;
+        problem(schedule_[i].location, name + ".mode", "missing", "bf16 or fp8");
+      }
+      if (last && given_until) {
+        complete = false;
+        const std::string given = std::find_if(schedule_[i].values.begin(), schedule_[i].values.end(), [](const GivenValue& v) {
+                                    return v.key.rfind("until_", 0) == 0;
+                                  })->key;
+        problem(schedule_[i].location, name, "the last phase has an end (" + given + ")",
+                "no until_step or until_fraction in the last phase: it runs to training.steps");
+      } else if (!last && has_step && has_fraction) {
+        complete = false;
+        problem(schedule_[i].location, name, "both until_step and until_fraction", "one of them");
+      } else if (!last && !given_until) {
+        complete = false;
+        problem(schedule_[i].location, name, "no end", "until_step (the phase's last step) or until_fraction (of training.steps)");
+      }
+      phases.push_back(phase);
+    }
+    if (!complete) return;
+    if (usable({"training.steps"})) {
+      int64_t previous = 0;
+      for (size_t i = 0; i + 1 < phases.size(); ++i) {
+        const int64_t end = phase_last_step(phases[i], c.training.steps);
+        const std::string name = phase_name(i);
+        const std::string at = phases[i].until_step > 0 ? std::to_string(end)
+                                                        : std::to_string(end) + " (floor of " + format_double(phases[i].until_fraction) +
+                                                              " x training.steps " + std::to_string(c.training.steps) + ")";
+        if (end <= previous)
+          problem(schedule_[i].location, name,
+                  "ends at step " + at + (i == 0 ? std::string(", before step 1")
+                                                 : ", not after the phase before it (step " + std::to_string(previous) + ")"),
+                  "each phase at least one step long");
+        else if (end >= c.training.steps)
+          problem(schedule_[i].location, name, "ends at step " + at + ", so the phases after it never run (training.steps is " +
+                      std::to_string(c.training.steps) + ")",
+                  "a last step below training.steps");
+        previous = std::max(previous, end);
+      }
+    }
+    if (seen_.count("precision.mode") && usable({"precision.mode"}) && c.precision.mode != phases.front().mode) {
+      problem(where({"precision.mode"}), "precision.mode",
+              c.precision.mode + ", while precision.schedule starts in " + phases.front().mode,
+              "precision.mode left out (the schedule sets it; --set precision.mode=null) or the first phase's mode, "
+              "or no schedule (--set precision.schedule=null)");
+      return;
+    }
+    c.precision.mode = phases.front().mode;
+    c.precision.schedule = std::move(phases);
+  }
+
   // Forgets `key` and everything under it: defaults again, not given, not rejected.
   void remove(const std::string& key) {
     Config defaults;
@@ -840,6 +1065,7 @@ class Loader {
                    schema_.fields[i].target);
     for (const auto& [section, flag] : schema_.presence)
       if (under(section)) *flag = false;
+    if (under(kScheduleKey)) schedule_.clear();
     for (auto it = seen_.begin(); it != seen_.end();) it = under(it->first) ? seen_.erase(it) : std::next(it);
     for (auto it = bad_.begin(); it != bad_.end();) it = under(*it) ? bad_.erase(it) : std::next(it);
   }
@@ -877,6 +1103,7 @@ class Loader {
     };
     for (const Field& f : schema_.fields) consider(f.key);
     for (const std::string& s : sections_) consider(s);
+    consider(kScheduleKey);
     if (!best.empty()) return "\"" + best + "\"";
     std::vector<std::string> same_name;
     for (const Field& f : schema_.fields)
@@ -894,6 +1121,7 @@ class Loader {
       const std::string name = rest.substr(0, rest.find('.'));
       if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
+    if (section == parent(kScheduleKey)) names.push_back(last_segment(kScheduleKey));
     return join(names, ", ");
   }
 
@@ -931,9 +1159,26 @@ class Loader {
   std::map<std::string, Location> seen_;  // keys and sections given, where last set
   std::set<std::string> bad_;             // keys and sections whose value was rejected
   std::vector<std::string> problems_;
+  std::vector<GivenPhase> schedule_;      // precision.schedule as given
 };
 
 }  // namespace
+
+int64_t phase_last_step(const PrecisionPhase& phase, int64_t steps) {
+  if (phase.until_step > 0) return phase.until_step;
+  // The epsilon keeps 0.29 x 100 (28.999999999999996 in doubles) at the step the decimals say.
+  if (phase.until_fraction > 0)
+    return static_cast<int64_t>(std::floor(phase.until_fraction * static_cast<double>(steps) + 1e-9));
+  return steps;
+}
+
+PrecisionConfig phase_precision(const PrecisionConfig& p, size_t i) {
+  PrecisionConfig one = p;
+  one.schedule.clear();
+  one.mode = p.schedule.at(i).mode;
+  one.fp8 = p.schedule.at(i).fp8;
+  return one;
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::string text;
@@ -957,6 +1202,32 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
   return config;
 }
 
+namespace {
+
+// precision.schedule, every phase with its resolved fp8 settings (the key names of precision.fp8).
+void emit_schedule(YAML::Emitter& out, const std::vector<PrecisionPhase>& phases) {
+  out << YAML::Key << last_segment(kScheduleKey) << YAML::Value
+      << YAML::Comment("precision phases: mode and fp8 settings until a step") << YAML::BeginSeq;
+  for (const PrecisionPhase& phase : phases) {
+    out << YAML::BeginMap;
+    if (phase.until_step > 0) out << YAML::Key << "until_step" << YAML::Value << phase.until_step;
+    if (phase.until_fraction > 0) out << YAML::Key << "until_fraction" << YAML::Value << format_double(phase.until_fraction);
+    out << YAML::Key << "mode" << YAML::Value << phase.mode;
+    Config scratch;
+    scratch.precision.fp8 = phase.fp8;
+    out << YAML::Key << "fp8" << YAML::Value << YAML::BeginMap;
+    for (const Field& f : make_schema(scratch).fields) {
+      if (f.key.rfind("precision.fp8.", 0) != 0) continue;
+      out << YAML::Key << last_segment(f.key) << YAML::Value;
+      std::visit([&](auto* member) { out << *member; }, f.target);
+    }
+    out << YAML::EndMap << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+}  // namespace
+
 std::string config_to_yaml(const Config& config) {
   Config copy = config;  // the schema binds mutable members
   const Schema schema = make_schema(copy);
@@ -965,6 +1236,9 @@ std::string config_to_yaml(const Config& config) {
   out << YAML::Comment("ptrain run config, resolved: every key, defaults filled in");
   out << YAML::BeginMap;
   std::vector<std::string> open;  // sections currently open, outermost first
+  std::string last_precision_key;  // the schedule follows the precision section's keys
+  for (const Field& f : schema.fields)
+    if (f.key.rfind(parent(kScheduleKey) + ".", 0) == 0) last_precision_key = f.key;
   for (const Field& f : schema.fields) {
     const std::string section = parent(f.key);
     bool absent = false;
@@ -1000,6 +1274,10 @@ std::string config_to_yaml(const Config& config) {
         },
         f.target);
     out << YAML::Comment(f.help);
+    if (f.key == last_precision_key && !copy.precision.schedule.empty()) {
+      for (; open.size() > 1; open.pop_back()) out << YAML::EndMap;  // back to the precision map
+      emit_schedule(out, copy.precision.schedule);
+    }
   }
   for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
   out << YAML::EndMap;

@@ -78,11 +78,12 @@ struct DataConfig {
 
 // training.guard (train/guard.h): what a non-finite or spiking loss makes the run do.
 struct GuardConfig {
-  std::string action = "stop";  // stop | skip
+  std::string action = "stop";  // stop | skip | rollback
   double spike_zscore = 0;      // 0 = spikes not watched (non-finite losses always are)
   int window = 50;              // accepted losses the z-score is measured against
   int spike_steps = 3;          // consecutive spiking steps before the guard acts
   int max_skips = 10;           // skip: this many skipped updates in a row stop the run
+  int64_t fallback_steps = 0;   // rollback: steps trained in bf16 after it; 0 = the rest of the run
 };
 
 struct TrainingConfig {
@@ -138,12 +139,29 @@ struct LossScalingConfig {
   double min_scale = 1.0;
 };
 
+// One phase of precision.schedule: its mode and FP8 settings (precision.fp8 with the phase's own
+// fp8 keys over it) until the end of step until_step, or of step floor(until_fraction *
+// training.steps); the last phase has neither and runs to the end.
+struct PrecisionPhase {
+  int64_t until_step = 0;     // 0: not given
+  double until_fraction = 0;  // 0: not given
+  std::string mode;           // bf16 | fp8: the modes that store every tensor alike
+  Fp8Config fp8;
+};
+
 struct PrecisionConfig {
-  std::string mode = "fp32";  // fp32 | bf16 | fp16 | fp8
+  std::string mode = "fp32";  // fp32 | bf16 | fp16 | fp8; with a schedule, its first phase's
   bool tf32 = false;
   Fp8Config fp8;
   LossScalingConfig loss_scaling;
+  std::vector<PrecisionPhase> schedule;  // empty: `mode` for the whole run
 };
+
+// The last step of `phase` in a run of `steps` steps (the last phase: `steps`).
+int64_t phase_last_step(const PrecisionPhase& phase, int64_t steps);
+// The precision of phase i of p.schedule as a config of its own (no schedule): the phase's mode
+// and fp8 settings with p's tf32 and loss scaling.
+PrecisionConfig phase_precision(const PrecisionConfig& p, size_t i);
 
 struct CheckpointConfig {
   int64_t every = 0;

@@ -117,7 +117,7 @@ static RunRecord read_run_files(const std::string& dir) {
   r.dir = dir;
   if (!fs::exists(path / "config.yaml")) throw UserError("run \"" + dir + "\": no config.yaml (not a ptrain run directory?)");
   const Config config = load_config((path / "config.yaml").string());
-  r.mode = PrecisionPolicy::from_config(config.precision).label();
+  r.mode = PrecisionSchedule::from_config(config.precision, config.training.steps).label();
   r.config = comparable_keys(config);
   r.batch_tokens = config.training.batch_tokens;
 

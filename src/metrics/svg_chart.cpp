@@ -126,14 +126,32 @@ void draw_axes(std::string& s, const Frame& f, const std::string& x_title, const
   s += text(20, mid, y_title, "axis-title", "middle", " transform=\"rotate(-90 20 " + coord(mid) + ")\"");
 }
 
+namespace {
+// The legend column holds about 14 characters at the chart's 12 px font; a longer label (a
+// precision schedule such as "fp8:current>bf16@450") goes on one line per phase, broken after
+// each '>'.
+std::vector<std::string> legend_lines(const std::string& label) {
+  constexpr size_t kLegendChars = 14;
+  if (label.size() <= kLegendChars) return {label};
+  std::vector<std::string> lines(1);
+  for (const char ch : label) {
+    lines.back() += ch;
+    if (ch == '>') lines.emplace_back();
+  }
+  if (lines.back().empty()) lines.pop_back();
+  return lines;
+}
+}  // namespace
+
 void draw_legend(std::string& s, const std::vector<LegendEntry>& entries) {
   s += "<g class=\"legend\">\n";
   double y = kPlotTop + 8;
   for (const LegendEntry& e : entries) {
     s += line(kLegendX, y, kLegendX + 22, y, "legend-swatch", e.color,
               std::string(" stroke-width=\"3\"") + (e.dashed ? " stroke-dasharray=\"6 4\"" : ""));
-    s += text(kLegendX + 28, y + 4, e.label, "legend-label", "start");
-    y += 20;
+    const std::vector<std::string> lines = legend_lines(e.label);
+    for (size_t i = 0; i < lines.size(); ++i) s += text(kLegendX + 28, y + 4 + 14 * i, lines[i], "legend-label", "start");
+    y += 20 + 14 * (lines.size() - 1);
   }
   s += "</g>\n";
 }

@@ -150,7 +150,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
       specs_(gpt_param_specs(shape)),
       attention_(attention),
       fused_gelu_(fused_gelu),
-      recompute_(recompute) {
+      recompute_(recompute),
+      formats_{policy.weights, policy.activations, policy.grads} {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = gpt_num_params(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
@@ -192,23 +193,38 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
 
   for (int l = 0; l < shape.n_layer; ++l) block_names_.push_back("block " + std::to_string(l));
 
+  make_fp8_linears(policy);
+}
+
+void Gpt::make_fp8_linears(const PrecisionPolicy& policy) {
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
-  const int64_t rows = int64_t{B} * T;
-  const auto linear_shapes = gpt_block_linear_shapes(shape);
+  fp8_.clear();
+  if (!policy.fp8.enabled) return;
+  const int64_t rows = int64_t{B_} * T_;
+  const auto linear_shapes = gpt_block_linear_shapes(shape_);
   const std::array<const char*, kLinearsPerBlock> linear_names =
-      shape.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
-                                : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
-  if (policy.fp8.enabled) {
-    for (int l = 0; l < shape.n_layer; ++l)
-      for (int k = 0; k < kLinearsPerBlock; ++k)
-        fp8_.push_back(policy.fp8_block(l, shape.n_layer)
-                           ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
-                                                         backend, rows, linear_shapes[k][0], linear_shapes[k][1])
-                           : nullptr);
-    fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
-                                           : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend, rows,
-                                                                         shape.n_embd, shape.padded_vocab));
-  }
+      shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
+                                 : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
+  for (int l = 0; l < shape_.n_layer; ++l)
+    for (int k = 0; k < kLinearsPerBlock; ++k)
+      fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
+                         ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
+                                                       backend_, rows, linear_shapes[k][0], linear_shapes[k][1])
+                         : nullptr);
+  fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
+                                         : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
+                                                                       shape_.n_embd, shape_.padded_vocab));
+}
+
+std::string Gpt::switch_fp8(const PrecisionPolicy& policy) {
+  PTRAIN_CHECK((std::array<Format, 3>{policy.weights, policy.activations, policy.grads}) == formats_,
+               "a precision switch keeps the formats of weights, activations and gradients");
+  // The recordings replay the old layers' casts, and cached keys came from the old GEMMs.
+  recordings_.clear();
+  decoded_ = 0;
+  make_fp8_linears(policy);
+  // The new layers may be recordable where the old were not, or the reverse.
+  return recording_asked_ && recording_failure_.empty() ? record_micro_batches() : std::string();
 }
 
 Gpt::~Gpt() {
@@ -389,6 +405,7 @@ void Gpt::forward_and_backward(float dloss, const std::function<void(int block)>
 }
 
 std::string Gpt::record_micro_batches() {
+  recording_asked_ = true;
   std::string why = backend_.cannot_record();
   for (const auto& f : fp8_)
     if (why.empty() && f) why = f->unrecordable();

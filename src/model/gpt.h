@@ -145,6 +145,12 @@ class Gpt {
   void zero_grad();
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
+  // A precision schedule's switch: the FP8 linears of the old policy, their casts and scaling
+  // state, are dropped, and `policy`'s made afresh (none without FP8). The policy must store
+  // weights, activations and gradients as the model's did (bf16 <-> fp8): every other buffer
+  // stays as it is. Recordings are dropped; returns why micro-batches now run as called when
+  // recording was asked for, else "".
+  std::string switch_fp8(const PrecisionPolicy& policy);
   // The FP8-cast tensors (empty unless the policy runs FP8 GEMMs).
   std::vector<Fp8TensorState*> fp8_tensors();
   // For the run log: how many FP8 linears run native FP8 GEMMs, and why the others emulate;
@@ -220,6 +226,7 @@ class Gpt {
   };
   HostProgress host_progress(float dloss) const;
   void restore(const HostProgress& progress);
+  void make_fp8_linears(const PrecisionPolicy& policy);  // fp8_ for the policy
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
   void queue_fp8_settle();  // every FP8 layer's statistics on their way, for one wait
@@ -240,6 +247,7 @@ class Gpt {
   AttentionPath attention_;
   bool fused_gelu_;
   Recompute recompute_;
+  std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
   GptActivations a_;
   Tensor rope_table_;  // llama: (T, head_size/2, 2) FP32 cos and sin
@@ -256,6 +264,7 @@ class Gpt {
   };
   void replay(Recording& recording);
   bool recording_on_ = false;
+  bool recording_asked_ = false;  // record_micro_batches() was called
   std::string recording_failure_;
   std::vector<Recording> recordings_;
   int64_t replays_ = 0;

@@ -14,10 +14,14 @@ std::string number(const char* format, double v) {
 }  // namespace
 
 DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
-  const Verdict act = config_.action == "skip" ? Verdict::skip : Verdict::stop;
+  const Verdict act = config_.action == "skip"       ? Verdict::skip
+                      : config_.action == "rollback" ? Verdict::rollback
+                                                     : Verdict::stop;
   if (!std::isfinite(loss)) {
+    // A non-finite loss after spiking steps belongs to the same divergence.
+    const int bad = spike_run_ + 1;
     spike_run_ = 0;
-    return {act, "the loss is " + number("%g", loss)};
+    return {act, "the loss is " + number("%g", loss), bad};
   }
   if (config_.spike_zscore > 0 && static_cast<int>(window_.size()) == config_.window) {
     double mean = 0, var = 0;
@@ -31,7 +35,8 @@ DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
         return {act, "loss " + number("%.6g", loss) + " is " + number("%.3g", z) +
                          " standard deviations above the mean of the last " + std::to_string(config_.window) +
                          " steps (" + number("%.6g", mean) + "), for " + std::to_string(spike_run_) +
-                         " steps in a row (training.guard.spike_zscore " + number("%g", config_.spike_zscore) + ")"};
+                         (spike_run_ == 1 ? " step" : " steps in a row") + " (training.guard.spike_zscore " + number("%g", config_.spike_zscore) + ")",
+                spike_run_};
       return {};
     }
   }
@@ -48,6 +53,7 @@ void DivergenceGuard::restore(const State& s) {
   spike_run_ = s.spike_run;
   skipped_ = s.skipped;
   consecutive_skips_ = s.consecutive_skips;
+  rollback_ = s.rollback;
 }
 
 }  // namespace ptrain

@@ -11,7 +11,8 @@ static Fp8Recipe recipe_from(const std::string& name) {
   return Fp8Recipe::delayed;
 }
 
-PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& config) {
+PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
+  const PrecisionConfig config = scheduled.schedule.empty() ? scheduled : phase_precision(scheduled, 0);
   PrecisionPolicy p;
   p.mode = config.mode;
   const Format low = config.mode == "fp16" ? Format::fp16 : config.mode == "fp32" ? Format::fp32 : Format::bf16;
@@ -38,6 +39,44 @@ std::string PrecisionPolicy::label() const {
   if (!fp8.enabled) return mode;
   const char* recipe = fp8.recipe == Fp8Recipe::delayed ? "delayed" : fp8.recipe == Fp8Recipe::current ? "current" : "block";
   return mode + ":" + recipe;
+}
+
+PrecisionSchedule PrecisionSchedule::from_config(const PrecisionConfig& config, int64_t steps) {
+  PrecisionSchedule s;
+  if (config.schedule.empty()) {
+    s.phases.push_back({PrecisionPolicy::from_config(config), steps});
+    return s;
+  }
+  for (size_t i = 0; i < config.schedule.size(); ++i)
+    s.phases.push_back({PrecisionPolicy::from_config(phase_precision(config, i)),
+                        i + 1 == config.schedule.size() ? steps : phase_last_step(config.schedule[i], steps)});
+  return s;
+}
+
+size_t PrecisionSchedule::phase_at(int64_t step) const {
+  for (size_t i = 0; i + 1 < phases.size(); ++i)
+    if (step <= phases[i].last_step) return i;
+  return phases.size() - 1;
+}
+
+std::string PrecisionSchedule::label() const {
+  std::string modes, ends;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    modes += (i ? ">" : "") + phases[i].policy.label();
+    if (i + 1 < phases.size()) ends += (i ? "," : "") + std::to_string(phases[i].last_step);
+  }
+  return ends.empty() ? modes : modes + "@" + ends;
+}
+
+std::string PrecisionSchedule::describe() const {
+  std::string text;
+  int64_t first = 1;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    text += (i ? ", then " : "") + phases[i].policy.label() + " for steps " + std::to_string(first) + "-" +
+            std::to_string(phases[i].last_step);
+    first = phases[i].last_step + 1;
+  }
+  return text;
 }
 
 }  // namespace ptrain

@@ -10,7 +10,9 @@
 // Layernorm statistics, softmax/cross-entropy, reductions, accumulation and AdamW state stay FP32.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "precision/formats.h"
@@ -47,6 +49,7 @@ struct PrecisionPolicy {
     return off;
   }();
 
+  // With precision.schedule, the first phase's policy (PrecisionSchedule has them all).
   static PrecisionPolicy from_config(const PrecisionConfig& config);
 
   // FP32 master weights are kept apart from the weights the GEMMs read.
@@ -57,6 +60,26 @@ struct PrecisionPolicy {
   }
   // "fp8:delayed", "bf16", ... for logs.
   std::string label() const;
+};
+
+// precision.schedule resolved against training.steps: phase i runs steps (last_step of phase
+// i - 1, last_step of phase i] under its policy. Without a schedule, one phase: the mode.
+struct PrecisionSchedule {
+  struct Phase {
+    PrecisionPolicy policy;
+    int64_t last_step;
+  };
+  std::vector<Phase> phases;
+
+  static PrecisionSchedule from_config(const PrecisionConfig& config, int64_t steps);
+  // The phase that trains step `step` (1-based; past the end: the last).
+  size_t phase_at(int64_t step) const;
+  bool scheduled() const { return phases.size() > 1; }
+  // For logs, reports and run names: the one policy's label, or the phases' labels joined by
+  // ">" and the steps they end after, e.g. "fp8:current>bf16@450".
+  std::string label() const;
+  // "fp8:current for steps 1-450, then bf16 for steps 451-500".
+  std::string describe() const;
 };
 
 }  // namespace ptrain

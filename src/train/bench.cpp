@@ -45,7 +45,7 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
   const TrainResult result = train(config, TrainOptions{});
   const StepRate r = step_rate(result);
   std::printf("\nbenchmark: %s, %s, %s, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
-              PrecisionPolicy::from_config(config.precision).label().c_str(), result.device.c_str(),
+              PrecisionSchedule::from_config(config.precision, config.training.steps).label().c_str(), result.device.c_str(),
               result.step_seconds.size(), r.steps);
   std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
@@ -91,7 +91,7 @@ void benchmark(const Config& config, bool profile) {
   const GemmRate gemm = before.merged(measure_sgemm_rate(4096, 5));
   const double ceiling = gemm.median_flops();
   std::printf("\nbenchmark: %s, %s, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
-              PrecisionPolicy::from_config(config.precision).label().c_str(), gemm.threads,
+              PrecisionSchedule::from_config(config.precision, config.training.steps).label().c_str(), gemm.threads,
               result.step_seconds.size(), r.steps);
   std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);

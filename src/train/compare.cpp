@@ -1,6 +1,7 @@
 #include "train/compare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 
@@ -18,16 +19,58 @@ namespace fs = std::filesystem;
 
 namespace ptrain {
 
-Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options) {
-  // The mode as --set overrides on the resolved config, validated as any config is: the mode's
-  // own checks (fp8 shapes, block sizes, ...) apply, and an unknown mode is named by the parser.
+namespace {
+
+// The named precision schedules `--modes schedule:NAME` gives, as precision.schedule's YAML.
+const std::vector<std::pair<std::string, std::string>> kSchedulePresets = {
+    // FP8 for the bulk of training, BF16 for the cool-down (where the LR is small and FP8's
+    // rounding is largest next to the updates).
+    {"fp8-then-bf16", "[{until_fraction: 0.9, mode: fp8, fp8: {recipe: current}}, {mode: bf16}]"},
+    // BF16 while the early loss falls fastest and activations change most, then FP8.
+    {"bf16-then-fp8", "[{until_fraction: 0.1, mode: bf16}, {mode: fp8, fp8: {recipe: current}}]"},
+};
+
+std::string preset_names() {
+  std::string names;
+  for (const auto& [name, yaml] : kSchedulePresets) names += (names.empty() ? "schedule:" : ", schedule:") + name;
+  return names;
+}
+
+// The overrides that put `base` in `mode`.
+std::vector<std::string> mode_overrides(const Config& base, const std::string& mode) {
   const size_t colon = mode.find(':');
-  std::vector<std::string> overrides = {"precision.mode=" + mode.substr(0, colon)};
+  const std::string name = mode.substr(0, colon);
+  if (name == "schedule") {
+    // precision.mode follows the schedule's first phase.
+    if (colon == std::string::npos) {
+      if (base.precision.schedule.empty())
+        throw UserError("--modes: \"schedule\": the config has no precision.schedule; expected one, or a named "
+                        "schedule: " + preset_names());
+      return {};
+    }
+    for (const auto& [preset, yaml] : kSchedulePresets)
+      if (mode.substr(colon + 1) == preset) return {"precision.mode=null", "precision.schedule=" + yaml};
+    throw UserError("--modes: \"" + mode + "\" is not a named schedule; expected schedule (the config's own) or one of " +
+                    preset_names());
+  }
+  std::vector<std::string> overrides = {"precision.schedule=null", "precision.mode=" + name};
   if (colon != std::string::npos) {
-    if (mode.substr(0, colon) != "fp8")
+    if (name != "fp8")
       throw UserError("--modes: \"" + mode + "\": a recipe goes with fp8 only (fp8:delayed, fp8:current, fp8:block)");
     overrides.push_back("precision.fp8.recipe=" + mode.substr(colon + 1));
   }
+  return overrides;
+}
+
+std::string mode_label(const Config& c) { return PrecisionSchedule::from_config(c.precision, c.training.steps).label(); }
+
+}  // namespace
+
+Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options) {
+  // The mode as --set overrides on the resolved config, validated as any config is: the mode's
+  // own checks (fp8 shapes, block sizes, the schedule's steps) apply, and an unknown mode is
+  // named by the parser.
+  std::vector<std::string> overrides = mode_overrides(base, mode);
   if (options.steps > 0) overrides.push_back("training.steps=" + std::to_string(options.steps));
   Config c;
   try {
@@ -35,8 +78,9 @@ Config config_for_mode(const Config& base, const std::string& mode, const Compar
   } catch (const UserError& e) {
     throw UserError("--modes: mode \"" + mode + "\" cannot run this config: " + e.what());
   }
-  std::string tag = PrecisionPolicy::from_config(c.precision).label();
-  std::replace(tag.begin(), tag.end(), ':', '-');
+  std::string tag = mode_label(c);  // "fp8:current>bf16@450" -> "fp8-current-bf16-450"
+  for (char& ch : tag)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_') ch = '-';
   c.run.name = base.run.name + "-" + tag;
   c.run.out_dir = (fs::path(options.out_dir) / "runs").string();
   c.run.overwrite = true;  // the compare directory's own runs: an unfinished or stale one is redone
@@ -114,14 +158,14 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
   std::vector<std::string> labels;
   for (const std::string& mode : options.modes) {
     configs.push_back(config_for_mode(base, mode, options));
-    const std::string label = PrecisionPolicy::from_config(configs.back().precision).label();
+    const std::string label = mode_label(configs.back());
     if (std::find(labels.begin(), labels.end(), label) != labels.end())
       throw UserError("--modes: \"" + mode + "\" is " + label + ", which is already among the modes; expected each mode once");
     labels.push_back(label);
   }
   CompareOptions resolved = options;
   if (!options.reference.empty()) {
-    resolved.reference = PrecisionPolicy::from_config(config_for_mode(base, options.reference, options).precision).label();
+    resolved.reference = mode_label(config_for_mode(base, options.reference, options));
     if (std::find(labels.begin(), labels.end(), resolved.reference) == labels.end())
       throw UserError("--reference: \"" + options.reference + "\" is not among --modes; expected one of them");
   }
@@ -138,12 +182,12 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
     if (finished_run_of(c)) {
       log.info("compare: reusing the finished run " + dir);
     } else {
-      log.info("compare: training " + dir + " (" + PrecisionPolicy::from_config(c.precision).label() + ")");
+      log.info("compare: training " + dir + " (" + mode_label(c) + ")");
       TrainResult result;
       try {
         result = train(c, TrainOptions{});
       } catch (const DivergedError& e) {
-        throw DivergedError("compare: mode " + PrecisionPolicy::from_config(c.precision).label() + " diverged, so no "
+        throw DivergedError("compare: mode " + mode_label(c) + " diverged, so no "
                             "report was written (the finished runs stay in " + c.run.out_dir +
                             " and are reused): " + e.what());
       }

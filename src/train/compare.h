@@ -12,7 +12,7 @@
 namespace ptrain {
 
 struct CompareOptions {
-  std::vector<std::string> modes;  // fp32, bf16, fp16, fp8 (the config's recipe) or fp8:RECIPE
+  std::vector<std::string> modes;  // fp32, bf16, fp16, fp8 (the config's recipe), fp8:RECIPE, schedule, schedule:PRESET
   int64_t steps = 0;               // > 0: overrides training.steps
   std::string out_dir;             // the report's directory; the runs go to <out_dir>/runs
   std::string reference;           // empty: the first mode
@@ -21,7 +21,7 @@ struct CompareOptions {
   bool int8_eval = false;  // also each run's final checkpoint with INT8 weights (eval --weights int8)
 };
 
-// The run config of `base` in `mode`: precision.mode (and fp8 recipe) set, run.name suffixed
+// The run config of `base` in `mode`: precision.mode (and fp8 recipe) or precision.schedule set, run.name suffixed
 // with the mode, runs kept under <out_dir>/runs. Throws UserError for an unknown mode.
 Config config_for_mode(const Config& base, const std::string& mode, const CompareOptions& options);
 

@@ -69,7 +69,9 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
                                              recompute_from(config.training.recompute))) +
                   (s.arch == Arch::llama ? block(gpt_rope_table_bytes(s, T)) : 0);
-  p.fp8 = fp8_bytes(s, policy, int64_t{B} * T);
+  // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
+  for (const auto& phase : PrecisionSchedule::from_config(config.precision, config.training.steps).phases)
+    p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T));
   // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
   // master weights, which replace the full master block before the first step.
   const bool sharded = config.distributed.zero_stage == 1 && world_size > 1;

@@ -1,5 +1,6 @@
 #include "train/run_plan.h"
 
+#include <algorithm>
 #include <omp.h>
 #include <unistd.h>
 
@@ -319,6 +320,15 @@ std::string MemoryPlan::describe() const {
          (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
 }
 
+// A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
+// phase has, so that every phase fits where the first did.
+static int64_t widest_fp8_buffer_bytes(const GptShape& s, const Config& config, int B, int T) {
+  int64_t widest = 0;
+  for (const auto& phase : PrecisionSchedule::from_config(config.precision, config.training.steps).phases)
+    widest = std::max(widest, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
+  return widest;
+}
+
 MemoryPlan plan_memory(const Config& config) {
   const GptShape s = GptShape::of(config.model);
   const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
@@ -331,7 +341,7 @@ MemoryPlan plan_memory(const Config& config) {
           2 * n,
           gpt_activation_bytes(s, B, T, sizeof(float), recompute_from(config.training.recompute)) +
               gpt_rope_table_bytes(s, T),
-          gpt_fp8_buffer_bytes(s, policy, B, T)};
+          widest_fp8_buffer_bytes(s, config, B, T)};
 }
 
 RunPlan plan_run(const Config& config) {
@@ -386,7 +396,8 @@ std::string describe_plan(const RunPlan& plan) {
   line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
-  line("precision: " + policy.label() + " (weights " + format_name(policy.weights) + ", activations " +
+  const PrecisionSchedule phases = PrecisionSchedule::from_config(c.precision, c.training.steps);
+  line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " + format_name(policy.weights) + ", activations " +
        format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
        policy.loss_scaling.mode + ")");
   line("memory estimate: " + plan_memory(c).describe() + " (micro-batch " + std::to_string(B) + " x " +

@@ -98,7 +98,9 @@ class Trainer {
       : cfg_(config),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
-        policy_(PrecisionPolicy::from_config(config.precision)),
+        phases_(PrecisionSchedule::from_config(config.precision, config.training.steps)),
+        fallback_(bf16_fallback(config.precision)),
+        policy_(phases_.phases.front().policy),
         comm_(std::move(comm)),
         log_(comm_->is_main() ? RunLog(run_dir.string()) : RunLog::silent()),
         shape_(GptShape::of(config.model)),
@@ -160,6 +162,11 @@ class Trainer {
     }
     int64_t first_step = 1;
     if (resume_from) {
+      // The run goes on in the precision of the step after the checkpoint's (a rollback's bf16
+      // fallback included).
+      const int64_t next = resume_from->state.step + 1;
+      guard_.set_rollback(resume_from->state.guard.rollback);
+      if (next <= cfg_.training.steps && slot_at(next) != phase_) enter_phase(slot_at(next), next);
       first_step = resume(*resume_from) + 1;
       resume_from.reset();
     }
@@ -180,6 +187,7 @@ class Trainer {
     int64_t timed_steps = 0;
     for (int64_t step = first_step; step <= steps; ++step) {
       NvtxRange step_range("step");
+      if (slot_at(step) != phase_) enter_phase(slot_at(step), step);
       const auto t0 = Clock::now();
       if (options_.profile) options_.profile->begin_step();
       const double lr = schedule_.at(step - 1);
@@ -240,6 +248,8 @@ class Trainer {
                                 "training.loss_weight) make the model's output non-finite; nothing was trained");
       if (finding.verdict == DivergenceGuard::Verdict::stop) stop_diverged(step, finding.why);
       const bool guard_skip = finding.verdict == DivergenceGuard::Verdict::skip;
+      // A rollback's step is not applied either: the checkpoint it goes back to replaces it.
+      const bool rolling_back = finding.verdict == DivergenceGuard::Verdict::rollback;
       // The squares are summed in double, where no float gradient overflows: the norm is finite
       // exactly when every gradient is, so one pass serves clipping and overflow detection.
       double norm;
@@ -262,7 +272,7 @@ class Trainer {
           if (guard_.consecutive_skips() >= cfg_.training.guard.max_skips)
             stop_diverged(step, finding.why + ", and " + std::to_string(guard_.consecutive_skips()) +
                                     " updates in a row were skipped (training.guard.max_skips)");
-        } else if (!overflow) {
+        } else if (!overflow && !rolling_back) {
           optimizer_.step(lr, norm, loss_scale);
         }
         model_.end_step();
@@ -270,12 +280,17 @@ class Trainer {
       const double seconds = seconds_since(t0);
       if (options_.profile) options_.profile->end_step(seconds);
       train_seconds += seconds;
+      if (peaks_) mix_peak_seconds_ += seconds * peaks_->mix;
       result_.step_seconds.push_back(seconds);
       if (step > 1 || steps == 1) {  // the first step warms caches and thread pools
         timed_seconds += seconds;
         ++timed_steps;
       }
       log_step(step, loss, norm, lr, loss_scale, seconds, timed_steps ? timed_seconds / timed_steps : seconds);
+      if (rolling_back) {
+        step = roll_back(step, finding);  // the loop goes on after the checkpoint's step
+        continue;
+      }
       if (step % cfg_.logging.numerics_every == 0 || step == steps) log_numerics(step);
       if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
       if (cfg_.logging.sample_every > 0 && step % cfg_.logging.sample_every == 0) print_sample(step);
@@ -314,7 +329,115 @@ class Trainer {
                         (!result_.last_checkpoint.empty() ? result_.last_checkpoint
                          : !resumed_from_.empty()         ? resumed_from_ + " (resumed from)"
                                                           : std::string("none of this run")) +
-                        " (training.guard.action: skip skips such steps instead)");
+                        (cfg_.training.guard.action == "stop" ? " (training.guard.action: skip skips such steps instead)"
+                                                              : ""));
+  }
+
+  // training.guard.action rollback at `step`: reloads the newest checkpoint from before the
+  // divergence's first bad step, sets aside the checkpoints after it, and trains on from there in
+  // bf16 (for training.guard.fallback_steps steps, or to the end). The data after the checkpoint
+  // is replayed: the sampler is a function of the step. Returns the checkpoint's step.
+  int64_t roll_back(int64_t step, const DivergenceGuard::Finding& finding) {
+    const int64_t first_bad = step - finding.bad_steps + 1;
+    std::optional<LoadedCheckpoint> ckpt = find_latest_checkpoint(
+        checkpoint_dir_.string(), [&](const std::string& m) { log_.warn(m); }, first_bad);
+    if (!ckpt)
+      stop_diverged(step, finding.why + "; no checkpoint from before step " + std::to_string(first_bad) +
+                              " to roll back to (checkpoint.every, checkpoint.keep_last)");
+    const int64_t to = ckpt->state.step;
+    const DivergenceGuard::Rollback before = guard_.rollback();
+    if (before.to_step == to)
+      stop_diverged(step, finding.why + ", again after rolling back to " + ckpt->path +
+                              ": the bf16 fallback did not prevent it");
+    const int64_t fallback_steps = cfg_.training.guard.fallback_steps;
+    const DivergenceGuard::Rollback now{to, fallback_steps > 0 ? to + fallback_steps : -1, before.count + 1};
+    const std::string until =
+        now.fallback_last < 0 || now.fallback_last >= cfg_.training.steps ? "to the end of the run" : "to step " + std::to_string(now.fallback_last) + ", then " +
+                                                              policy_of(phases_.phase_at(now.fallback_last + 1)).label() +
+                                                              " again";
+    log_.metrics({{"step", step},
+                  {"guard", "rollback"},
+                  {"reason", finding.why},
+                  {"to_step", to},
+                  {"checkpoint", ckpt->path},
+                  {"fallback", fallback_.label()},
+                  {"fallback_last", now.fallback_last < 0 ? nlohmann::json() : nlohmann::json(now.fallback_last)}});
+    log_.warn("guard: step " + std::to_string(step) + ": " + finding.why + "; rolled back to " + ckpt->path +
+              " (step " + std::to_string(to) + "): bf16 from step " + std::to_string(to + 1) + " " + until +
+              "; the steps after the checkpoint train on the same data again (training.guard.action: rollback)");
+    comm_->barrier();  // every rank has read the checkpoint before rank 0 moves the later ones
+    if (comm_->is_main())
+      for (const std::string& p : set_aside_checkpoints(checkpoints_after(checkpoint_dir_.string(), to)))
+        log_.warn("set aside " + p + ": it came after the checkpoint the guard rolled back to");
+    comm_->barrier();
+    guard_.set_rollback(now);
+    if (slot_at(to + 1) != phase_) enter_phase(slot_at(to + 1), to + 1);
+    resume(*ckpt, &now);
+    result_.last_checkpoint = ckpt->path;
+    return to;
+  }
+
+  // Where each step's precision comes from: its precision.schedule phase (0 .. n-1), or slot n,
+  // the bf16 fallback after a rollback.
+  size_t slot_at(int64_t step) const {
+    return guard_.rollback().in_fallback(step) ? phases_.phases.size() : phases_.phase_at(step);
+  }
+  const PrecisionPolicy& policy_of(size_t slot) const {
+    return slot == phases_.phases.size() ? fallback_ : phases_.phases[slot].policy;
+  }
+  // training.guard.action rollback's precision: bf16 with the run's other precision settings.
+  static PrecisionPolicy bf16_fallback(const PrecisionConfig& p) {
+    PrecisionConfig bf16 = p;
+    bf16.mode = "bf16";
+    bf16.schedule.clear();
+    return PrecisionPolicy::from_config(bf16);
+  }
+
+  // precision.schedule: from `step` on, phase `phase` trains (or the guard's bf16 fallback, slot
+  // n). The old phase's FP8 linears and their scaling state go, the new phase's (if any) start
+  // fresh, and the loss scaler restarts; every other buffer stays (a schedule's modes store
+  // tensors alike). At a phase's first step this is the switch, said in the log and metrics;
+  // later (a resume) it only sets the phase up.
+  void enter_phase(size_t phase, int64_t step) {
+    const std::string from = policy_.label();
+    phase_ = phase;
+    policy_ = policy_of(phase);
+    const std::string unrecorded = model_.switch_fp8(policy_);
+    restart_scaler(scaler_.skipped_steps());
+    const std::string fp8_gemms = model_.fp8_gemm_summary();
+    const std::string mix_peak = gpu_peaks_ ? update_mix_peak() : std::string();
+    const std::string of = " of " + std::to_string(phases_.phases.size());
+    const DivergenceGuard::Rollback& rollback = guard_.rollback();
+    if (phase == phases_.phases.size()) {
+      if (step != rollback.to_step + 1)
+        log_.info("precision: resuming at step " + std::to_string(step) + " in the guard's bf16 fallback");
+    } else if (rollback.fallback_last >= 0 && step == rollback.fallback_last + 1) {
+      log_.metrics({{"step", step}, {"precision_phase", {{"phase", phase + 1}, {"from", from}, {"to", policy_.label()}}}});
+      log_.info("precision: step " + std::to_string(step) + " ends the guard's bf16 fallback: " +
+                (phases_.scheduled() ? "phase " + std::to_string(phase + 1) + of + ", " : std::string()) +
+                policy_.label() + " again (" +
+                (fp8_gemms.empty() ? "" : "FP8 layers made afresh; ") + "loss scaler restarted)");
+    } else if (phase > 0 && step == phases_.phases[phase - 1].last_step + 1) {
+      log_.metrics({{"step", step},
+                    {"precision_phase", {{"phase", phase + 1}, {"from", from}, {"to", policy_.label()}}}});
+      log_.info("precision: step " + std::to_string(step) + " starts phase " + std::to_string(phase + 1) + of + ", " +
+                from + " -> " + policy_.label() + " (" + (from.rfind("fp8", 0) == 0 ? "FP8 scaling state dropped; " : "") +
+                (fp8_gemms.empty() ? "" : "FP8 layers made afresh; ") + "loss scaler restarted)");
+    } else {
+      log_.info("precision: resuming at step " + std::to_string(step) + " in phase " + std::to_string(phase + 1) + of +
+                ", " + policy_.label());
+    }
+    if (!fp8_gemms.empty()) log_.info("fp8: " + fp8_gemms);
+    if (!mix_peak.empty()) log_.info("MFU: this phase's precision mix peaks at " + mix_peak);
+    if (!unrecorded.empty()) log_.warn("training.cuda_graph: micro-batches run as called in this phase: " + unrecorded);
+  }
+
+  // A fresh loss scaler of the current phase's settings; the count of skipped steps goes on.
+  void restart_scaler(int64_t skipped) {
+    scaler_ = LossScaler(policy_.loss_scaling);
+    LossScaler::State fresh = scaler_.state();
+    fresh.skipped = skipped;
+    scaler_.restore(fresh);
   }
 
   // Whether each block's gradient all-reduce starts during the last micro-batch's backward pass.
@@ -325,26 +448,33 @@ class Trainer {
   void warn(const std::string& message) { log_.warn(message); }
   void log_only(const std::string& message) { log_.file_only("warning: " + message); }
 
-  // Restores a checkpoint's tensors and state; returns the step it was taken after.
-  int64_t resume(const LoadedCheckpoint& ckpt) {
+  // Restores a checkpoint's tensors and state; returns the step it was taken after. A rollback
+  // (`rolling_back`) keeps the guard's memory of it, and says so itself.
+  int64_t resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rollback* rolling_back = nullptr) {
     const CheckpointState& st = ckpt.state;
     restore_tensors(ckpt, model_, optimizer_);
-    resumed_from_ = ckpt.path;
+    if (!rolling_back) resumed_from_ = ckpt.path;
     guard_.restore(st.guard);
-    if (st.scaler_mode == policy_.loss_scaling.mode)
+    if (rolling_back) guard_.set_rollback(*rolling_back);
+    // A checkpoint of a phase's last step: the next phase starts its loss scaler and FP8 state
+    // afresh, as the uninterrupted run did at the boundary.
+    const bool boundary = slot_at(st.step) != slot_at(st.step + 1);
+    if (boundary)
+      restart_scaler(st.scaler.skipped);
+    else if (st.scaler_mode == policy_.loss_scaling.mode)
       scaler_.restore(st.scaler);
     else
       log_.warn("loss scaling was " + st.scaler_mode + " in the checkpoint and is " + policy_.loss_scaling.mode +
                 " now: the loss scaler starts afresh");
     int64_t restored = 0;
-    for (Fp8TensorState* t : model_.fp8_tensors())
+    for (Fp8TensorState* t : boundary ? std::vector<Fp8TensorState*>{} : model_.fp8_tensors())
       for (const Fp8ScalingState& saved : st.fp8)
         if (saved.name == t->name && saved.history.size() == t->delayed.history().size()) {
           t->delayed.restore(saved.history, saved.scale);
           ++restored;
         }
-    if (restored != static_cast<int64_t>(model_.fp8_tensors().size()) && policy_.fp8.recipe == Fp8Recipe::delayed &&
-        policy_.fp8.enabled)
+    if (!boundary && restored != static_cast<int64_t>(model_.fp8_tensors().size()) &&
+        policy_.fp8.recipe == Fp8Recipe::delayed && policy_.fp8.enabled)
       log_.warn(std::to_string(model_.fp8_tensors().size() - restored) +
                 " FP8 tensors start with fresh delayed-scaling state (not in the checkpoint, or another "
                 "precision.fp8.amax_history)");
@@ -358,11 +488,16 @@ class Trainer {
     if (st.best_val_step >= 0) {
       best_val_ = st.best_val_loss;
       best_val_step_ = st.best_val_step;
+    } else {
+      best_val_.reset();  // a rollback's: the evaluations after the checkpoint are undone
+      best_val_step_ = 0;
     }
+    if (rolling_back) return st.step;
     log_.metrics({{"resume", {{"from", ckpt.path}, {"step", st.step}, {"precision", policy_.label()},
                               {"saved_precision", st.precision}}}});
     log_.info("resumed from " + ckpt.path + " after step " + std::to_string(st.step) +
-              (st.precision != policy_.label() ? " (saved under precision " + st.precision + ", now " + policy_.label() +
+              (st.precision != policy_.label() && !(boundary && phase_ > 0 && st.precision == policy_of(phase_ - 1).label())
+                   ? " (saved under precision " + st.precision + ", now " + policy_.label() +
                                                       "; the FP32 master weights carry over)"
                                                 : std::string()));
     return st.step;
@@ -412,7 +547,7 @@ class Trainer {
   void announce() {
     const double n = static_cast<double>(model_.num_params());
     log_.info("ptrain " PTRAIN_VERSION " | run " + cfg_.run.name + " | device " + backend_->description() +
-              " | precision " + policy_.label());
+              " | precision " + (phases_.scheduled() ? phases_.describe() : policy_.label()));
     log_.info(device_choice_);
     log_.info("attention: " + attention_.reason);
     if (cfg_.training.cuda_graph) {
@@ -482,6 +617,18 @@ class Trainer {
       return;
     }
     const GemmPeaks& p = lookup.device->peaks;
+    gpu_peaks_ = p;
+    const double ranks = comm_->world_size();
+    const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
+    log_.info("MFU: " + per_token + "; against " + lookup.device->part + "'s dense BF16 peak, " + tflops(p.bf16) +
+              (ranks > 1 ? " (x " + fmt("%.0f", ranks) + " ranks in MFU)" : "") + ", and this run's precision mix's, " +
+              update_mix_peak() + "; " + lookup.device->source + ", dense");
+  }
+
+  // MFU's peaks on a GPU for the precision phase now running (its FP8 GEMMs at the FP8 peak);
+  // returns the mixed peak in words.
+  std::string update_mix_peak() {
+    const GemmPeaks& p = *gpu_peaks_;
     const double fp8_share = 6.0 * static_cast<double>(model_.native_fp8_weights()) / flops_per_token_;
     const bool fp32 = cfg_.precision.mode == "fp32";
     const double other = fp32 ? (cfg_.precision.tf32 ? p.tf32 : p.fp32) : p.bf16;
@@ -490,11 +637,8 @@ class Trainer {
     const double ranks = comm_->world_size();
     peaks_ = MfuPeaks{p.bf16 * ranks, mixed_peak(fp8_share, p.fp8, other) * ranks};
     const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
-    log_.info("MFU: " + per_token + "; against " + lookup.device->part + "'s dense BF16 peak, " + tflops(p.bf16) +
-              (ranks > 1 ? " (x " + fmt("%.0f", ranks) + " ranks in MFU)" : "") +
-              ", and this run's precision mix's, " + tflops(peaks_->mix) + " (" + fmt("%.1f", 100 * fp8_share) +
-              "% of the FLOPs in native FP8 GEMMs at " + tflops(p.fp8) + ", the rest at " + other_name + "'s " +
-              tflops(other) + "; " + lookup.device->source + ", dense)");
+    return tflops(peaks_->mix) + " (" + fmt("%.1f", 100 * fp8_share) + "% of the FLOPs in native FP8 GEMMs at " +
+           tflops(p.fp8) + ", the rest at " + other_name + "'s " + tflops(other) + ")";
   }
 
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
@@ -694,13 +838,16 @@ class Trainer {
                               {"peak_memory_mib", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                               {"peak_device_memory_mib", static_cast<double>(result_.peak_device_bytes = backend_->memory_use().peak) /
                                                              (1024.0 * 1024.0)},
-                              {"precision", policy_.label()},
+                              {"precision", phases_.label()},
                               {"skipped_steps", scaler_.skipped_steps()},
                               {"guard_skipped_steps", guard_.skipped()},
+                              {"guard_rollbacks", guard_.rollback().count},
                               {"num_params", model_.num_params()}};
     if (peaks_) {
-      summary["mfu_mix"] = flops_per_s / peaks_->mix;
-      summary["peak_mix_flops"] = peaks_->mix;
+      // A precision schedule's phases have their own mixed peaks: their mean over the time trained.
+      const double mix = phases_.scheduled() && train_seconds > 0 ? mix_peak_seconds_ / train_seconds : peaks_->mix;
+      summary["mfu_mix"] = flops_per_s / mix;
+      summary["peak_mix_flops"] = mix;
       if (peaks_->bf16) {
         summary["mfu"] = flops_per_s / *peaks_->bf16;
         summary["peak_bf16_flops"] = *peaks_->bf16;
@@ -734,7 +881,10 @@ class Trainer {
   const Config& cfg_;
   TrainOptions options_;
   fs::path checkpoint_dir_;
-  PrecisionPolicy policy_;
+  PrecisionSchedule phases_;  // precision.schedule's phases (one without a schedule)
+  PrecisionPolicy fallback_;  // training.guard.action rollback's bf16
+  size_t phase_ = 0;          // the phase (slot_at) the model and loss scaler are set up for
+  PrecisionPolicy policy_;    // that phase's
   std::unique_ptr<Communicator> comm_;
   RunLog log_;
   GptShape shape_;
@@ -752,6 +902,8 @@ class Trainer {
   std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
   double flops_per_token_ = 0;    // training FLOPs, for model FLOP/s
   std::optional<MfuPeaks> peaks_;  // absent: a GPU without a known peak
+  std::optional<GemmPeaks> gpu_peaks_;  // the GPU's, for the mixed peak of each precision phase
+  double mix_peak_seconds_ = 0;         // sum over this invocation's steps of seconds x the mixed peak
   std::unique_ptr<Backend> backend_;
   AttentionChoice attention_;  // the path model.attention gave on this backend, and why
   Gpt model_;

@@ -91,7 +91,8 @@ using Lock = std::lock_guard<std::recursive_mutex>;
 
 // PTRAIN_SIM_REPORT=DIR: at exit each process writes DIR/ops-PID.json, {name: times executed}
 // for every operation the device ran (kernels by name, copies by the memories they joined,
-// library calls, graph launches), so a test of a whole run can ask which paths executed.
+// library calls, graph launches, cudaMalloc calls), so a test of a whole run can ask which paths
+// executed.
 void State::write_report() {
   State& st = state();
   Lock lock(st.mutex);
@@ -410,6 +411,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   std::memset(p, 0xFF, std::min(bytes, kPoisonLimit));  // cudaMalloc does not clear memory
   st.device[reinterpret_cast<uintptr_t>(p)] = Allocation{bytes, false};
   st.in_use += bytes;
+  ++st.ran["cudaMalloc"];  // so a run's report says how often it went to the device for memory
   *ptr = p;
   return cudaSuccess;
 }

@@ -305,6 +305,57 @@ TEST_CASE("simulated device: a run whose NCCL fails stops on every rank with NCC
   }
 }
 
+// precision.schedule on the GPU path: 4 steps with CUDA graphs, the switch after step 2. The
+// switch drops or makes the FP8 layers inside the arena the run started with (sized for its
+// widest phase), so the run calls cudaMalloc exactly as often as the plain run of its first
+// mode; the FP8 GEMMs ran natively in the FP8 phase, and the graphs were recorded again.
+TEST_CASE("simulated device: a precision schedule switches in place, with no more cudaMalloc than the plain run",
+          "[sim]") {
+  const TempDir tmp("sim-schedule");
+  const auto run = [&](const std::string& name, const std::string& precision) {
+    const fs::path dir = tmp.dir / name, report = dir / "report";
+    fs::create_directories(report);
+    write_file(dir / "run.yaml",
+               "run: {name: r, out_dir: runs, seed: 3, device: cuda}\n"
+               "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256, attention: fallback}\n"
+               "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
+               "training: {steps: 4, batch_tokens: 512, micro_batch: 4, eval_every: 0, eval_batches: 1, "
+               "cuda_graph: true}\n"
+               "precision: " + precision + "\n"
+               "checkpoint: {save_final: false}\n");
+    const CommandResult r = run_ptrain("train run.yaml", dir, "PTRAIN_SIM_REPORT='" + report.string() + "'");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::vector<double> losses;
+    for (const auto& m : read_metrics(dir / "runs" / "r" / "metrics.jsonl"))
+      if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
+    REQUIRE(losses.size() == 4);
+    for (double loss : losses) CHECK((std::isfinite(loss) && loss > 0 && loss < 6.0));
+    const auto reports = read_reports(report);
+    REQUIRE(reports.size() == 1);
+    return std::pair{r.output, reports[0]};
+  };
+  const std::string fp8 = "{recipe: current}";
+  for (const auto& [first, then] : {std::pair{"fp8", "bf16"}, std::pair{"bf16", "fp8"}}) {
+    SECTION(std::string(first) + " then " + then) {
+      const auto plain = run("plain", std::string("{mode: ") + first + ", fp8: " + fp8 + "}");
+      const auto scheduled = run("scheduled", std::string("{schedule: [{until_step: 2, mode: ") + first + ", fp8: " + fp8 +
+                                                  "}, {mode: " + then + ", fp8: " + fp8 + "}]}");
+      const std::string from = std::string(first) == "fp8" ? "fp8:current" : "bf16";
+      const std::string to = std::string(then) == "fp8" ? "fp8:current" : "bf16";
+      CHECK(scheduled.first.find("precision: step 3 starts phase 2 of 2, " + from + " -> " + to) != std::string::npos);
+      CHECK(scheduled.first.find("fp8: 8 of 8 FP8 linear layers run native FP8 GEMMs") != std::string::npos);
+      const auto& ops = scheduled.second;
+      INFO(nlohmann::json(ops).dump());
+      CHECK(ran(ops, "cublasLtMatmul e4m3 x e4m3, tensor scales") > 0);
+      CHECK(ran(ops, "cudaGraphLaunch") > 0);
+      CHECK(scheduled.first.find("training.cuda_graph: micro-batches run as called") == std::string::npos);
+      REQUIRE(ran(plain.second, "cudaMalloc") > 0);
+      CHECK(ran(ops, "cudaMalloc") == ran(plain.second, "cudaMalloc"));
+    }
+  }
+}
+
 TEST_CASE("simulated device: short runs of ptrain_simulated cover every axis on the GPU paths, Llama blocks included", "[sim]") {
   for (const Axes& run : kRuns) {
     SECTION(run.name) { check_run(run); }
