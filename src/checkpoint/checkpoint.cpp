@@ -334,6 +334,12 @@ std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step)
   return later;
 }
 
+std::string checkpoint_name(int64_t step) { return step_dir_name(step); }
+
+void point_latest_at(const std::string& dir, int64_t step) {
+  write_file_atomic((fs::path(dir) / kLatestFile).string(), step_dir_name(step) + "\n");
+}
+
 std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints) {
   std::vector<std::string> moved;
   for (const std::string& p : checkpoints) {

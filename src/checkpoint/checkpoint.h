@@ -62,6 +62,9 @@ std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
 // checkpoint never later resumes from the abandoned branch, nor overwrites it. Returns the new names.
 std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
 std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints);
+// A checkpoint's directory name under `dir` (step_NNNNNNNN), and pointing `latest` at it.
+std::string checkpoint_name(int64_t step);
+void point_latest_at(const std::string& dir, int64_t step);
 
 // Whether `dir` holds anything a save or a resume would touch (step_* directories, `latest`).
 bool holds_checkpoints(const std::string& dir);

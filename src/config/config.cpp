@@ -737,11 +737,6 @@ class Loader {
   // master weights on each rank.
   void check_rollback(const Config& c) {
     const GuardConfig& g = c.training.guard;
-    if (usable({"training.guard.fallback_steps", "training.guard.action"}) && g.action != "rollback" &&
-        g.fallback_steps != 0)
-      problem(where({"training.guard.fallback_steps"}), "training.guard.fallback_steps",
-              std::to_string(g.fallback_steps) + " is a rollback setting, and training.guard.action is " + g.action,
-              "training.guard.action: rollback, or 0");
     if (!usable({"training.guard.action"}) || g.action != "rollback") return;
     if (usable({"checkpoint.every"}) && c.checkpoint.every == 0)
       problem(where({"checkpoint.every", "training.guard.action"}), "checkpoint.every",

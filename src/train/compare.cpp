@@ -59,6 +59,9 @@ std::vector<std::string> mode_overrides(const Config& base, const std::string& m
       throw UserError("--modes: \"" + mode + "\": a recipe goes with fp8 only (fp8:delayed, fp8:current, fp8:block)");
     overrides.push_back("precision.fp8.recipe=" + mode.substr(colon + 1));
   }
+  // A rollback falls back from FP8 to bf16: a mode without FP8 has nothing to fall back from,
+  // so its guard stops instead (compare names a mode that diverged).
+  if (base.training.guard.action == "rollback" && name != "fp8") overrides.push_back("training.guard.action=stop");
   return overrides;
 }
 

@@ -185,6 +185,7 @@ class Trainer {
     const auto run_start = Clock::now();
     double train_seconds = 0, timed_seconds = 0;
     int64_t timed_steps = 0;
+    int64_t steps_run = 0;  // a rollback's replayed steps included
     for (int64_t step = first_step; step <= steps; ++step) {
       NvtxRange step_range("step");
       if (slot_at(step) != phase_) enter_phase(slot_at(step), step);
@@ -280,6 +281,7 @@ class Trainer {
       const double seconds = seconds_since(t0);
       if (options_.profile) options_.profile->end_step(seconds);
       train_seconds += seconds;
+      ++steps_run;
       if (peaks_) mix_peak_seconds_ += seconds * peaks_->mix;
       result_.step_seconds.push_back(seconds);
       if (step > 1 || steps == 1) {  // the first step warms caches and thread pools
@@ -311,7 +313,7 @@ class Trainer {
         break;
       }
     }
-    if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps - first_step + 1);
+    if (!result_.interrupted) summarize(seconds_since(run_start), train_seconds, steps_run);
     result_.device = device_choice_;
     result_.flops_per_token = flops_per_token_;
     result_.mfu_peaks = peaks_;
@@ -339,20 +341,36 @@ class Trainer {
   // is replayed: the sampler is a function of the step. Returns the checkpoint's step.
   int64_t roll_back(int64_t step, const DivergenceGuard::Finding& finding) {
     const int64_t first_bad = step - finding.bad_steps + 1;
-    std::optional<LoadedCheckpoint> ckpt = find_latest_checkpoint(
-        checkpoint_dir_.string(), [&](const std::string& m) { log_.warn(m); }, first_bad);
-    if (!ckpt)
+    // Rank 0 chooses the checkpoint and every rank loads that one: a rank's own search could see
+    // another listing of a shared file system.
+    double chosen = 0;  // its step + 1; 0: none
+    if (comm_->is_main())
+      if (const auto found = find_latest_checkpoint(
+              checkpoint_dir_.string(), [&](const std::string& m) { log_.warn(m); }, first_bad))
+        chosen = static_cast<double>(found->state.step + 1);
+    comm_->all_reduce_sum(&chosen, 1);
+    if (chosen == 0)
       stop_diverged(step, finding.why + "; no checkpoint from before step " + std::to_string(first_bad) +
                               " to roll back to (checkpoint.every, checkpoint.keep_last)");
-    const int64_t to = ckpt->state.step;
+    const int64_t to = static_cast<int64_t>(chosen) - 1;
     const DivergenceGuard::Rollback before = guard_.rollback();
-    if (before.to_step == to)
-      stop_diverged(step, finding.why + ", again after rolling back to " + ckpt->path +
-                              ": the bf16 fallback did not prevent it");
+    // Back onto (or before) the checkpoint of the last rollback: the same steps would follow.
+    if (before.to_step >= 0 && to <= before.to_step) {
+      const bool ended = before.fallback_last >= 0 && before.fallback_last < step;
+      stop_diverged(step, finding.why + ", again after rolling back to the checkpoint of step " +
+                              std::to_string(before.to_step) + ": the bf16 fallback" +
+                              (ended ? " (to step " + std::to_string(before.fallback_last) +
+                                           ") did not prevent it; a longer training.guard.fallback_steps (0: to the "
+                                           "end) might"
+                                     : std::string(" did not prevent it")));
+    }
+    std::optional<LoadedCheckpoint> ckpt = load_checkpoint((checkpoint_dir_ / checkpoint_name(to)).string());
     const int64_t fallback_steps = cfg_.training.guard.fallback_steps;
-    const DivergenceGuard::Rollback now{to, fallback_steps > 0 ? to + fallback_steps : -1, before.count + 1};
+    const int64_t steps = cfg_.training.steps;
+    const DivergenceGuard::Rollback now{
+        to, fallback_steps > 0 ? (fallback_steps >= steps - to ? steps : to + fallback_steps) : -1, before.count + 1};
     const std::string until =
-        now.fallback_last < 0 || now.fallback_last >= cfg_.training.steps ? "to the end of the run" : "to step " + std::to_string(now.fallback_last) + ", then " +
+        now.fallback_last < 0 || now.fallback_last >= steps ? "to the end of the run" : "to step " + std::to_string(now.fallback_last) + ", then " +
                                                               policy_of(phases_.phase_at(now.fallback_last + 1)).label() +
                                                               " again";
     log_.metrics({{"step", step},
@@ -366,13 +384,16 @@ class Trainer {
               " (step " + std::to_string(to) + "): bf16 from step " + std::to_string(to + 1) + " " + until +
               "; the steps after the checkpoint train on the same data again (training.guard.action: rollback)");
     comm_->barrier();  // every rank has read the checkpoint before rank 0 moves the later ones
-    if (comm_->is_main())
+    if (comm_->is_main()) {
       for (const std::string& p : set_aside_checkpoints(checkpoints_after(checkpoint_dir_.string(), to)))
         log_.warn("set aside " + p + ": it came after the checkpoint the guard rolled back to");
+      point_latest_at(checkpoint_dir_.string(), to);  // not at a checkpoint just set aside
+    }
     comm_->barrier();
     guard_.set_rollback(now);
     if (slot_at(to + 1) != phase_) enter_phase(slot_at(to + 1), to + 1);
     resume(*ckpt, &now);
+    last_val_ = NAN;  // the evaluations after the checkpoint are undone
     result_.last_checkpoint = ckpt->path;
     return to;
   }
@@ -815,7 +836,8 @@ class Trainer {
     log_.info(line);
   }
 
-  // `steps_here`: the steps this invocation trained (fewer than training.steps after a resume);
+  // `steps_here`: the steps this invocation trained (fewer than training.steps after a resume,
+  // more after a rollback);
   // throughput and times are this invocation's.
   void summarize(double wall_seconds, double train_seconds, int64_t steps_here) {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
@@ -844,8 +866,10 @@ class Trainer {
                               {"guard_rollbacks", guard_.rollback().count},
                               {"num_params", model_.num_params()}};
     if (peaks_) {
-      // A precision schedule's phases have their own mixed peaks: their mean over the time trained.
-      const double mix = phases_.scheduled() && train_seconds > 0 ? mix_peak_seconds_ / train_seconds : peaks_->mix;
+      // A precision schedule's phases (and a rollback's bf16 fallback) have their own mixed peaks:
+      // their mean over the time trained.
+      const bool mixed = phases_.scheduled() || guard_.rollback().count > 0;
+      const double mix = mixed && train_seconds > 0 ? mix_peak_seconds_ / train_seconds : peaks_->mix;
       summary["mfu_mix"] = flops_per_s / mix;
       summary["peak_mix_flops"] = mix;
       if (peaks_->bf16) {
