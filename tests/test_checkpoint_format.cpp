@@ -33,7 +33,12 @@ TEST_CASE("a checkpoint written by ptrain 0.1.0 (format version 1, unmarked) sti
   INFO(fresh.output);
   REQUIRE(fresh.exit_code == 0);
   const fs::path today = temp.dir / "runs/today/checkpoints/step_00000004";
-  CHECK(nlohmann::json::parse(read_file(today / "state.json"))["format_version"] == 1);
+  const nlohmann::json today_state = nlohmann::json::parse(read_file(today / "state.json"));
+  CHECK(today_state["format_version"] == 1);
+  // The comparison below is of two runs that took the same path: no step of either overflowed
+  // (a step one CPU's rounding overflowed and another's did not would part them at once).
+  CHECK(today_state["loss_scaler"] ==
+        nlohmann::json::parse(read_file(temp.dir / "step_00000004/state.json"))["loss_scaler"]);
 
   // Both continue to step 6.
   auto resume = [&](const std::string& name, const fs::path& from) {

@@ -113,7 +113,7 @@ TEST_CASE("an fp8 linear layer matches a hand-quantised reference", "[fp8]") {
   CHECK(relative_error(db.data, rdb) < 1e-5);
 }
 
-TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per micro-batch", "[fp8]") {
+TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per micro-batch", "[fp8][exact_gemm]") {
   const int N = 4, C = 16, OC = 16;
   Fp8Linear layer("test", policy(Fp8Recipe::delayed), cpu_backend(), N, C, OC);
   HostBuffer<float> w1({OC, C}, 0.5f), w2({OC, C}, 0.25f), inp({N, C}, 2.0f), out1({N, OC}), out2({N, OC});

@@ -147,7 +147,8 @@ CheckpointState state_from_json(const json& j) {
     bad("loss_scaler.scale", scale, "a finite number > 0");
   s.scaler.scale = scale.get<double>();
   s.scaler.growth_tracker = integer(ls, "loss_scaler", "growth_tracker", 0, kMaxCount);
-  s.scaler.hysteresis_left = static_cast<int>(integer(ls, "loss_scaler", "hysteresis_left", 0, 1 << 30));
+  // Below 0 in checkpoints of earlier versions, which let the spent counter fall (it means 0).
+  s.scaler.hysteresis_left = static_cast<int>(integer(ls, "loss_scaler", "hysteresis_left", -(1 << 30), 1 << 30));
   s.scaler.skipped = integer(ls, "loss_scaler", "skipped", 0, s.step);
 
   if (j.contains("guard")) {  // absent before the divergence guard

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -18,7 +19,7 @@
 
 namespace ptrain {
 
-GemmRate measure_sgemm_rate(int size, int repeats) {
+GemmRate measure_sgemm_rate(int size, int repeats, int threads) {
   const size_t n = static_cast<size_t>(size) * size;
   std::vector<float> a(n), b(n), c(n);
   Rng rng(1);
@@ -26,6 +27,9 @@ GemmRate measure_sgemm_rate(int size, int repeats) {
     a[i] = rng.uniform() - 0.5f;
     b[i] = rng.uniform() - 0.5f;
   }
+  // OpenBLAS's OpenMP build threads a call over omp_get_max_threads() of the calling thread.
+  const int previous = omp_get_max_threads();
+  if (threads > 0) omp_set_num_threads(threads);
   GemmRate result{size, omp_get_max_threads(), {}};
   std::vector<double>& rates = result.rates;
   for (int r = 0; r <= repeats; ++r) {
@@ -35,6 +39,7 @@ GemmRate measure_sgemm_rate(int size, int repeats) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) rates.push_back(2.0 * size * static_cast<double>(size) * size / s);  // r = 0 warms up
   }
+  omp_set_num_threads(previous);
   std::sort(rates.begin(), rates.end());
   return result;
 }
@@ -54,6 +59,8 @@ GemmRate GemmRate::merged(const GemmRate& other) const {
 
 namespace {
 
+constexpr int kPeakSize = 1024, kPeakRuns = 5;
+
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -65,11 +72,34 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
+std::string gflops(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v / 1e9);
+  return buf;
+}
+
+// A temporary of this process's own, renamed over the cache: processes measuring at once (tests,
+// several runs) each replace the file whole. A read-only home: measured again next time.
+void write_cache(const std::string& file, const nlohmann::json& cache) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(fs::path(file).parent_path(), error);
+  const std::string tmp = file + "." + std::to_string(::getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << cache.dump(2) << "\n";
+    if (!out.flush()) error = std::make_error_code(std::errc::io_error);
+  }
+  if (!error) fs::rename(tmp, file, error);
+  if (error) fs::remove(tmp, error);
+}
+
 }  // namespace
 
-CpuPeak cpu_sgemm_peak(bool use_cache) {
+CpuPeak cpu_sgemm_peak(PeakCache use) {
   CpuPeak peak;
-  peak.key = cpu_model_name() + " | " + std::to_string(omp_get_max_threads()) + " threads | " + openblas_get_corename();
+  const int threads = omp_get_max_threads();
+  peak.key = cpu_model_name() + " | " + std::to_string(threads) + " threads | " + openblas_get_corename();
   peak.cache_file = (std::filesystem::path(data_cache_dir()) / "cpu-peak.json").string();
   nlohmann::json cache = nlohmann::json::object();
   {
@@ -79,28 +109,41 @@ CpuPeak cpu_sgemm_peak(bool use_cache) {
     cache = nlohmann::json::parse(text.str(), nullptr, false);
     if (!cache.is_object()) cache = nlohmann::json::object();  // missing or damaged: measure again
   }
-  if (use_cache && cache.contains(peak.key) && cache[peak.key].is_number() && cache[peak.key].get<double>() > 0) {
+  if (use == PeakCache::use && cache.contains(peak.key) && cache[peak.key].is_number() &&
+      cache[peak.key].get<double>() > 0) {
     peak.flops = cache[peak.key].get<double>();
     peak.cached = true;
     return peak;
   }
-  peak.flops = measure_sgemm_rate(1024, 5).median_flops();
-  if (!use_cache) return peak;
-  cache[peak.key] = peak.flops;
-  // A temporary of this process's own, renamed over the cache: processes measuring at once
-  // (tests, several runs) each replace the file whole. A read-only home: measured again next time.
-  namespace fs = std::filesystem;
-  std::error_code error;
-  fs::create_directories(fs::path(peak.cache_file).parent_path(), error);
-  const std::string tmp = peak.cache_file + "." + std::to_string(::getpid()) + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << cache.dump(2) << "\n";
-    if (!out.flush()) error = std::make_error_code(std::errc::io_error);
+  peak.flops = measure_sgemm_rate(kPeakSize, kPeakRuns).best_flops();
+  if (threads > 1) {
+    peak.one_thread_flops = measure_sgemm_rate(kPeakSize, kPeakRuns, 1).best_flops();
+    if (peak.flops < peak.one_thread_flops) {
+      peak.under_load = true;
+      peak.flops = peak.one_thread_flops;  // the cores were shared: one thread's rate is the better bound
+    }
   }
-  if (!error) fs::rename(tmp, peak.cache_file, error);
-  if (error) fs::remove(tmp, error);
+  if (use == PeakCache::off || peak.under_load) return peak;
+  cache[peak.key] = peak.flops;
+  write_cache(peak.cache_file, cache);
+  peak.saved = true;
   return peak;
+}
+
+std::string CpuPeak::describe() const {
+  std::string text = "best of " + std::to_string(kPeakRuns) + " sgemms of " + std::to_string(kPeakSize) + "^3, ";
+  if (cached) return text + "measured earlier for \"" + key + "\", cached in " + cache_file;
+  text += "measured now for \"" + key + "\"";
+  if (under_load)
+    return text + ", but slower on all threads than on one (" + gflops(one_thread_flops) +
+           " GFLOP/s): the machine was busy, so the 1-thread rate stands in and is not cached";
+  return saved ? text + ", cached in " + cache_file : text;
+}
+
+std::string format_utilisation(double ratio) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * ratio);
+  return ratio > 1.0 ? std::string(buf) + " (above 100%: the ceiling is stale)" : buf;
 }
 
 }  // namespace ptrain

@@ -20,9 +20,11 @@ bool LossScaler::update(bool found_nonfinite) {
 
   if (found_nonfinite) {
     growth_tracker_ = 0;
-    // As Megatron: the counter keeps falling below 0, so every further non-finite step backs
-    // off until a growth refills it.
-    --hysteresis_left_;
+    // As Megatron: once the counter is spent, every further non-finite step backs off until a
+    // growth refills it. Megatron lets it fall below 0; it stops at 0 here, which decides the
+    // same, and keeps it inside what a checkpoint's state.json may hold (a checkpoint saved
+    // after a run of overflows was refused as unusable when it held -1).
+    hysteresis_left_ = std::max(hysteresis_left_ - 1, 0);
     if (hysteresis_left_ <= 0) scale_ = std::max(scale_ * config_.backoff_factor, config_.min_scale);
   } else if (++growth_tracker_ >= config_.growth_interval) {
     growth_tracker_ = 0;
@@ -35,7 +37,7 @@ bool LossScaler::update(bool found_nonfinite) {
 void LossScaler::restore(const State& s) {
   scale_ = s.scale;
   growth_tracker_ = s.growth_tracker;
-  hysteresis_left_ = s.hysteresis_left;
+  hysteresis_left_ = std::max(s.hysteresis_left, 0);  // earlier versions saved it below 0
   skipped_ = s.skipped;
 }
 

@@ -349,6 +349,7 @@ RunPlan plan_run(const Config& config) {
   plan.config = config;
   plan.run_dir = (fs::path(config.run.out_dir) / config.run.name).string();
   check_creatable(plan.run_dir, kRunDirWhat, kLongestInnerPath);  // the names, before paths below it are looked at
+  plan.faults = StepFaults::from_environment();
   plan_machine(plan);
   // Which checkpoint to resume from decides whether the run directory is continued, so the
   // checkpoint directory is looked at first (read only).

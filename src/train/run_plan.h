@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
 #include "precision/policy.h"
+#include "train/step_faults.h"
 
 namespace ptrain {
 
@@ -73,6 +74,7 @@ struct RunPlan {
   int world_size = 1;    // ranks, from the launcher's environment
   std::vector<std::string> warnings;         // shown at once, and logged once the log exists
   std::vector<std::string> resume_warnings;  // checkpoints resume: auto skipped (shown at once, logged)
+  StepFaults faults;                         // PTRAIN_TEST_FAULT (tests only)
 };
 
 // Checks everything and returns the plan, or throws UserError(s) naming each problem (and

@@ -94,7 +94,7 @@ class Trainer {
   Trainer(const Config& config, TokenStream train, TokenStream val, std::optional<SyntheticInfo> synthetic,
           const DataPlan& text, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
-          AttentionChoice attention, std::unique_ptr<Communicator> comm)
+          AttentionChoice attention, std::unique_ptr<Communicator> comm, StepFaults faults)
       : cfg_(config),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
@@ -126,6 +126,7 @@ class Trainer {
                    comm_.get(), config.distributed.zero_stage),
         scaler_(policy_.loss_scaling),
         guard_(config.training.guard),
+        faults_(std::move(faults)),
         inputs_(static_cast<size_t>(B_) * T_),
         targets_(static_cast<size_t>(B_) * T_) {
     schedule_.lr = config.optimizer.lr;
@@ -204,7 +205,7 @@ class Trainer {
       // The loss is multiplied by the loss scale (1 unless loss scaling is on) so that small
       // gradients survive fp16; the optimizer divides it out again.
       const double loss_scale = scaler_.scale();
-      const float dloss = static_cast<float>(loss_scale * cfg_.training.loss_weight /
+      const float dloss = static_cast<float>(loss_scale * cfg_.training.loss_weight * faults_.grad_factor(step) /
                                              static_cast<double>(int64_t{B_} * T_ * accum_ * comm_->world_size()));
       // On GPUs the gradient all-reduce of each block starts as soon as the last micro-batch's
       // backward pass has finished that block (ZeRO-1 reduce-scatters the whole buffer after).
@@ -239,7 +240,7 @@ class Trainer {
       const bool signalled = micro_losses[global_micros] > 0;
       double loss = 0;
       for (size_t i = 0; i < global_micros; ++i) loss += micro_losses[i];
-      loss /= static_cast<double>(global_micros);
+      loss = loss / static_cast<double>(global_micros) * faults_.loss_factor(step);
       const DivergenceGuard::Finding finding = guard_.observe(loss);
       // Before any update a non-finite loss can only come from the weights or the config (an
       // init_std or loss_weight far too large): no skipped update would recover, so it stops.
@@ -619,14 +620,12 @@ class Trainer {
     if (backend_->device() != Device::cuda) {
       // Ranks sharing the machine are busy while rank 0 measures: that figure is not cached.
       const int ranks = comm_->world_size();
-      const CpuPeak cpu = cpu_sgemm_peak(ranks == 1);
+      const CpuPeak cpu = cpu_sgemm_peak(ranks == 1 ? PeakCache::use : PeakCache::off);
       peaks_ = MfuPeaks{std::nullopt, cpu.flops * ranks};
+      cpu_ceiling_ = cpu;
       log_.info("MFU: " + per_token + "; against this CPU's sgemm rate, " + fmt("%.1f", cpu.flops / 1e9) +
-                " GFLOP/s" + (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") +
-                " (median of 5 sgemms of 1024^3, " +
-                (cpu.cached ? "measured earlier" : ranks > 1 ? "measured now, not cached" : "measured now") +
-                " for \"" + cpu.key + "\"" + (ranks > 1 ? std::string() : ", cached in " + cpu.cache_file) +
-                "); a CPU has no BF16 peak");
+                " GFLOP/s" + (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + " (" + cpu.describe() +
+                (ranks > 1 ? "; not cached: the other ranks share the machine" : "") + "); a CPU has no BF16 peak");
       return;
     }
     const CudaProbe probe = probe_cuda();
@@ -662,12 +661,27 @@ class Trainer {
            tflops(p.fp8) + ", the rest at " + other_name + "'s " + tflops(other) + ")";
   }
 
+  // A step faster than the CPU's sgemm ceiling means the ceiling was measured too low (cached from
+  // a busier moment, say): it is measured again, once per run, and the cache replaced. Under
+  // data parallelism the other ranks are training meanwhile, so the figure would be no better.
+  void recheck_cpu_ceiling(double flops_per_s) {
+    if (!cpu_ceiling_ || ceiling_rechecked_ || flops_per_s <= peaks_->mix || comm_->world_size() > 1) return;
+    ceiling_rechecked_ = true;
+    const CpuPeak again = cpu_sgemm_peak(PeakCache::refresh);
+    log_.info("MFU: this step's model FLOP/s (" + fmt("%.1f", flops_per_s / 1e9) + " G) exceed the sgemm ceiling of " +
+              fmt("%.1f", cpu_ceiling_->flops / 1e9) + " GFLOP/s (" + cpu_ceiling_->describe() + "); measured again: " +
+              fmt("%.1f", again.flops / 1e9) + " GFLOP/s (" + again.describe() + ")");
+    cpu_ceiling_ = again;
+    peaks_->mix = again.flops;
+  }
+
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
                 double mean_seconds) {
     const double tokens = static_cast<double>(cfg_.training.batch_tokens);
     const double tok_s = tokens / seconds;
     const int64_t rss = current_rss_bytes();
     const double flops_per_s = flops_per_token_ * tok_s;
+    recheck_cpu_ceiling(flops_per_s);
     std::optional<double> mfu, mfu_mix;  // null without a known peak
     if (peaks_ && peaks_->bf16) mfu = flops_per_s / *peaks_->bf16;
     if (peaks_) mfu_mix = flops_per_s / peaks_->mix;
@@ -687,6 +701,7 @@ class Trainer {
                              {"memory_mib", static_cast<double>(rss) / (1024.0 * 1024.0)}};
     const Backend::MemoryUse device_memory = backend_->memory_use();
     if (device_memory.capacity > 0) record["device_memory_peak_mib"] = static_cast<double>(device_memory.peak) / (1 << 20);
+    if (mfu_mix && *mfu_mix > 1) record["ceiling_stale"] = true;
     log_.metrics(record);
     if (step % cfg_.logging.every != 0 && step != cfg_.training.steps) return;
     char line[256];
@@ -699,8 +714,8 @@ class Trainer {
     std::string text = line;
     if (device_memory.capacity > 0) text += " | gpu mem " + format_mib(static_cast<int64_t>(device_memory.peak));
     text += " | " + fmt("%.3g", flops_per_s / 1e9) + " GFLOP/s";
-    if (mfu) text += " | MFU " + fmt("%.1f", 100.0 * *mfu) + "% (mix " + fmt("%.1f", 100.0 * *mfu_mix) + "%)";
-    else if (mfu_mix) text += " | MFU " + fmt("%.1f", 100.0 * *mfu_mix) + "% of sgemm";
+    if (mfu) text += " | MFU " + format_utilisation(*mfu) + " (mix " + format_utilisation(*mfu_mix) + ")";
+    else if (mfu_mix) text += " | MFU " + format_utilisation(*mfu_mix) + " of sgemm";
     // Megatron's convention: loss scale and skipped steps appear when loss scaling is on.
     if (policy_.loss_scaling.mode != "off")
       text += " | loss scale " + fmt("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
@@ -872,6 +887,7 @@ class Trainer {
       const double mix = mixed && train_seconds > 0 ? mix_peak_seconds_ / train_seconds : peaks_->mix;
       summary["mfu_mix"] = flops_per_s / mix;
       summary["peak_mix_flops"] = mix;
+      if (flops_per_s > mix) summary["ceiling_stale"] = true;
       if (peaks_->bf16) {
         summary["mfu"] = flops_per_s / *peaks_->bf16;
         summary["peak_bf16_flops"] = *peaks_->bf16;
@@ -926,6 +942,8 @@ class Trainer {
   std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
   double flops_per_token_ = 0;    // training FLOPs, for model FLOP/s
   std::optional<MfuPeaks> peaks_;  // absent: a GPU without a known peak
+  std::optional<CpuPeak> cpu_ceiling_;  // a CPU run's sgemm ceiling, for recheck_cpu_ceiling
+  bool ceiling_rechecked_ = false;
   std::optional<GemmPeaks> gpu_peaks_;  // the GPU's, for the mixed peak of each precision phase
   double mix_peak_seconds_ = 0;         // sum over this invocation's steps of seconds x the mixed peak
   std::unique_ptr<Backend> backend_;
@@ -934,6 +952,7 @@ class Trainer {
   AdamW optimizer_;
   LossScaler scaler_;
   DivergenceGuard guard_;
+  StepFaults faults_;  // PTRAIN_TEST_FAULT (tests only)
   LrSchedule schedule_;
   std::vector<int32_t> inputs_, targets_;
   Tensor loss_sums_;  // f64 per micro-batch of a step, in backend memory: each one's summed token losses
@@ -1049,7 +1068,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
       main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
   Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, data, plan.run_dir,
                   plan.checkpoint_dir, options, std::move(backend), std::move(device_choice), std::move(attention),
-                  std::move(comm));
+                  std::move(comm), std::move(plan.faults));
   for (const auto& w : plan.warnings) trainer.log_only(w);
   for (const auto& w : plan.resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside)

@@ -134,9 +134,12 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
                                  const std::string& mode, const std::string& training_extra = "",
                                  std::string* output = nullptr, const std::string& model_extra = "") {
   const size_t colon = mode.find(':');
-  const std::string precision = colon == std::string::npos
-                                    ? "{mode: " + mode + "}"
-                                    : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}";
+  // fp16's loss scale starts at 1024, which cannot overflow these gradients: at 65536 a step could
+  // overflow on one backend and not on the other, and the runs would part there.
+  const std::string precision =
+      colon != std::string::npos ? "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}"
+      : mode == "fp16"           ? "{mode: fp16, loss_scaling: {init: 1024}}"
+                                 : "{mode: " + mode + "}";
   const std::string config =
       "run: {name: " + name + ", out_dir: runs, seed: 3, device: " + device + "}\n"
       "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256" + model_extra + "}\n"

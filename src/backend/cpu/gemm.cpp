@@ -5,8 +5,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <tuple>
+
+#include "core/error.h"
 
 namespace ptrain {
 namespace {
@@ -25,6 +32,62 @@ int64_t panel_size(int64_t extent) {
   const int64_t long_side = multiple_of_64((extent + kTargetPanels - 1) / kTargetPanels);
   const int64_t short_side = std::min(kSmallPanel, multiple_of_64((extent + kMinPanels - 1) / kMinPanels));
   return std::max(long_side, short_side);
+}
+
+// PTRAIN_GEMM_ULP_SEED, read once. A malformed value leaves the mode off here and is reported by
+// gemm_ulp_seed(), which ptrain calls before any command (the GEMMs cannot throw: some run
+// inside parallel regions).
+struct UlpMode {
+  uint64_t seed = 0;
+  std::string error;
+};
+
+const UlpMode& ulp_mode() {
+  static const UlpMode mode = [] {
+    UlpMode m;
+    const char* text = std::getenv("PTRAIN_GEMM_ULP_SEED");
+    if (!text || !*text) return m;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(text, &end, 10);
+    if (*end != '\0' || errno != 0 || text[0] == '-')
+      m.error = std::string("PTRAIN_GEMM_ULP_SEED: \"") + text + "\" is not a seed; expected a non-negative integer (0 or unset: off)";
+    else
+      m.seed = v;
+    return m;
+  }();
+  return mode;
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+uint64_t bits_of(T v) {
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof v);
+  return b;
+}
+
+// C's m x n block, whose first element is row `row0`, column `col0` of the whole GEMM's output.
+template <typename T>
+void shift_by_ulps(uint64_t seed, int64_t m, int64_t n, T* C, int64_t ldc, int64_t row0, int64_t col0) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      T& v = C[i * ldc + j];
+      if (v == T(0) || !std::isfinite(v)) continue;
+      const uint64_t h = mix(seed ^ mix(bits_of(v) ^ mix(static_cast<uint64_t>(row0 + i) * 0x9e3779b97f4a7c15ULL +
+                                                         static_cast<uint64_t>(col0 + j))));
+      const int step = static_cast<int>(h % 3) - 1;
+      if (step == 0) continue;
+      const T moved = std::nextafter(v, step > 0 ? T(INFINITY) : T(-INFINITY));
+      if (std::isfinite(moved)) v = moved;
+    }
 }
 
 struct Recording {
@@ -82,6 +145,7 @@ void panelled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
   if (M <= 0 || N <= 0) return;
   Recording& rec = recording();
   const bool recording_on = rec.on.load();
+  const uint64_t ulp_seed = ulp_mode().seed;
   int64_t gemm_index = 0;
   if (recording_on) {
     std::lock_guard<std::mutex> lock(rec.mutex);
@@ -102,6 +166,7 @@ void panelled_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, c
     const int64_t c_off = by_rows ? lo * ldc : lo;
     const int64_t m = by_rows ? n : M, cols = by_rows ? N : n;
     blas(ta, tb, m, cols, K, alpha, A + a_off, lda, B + b_off, ldb, beta, C + c_off, ldc);
+    if (ulp_seed) shift_by_ulps(ulp_seed, m, cols, C + c_off, ldc, by_rows ? lo : 0, by_rows ? 0 : lo);
     if (recording_on) record_call(gemm_index, ta, tb, m, cols, K, lda, ldb, ldc, a_off, b_off, c_off, alpha, beta);
   }
 }
@@ -126,6 +191,12 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
   panelled_gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+uint64_t gemm_ulp_seed() {
+  const UlpMode& m = ulp_mode();
+  if (!m.error.empty()) throw UserError(m.error);
+  return m.seed;
+}
+
 int64_t reserve_gemm_ids(int64_t count) {
   Recording& rec = recording();
   if (!rec.on.load()) return 0;
@@ -138,12 +209,14 @@ int64_t reserve_gemm_ids(int64_t count) {
 void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (const uint64_t seed = ulp_mode().seed) shift_by_ulps(seed, M, N, C, ldc, 0, 0);
   if (recording().on.load()) record_call(id, trans_a, trans_b, M, N, K, lda, ldb, ldc, 0, 0, 0, alpha, beta);
 }
 
 void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (const uint64_t seed = ulp_mode().seed) shift_by_ulps(seed, M, N, C, ldc, 0, 0);
   if (recording().on.load()) record_call(id, trans_a, trans_b, M, N, K, lda, ldb, ldc, 0, 0, 0, alpha, beta);
 }
 

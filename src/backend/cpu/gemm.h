@@ -29,6 +29,16 @@ void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, i
 void serial_gemm(int64_t id, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
                  const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// The second numerics (tests): with PTRAIN_GEMM_ULP_SEED set to a non-zero integer, every result
+// of these GEMMs is moved by -1, 0 or +1 ulp, chosen by a hash of the seed, the result's bits and
+// its row and column in the GEMM's output. That is what another CPU's BLAS kernel (another
+// summation order) could return, so a test that holds only on this machine's rounding fails
+// under it; and being a pure function of value and position it keeps every run deterministic,
+// so runs compared bit for bit (at any thread count, resumed or not) still agree. Zero, infinite
+// and NaN results stay as they are. Returns the seed (0: off); a value that is not an integer is
+// bad input (UserError), which `ptrain` reports before any command runs.
+uint64_t gemm_ulp_seed();
+
 // One BLAS call a GEMM was cut into: its shape, and where its operands start relative to the
 // whole GEMM's (in elements), so calls can be compared between runs and thread counts.
 struct GemmCall {
