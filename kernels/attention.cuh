@@ -22,6 +22,10 @@
 namespace ptrain::kernels {
 
 constexpr int kAttentionThreads = 256;  // 8 warps: 8 softmax rows, or 256 permute chunks, per block
+// Decoding runs a block of at least HS threads per head, up to 512 (head sizes up to 512): at 1024
+// threads a thread has 64 registers and the kernel spills; at 512, one block an SM, it needs ~120
+// (decoding has one block per head: occupancy is not what limits it).
+constexpr int kAttentionDecodeMaxThreads = 512;
 
 // A thread's chunk of one head row: `head` is the row's offset in the per-head layout
 // (B, NH, T, HS), `token` the same row's offset in a token layout (B, T, token_heads, HS), and
@@ -191,6 +195,7 @@ __global__ void softmax_causal_backward_kernel(T* dpreatt, const T* datt, const 
 // p_j v_j[d], both rescaled when the max grows, so any n takes one pass and fixed shared memory:
 // blockDim.x scores, then 32 floats for the block reductions.
 template <typename T>
+__launch_bounds__(kAttentionDecodeMaxThreads, 1)  // one block of up to 512 threads per SM: up to 128 registers
 __global__ void attention_decode_kernel(T* out, const T* qkv, int n, int NH, int KV, int HS, float scale) {
   PTRAIN_DYNAMIC_SHARED(float, shared);
   float* scores = shared;
@@ -284,7 +289,7 @@ void softmax_causal_backward(T* dpreatt, const T* datt, const T* att, float scal
 }
 
 // out (NH HS) = attention of row n-1 of qkv (n, (NH + 2 KV) HS) over rows 0..n-1 (n >= 1,
-// HS <= 1024): one block per query head, of at least HS threads.
+// HS <= kAttentionDecodeMaxThreads): one block per query head, of at least HS threads.
 template <typename T>
 void attention_decode(T* out, const T* qkv, int n, int NH, int KV, int HS, float scale, cudaStream_t stream) {
   const int threads = HS > kAttentionThreads ? ceil_div(HS, kWarpSize) * kWarpSize : kAttentionThreads;

@@ -17,6 +17,7 @@ namespace ptrain::kernels {
 constexpr int kClassifierThreads = 512;
 
 template <typename T>
+__launch_bounds__(kClassifierThreads)  // lets ptxas fit the registers to the 512-thread blocks
 __global__ void fused_classifier_kernel(T* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
   PTRAIN_DYNAMIC_SHARED(float, scratch);  // 32 floats for the block reductions
   constexpr int W = Packed128<T>::size;

@@ -5,11 +5,16 @@
 # Exit 77 (skipped), saying why, where Python cannot import torch and transformers (Debian has
 # no package of transformers: CI skips this; the GPU machine's image has it).
 #   scripts/hf-check.sh [DEVICE]      PTRAIN_BINARY overrides build/ptrain
+# Called by scripts/gpu-check.sh, whose LD_LIBRARY_PATH puts the bundle's copies of Debian's
+# libraries (libgomp, OpenBLAS, ICU, ...) first: python3 runs with the path from before that
+# (PTRAIN_ORIGINAL_LD_LIBRARY_PATH), so that PyTorch loads the libraries it was built with, and
+# ptrain with the bundle's.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 ptrain="${PTRAIN_BINARY:-$repo/build/ptrain}"
 device="${1:-cpu}"
-if ! why="$(python3 -c 'import torch, transformers' 2>&1)"; then
+py() { LD_LIBRARY_PATH="${PTRAIN_ORIGINAL_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" python3 "$@"; }
+if ! why="$(py -c 'import torch, transformers' 2>&1)"; then
   echo "hf-check: skipped: python3 cannot import torch and transformers ($(tail -1 <<<"$why"))"
   exit 77
 fi
@@ -32,5 +37,5 @@ YAML
   checkpoint="runs/$arch/checkpoints/step_00000020"
   "$ptrain" export --checkpoint "$checkpoint" --format hf --out "$arch-hf"
   "$ptrain" eval "$arch.yaml" --checkpoint "$checkpoint" --dump-logits "$arch-logits.json"
-  python3 "$repo/scripts/hf_logits.py" "$arch-hf" "$arch-logits.json" 1e-4
+  py "$repo/scripts/hf_logits.py" "$arch-hf" "$arch-logits.json" 1e-4
 done

@@ -7,6 +7,7 @@
 // (rather than adds into) are poisoned with NaN on the device first, so an element the GPU
 // leaves unwritten fails. Skipped without a CUDA device (tests/gpu/main.cpp).
 #include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
@@ -233,6 +234,14 @@ TEST_CASE("gpu: the backend names itself and maps formats to storage", "[gpu]") 
   g.release(p);
   const GradNumerics numerics = g.take_grad_numerics();  // not counted on the GPU yet
   CHECK(numerics.elements == 0);
+}
+
+TEST_CASE("gpu: the backend's stream is non-blocking: legacy-stream work cannot break a graph capture", "[gpu]") {
+  // Work that a library queues on the legacy default stream would wait for a blocking stream, and
+  // during a capture that dependency invalidates it (the simulated device enforces this).
+  unsigned int flags = 0;
+  REQUIRE(cudaStreamGetFlags(static_cast<cudaStream_t>(gpu().stream()), &flags) == cudaSuccess);
+  CHECK(flags == cudaStreamNonBlocking);
 }
 
 TEST_CASE("gpu: allocate hands out zeroed aligned blocks and release takes them back in any order", "[gpu]") {
@@ -478,11 +487,13 @@ TEST_CASE("gpu: layernorm_forward and layernorm_backward match the CPU backend",
 struct MatmulShape {
   int N, C, OC;
 };
-const MatmulShape kMatmulShapes[] = {{1, 1, 1},      {7, 7, 19},      {19, 111, 7},
+// One row (decoding's single position) and one element: shapes cuBLASLt refuses a BIAS epilogue for.
+const MatmulShape kMatmulShapes[] = {{1, 1, 1},       {1, 111, 769},   {7, 7, 19},          {19, 111, 7},
                                      {111, 19, 769}, {769, 769, 111}, {kB * kT, kC, 3 * kC}};
 
 TEST_CASE("gpu: matmul_forward matches the CPU backend with and without bias", "[gpu]") {
-  // Bias: none, 256-byte aligned (cuBLASLt's BIAS epilogue), one element in (added by a kernel).
+  // Bias: none, 256-byte aligned (cuBLASLt's BIAS epilogue, or the bias kernel where cuBLASLt
+  // refuses it for the shape), one element in (added by a kernel).
   const char* const kBiasModes[] = {"no bias", "aligned bias", "unaligned bias"};
   for (const Format f : kFormats)
     for (const MatmulShape& s : kMatmulShapes)

@@ -424,6 +424,14 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   *returned = 0;
   if (const int injected = ptrain::sim::injected_failure(__func__)) return static_cast<cublasStatus_t>(injected);
   const Preference& p = *object<Preference>(pref);
+  // A bias epilogue on an operand of one row or one column: PyTorch keeps cuBLASLt's bias path off
+  // such shapes because "if mat2 has only 1 row or column, we get CUBLAS_STATUS_INVALID_VALUE error
+  // from cublasLtMatmulAlgoGetHeuristic" (aten/src/ATen/native/cuda/Blas.cpp,
+  // isInputCompliesAddmmCudaLt, which extends it to mat1).
+  const Layout& la = *object<Layout>(a);
+  const Layout& lb = *object<Layout>(b);
+  if (has_bias(object<Desc>(desc)->epilogue) && (la.rows == 1 || la.cols == 1 || lb.rows == 1 || lb.cols == 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
   const char* why = refusal(*object<Desc>(desc), *object<Layout>(a), *object<Layout>(b), *object<Layout>(c),
                             *object<Layout>(d), p);
   if (*why) return CUBLAS_STATUS_NOT_SUPPORTED;  // "no algorithm": the real library's status
@@ -482,6 +490,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t desc, const
   AlgoWords words;
   std::memcpy(&words, algo, sizeof(words));
   if (words.magic != kAlgoMagic) return CUBLAS_STATUS_INVALID_VALUE;
+  // A launch refused after the heuristic offered the algorithm (PTRAIN_SIM_FAIL=cublasLtMatmul:...).
+  if (const int injected = ptrain::sim::injected_failure(__func__)) return static_cast<cublasStatus_t>(injected);
   auto call = std::make_shared<MatmulCall>();
   call->d = *object<Desc>(desc);
   call->a = *object<Layout>(la);

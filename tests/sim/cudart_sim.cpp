@@ -232,6 +232,13 @@ cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()>
     return s->capture_invalid ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
   }
   if (s == &st.legacy) {
+    // Legacy-stream work waits for every blocking stream, and a capturing one cannot be waited
+    // for: the capture is invalidated and the call fails (Runtime API, cudaErrorStreamCaptureImplicit:
+    // "a disallowed implicit dependency on a current capture sequence from cudaStreamLegacy").
+    bool implicit = false;
+    for (Stream* b : st.streams)
+      if (b->blocking && b->capturing) implicit = b->capture_invalid = true;
+    if (implicit) return fail(cudaErrorStreamCaptureImplicit);
     drain_blocking_streams();
     s->queue.push_back(Op{what, std::move(work)});
     ++s->enqueued;
@@ -307,6 +314,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
@@ -323,6 +331,8 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorLaunchFailure: return "unspecified launch failure (a kernel failed on the simulated device)";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     default: return cudaGetErrorName(error);
   }
@@ -560,6 +570,15 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t cudaStreamGetFlags(cudaStream_t stream, unsigned int* flags) {
+  State& st = state();
+  Lock lock(st.mutex);
+  Stream* s = stream_of(stream);
+  if (!s || s == &st.legacy) return fail(cudaErrorInvalidResourceHandle);
+  *flags = s->blocking ? cudaStreamDefault : cudaStreamNonBlocking;
+  return cudaSuccess;
+}
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   State& st = state();

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -610,7 +611,11 @@ Descriptor* as_descriptor(cudnnBackendDescriptor_t d) { return static_cast<Descr
 
 extern "C" {
 
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
+// The headers' version, or PTRAIN_SIM_CUDNN_VERSION's (tests of what older versions need).
+size_t cudnnGetVersion(void) {
+  const char* v = std::getenv("PTRAIN_SIM_CUDNN_VERSION");
+  return v && *v ? std::strtoull(v, nullptr, 10) : CUDNN_VERSION;
+}
 
 const char* cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -236,7 +237,38 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
   CHECK_THAT(why, Contains("cuBLASLt on this GPU has no algorithm for the forward GEMM"));
   CHECK(be->memory_use().in_use == before);  // the refused layer's buffers were given back
 
+  // cuBLASLt refusing at launch what its heuristic offered: the layer's one launch of each GEMM
+  // finds it, so training never meets it (the 1st launch is the forward GEMM's, the 3rd wgrad's).
+  // Shapes not asked before: a refusal by the heuristic is remembered per shape.
+  for (const auto& [nth, gemm, C] : {std::tuple{1, "forward", 128}, std::tuple{3, "wgrad", 160}}) {
+    sim::fail_call("cublasLtMatmul", nth, CUBLAS_STATUS_NOT_SUPPORTED);
+    CHECK(be->make_fp8_gemms(64, C, 64, Scaling::tensor, Format::e4m3, Format::e5m2, &why) == nullptr);
+    CHECK_THAT(why, Contains(std::string("cuBLASLt refused to launch the ") + gemm + " GEMM") &&
+                        Contains("that its heuristic had offered"));
+    CHECK(be->memory_use().in_use == before);
+    sim::clear_faults();
+  }
+
   CHECK(be->make_fp8_gemms(64, 96, 64, Scaling::tensor, Format::e4m3, Format::e5m2, &why) != nullptr);
+}
+
+TEST_CASE("simulated device: cuDNN 9.15.0 and older keep a sequence length that is not a multiple of 128 off "
+          "the fused attention",
+          "[sim]") {
+  // cudnn-frontend adds a padding mask to the backward there (an invalid memory access otherwise,
+  // fixed in cuDNN 9.15.1); ptrain's graph has none, so the fallback runs such shapes.
+  for (const auto& [version, T, fused] : {std::tuple{"91500", 64, false}, std::tuple{"91500", 128, true},
+                                          std::tuple{"91501", 64, true}}) {
+    CAPTURE(version, T);
+    REQUIRE(setenv("PTRAIN_SIM_CUDNN_VERSION", version, 1) == 0);
+    const auto be = make_cuda_backend(0, 512 * kMiB);
+    const AttentionChoice c = be->choose_attention("auto", DType::bf16, 1, T, 2, 2, 32);
+    CHECK((c.path == AttentionPath::fused) == fused);
+    if (!fused)
+      CHECK_THAT(c.reason, Contains("cuDNN 9.15.0 can fault in the attention backward when the sequence length (64) "
+                                    "is not a multiple of 128"));
+  }
+  unsetenv("PTRAIN_SIM_CUDNN_VERSION");
 }
 
 }  // namespace

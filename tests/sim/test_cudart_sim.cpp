@@ -197,6 +197,28 @@ TEST_CASE("cudart: inside a capture, synchronising, allocating and synchronous c
   cudaGetLastError();
 }
 
+TEST_CASE("cudart: legacy-stream work invalidates a blocking stream's capture, not a non-blocking stream's") {
+  DeviceFloats x(1);
+  for (const bool blocking : {true, false}) {
+    CAPTURE(blocking);
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, blocking ? cudaStreamDefault : cudaStreamNonBlocking) == cudaSuccess);
+    unsigned int flags = 0;
+    REQUIRE(cudaStreamGetFlags(s, &flags) == cudaSuccess);
+    CHECK(flags == (blocking ? cudaStreamDefault : cudaStreamNonBlocking));
+    // Relaxed: the legacy stream's memset is not refused as an unsafe call, only as a dependency.
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    ptrain::sim::launch(s, dim3(1), dim3(32), 0, "add_kernel", add_kernel, x.p, 1, 1.0f);
+    CHECK(cudaMemsetAsync(x.p, 0, sizeof(float), nullptr) == (blocking ? cudaErrorStreamCaptureImplicit : cudaSuccess));
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(s, &graph) == (blocking ? cudaErrorStreamCaptureInvalidated : cudaSuccess));
+    CHECK((graph != nullptr) == !blocking);
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  }
+}
+
 TEST_CASE("cudart: waiting on the host for an event recorded inside a capture is cudaErrorCapturedEvent") {
   OwnedStream s;
   cudaEvent_t e;

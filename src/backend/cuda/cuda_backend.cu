@@ -39,7 +39,10 @@ CudaBackend::CudaBackend(int device_index, size_t arena_bytes, bool tf32) : devi
                            std::to_string(prop_.major) + std::to_string(prop_.minor) +
                            ": ptrain's kernels are built for sm_90 (Hopper) and newer; use run.device: cpu");
   try {
-    PTRAIN_CUDA_CHECK(cudaStreamCreate(&stream_));
+    // Non-blocking: work a library queues on the legacy default stream would otherwise wait for
+    // this stream, and while a micro-batch is being captured as a CUDA graph that dependency
+    // invalidates the capture.
+    PTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     size_t free_bytes = 0, total_bytes = 0;
     PTRAIN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     free_at_start_ = free_bytes;

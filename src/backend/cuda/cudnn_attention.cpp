@@ -692,6 +692,13 @@ struct CudnnAttention::Impl {
       return "cuDNN flash attention needs an sm80 (Ampere) or newer GPU; this one is sm" + std::to_string(sm);
     if (version == 91000 || version == 91001)
       return "cuDNN " + version_text(version) + " has known bugs in bf16/fp16 attention (cudnn-frontend refuses it)";
+    // cuDNN 9.15.0 and older can fault (an invalid memory access) in the backward when the key
+    // length is not a multiple of 128 and the graph has no padding mask; cudnn-frontend adds one
+    // there (CompositeSDPABackwardNode::pre_validate_node, v1.16 to v1.23), and 9.15.1 fixes it.
+    // ptrain's graph has no padding mask, so such shapes take the fallback.
+    if (version <= 91500 && s.T % 128 != 0)
+      return "cuDNN " + version_text(version) + " can fault in the attention backward when the sequence length (" +
+             std::to_string(s.T) + ") is not a multiple of 128 (fixed in cuDNN 9.15.1, which this shape needs)";
     if (deterministic && !determinism_problem.empty()) return determinism_problem;
     return "";
   }

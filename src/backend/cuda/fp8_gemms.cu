@@ -6,6 +6,7 @@
 // once its buffers are made and asked about (then given back). The model emulates either.
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
@@ -70,9 +71,11 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     return spec;
   }
 
-  // Whether cuBLASLt on this GPU has algorithms for the three GEMMs with these formats (bf16
-  // outputs, as the model's FP8 layers write) on this layer's buffers; if not, *why says which
-  // it refused. The code buffers stand in for the outputs: only their alignment is read.
+  // Whether cuBLASLt on this GPU runs the three GEMMs with these formats (bf16 outputs, as the
+  // model's FP8 layers write) on this layer's buffers; if not, *why says which it refused. Each is
+  // asked of the heuristic and then launched once, into a scratch output (the operands are still
+  // zero): cuBLASLt can refuse at launch what its heuristic offered, and a refusal inside a step
+  // would end the run, where one here leaves the layer to the emulation.
   bool runs_here(Format forward, Format backward, std::string* why) {
     const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
         {"forward",
@@ -85,6 +88,21 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
             std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " + describe_gemm(gemm.first);
         return false;
       }
+    const size_t outputs = static_cast<size_t>(std::max({rows_ * OC_, rows_ * C_, OC_ * C_}));
+    void* scratch = be_.allocate(outputs * dtype_size(DType::bf16));
+    for (const auto& [name, gemm] : gemms) {
+      GemmArgs args = gemm.second;
+      args.d = scratch;
+      try {
+        be_.matmul_->run(gemm.first, args, be_.stream_);
+      } catch (const std::exception& e) {
+        be_.release(scratch);
+        *why = std::string("cuBLASLt refused to launch the ") + name + " GEMM " + describe_gemm(gemm.first) +
+               " that its heuristic had offered: " + e.what();
+        return false;
+      }
+    }
+    be_.release(scratch);
     return true;
   }
 

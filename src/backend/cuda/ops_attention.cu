@@ -132,9 +132,10 @@ void CudaBackend::attention_decode(Tensor out, Tensor qkv, int n_head) {
   PTRAIN_EXPECT(qkv.ndim == 2 && qkv.dim(0) > 0, op, "qkv must be (T,W) with T >= 1, got " + qkv.shape_string());
   const AttentionHeads heads = attention_heads(op, qkv, out, n_head);
   const int64_t n = qkv.dim(0), C = heads.q_width(), HS = heads.head_size;
-  PTRAIN_EXPECT(out.numel() == C && HS <= 1024, op,
+  PTRAIN_EXPECT(out.numel() == C && HS <= kernels::kAttentionDecodeMaxThreads, op,
                 "shape mismatch: qkv " + qkv.shape_string() + " out " + out.shape_string() + " with " +
-                    std::to_string(n_head) + " heads (want C elements, head size at most 1024)");
+                    std::to_string(n_head) + " heads (want C elements, head size at most " +
+                    std::to_string(kernels::kAttentionDecodeMaxThreads) + ")");
   run_staged(op, qkv.dtype, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
     const Tensor o = st.out(out, qkv.dtype, false);

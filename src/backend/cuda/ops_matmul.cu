@@ -136,14 +136,19 @@ void CudaBackend::gemm_into(Staged& st, GemmSpec spec, const void* a, const void
     args.d = out.data;
     args.beta = accumulate ? 1.0f : 0.0f;  // C = D: in place
     // A bias that is not 16-byte aligned would make cuBLASLt pick slower kernels for the whole
-    // GEMM (Matmul's alignment class covers every pointer): it is added afterwards instead.
-    const bool fused_bias = !bias.empty() && !accumulate && bias.dtype == out.dtype && out.dtype == ab &&
-                            reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
+    // GEMM (Matmul's alignment class covers every pointer): it is added afterwards instead. So is
+    // one cuBLASLt refuses with the BIAS epilogue (it refuses operands of one row or column,
+    // decoding's single position among them): the plain GEMM runs, then the bias kernel.
+    bool fused_bias = !bias.empty() && !accumulate && bias.dtype == out.dtype && out.dtype == ab &&
+                      reinterpret_cast<uintptr_t>(bias.data) % 16 == 0;
     if (fused_bias) {
-      spec.epilogue = CUBLASLT_EPILOGUE_BIAS;
-      args.bias = bias.data;
+      GemmSpec with_bias = spec;
+      with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+      GemmArgs bias_args = args;
+      bias_args.bias = bias.data;
+      fused_bias = matmul_->try_run(with_bias, bias_args, stream_);
     }
-    matmul_->run(spec, args, stream_);
+    if (!fused_bias) matmul_->run(spec, args, stream_);
     if (!bias.empty() && !fused_bias) {
       const Tensor bb = st.in(bias, out.dtype);
       with_float_type(out.dtype, "matmul_forward", [&](auto tag) {
