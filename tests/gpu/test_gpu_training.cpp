@@ -192,7 +192,9 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
     }
 }
 
-TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train]") {
+// Tagged [cpu_training]: it trains on the CPU backend too, so CI runs it again under the second
+// numerics (tests/CMakeLists.txt).
+TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train][cpu_training]") {
   const fs::path dir = make_temp_dir("gpu-train");
   // GPT-2 in every mode; Llama (4 query heads over 2 K/V heads) in bf16 and FP8.
   const std::string llama = ", arch: llama, n_kv_head: 2, mlp_hidden: 256";

@@ -20,6 +20,10 @@
 // (a 16-bit virtual rounds as the engine's would); by-value scalars are read when
 // cudnnBackendExecute is called. The plan's workspace is the virtual tensors' bytes, so a
 // workspace the caller under-sizes is overrun.
+//
+// Engines: one, the interpreter, for every graph, except that an attention (SDPA) graph outside
+// the support surface of real cuDNN's fused flash-attention engines gets no execution plan (a
+// NOT_SUPPORTED status with the reason; "support surface" below).
 #include <cudnn.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -193,6 +197,7 @@ struct Descriptor {
 
 struct Handle {
   cudaStream_t stream = nullptr;
+  int device = 0;  // current at cudnnCreate: the GPU whose engines the handle's plans use
 };
 
 size_t element_size(cudnnDataType_t t) {
@@ -380,6 +385,241 @@ cudnnStatus_t finalize_graph(Descriptor& d) {
                  std::to_string(produced[uid]) + " times");
     if (t->by_value && produced[uid] != 0) return bad("operation graph: a by-value tensor is written");
   }
+  return CUDNN_STATUS_SUCCESS;
+}
+
+// ---------------------------------------------------------------------------- support surface
+//
+// Real cuDNN runs scaled-dot-product attention only on its fused flash-attention engines: its
+// runtime-fusion engines match the composite graph cudnn-frontend lowers sdpa()/sdpa_backward()
+// to (ptrain's cudnn_attention.cpp builds the same one) and impose their support surface. A graph
+// of that pattern outside it has no engine, and ptrain must fall back rather than pass CI on a
+// graph no GPU would run. Where exactly cuDNN says so is not public; the simulation refuses the
+// execution plan's finalize with a NOT_SUPPORTED status and the reason as the last error string,
+// the answer ptrain's engine loop reads as "this engine does not take the graph".
+//
+// The pattern is recognised by its structure, not by uids (those are the caller's choice):
+//  - the score matmul S = Q K^T: both operands real tensors, and an EXP computed from S (the
+//    softmax's, forward; P = exp(S - stats), backward);
+//  - backward: a second matmul of two real operands from which no EXP is computed, dP = dO V^T;
+//    forward: a matmul computed from S with a real B operand, O = P V;
+//  - the row statistics: in the forward, the graph's results (written, read by no operation)
+//    other than O whose last extent is 1; in the backward, the real tensors read on the way from
+//    S to its EXP; the backward's O: the real tensor multiplied pointwise with dO (softmax_sum's
+//    rowsum(dO * O)); its dQ, dK, dV: the graph's results. Real tensors that are written and read
+//    again (softmax_sum, the FP32 dQ accumulator) are workspace, not checked.
+// A graph without this pattern (no such matmuls) is not attention, and is accepted as before.
+// Sources, cited rule by rule below: cudnn-frontend v1.23.0 (fb682ce)
+// include/cudnn_frontend/node/sdpa_support_surface.h (SDPA_attributes::validate_sdpa_support_surface,
+// the forward's checks) and node/scaled_dot_product_flash_attention.h
+// (CompositeSDPABackwardNode::pre_validate_node); the frontend's Attention support matrix
+// (docs.nvidia.com/deeplearning/cudnn/frontend/latest/operations/Attention.html, cuDNN 9.18.1).
+
+bool is_real(const TensorInfo& t) { return !t.is_virtual && !t.by_value; }
+
+bool is_pointwise(const Descriptor* op, cudnnPointwiseMode_t mode) {
+  return op->op.kind == CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR && op->op.mode == mode;
+}
+
+// The operations that read tensor `uid` or anything computed from it. follow_exp false: an EXP
+// is listed but what it computes is not followed.
+std::vector<const Descriptor*> downstream(const Descriptor& graph, int64_t uid, bool follow_exp) {
+  std::vector<const Descriptor*> found;
+  std::vector<int64_t> frontier = {uid};
+  while (!frontier.empty()) {
+    const int64_t t = frontier.back();
+    frontier.pop_back();
+    for (const Descriptor* op : graph.ops) {
+      if (std::find(found.begin(), found.end(), op) != found.end()) continue;
+      const auto& in = op->op.inputs;
+      if (std::none_of(in.begin(), in.end(), [&](const Descriptor* x) { return x->tensor.uid == t; })) continue;
+      found.push_back(op);
+      if (follow_exp || !is_pointwise(op, CUDNN_POINTWISE_EXP)) frontier.push_back(op->op.output->tensor.uid);
+    }
+  }
+  return found;
+}
+
+bool computes_exp(const Descriptor& graph, int64_t uid) {
+  const std::vector<const Descriptor*> ops = downstream(graph, uid, false);
+  return std::any_of(ops.begin(), ops.end(),
+                     [](const Descriptor* op) { return is_pointwise(op, CUDNN_POINTWISE_EXP); });
+}
+
+bool is_matmul_of_reals(const Descriptor* op) {
+  return op->op.kind == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR && is_real(op->op.inputs[0]->tensor) &&
+         is_real(op->op.inputs[1]->tensor);
+}
+
+// One tensor of the attention and what the engines need of it.
+struct SdpaTensor {
+  std::string name;
+  const TensorInfo* t;
+  int d_axis;  // the head dimension's axis, whose stride must be 1: 3, or 2 in the transposed K^T
+               // and V^T; -1: not checked (the forward's statistics)
+  bool fp32;   // the row statistics; the others are 16-bit
+};
+
+struct Sdpa {
+  bool backward = false;
+  const TensorInfo *q = nullptr, *k_t = nullptr, *v = nullptr;  // v: V (forward) or V^T (backward)
+  std::vector<SdpaTensor> tensors;                               // q, k_t and v included
+};
+
+// Whether `graph` is an SDPA graph (see above); fills *s.
+bool recognise_sdpa(const Descriptor& graph, Sdpa* s) {
+  const Descriptor* score = nullptr;
+  for (const Descriptor* op : graph.ops)
+    if (is_matmul_of_reals(op) && computes_exp(graph, op->op.output->tensor.uid)) {
+      score = op;
+      break;
+    }
+  if (!score) return false;
+  const int64_t scores = score->op.output->tensor.uid;
+  s->q = &score->op.inputs[0]->tensor;
+  s->k_t = &score->op.inputs[1]->tensor;
+  std::set<int64_t> read;
+  for (const Descriptor* op : graph.ops)
+    for (const Descriptor* in : op->op.inputs) read.insert(in->tensor.uid);
+  std::vector<const TensorInfo*> results;  // real tensors written and never read
+  for (const Descriptor* op : graph.ops) {
+    const TensorInfo& out = op->op.output->tensor;
+    if (is_real(out) && !read.count(out.uid)) results.push_back(&out);
+  }
+
+  const Descriptor* dp = nullptr;  // backward: dP = dO V^T
+  for (const Descriptor* op : graph.ops)
+    if (op != score && is_matmul_of_reals(op) && !computes_exp(graph, op->op.output->tensor.uid)) {
+      dp = op;
+      break;
+    }
+  s->backward = dp != nullptr;
+  if (s->backward) {
+    const TensorInfo* d_o = &dp->op.inputs[0]->tensor;
+    s->v = &dp->op.inputs[1]->tensor;
+    s->tensors = {{"Q", s->q, 3, false}, {"K", s->k_t, 2, false}, {"V", s->v, 2, false}, {"dO", d_o, 3, false}};
+    for (const Descriptor* op : graph.ops) {  // O: rowsum(dO * O)'s other factor
+      if (!is_pointwise(op, CUDNN_POINTWISE_MUL) || op->op.inputs.size() < 2) continue;
+      const TensorInfo &x = op->op.inputs[0]->tensor, &b = op->op.inputs[1]->tensor;
+      if (&x == d_o && is_real(b)) s->tensors.push_back({"O", &b, 3, false});
+      if (&b == d_o && is_real(x)) s->tensors.push_back({"O", &x, 3, false});
+    }
+    for (const Descriptor* op : downstream(graph, scores, false))  // Stats: subtracted before the EXP
+      for (const Descriptor* in : op->op.inputs)
+        if (is_real(in->tensor)) s->tensors.push_back({"Stats", &in->tensor, 3, true});
+    for (const TensorInfo* r : results) s->tensors.push_back({"a gradient (dQ, dK or dV)", r, 3, false});
+    return true;
+  }
+  const Descriptor* pv = nullptr;  // forward: O = P V
+  for (const Descriptor* op : downstream(graph, scores, true))
+    if (op->op.kind == CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR && is_real(op->op.inputs[1]->tensor)) {
+      pv = op;
+      break;
+    }
+  if (!pv) return false;  // scores and a softmax, no attention
+  s->v = &pv->op.inputs[1]->tensor;
+  const TensorInfo* o = &pv->op.output->tensor;
+  s->tensors = {{"Q", s->q, 3, false}, {"K", s->k_t, 2, false}, {"V", s->v, 3, false}};
+  if (is_real(*o)) s->tensors.push_back({"O", o, 3, false});
+  for (const TensorInfo* r : results)
+    if (r != o && r->dims.back() == 1) s->tensors.push_back({"Stats", r, -1, true});
+  return true;
+}
+
+std::string type_name(cudnnDataType_t t) {
+  switch (t) {
+    case CUDNN_DATA_FLOAT: return "FP32";
+    case CUDNN_DATA_HALF: return "FP16";
+    case CUDNN_DATA_BFLOAT16: return "BF16";
+    case CUDNN_DATA_INT32: return "INT32";
+    case CUDNN_DATA_BOOLEAN: return "BOOLEAN";
+    default: return "cudnnDataType " + std::to_string(int(t));
+  }
+}
+
+std::string version_text(int64_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string(v % 10000 / 100) + "." + std::to_string(v % 100);
+}
+
+std::string dims_text(const TensorInfo& t) {
+  std::string text;
+  for (int64_t d : t.dims) text += (text.empty() ? "(" : ", ") + std::to_string(d);
+  return text + ")";
+}
+
+// CUDNN_STATUS_SUCCESS, or why no fused flash-attention engine takes the SDPA graph `s` on a
+// GPU of compute capability `sm` (major * 10 + minor) under cuDNN `version`.
+cudnnStatus_t check_sdpa_support(const Sdpa& s, int sm, int64_t version) {
+  const char* pass = s.backward ? "backward" : "forward";
+  const std::string what = std::string("fused flash attention (") + pass + "): ";
+  auto refuse = [&](cudnnStatus_t status, const std::string& why) { return bad(what + why, status); };
+  // sdpa_support_surface.h L317-320: "SDPA FP16/BF16 requires SM80 (Ampere) or newer architecture";
+  // the support matrix: "requires SM80 (Ampere) or newer architectures".
+  if (sm < 80)
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH, "needs sm80 or newer, this GPU is sm" + std::to_string(sm));
+  // sdpa_support_surface.h L200-204 (forward), scaled_dot_product_flash_attention.h L1111-1115
+  // (backward): cuDNN 9.10.0 and 9.10.1 refused for FP16/BF16 SDPA, "due to known bugs".
+  if (version == 91000 || version == 91001)
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED,
+                  "cuDNN " + version_text(version) + " has known bugs in FP16/BF16 attention");
+  // scaled_dot_product_flash_attention.h L204-223 (forward: Q, K, V, O) and L1046-1070
+  // (backward: those, Stats, dO, dQ, dK, dV): each is 4-D (b, h, s, d) with the head dimension's
+  // stride 1 ("The stride for the last dimension corresponding to the embedding size per head
+  // should be 1"); K^T and V^T are transposed views, their head dimension is axis 2.
+  for (const SdpaTensor& x : s.tensors) {
+    if (x.t->dims.size() != 4)
+      return refuse(CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN, x.name + " is " + std::to_string(x.t->dims.size()) +
+                                                                  "-D; the engines take 4-D (b, h, s, d) tensors");
+    if (x.d_axis >= 0 && x.t->strides[size_t(x.d_axis)] != 1)
+      return refuse(CUDNN_STATUS_NOT_SUPPORTED_LAYOUT, x.name + "'s head dimension has stride " +
+                                                           std::to_string(x.t->strides[size_t(x.d_axis)]) + ", not 1");
+  }
+  // Data types. Backend API reference, "Fused Flash Attention fprop" and "... bprop": "Q, K^T and V
+  // must be FP16 or BF16" (and so O, dO and the gradients, in the same type); the support matrix
+  // lists fp16 and bf16 (fp8 is the separate FP8 graph). The statistics are FP32, as the frontend
+  // declares Stats (its "intermediate data type").
+  for (const SdpaTensor& x : s.tensors) {
+    const bool ok = x.fp32 ? x.t->type == CUDNN_DATA_FLOAT
+                           : x.t->type == CUDNN_DATA_HALF || x.t->type == CUDNN_DATA_BFLOAT16;
+    if (!ok)
+      return refuse(CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE,
+                    x.name + " is " + type_name(x.t->type) + "; the engines take " +
+                        (x.fp32 ? "FP32 statistics" : "FP16 or BF16"));
+  }
+  const int64_t h_q = s.q->dims[1], h_k = s.k_t->dims[1], h_v = s.v->dims[1];
+  const int64_t s_q = s.q->dims[2], s_kv = s.k_t->dims[3];
+  const int64_t d_qk = s.q->dims[3], d_v = s.v->dims[s.backward ? 2 : 3];
+  const std::string shape = "Q " + dims_text(*s.q) + ", K^T " + dims_text(*s.k_t) + ", V" +
+                            (s.backward ? "^T " : " ") + dims_text(*s.v);
+  auto refuse_shape = [&](const std::string& why) {
+    return refuse(CUDNN_STATUS_NOT_SUPPORTED_SHAPE, why + "; " + shape);
+  };
+  // sdpa_support_surface.h L67-70, scaled_dot_product_flash_attention.h L1169-1171: "number of heads
+  // for key and query must be a factor of number of heads for query".
+  if (h_q % h_k != 0 || h_q % h_v != 0) return refuse_shape("K/V heads that do not divide the query heads");
+  // scaled_dot_product_flash_attention.h L1106-1108, and cuDNN 9.18.1's release notes (known
+  // issue: "bprop is not supported when both key/value have sequence length of 1").
+  if (s.backward && s_q == 1 && s_kv == 1) return refuse_shape("s_q = s_kv = 1 has no backward");
+  // sdpa_support_surface.h L221-222, scaled_dot_product_flash_attention.h L1143-1162: head
+  // dimensions are multiples of 8.
+  if (d_qk % 8 != 0 || d_v % 8 != 0) return refuse_shape("head dimensions must be multiples of 8");
+  // The support matrix's footnote 5: d_qk and d_v differ only as d_qk = 192, d_v = 128 (the
+  // frontend itself checks the pair only in the backward: Hopper with cuDNN 9.11 to 9.12, L1132-1140,
+  // and Blackwell, L1147-1157).
+  if (d_qk != d_v && !(d_qk == 192 && d_v == 128)) return refuse_shape("d_qk != d_v (only 192 with 128 is taken)");
+  // Largest head dimension. Support matrix (cuDNN 9.18.1): forward d <= 256 on every
+  // architecture; backward d <= 256 on Hopper, 128 elsewhere. Older cuDNN, per the frontend:
+  // forward d <= 128 on sm8x up to 9.9 and on sm10x before 9.9 (sdpa_support_surface.h
+  // L323-340); backward: Hopper 256 (scaled_dot_product_flash_attention.h L1129-1145),
+  // Blackwell sm10x from 9.11 128 or d_qk = 192 with d_v = 128 (L1147-1157), else 128 (L1158-1163).
+  const int major = sm / 10;
+  int64_t limit = 256;
+  if (!s.backward && ((major == 8 && version <= 90900) || (major == 10 && version < 90900))) limit = 128;
+  if (s.backward && major != 9) limit = major == 10 && version >= 91100 && d_qk == 192 && d_v == 128 ? 192 : 128;
+  if (std::max(d_qk, d_v) > limit)
+    return refuse_shape("head dimension " + std::to_string(std::max(d_qk, d_v)) + " above the " +
+                        std::to_string(limit) + " the " + pass + " pass takes on sm" + std::to_string(sm) +
+                        " with cuDNN " + version_text(version));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -623,6 +863,11 @@ const char* cudnnGetErrorString(cudnnStatus_t status) {
     case CUDNN_STATUS_NOT_INITIALIZED: return "CUDNN_STATUS_NOT_INITIALIZED";
     case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
     case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
+    case CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN: return "CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN";
+    case CUDNN_STATUS_NOT_SUPPORTED_SHAPE: return "CUDNN_STATUS_NOT_SUPPORTED_SHAPE";
+    case CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE: return "CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE";
+    case CUDNN_STATUS_NOT_SUPPORTED_LAYOUT: return "CUDNN_STATUS_NOT_SUPPORTED_LAYOUT";
+    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH: return "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH";
     case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
     default: return "CUDNN_STATUS_INTERNAL_ERROR";
   }
@@ -637,7 +882,9 @@ void cudnnGetLastErrorString(char* message, size_t max_size) {
 cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
   if (const int injected = ptrain::sim::injected_failure(__func__))
     return bad("cudnnCreate: injected failure", static_cast<cudnnStatus_t>(injected));
-  *handle = reinterpret_cast<cudnnHandle_t>(new Handle);
+  Handle* h = new Handle;
+  cudaGetDevice(&h->device);
+  *handle = reinterpret_cast<cudnnHandle_t>(h);
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
@@ -744,6 +991,14 @@ cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t desc) {
         if (!d->one(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, &h)) d->graph->one(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, &h);
         if (!h) status = bad("execution plan: no handle (neither the plan's nor its operation graph's)");
         d->workspace = workspace_of(*d->graph);
+        // An attention graph outside the fused engines' support surface has no engine.
+        Sdpa sdpa;
+        if (status == CUDNN_STATUS_SUCCESS && recognise_sdpa(*d->graph, &sdpa)) {
+          int major = 0, minor = 0;
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, h->device);
+          cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, h->device);
+          status = check_sdpa_support(sdpa, major * 10 + minor, int64_t(cudnnGetVersion()));
+        }
       }
       break;
     }

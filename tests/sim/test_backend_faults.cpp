@@ -4,7 +4,9 @@
 // algorithm for a layer's FP8 GEMMs. A real GPU gives these answers rarely and never on demand;
 // the simulation injects them (sim.h, fail_call) so each refusal's handling runs on every commit:
 // a fallback where the run can go on, with the reason in its log, and otherwise an error that
-// names the device, the sizes or the library call.
+// names the device, the sizes or the library call. The simulated cuDNN's own refusal of
+// attention graphs its fused engines do not take is tested at the end, on graphs built through
+// the backend API directly for the shapes ptrain refuses before asking.
 #include <catch2/catch.hpp>
 
 #include <cublasLt.h>
@@ -12,10 +14,12 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -203,6 +207,15 @@ TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN
   c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 12);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("head size"));
+  // One ptrain lets through to cuDNN, above the 256 Hopper's engines take: every engine refuses
+  // the plan, and cuDNN's own reason is the run's; 256 itself runs fused.
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 264);
+  CHECK(c.path == fallback);
+  CHECK_THAT(c.reason, Contains("cuDNN found no engine for the forward graph of B=1 T=64 NH=2 HS=264 bf16") &&
+                           Contains("engine 0: CUDNN_STATUS_NOT_SUPPORTED_SHAPE (fused flash attention (forward): "
+                                    "head dimension 264 above the 256"));
+  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 256);
+  CHECK(c.path == AttentionPath::fused);
 
   // Grouped-query attention (4 query heads over 2 K/V heads, and multi-query over 1): the fused
   // graph reads the K/V heads in place and agrees with the fallback on q, k and v gradients.
@@ -269,6 +282,299 @@ TEST_CASE("simulated device: cuDNN 9.15.0 and older keep a sequence length that 
                                     "is not a multiple of 128"));
   }
   unsetenv("PTRAIN_SIM_CUDNN_VERSION");
+}
+
+// ---------------------------------------------------------------------------- the simulated cuDNN
+
+// Builds one operation graph through cuDNN's backend API, as a caller other than ptrain would,
+// and asks for an execution plan: the simulated cuDNN's answer for graphs ptrain never builds
+// (it refuses their shapes itself before asking).
+class BackendGraph {
+ public:
+  BackendGraph() = default;
+  BackendGraph(const BackendGraph&) = delete;
+  BackendGraph& operator=(const BackendGraph&) = delete;
+  ~BackendGraph() {
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+  }
+
+  cudnnBackendDescriptor_t tensor(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides,
+                                  cudnnDataType_t type, bool is_virtual = false) {
+    cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t uid = next_uid_++, alignment = 16;
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, int64_t(dims.size()), dims.data());
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, int64_t(strides.size()), strides.data());
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    const bool yes = true;
+    if (is_virtual) set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    finalize(t);
+    return t;
+  }
+  // Row-major strides.
+  cudnnBackendDescriptor_t packed(const std::vector<int64_t>& dims, cudnnDataType_t type, bool is_virtual = false) {
+    std::vector<int64_t> strides(dims.size(), 1);
+    for (size_t i = dims.size() - 1; i-- > 0;) strides[i] = strides[i + 1] * dims[i + 1];
+    return tensor(dims, strides, type, is_virtual);
+  }
+
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &kFloat);
+    finalize(mm);
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+    add(op);
+  }
+  // y = x (unary modes) or x `mode` b.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &kFloat);
+    finalize(pw);
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    add(op);
+  }
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t red = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+    set(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &kFloat);
+    finalize(red);
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    add(op);
+  }
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    add(op);
+  }
+
+  // The status of finalizing an execution plan for the graph (the heuristics' first engine) and,
+  // when it is refused, cuDNN's last error string in *why. Everything before the plan must finalize.
+  cudnnStatus_t plan(std::string* why) {
+    cudnnHandle_t handle = nullptr;
+    REQUIRE(cudnnCreate(&handle) == CUDNN_STATUS_SUCCESS);
+    cudnnBackendDescriptor_t graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()), ops_.data());
+    finalize(graph);
+    cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    finalize(heur);
+    cudnnBackendDescriptor_t config = make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t count = 0;
+    REQUIRE(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count,
+                                     &config) == CUDNN_STATUS_SUCCESS);
+    REQUIRE(count == 1);
+    cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &config);
+    const cudnnStatus_t status = cudnnBackendFinalize(plan);
+    char text[512] = {0};
+    cudnnGetLastErrorString(text, sizeof(text));
+    *why = status == CUDNN_STATUS_SUCCESS ? "" : text;
+    cudnnDestroy(handle);
+    return status;
+  }
+
+ private:
+  static constexpr cudnnDataType_t kFloat = CUDNN_DATA_FLOAT;
+
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
+    cudnnBackendDescriptor_t d = nullptr;
+    REQUIRE(cudnnBackendCreateDescriptor(type, &d) == CUDNN_STATUS_SUCCESS);
+    owned_.push_back(d);
+    return d;
+  }
+  static void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                  int64_t count, const void* values) {
+    REQUIRE(cudnnBackendSetAttribute(d, name, type, count, values) == CUDNN_STATUS_SUCCESS);
+  }
+  static void finalize(cudnnBackendDescriptor_t d) { REQUIRE(cudnnBackendFinalize(d) == CUDNN_STATUS_SUCCESS); }
+  void add(cudnnBackendDescriptor_t op) {
+    finalize(op);
+    ops_.push_back(op);
+  }
+
+  int64_t next_uid_ = 1;
+  std::vector<cudnnBackendDescriptor_t> owned_, ops_;
+};
+
+// One attention problem, as the graphs below declare it: the usual shape unless a test changes one thing.
+struct Attention {
+  int64_t b = 1, h_q = 2, h_k = 2, h_v = 2, s_q = 16, s_kv = 16, d_qk = 64, d_v = 64;
+  int64_t h_scores = 0;  // heads of S and O; 0: h_q
+  cudnnDataType_t io = CUDNN_DATA_BFLOAT16, stats = CUDNN_DATA_FLOAT;
+  bool q_head_dim_contiguous = true;  // false: Q's head dimension has stride s_q (a (b, h, d, s) buffer)
+};
+
+cudnnBackendDescriptor_t q_tensor(BackendGraph& g, const Attention& a) {
+  const std::vector<int64_t> dims = {a.b, a.h_q, a.s_q, a.d_qk};
+  if (a.q_head_dim_contiguous) return g.packed(dims, a.io);
+  return g.tensor(dims, {a.h_q * a.s_q * a.d_qk, a.s_q * a.d_qk, 1, a.s_q}, a.io);
+}
+// (b, h, s, d) in memory, declared transposed as (b, h, d, s): K^T and V^T as the matmuls take them.
+cudnnBackendDescriptor_t transposed(BackendGraph& g, int64_t b, int64_t h, int64_t s, int64_t d, cudnnDataType_t t) {
+  return g.tensor({b, h, d, s}, {h * s * d, s * d, 1, d}, t);
+}
+
+// The forward pattern, reduced: S = Q K^T, P = exp(S), O = P V, Stats = rowmax(S).
+cudnnStatus_t forward_plan(const Attention& a, std::string* why) {
+  BackendGraph g;
+  const int64_t h = a.h_scores ? a.h_scores : a.h_q;
+  const auto q = q_tensor(g, a), k_t = transposed(g, a.b, a.h_k, a.s_kv, a.d_qk, a.io);
+  const auto v = g.packed({a.b, a.h_v, a.s_kv, a.d_v}, a.io), o = g.packed({a.b, h, a.s_q, a.d_v}, a.io);
+  const auto stats = g.packed({a.b, h, a.s_q, 1}, a.stats);
+  const auto s = g.packed({a.b, h, a.s_q, a.s_kv}, CUDNN_DATA_FLOAT, true);
+  const auto p = g.packed({a.b, h, a.s_q, a.s_kv}, CUDNN_DATA_FLOAT, true);
+  g.matmul(q, k_t, s);
+  g.pointwise(CUDNN_POINTWISE_EXP, s, nullptr, p);
+  g.matmul(p, v, o);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, s, stats);
+  return g.plan(why);
+}
+
+// The backward pattern, reduced: P = exp(Q K^T - Stats), dP = dO V^T, dS = P (dP - rowsum(dO O)),
+// dQ = dS K.
+cudnnStatus_t backward_plan(const Attention& a, std::string* why) {
+  BackendGraph g;
+  const int64_t h = a.h_q;
+  const auto q = q_tensor(g, a), k_t = transposed(g, a.b, a.h_k, a.s_kv, a.d_qk, a.io);
+  const auto v_t = transposed(g, a.b, a.h_v, a.s_kv, a.d_v, a.io);
+  const auto o = g.packed({a.b, h, a.s_q, a.d_v}, a.io), d_o = g.packed({a.b, h, a.s_q, a.d_v}, a.io);
+  const auto stats = g.packed({a.b, h, a.s_q, 1}, a.stats), dq = g.packed({a.b, h, a.s_q, a.d_qk}, a.io);
+  const auto scores = [&] { return g.packed({a.b, h, a.s_q, a.s_kv}, CUDNN_DATA_FLOAT, true); };
+  const auto s = scores(), centered = scores(), p = scores(), dp = scores(), dp_centered = scores(), ds = scores();
+  const auto do_o = g.packed({a.b, h, a.s_q, a.d_v}, CUDNN_DATA_FLOAT, true);
+  const auto softmax_sum = g.packed({a.b, h, a.s_q, 1}, CUDNN_DATA_FLOAT, true);
+  const auto k = g.packed({a.b, a.h_k, a.s_kv, a.d_qk}, CUDNN_DATA_FLOAT, true);
+  g.matmul(q, k_t, s);
+  g.pointwise(CUDNN_POINTWISE_SUB, s, stats, centered);
+  g.pointwise(CUDNN_POINTWISE_EXP, centered, nullptr, p);
+  g.matmul(d_o, v_t, dp);
+  g.pointwise(CUDNN_POINTWISE_MUL, d_o, o, do_o);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, softmax_sum);
+  g.pointwise(CUDNN_POINTWISE_SUB, dp, softmax_sum, dp_centered);
+  g.pointwise(CUDNN_POINTWISE_MUL, dp_centered, p, ds);
+  g.reshape(k_t, k);
+  g.matmul(ds, k, dq);
+  return g.plan(why);
+}
+
+TEST_CASE("simulated device: cuDNN refuses the attention graphs its fused flash-attention engines do not take",
+          "[sim]") {
+  std::string why;
+  const Attention base;
+  // Each variant differs from `base` in one thing; `base` itself is taken, both passes.
+  REQUIRE(forward_plan(base, &why) == CUDNN_STATUS_SUCCESS);
+  REQUIRE(backward_plan(base, &why) == CUDNN_STATUS_SUCCESS);
+  const auto variant = [&](auto change) {
+    Attention a = base;
+    change(a);
+    return a;
+  };
+
+  SECTION("Q, K, V, O and dO in FP16 or BF16, the statistics in FP32") {
+    const Attention fp16 = variant([](Attention& a) { a.io = CUDNN_DATA_HALF; });
+    CHECK(forward_plan(fp16, &why) == CUDNN_STATUS_SUCCESS);
+    CHECK(backward_plan(fp16, &why) == CUDNN_STATUS_SUCCESS);
+    const Attention fp32 = variant([](Attention& a) { a.io = CUDNN_DATA_FLOAT; });
+    CHECK(forward_plan(fp32, &why) == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE);
+    CHECK_THAT(why, Contains("fused flash attention (forward): Q is FP32; the engines take FP16 or BF16"));
+    CHECK(backward_plan(fp32, &why) == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE);
+    const Attention half_stats = variant([](Attention& a) { a.stats = CUDNN_DATA_HALF; });
+    CHECK(forward_plan(half_stats, &why) == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE);
+    CHECK_THAT(why, Contains("Stats is FP16; the engines take FP32 statistics"));
+    CHECK(backward_plan(half_stats, &why) == CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE);
+    CHECK_THAT(why, Contains("fused flash attention (backward): Stats"));
+  }
+  SECTION("each head's elements contiguous") {
+    const Attention strided = variant([](Attention& a) { a.q_head_dim_contiguous = false; });
+    CHECK(forward_plan(strided, &why) == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT);
+    CHECK_THAT(why, Contains("Q's head dimension has stride 16, not 1"));
+    CHECK(backward_plan(strided, &why) == CUDNN_STATUS_NOT_SUPPORTED_LAYOUT);
+  }
+  SECTION("K/V heads dividing the query heads") {
+    // 2 query heads and 3 K/V heads, paired through 6 score heads (every matmul's batch extents
+    // divide its output's, so only the attention rule can refuse it).
+    const Attention gqa = variant([](Attention& a) {
+      a.h_k = a.h_v = 3;
+      a.h_scores = 6;
+    });
+    CHECK(forward_plan(gqa, &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+    CHECK_THAT(why, Contains("K/V heads that do not divide the query heads"));
+    CHECK(forward_plan(variant([](Attention& a) { a.h_k = a.h_v = 1; }), &why) == CUDNN_STATUS_SUCCESS);
+  }
+  SECTION("head dimensions: multiples of 8, equal (or 192 with 128), at most 256 on Hopper") {
+    CHECK(forward_plan(variant([](Attention& a) { a.d_qk = a.d_v = 12; }), &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+    CHECK_THAT(why, Contains("head dimensions must be multiples of 8"));
+    CHECK(forward_plan(variant([](Attention& a) { a.d_v = 32; }), &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+    CHECK_THAT(why, Contains("d_qk != d_v"));
+    CHECK(forward_plan(variant([](Attention& a) { a.d_qk = 192;
+      a.d_v = 128; }), &why) == CUDNN_STATUS_SUCCESS);
+    for (const bool backward : {false, true}) {
+      const auto plan = backward ? backward_plan : forward_plan;
+      CHECK(plan(variant([](Attention& a) { a.d_qk = a.d_v = 256; }), &why) == CUDNN_STATUS_SUCCESS);
+      CHECK(plan(variant([](Attention& a) { a.d_qk = a.d_v = 264; }), &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+      CHECK_THAT(why, Contains("head dimension 264 above the 256"));
+    }
+  }
+  SECTION("a backward needs more than one query and one key") {
+    const Attention single = variant([](Attention& a) { a.s_q = a.s_kv = 1; });
+    CHECK(forward_plan(single, &why) == CUDNN_STATUS_SUCCESS);
+    CHECK(backward_plan(single, &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+    CHECK_THAT(why, Contains("s_q = s_kv = 1 has no backward"));
+    CHECK(backward_plan(variant([](Attention& a) { a.s_q = 1; }), &why) == CUDNN_STATUS_SUCCESS);
+  }
+  SECTION("sm80 or newer; before Hopper, a backward's head dimension at most 128") {
+    sim::set_compute_capability(7, 5);
+    CHECK(forward_plan(base, &why) == CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH);
+    CHECK_THAT(why, Contains("needs sm80 or newer, this GPU is sm75"));
+    sim::set_compute_capability(8, 6);
+    CHECK(forward_plan(base, &why) == CUDNN_STATUS_SUCCESS);
+    const Attention wide = variant([](Attention& a) { a.d_qk = a.d_v = 136; });
+    CHECK(forward_plan(wide, &why) == CUDNN_STATUS_SUCCESS);
+    CHECK(backward_plan(wide, &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
+    CHECK_THAT(why, Contains("head dimension 136 above the 128 the backward pass takes on sm86"));
+    CHECK(backward_plan(variant([](Attention& a) { a.d_qk = a.d_v = 128; }), &why) == CUDNN_STATUS_SUCCESS);
+    sim::set_compute_capability(9, 0);
+    CHECK(backward_plan(wide, &why) == CUDNN_STATUS_SUCCESS);
+  }
+  SECTION("not cuDNN 9.10.0 or 9.10.1") {
+    for (const auto& [version, taken] : {std::pair{"91000", false}, std::pair{"91001", false},
+                                         std::pair{"91002", true}}) {
+      CAPTURE(version);
+      REQUIRE(setenv("PTRAIN_SIM_CUDNN_VERSION", version, 1) == 0);
+      CHECK((forward_plan(base, &why) == CUDNN_STATUS_SUCCESS) == taken);
+      CHECK((backward_plan(base, &why) == CUDNN_STATUS_SUCCESS) == taken);
+      if (!taken) CHECK_THAT(why, Contains("has known bugs in FP16/BF16 attention"));
+    }
+    unsetenv("PTRAIN_SIM_CUDNN_VERSION");
+  }
+  SECTION("a graph that is not attention is not held to them") {
+    // An FP32 matmul and its exponent: no second matmul, so no attention engine is needed.
+    BackendGraph g;
+    const auto a = g.packed({1, 2, 16, 12}, CUDNN_DATA_FLOAT), b = g.packed({1, 2, 12, 16}, CUDNN_DATA_FLOAT);
+    const auto c = g.packed({1, 2, 16, 16}, CUDNN_DATA_FLOAT, true), e = g.packed({1, 2, 16, 16}, CUDNN_DATA_FLOAT);
+    g.matmul(a, b, c);
+    g.pointwise(CUDNN_POINTWISE_EXP, c, nullptr, e);
+    CHECK(g.plan(&why) == CUDNN_STATUS_SUCCESS);
+  }
 }
 
 }  // namespace
