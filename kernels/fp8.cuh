@@ -1,6 +1,7 @@
 // FP8 casts and scaling factors: the per-tensor cast (optionally writing, in the same pass, the
 // transpose that the weight-gradient GEMM reads), amax for current scaling, 1x128 / 128x128
-// block quantisation, and one launch that updates every tensor's delayed-scaling state.
+// block quantisation. (Delayed scaling's state is updated on the host, from the amaxes the casts
+// record: model/fp8_linear.h.)
 //
 // Why this shape: codes come from float_to_fp8, the same NVIDIA conversion the CPU backend's
 // emulation calls, and scales repeat ptrain::current_scale / scale_from_amax operation for
@@ -63,14 +64,6 @@ __device__ __forceinline__ unsigned abs_bits(float x) {
 __device__ __forceinline__ float fp8_current_scale(float amax, float max_value) {
   if (!(is_finite(amax) && amax > 0.0f)) return 1.0f;
   const float scale = max_value / amax;
-  return is_finite(scale) ? scale : FLT_MAX;
-}
-
-// ptrain::scale_from_amax: fp8_max / amax / 2^margin, `previous` for an amax that is 0 or not
-// finite, never infinite.
-__device__ __forceinline__ float fp8_delayed_scale(float amax, float max_value, int margin, float previous) {
-  if (!(is_finite(amax) && amax > 0.0f)) return previous;
-  const float scale = ldexpf(max_value / amax, -margin);
   return is_finite(scale) ? scale : FLT_MAX;
 }
 
@@ -356,28 +349,6 @@ __global__ void fixed_scale_kernel(float* scale, float* scale_inv, float value) 
   }
 }
 
-// One thread per tensor: DelayedScaling::end_step on row t of the (n_tensors, H) history.
-template <bool kMaxAlgo>
-__global__ void delayed_scaling_kernel(float* history, float* scale, float* scale_inv, const float* max_values,
-                                       int n_tensors, int H, int margin) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= n_tensors) return;
-  float* h = history + static_cast<size_t>(t) * H;
-  float amax = h[0];
-  if constexpr (kMaxAlgo) {
-    // NaN is sticky, as ptrain's nan_max: a window holding a NaN keeps the previous scale.
-    for (int i = 1; i < H && !is_nan(amax); ++i) amax = is_nan(h[i]) || amax < h[i] ? h[i] : amax;
-  }
-  const float s = fp8_delayed_scale(amax, max_values[t], margin, scale[t]);
-  scale[t] = s;
-  scale_inv[t] = 1.0f / s;
-  // torch.roll(history, -1): slot i + 1 moves to i, slot 0 to the end; then slot 0 restarts at 0.
-  const float current = h[0];
-  for (int i = 0; i + 1 < H; ++i) h[i] = h[i + 1];
-  h[H - 1] = current;
-  h[0] = 0.0f;
-}
-
 // ---------------------------------------------------------------------------- launchers
 
 // Blocks for `items` work items of `per_block` each, capped at max_blocks (grids stride beyond).
@@ -477,26 +448,6 @@ void fp8_quantize_blocks(fp8* out, float* scale_inv, float* amax, Fp8Counts* cou
   dst.scale_inv = scale_inv;
   dst.layout = BlockScaleLayout{block_cols >= 1 ? ceil_div(cols, block_cols) : 0, 1};
   fp8_quantize_blocks_into(dst, amax, counts, in, rows, cols, block_rows, block_cols, format, stream, max_blocks);
-}
-
-// Delayed scaling, all tensors in one launch: for each tensor t, DelayedScaling::end_step on row
-// t of amax_history (n_tensors, H) row-major, slot 0 = the current step (recorded there by the
-// casts): the window's amax (NaN-sticky max over all slots, or slot 0 with use_max_algo false)
-// gives scale[t] = max_values[t] / amax / 2^margin (kept for an amax of 0, inf or NaN; FLT_MAX
-// instead of inf) and scale_inv[t] = 1 / scale[t]; then the history rolls left by one and slot
-// 0 restarts at 0.
-inline void delayed_scaling_update(float* amax_history, float* scale, float* scale_inv, const float* max_values,
-                                   int n_tensors, int H, int margin, bool use_max_algo, cudaStream_t stream) {
-  if (n_tensors <= 0) return;
-  if (H < 1) throw std::invalid_argument("delayed_scaling_update: the amax history needs at least one slot");
-  constexpr int kThreads = 128;
-  const int blocks = ceil_div(n_tensors, kThreads);
-  if (use_max_algo)
-    PTRAIN_LAUNCH(delayed_scaling_kernel<true>, blocks, kThreads, 0, stream, amax_history, scale, scale_inv, max_values,
-                  n_tensors, H, margin);
-  else
-    PTRAIN_LAUNCH(delayed_scaling_kernel<false>, blocks, kThreads, 0, stream, amax_history, scale, scale_inv,
-                  max_values, n_tensors, H, margin);
 }
 
 }  // namespace ptrain::kernels

@@ -1,5 +1,5 @@
-// Layer normalisation: forward (saving FP32 mean and 1/std for the backward pass), a fused
-// residual-add + layernorm, and the backward pass.
+// Layer normalisation: forward (saving FP32 mean and 1/std for the backward pass) and the
+// backward pass.
 //
 // Why this shape: one warp per row. Each lane caches the elements it reads in shared memory as
 // FP32 and always touches the same elements in every pass, so the row is read from global
@@ -87,28 +87,6 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   layernorm_row(out + static_cast<size_t>(row) * C, mean, rstd, x, weight, bias, row, C, lane);
 }
 
-// residual = a + b (rounded to T, as stored), then out = layernorm(residual).
-template <typename T>
-__global__ void fused_residual_layernorm_kernel(T* residual, T* out, float* mean, float* rstd, const T* a, const T* b,
-                                                const T* weight, const T* bias, int N, int C) {
-  PTRAIN_DYNAMIC_SHARED(float, cache);  // (rows per block, cache floats)
-  constexpr int V = Packed128<T>::size;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int row = blockIdx.x * (blockDim.x / kWarpSize) + warp;
-  if (row >= N) return;
-  float* x = cache + static_cast<size_t>(warp) * layernorm_cache_floats<T>(C);
-  const size_t offset = static_cast<size_t>(row) * C;
-  for (int j = 0, i = lane * V; i < C; ++j, i += kWarpSize * V) {
-    float va[V], vb[V], r[V];
-    load_chunk(va, a + offset, i, C);
-    load_chunk(vb, b + offset, i, C);
-    for (int k = 0; k < V; ++k) r[k] = to_float(from_float<T>(va[k] + vb[k]));
-    store_chunk(residual + offset, i, C, r);
-    for (int k = 0; k < V && i + k < C; ++k) x[cache_slot<T>(j, k, lane)] = r[k];
-  }
-  layernorm_row(out + offset, mean, rstd, x, weight, bias, row, C, lane);
-}
-
 // dinp += (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) * rstd, with dnorm = weight * dout.
 template <typename T>
 __global__ void layernorm_backward_input_kernel(T* dinp, const T* dout, const T* inp, const T* weight, const float* mean,
@@ -192,15 +170,6 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
   const size_t shared = sizeof(float) * rows * static_cast<size_t>(layernorm_cache_floats<T>(C));
   PTRAIN_LAUNCH(layernorm_forward_kernel<T>, ceil_div(N, rows), rows * kWarpSize, shared, stream, out, mean, rstd, inp,
                 weight, bias, N, C);
-}
-
-template <typename T>
-void fused_residual_layernorm_forward(T* residual, T* out, float* mean, float* rstd, const T* a, const T* b,
-                                      const T* weight, const T* bias, int N, int C, cudaStream_t stream) {
-  const int rows = layernorm_rows_per_block<T>(C, 1);
-  const size_t shared = sizeof(float) * rows * static_cast<size_t>(layernorm_cache_floats<T>(C));
-  PTRAIN_LAUNCH(fused_residual_layernorm_kernel<T>, ceil_div(N, rows), rows * kWarpSize, shared, stream, residual, out,
-                mean, rstd, a, b, weight, bias, N, C);
 }
 
 // Floats of scratch memory layernorm_backward needs for N rows of C channels.

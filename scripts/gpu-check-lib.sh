@@ -30,3 +30,8 @@ kernels_not_reached() {
   shift
   comm -23 <(kernels_defined "$dir") <(kernels_named "$@")
 }
+
+# py ARGS...: python3 with the library path from before scripts/gpu-check.sh put the bundle's
+# libraries first (PTRAIN_ORIGINAL_LD_LIBRARY_PATH), so that PyTorch loads its own, not the
+# bundle's libstdc++, libgomp or OpenBLAS; run alone, with the path as it is.
+py() { LD_LIBRARY_PATH="${PTRAIN_ORIGINAL_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" python3 "$@"; }

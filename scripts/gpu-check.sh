@@ -248,6 +248,7 @@ failures="$out/$stage-failures.log"
 rm -f "$out/$stage.log" "$failures" "$out/$stage-library-choices.jsonl" "$out/$stage-bench.txt" "$out/$stage-details.tar.gz"
 echo "gpu-check $stage on $(hostname) at $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${budget} s" >"$summary"
 exec > >(tee -a "$out/$stage.log") 2>&1
+tee_pid=$!
 failed=0
 
 export PTRAIN_LIBRARY_LOG="$work/library-choices.jsonl"
@@ -277,6 +278,8 @@ finish() {
   echo "== $stage: summary (${SECONDS} s of ${budget})"
   cat "$summary"
   echo "details: $out/$stage-details.tar.gz"
+  exec >&- 2>&-  # the log's last lines are in STAGE.log before the call returns
+  wait "$tee_pid" 2>/dev/null
 }
 trap 'finish; exit $failed' EXIT
 trap 'record FAIL 0 "stopped by a signal"; exit 1' TERM INT
@@ -299,6 +302,7 @@ cudnn_reasons() {  # cudnn_reasons LOG: the distinct errors and warnings of a cu
 # Exit 77 (a test that found no GPU) counts as a failure here.
 steps=0
 step_log=""
+timed=false  # the steps run now are timed (benchmark rows): no cuDNN logging
 step() {
   local name="$1" expected="$2" limit="$3"
   shift 3
@@ -314,7 +318,9 @@ step() {
   log="$work/logs/$file.log"
   step_log="$log"
   cudnn="$work/logs/$file.cudnn.log"
-  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$cudnn" timeout -k 5 "$limit" "$@" </dev/null >"$log" 2>&1
+  local logging=(CUDNN_LOGLEVEL_DBG=2 "CUDNN_LOGDEST_DBG=$cudnn")
+  $timed && logging=()  # logging would slow what a benchmark row times
+  env "${logging[@]}" timeout -k 5 "$limit" "$@" </dev/null >"$log" 2>&1
   rc=$?
   took=$((SECONDS - t0))
   case $rc in
@@ -425,7 +431,7 @@ small_config() {  # small_config NAME DEVICE MODE STEPS > file
   fi
   cat <<CONFIG
 run: {name: $name, out_dir: $work/runs, seed: 3, device: $device, overwrite: true}
-model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}
+model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256}
 data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}
 training: {steps: $steps, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2}
 optimizer: {lr: 3.0e-3}
@@ -446,8 +452,7 @@ run_modes() {
     small_config "cpu-$tag" cpu "$mode" 10 >"$work/runs/cpu-$tag.yaml"
     step "train $mode on cuda" "$t_train_cuda" "$limit_train" "$bin/ptrain" train "$work/runs/cuda-$tag.yaml" || continue
     step "train $mode on cpu" "$t_train_cpu" "$limit_train" "$bin/ptrain" train "$work/runs/cpu-$tag.yaml" || continue
-    # python3 with the library path it had before the bundle's (scripts/hf-check.sh says why).
-    LD_LIBRARY_PATH="$PTRAIN_ORIGINAL_LD_LIBRARY_PATH" python3 - "$work/runs/cuda-$tag/metrics.jsonl" \
+    py - "$work/runs/cuda-$tag/metrics.jsonl" \
       "$work/runs/cpu-$tag/metrics.jsonl" "$mode" <<'PY'
 import json, sys
 def losses(path):
@@ -461,7 +466,7 @@ PY
 }
 
 # The gpu tests of a group run in one process: a process a test would pay for the CUDA context
-# and cuBLASLt's and cuDNN's start once per test (some 5 s by the estimate above, 33 times).
+# and cuBLASLt's and cuDNN's start once per test (some 5 s each by the estimate above).
 # Catch2's XML reporter writes and flushes each test's result as the test ends, so when the
 # process crashes or runs out of time the test it was in is known, and the tests after it run
 # each in a process of its own. A test that fails runs once more alone with
@@ -563,6 +568,7 @@ run_speed() {
   echo "== benchmark rows (medians over steps 2-8; MFU against the data sheet's dense peak)"
   local table="$out/$stage-bench.txt" row label config expected sets s log left=""
   printf '%-30s %10s %9s %7s %9s %-9s %s\n' row "tokens/s" "TFLOP/s" "MFU %" "peak GiB" attention "native fp8" >"$table"
+  timed=true
   while IFS= read -r row; do
     label="${row%%|*}"
     config="$(cut -d'|' -f2 <<<"$row")"
@@ -577,10 +583,12 @@ run_speed() {
       --set "run.out_dir=$work/runs" "${sets[@]}"
     log="$step_log"
     printf '%-30s %10s %9s %7s %9s %-9s %s\n' "$label" "$(bench_field "$log" 'tokens/s' 0)" \
-      "$(bench_field "$log" 'model FLOP/s' 6)" "$(bench_field "$log" 'MFU' 1)" "$(bench_field "$log" 'peak device memory' 1)" \
+      "$(bench_field "$log" 'model FLOP/s' 6)" "$(bench_field "$log" 'MFU, bf16 peak' 1)" \
+      "$(bench_field "$log" 'peak device memory' 1)" \
       "$(grep -m1 -o 'attention: [a-z]*' "$log" | cut -d' ' -f2)" \
       "$(grep -m1 -o 'fp8: [0-9]* of [0-9]*' "$log" | cut -d' ' -f2,4 | tr ' ' /)" >>"$table"
   done < <(stage_rows "$stage")
+  timed=false
   [ -z "$left" ] || record SKIP 0 "bench rows left for $([ "$stage" = first ] && echo "the speed stage" || echo "another call"): $left"
   echo
   cat "$table"

@@ -13,7 +13,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 ptrain="${PTRAIN_BINARY:-$repo/build/ptrain}"
 device="${1:-cpu}"
-py() { LD_LIBRARY_PATH="${PTRAIN_ORIGINAL_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" python3 "$@"; }
+. "$repo/scripts/gpu-check-lib.sh"  # py
 if ! why="$(py -c 'import torch, transformers' 2>&1)"; then
   echo "hf-check: skipped: python3 cannot import torch and transformers ($(tail -1 <<<"$why"))"
   exit 77

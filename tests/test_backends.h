@@ -88,7 +88,7 @@ class ForwardingBackend : public Backend {
   void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override {
     inner_.swiglu_backward(dgate_up, dout, gate_up);
   }
-  AttentionChoice choose_attention(const std::string& want, DType dt, int64_t B, int64_t T, int nh, int kv,
+  AttentionChoice choose_attention(AttentionRequest want, DType dt, int64_t B, int64_t T, int nh, int kv,
                                    int64_t hs) override {
     return inner_.choose_attention(want, dt, B, T, nh, kv, hs);
   }

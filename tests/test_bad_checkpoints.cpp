@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "bad_input.h"
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 
 using namespace ptrain;
 using namespace ptrain::test;

@@ -8,7 +8,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 #include "core/error.h"
 #include "test_util.h"
 

@@ -15,6 +15,7 @@
 
 #include "metrics/compare.h"
 #include "metrics/report.h"
+#include "core/format.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -37,11 +38,6 @@ std::string tiny_config(const std::string& name, const std::string& precision = 
 
 nlohmann::json read_json_file(const fs::path& p) { return nlohmann::json::parse(read_file(p)); }
 
-std::string fmt(const char* format, double value) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, value);
-  return buf;
-}
 
 // What a run's metrics.jsonl says, read here without ptrain's own reader.
 struct Metrics {
@@ -164,11 +160,11 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
     bf16_row += md.substr(row, md.find('\n', row) - row);
   REQUIRE(count_of(bf16_row, "| bf16") == 2);
   INFO(bf16_row);
-  CHECK(bf16_row.find(fmt("%.4f", b.loss.at(6))) != std::string::npos);
-  CHECK(bf16_row.find(fmt("%+.4f", loss_diff)) != std::string::npos);
-  CHECK(bf16_row.find(fmt("%+.2f%%", val_diff_pct)) != std::string::npos);
-  CHECK(bf16_row.find(fmt("%.2fx", speedup)) != std::string::npos);
-  CHECK(bf16_row.find(fmt("(step %.0f)", static_cast<double>(divergence_step))) != std::string::npos);
+  CHECK(bf16_row.find(format_number("%.4f", b.loss.at(6))) != std::string::npos);
+  CHECK(bf16_row.find(format_number("%+.4f", loss_diff)) != std::string::npos);
+  CHECK(bf16_row.find(format_number("%+.2f%%", val_diff_pct)) != std::string::npos);
+  CHECK(bf16_row.find(format_number("%.2fx", speedup)) != std::string::npos);
+  CHECK(bf16_row.find(format_number("(step %.0f)", static_cast<double>(divergence_step))) != std::string::npos);
 
   // A second compare finds both runs finished and trains nothing.
   const CommandResult again = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);

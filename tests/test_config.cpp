@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "core/error.h"
 
+using namespace ptrain;  // the config and its choices (config/choices.h)
 using ptrain::Config;
 using ptrain::parse_config;
 
@@ -65,7 +66,7 @@ TEST_CASE("a minimal config parses with defaults", "[config]") {
   CHECK(c.model.seq_len == 64);
   CHECK(c.model.vocab_size == 256);
   CHECK(c.model.init_from.empty());
-  CHECK(c.model.attention == "auto");
+  CHECK(c.model.attention == AttentionRequest::auto_);
   CHECK(c.model.fused_gelu);
   CHECK_FALSE(c.training.cuda_graph);
   CHECK(c.data.synthetic_enabled);
@@ -73,16 +74,16 @@ TEST_CASE("a minimal config parses with defaults", "[config]") {
   CHECK(c.data.synthetic.order == 2);
   CHECK(c.data.train.empty());
   CHECK(c.run.name == "run");
-  CHECK(c.run.device == "auto");
+  CHECK(c.run.device == DeviceRequest::auto_);
   CHECK(c.run.seed == 1337);
   CHECK(c.training.steps == 500);
   CHECK(c.training.batch_tokens == 8192);
   CHECK(c.training.micro_batch == 16);
   CHECK(c.optimizer.lr == 1.0e-3);
   CHECK(c.optimizer.beta2 == 0.95);
-  CHECK(c.schedule.decay == "cosine");
-  CHECK(c.precision.mode == "fp32");
-  CHECK(c.precision.fp8.recipe == "delayed");
+  CHECK(c.schedule.decay == Decay::cosine);
+  CHECK(c.precision.mode == PrecisionMode::fp32);
+  CHECK(c.precision.fp8.recipe == Fp8Recipe::delayed);
   CHECK(c.precision.fp8.bf16_lm_head);
   CHECK(c.precision.loss_scaling.init == 65536.0);
   CHECK(c.checkpoint.resume == "never");
@@ -91,7 +92,7 @@ TEST_CASE("a minimal config parses with defaults", "[config]") {
   CHECK(c.distributed.zero_stage == 0);
 }
 
-TEST_CASE("the DESIGN.md example config parses", "[config]") {
+TEST_CASE("the README's example config parses", "[config]") {
   const char* yaml = R"(
 run:        {name: quickstart, out_dir: runs, seed: 1337, device: auto, overwrite: false}
 model:      {n_layer: 4, n_head: 4, n_embd: 128, seq_len: 128, vocab_size: 256, init_from: null,
@@ -125,18 +126,18 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   c.run.name = "null";  // a string that looks like null must stay a string
   c.run.out_dir = "out dir/with: colon";
   c.run.seed = -42;
-  c.run.device = "cpu";
+  c.run.device = DeviceRequest::cpu;
   c.run.overwrite = true;
-  c.model.attention = "fallback";
+  c.model.attention = AttentionRequest::fallback;
   c.model.fused_gelu = false;
   c.data.synthetic = {200, 3, 7, 123457, 99, 0.1 + 0.2};
   c.training = {77, 4096, 4, 32, 0.3, 0, 3, 2};
   c.training.cuda_graph = true;
   c.optimizer = {3e-4, 0.8, 0.999, 1.0 / 3.0, 0.0};
-  c.schedule = {7, "wsd", 0.0, 0.35};
+  c.schedule = {7, Decay::wsd, 0.0, 0.35};
   c.precision.tf32 = true;
-  c.precision.fp8 = {"block", "e4m3", 2, 1024, "most_recent", true, false};
-  c.precision.loss_scaling = {"dynamic", 1024.5, 1.5, 0.25, 100, 2, 1e-300};
+  c.precision.fp8 = {Fp8Recipe::block, Fp8Format::e4m3, 2, 1024, AmaxAlgo::most_recent, true, false};
+  c.precision.loss_scaling = {LossScalingMode::dynamic, 1024.5, 1.5, 0.25, 100, 2, 1e-300};
   c.checkpoint.keep_last = 9;
   c.checkpoint.dir = "ckpt";
   c.logging = {5, 1, 7, 33, "Call me: \"Ishmael\"\n"};
@@ -158,9 +159,9 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   CHECK(back.training.seq_len == 32);
   CHECK(back.training.grad_clip == 0.3);
   CHECK(back.optimizer.eps == 1.0 / 3.0);
-  CHECK(back.schedule.decay == "wsd");
+  CHECK(back.schedule.decay == Decay::wsd);
   CHECK(back.logging.sample_prompt == c.logging.sample_prompt);
-  CHECK(back.precision.fp8.amax_algo == "most_recent");
+  CHECK(back.precision.fp8.amax_algo == AmaxAlgo::most_recent);
   CHECK_FALSE(back.precision.fp8.bf16_lm_head);
   CHECK(back.precision.loss_scaling.min_scale == 1e-300);
   CHECK(back.checkpoint.dir == "ckpt");
@@ -436,7 +437,7 @@ TEST_CASE("llama's settings round trip, and a GPT-2 config.yaml leaves them out"
   CHECK(ptrain::config_to_yaml(back) == yaml);
   CHECK(back.model.rope_theta == 500000);
   CHECK(back.model.norm_eps == 1e-6);
-  CHECK(back.model.tie_embeddings == "true");
+  CHECK(back.model.tie_embeddings == TieEmbeddings::yes);
   CHECK(back.model.qk_norm);
   CHECK(parse_config(kMinimal, "cfg.yaml", {"model.arch=llama", "model.mlp_hidden=100"}).model.swiglu_hidden() == 100);
 
@@ -561,7 +562,7 @@ TEST_CASE("set overrides change keys of the file and adds new ones", "[config]")
   CHECK(c.run.name == "my run");
   CHECK(c.data.synthetic.order == 3);
   CHECK(c.data.synthetic.vocab == 128);
-  CHECK(c.precision.fp8.recipe == "current");
+  CHECK(c.precision.fp8.recipe == Fp8Recipe::current);
   CHECK(c.training.steps == 9);
 
   // An override alone can switch on the synthetic corpus.

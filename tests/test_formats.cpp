@@ -351,7 +351,7 @@ TEST_CASE("encoding matches the reference on 2 million random floats", "[formats
   c.bad.require_none("random floats");
 }
 
-TEST_CASE("spot checks from REFERENCE.md", "[formats]") {
+TEST_CASE("spot checks of E4M3 and E5M2 saturation and rounding, from the OCP FP8 specification", "[formats]") {
   using ptrain::fp8_bits;
   using ptrain::round_to_format;
   const float nan = std::numeric_limits<float>::quiet_NaN();

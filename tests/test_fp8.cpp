@@ -140,8 +140,8 @@ TEST_CASE("native FP8 casts with statistics read once per step train and report 
   for (const char* recipe : {"delayed", "current", "block"}) {
     INFO("recipe " << recipe);
     PrecisionConfig pc;
-    pc.mode = "fp8";
-    pc.fp8.recipe = recipe;
+    pc.mode = PrecisionMode::fp8;
+    pc.fp8.recipe = *parse_choice<Fp8Recipe>(recipe);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
     DeferredFp8Backend deferred(cpu_backend());
     Gpt emulated(shape, cpu_backend(), DType::f32, B, T, policy), native(shape, deferred, DType::f32, B, T, policy);
@@ -189,11 +189,11 @@ TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[f
   const GptShape shape{3, 2, 32, 16, 64, 128};
   auto fp8_names = [&](const std::vector<std::string>& overrides) {
     PrecisionConfig pc;
-    pc.mode = "fp8";
+    pc.mode = PrecisionMode::fp8;
     for (const auto& o : overrides) {
       if (o == "first_last") pc.fp8.bf16_first_last = true;
       if (o == "lm_head") pc.fp8.bf16_lm_head = false;
-      if (o == "e4m3") pc.fp8.format = "e4m3";
+      if (o == "e4m3") pc.fp8.format = Fp8Format::e4m3;
     }
     Gpt model(shape, cpu_backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
     std::vector<std::pair<std::string, Format>> names;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "checkpoint/safetensors.h"
+#include "core/tensor.h"
 #include "optim/divergence_guard.h"
 #include "test_util.h"
 
@@ -23,7 +24,7 @@ using Verdict = DivergenceGuard::Verdict;
 
 GuardConfig guard_config(const std::string& action, double zscore, int window, int steps) {
   GuardConfig g;
-  g.action = action;
+  g.action = *parse_choice<GuardAction>(action);
   g.spike_zscore = zscore;
   g.window = window;
   g.spike_steps = steps;
@@ -60,8 +61,9 @@ TEST_CASE("the divergence guard: non-finite losses, and spikes held for K steps 
 
 // A small model trained at a sane learning rate: its loss falls smoothly, so the guard finds
 // nothing but the faults a test puts in (PTRAIN_TEST_FAULT, train/step_faults.h), at the steps the
-// test names, on any CPU. A loss multiplied by 10 lies tens of standard deviations above a
-// window of smoothly falling losses, far past every threshold used here.
+// test names, on any CPU. A loss multiplied by 1000 lies thousands of standard deviations above a
+// window of smoothly falling losses, far past the thresholds used here (30), which a run this
+// smooth never reaches on its own.
 std::string guarded_config(const std::string& guard) {
   return "run: {name: div, out_dir: runs, seed: 3, device: cpu}\n"
          "model: {n_layer: 2, n_head: 4, n_embd: 64, seq_len: 32, vocab_size: 64}\n"
@@ -73,11 +75,11 @@ std::string guarded_config(const std::string& guard) {
          "checkpoint: {every: 10, keep_last: 5, save_final: false}\n";
 }
 
-// PTRAIN_TEST_FAULT's value: the loss of each of `steps` multiplied by 10, `times` passes each.
+// PTRAIN_TEST_FAULT's value: the loss of each of `steps` multiplied by 1000, `times` passes each.
 std::string loss_spikes(std::initializer_list<int> steps, int times = 1) {
   std::string spec;
   for (const int step : steps)
-    spec += (spec.empty() ? "" : ",") + std::string("loss:") + std::to_string(step) + ":10:" + std::to_string(times);
+    spec += (spec.empty() ? "" : ",") + std::string("loss:") + std::to_string(step) + ":1000:" + std::to_string(times);
   return "PTRAIN_TEST_FAULT=" + spec;
 }
 
@@ -85,13 +87,6 @@ std::vector<double> losses(const fs::path& metrics) {
   std::vector<double> out;
   for (const auto& r : read_metrics(metrics))
     if (r.contains("loss")) out.push_back(r["loss"].get<double>());
-  return out;
-}
-
-std::map<int64_t, double> losses_by_step(const fs::path& metrics) {  // the last record of a step counts
-  std::map<int64_t, double> out;
-  for (const auto& m : read_metrics(metrics))
-    if (m.contains("loss")) out[m["step"].get<int64_t>()] = m["loss"].get<double>();
   return out;
 }
 
@@ -109,8 +104,7 @@ std::map<std::string, std::vector<float>> checkpoint_tensors(const fs::path& dir
   for (const char* file : {"weights.safetensors", "optimizer.safetensors"}) {
     const SafetensorsFile st = SafetensorsFile::read((dir / file).string());
     for (const std::string& name : st.names()) {
-      int64_t n = 1;
-      for (const int64_t d : st.shape(name)) n *= d;
+      const int64_t n = shape_numel(st.shape(name));
       std::vector<float>& v = out[std::string(file) + "/" + name];
       v.resize(static_cast<size_t>(n));
       st.copy_to(name, v.data(), n);
@@ -133,7 +127,8 @@ TEST_CASE("test faults: PTRAIN_TEST_FAULT puts a loss spike where it says, and a
   REQUIRE(plain.size() == 8);
   REQUIRE(fault.size() == 8);
   for (size_t i = 0; i < 8; ++i) CHECK(fault[i] == (i == 5 ? plain[i] * 10 : plain[i]));  // a loss fault moves no weight
-  for (const char* bad : {"loss:0:10", "loss:3", "spike:3:10", "loss:3:ten", "loss:3:10:0", "loss:x:10", ","}) {
+  for (const char* bad : {"loss:0:10", "loss:3", "spike:3:10", "loss:3:ten", "loss:3:10:0", "loss:x:10", ",",
+                          "loss:3:10,", " loss:3:10", "loss:+3:10", "loss:3:0x10"}) {
     const CommandResult refused = run_ptrain("train run.yaml --set run.name=bad", ws.dir,
                                              std::string("PTRAIN_TEST_FAULT='") + bad + "'");
     INFO(bad << ": " << refused.output);
@@ -145,7 +140,7 @@ TEST_CASE("test faults: PTRAIN_TEST_FAULT puts a loss spike where it says, and a
 
 TEST_CASE("guard stop: a spike held for spike_steps steps exits 4 at its last step, naming it", "[guard]") {
   TempDir ws("guard");
-  write_file(ws.dir / "run.yaml", guarded_config("{action: stop, spike_zscore: 4, window: 10, spike_steps: 2}"));
+  write_file(ws.dir / "run.yaml", guarded_config("{action: stop, spike_zscore: 30, window: 10, spike_steps: 2}"));
   const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({25, 26}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
@@ -173,7 +168,7 @@ TEST_CASE("guard stop: a non-finite loss stops at once, whatever spike_zscore sa
 TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a resume across them is exact",
           "[guard]") {
   TempDir ws("guard");
-  const std::string guard = "{action: skip, spike_zscore: 4, window: 10, spike_steps: 2}";
+  const std::string guard = "{action: skip, spike_zscore: 30, window: 10, spike_steps: 2}";
   write_file(ws.dir / "run.yaml", guarded_config(guard));
   // Checkpoints of every step, so that step 26's can be held against step 25's.
   const std::string faults = loss_spikes({25, 26, 27});
@@ -218,7 +213,7 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
 TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and stops", "[guard]") {
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml",
-             guarded_config("{action: skip, spike_zscore: 4, window: 10, spike_steps: 2, max_skips: 2}"));
+             guarded_config("{action: skip, spike_zscore: 30, window: 10, spike_steps: 2, max_skips: 2}"));
   const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({25, 26, 27, 28}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
@@ -259,7 +254,7 @@ TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before 
           "exactly as a resume from it in bf16",
           "[guard]") {
   TempDir ws("guard");
-  const std::string guard = "{action: rollback, spike_zscore: 6, window: 10, spike_steps: 1}";
+  const std::string guard = "{action: rollback, spike_zscore: 30, window: 10, spike_steps: 1}";
   write_file(ws.dir / "run.yaml", rollback_config(guard));
   const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({33}));
   INFO(r.output);
@@ -301,7 +296,7 @@ TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before 
 
 TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume inside it is exact", "[guard]") {
   TempDir ws("guard");
-  const std::string guard = "{action: rollback, spike_zscore: 6, window: 10, spike_steps: 1, fallback_steps: 10}";
+  const std::string guard = "{action: rollback, spike_zscore: 30, window: 10, spike_steps: 1, fallback_steps: 10}";
   write_file(ws.dir / "run.yaml", rollback_config(guard));
   const std::string faults = loss_spikes({33});
   const CommandResult r = run_ptrain("train run.yaml", ws.dir, faults);
@@ -340,7 +335,7 @@ TEST_CASE("guard rollback: diverging again onto the same checkpoint stops (exit 
           "[guard]") {
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml",
-             rollback_config("{action: rollback, spike_zscore: 6, window: 10, spike_steps: 2, fallback_steps: 2}"));
+             rollback_config("{action: rollback, spike_zscore: 30, window: 10, spike_steps: 2, fallback_steps: 2}"));
   // Checkpoints every 4 steps; steps 32 and 33 spike on both of their passes: the first pass
   // saves step 32's checkpoint inside the spike and rolls back to 28 at step 33; after the
   // fallback (bf16, steps 29-30) the same spike leads back onto 28, and the run stops.
@@ -382,8 +377,9 @@ TEST_CASE("guard rollback is refused where it cannot work, before anything is wr
 
 TEST_CASE("a guard that never fires changes nothing: bit-identical losses", "[guard]") {
   TempDir ws("guard");
-  // A sane run, which the guard watches with a threshold it never reaches.
-  write_file(ws.dir / "watched.yaml", guarded_config("{action: skip, spike_zscore: 50, window: 5, spike_steps: 1}"));
+  // The run every test here starts from, watched at the strictest setting they use (a single step
+  // 30 standard deviations above the last 10): it never fires without a fault.
+  write_file(ws.dir / "watched.yaml", guarded_config("{action: skip, spike_zscore: 30, window: 10, spike_steps: 1}"));
   write_file(ws.dir / "plain.yaml", guarded_config("{action: stop}"));
   REQUIRE(run_ptrain("train watched.yaml --set run.name=watched", ws.dir).exit_code == 0);
   REQUIRE(run_ptrain("train plain.yaml --set run.name=plain", ws.dir).exit_code == 0);

@@ -10,6 +10,7 @@
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
 #include "test_util.h"
+#include "train/run_spec.h"
 #include "train/trainer.h"
 
 namespace ptrain::test {
@@ -88,7 +89,7 @@ TEST_CASE("a CPU run logs model FLOP/s and MFU against the sgemm rate it measure
   model.n_embd = 32;
   model.seq_len = 16;
   model.vocab_size = 64;
-  const double per_token = training_flops_per_token(model, 16);
+  const double per_token = training_flops_per_token(GptShape::of(model), 16);
   int steps = 0;
   for (const auto& rec : read_metrics(ws.dir / "runs/r/metrics.jsonl")) {
     if (!rec.contains("loss")) continue;

@@ -85,11 +85,11 @@ TEST_CASE("activation recomputation gives the same loss and gradients bit for bi
   const GptShape shape =
       GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 96), with_qk_norm(llama_shape(gpt2, 2, 96))}));
   const char* mode = GENERATE("fp32", "bf16", "fp8");
-  INFO(arch_name(shape.arch) << (shape.qk_norm ? " QK-norm " : " ") << mode);
+  INFO(choice_name(shape.arch) << (shape.qk_norm ? " QK-norm " : " ") << mode);
   PrecisionPolicy policy;
   if (std::string(mode) != "fp32") {
     PrecisionConfig config;
-    config.mode = mode;
+    config.mode = *parse_choice<PrecisionMode>(mode);
     policy = PrecisionPolicy::from_config(config);
   }
   const int B = 2, T = 16;
@@ -138,7 +138,7 @@ TEST_CASE("loss at initialisation is close to ln(vocab)", "[model]") {
     CAPTURE(vocab);
     const GptShape gpt2{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
     for (const GptShape& shape : {gpt2, llama_shape(gpt2, 2, 176)}) {
-      CAPTURE(arch_name(shape.arch));
+      CAPTURE(choice_name(shape.arch));
       Gpt model(shape, *backend, DType::f32, 4, 64);
       model.init(1337);
       const auto inputs = random_tokens(4 * 64, vocab, 6), targets = random_tokens(4 * 64, vocab, 7);
@@ -187,7 +187,7 @@ TEST_CASE("backward reports each block's finished gradients, which equal a plain
   for (const char* mode : {"fp32", "bf16"}) {
     CAPTURE(mode);
     PrecisionConfig pc;
-    pc.mode = mode;
+    pc.mode = *parse_choice<PrecisionMode>(mode);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
     Gpt plain(shape, *backend, DType::f32, B, T, policy), hooked(shape, *backend, DType::f32, B, T, policy);
     plain.init(9);
@@ -251,7 +251,7 @@ TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every posi
   const int B = 2, T = 24;
   const auto tokens = random_tokens(T, shape.vocab, 3);
   for (const DType dt : {DType::f64, DType::f32}) {
-    INFO(arch_name(shape.arch) << (dt == DType::f64 ? " f64" : " f32"));
+    INFO(choice_name(shape.arch) << (dt == DType::f64 ? " f64" : " f32"));
     Gpt decoding(shape, *backend, dt, B, T), whole(shape, *backend, dt, B, T);
     decoding.init(4, 0.2);  // larger than GPT-2's 0.02: logits far from uniform
     whole.init(4, 0.2);

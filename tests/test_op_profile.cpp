@@ -7,7 +7,7 @@
 #include <regex>
 
 #include "bad_input.h"
-#include "metrics/op_profile.h"
+#include "backend/op_profile.h"
 
 using namespace ptrain;
 using ptrain::test::BadInputWorkspace;

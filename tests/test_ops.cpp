@@ -18,7 +18,7 @@ using namespace ptrain::test;
 
 namespace {
 
-constexpr double kFp32Tol = 1e-5;  // DESIGN.md: fp32 ops within 1e-5 relative
+constexpr double kFp32Tol = 1e-5;  // fp32 ops within 1e-5 relative
 constexpr double kFdTol = 1e-6;    // float64 analytic vs finite-difference gradients
 
 std::vector<double> finite_difference(std::vector<double>& x, const std::function<double()>& loss,

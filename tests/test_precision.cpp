@@ -154,7 +154,7 @@ TEST_CASE("reduced-precision tensors hold values of their format", "[precision]"
   for (const char* mode : {"bf16", "fp16"}) {
     CAPTURE(mode);
     PrecisionConfig pc;
-    pc.mode = mode;
+    pc.mode = *parse_choice<PrecisionMode>(mode);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
     Gpt model(shape, *backend, DType::f32, 2, 16, policy);
     model.init(5);

@@ -60,10 +60,10 @@ TEST_CASE("precision.schedule: phases resolve against training.steps and survive
                                     "    - {mode: fp8}\n",
                                 "run.yaml");
   REQUIRE(c.precision.schedule.size() == 3);
-  CHECK(c.precision.mode == "bf16");  // the first phase's
-  CHECK(c.precision.schedule[1].fp8.recipe == "current");
+  CHECK(c.precision.mode == PrecisionMode::bf16);  // the first phase's
+  CHECK(c.precision.schedule[1].fp8.recipe == Fp8Recipe::current);
   CHECK(c.precision.schedule[1].fp8.margin == 2);  // precision.fp8 under the phase's own keys
-  CHECK(c.precision.schedule[2].fp8.recipe == "delayed");
+  CHECK(c.precision.schedule[2].fp8.recipe == Fp8Recipe::delayed);
   const PrecisionSchedule s = PrecisionSchedule::from_config(c.precision, c.training.steps);
   CHECK(s.label() == "bf16>fp8:current>fp8:delayed@5,15");
   CHECK(s.describe() == "bf16 for steps 1-5, then fp8:current for steps 6-15, then fp8:delayed for steps 16-20");
@@ -80,7 +80,7 @@ TEST_CASE("precision.schedule: phases resolve against training.steps and survive
   CHECK(config_to_yaml(parse_config(config_to_yaml(c), "config.yaml")) == config_to_yaml(c));
   const Config none = parse_config(config_to_yaml(c), "config.yaml", {"precision.schedule=null", "precision.mode=fp32"});
   CHECK(none.precision.schedule.empty());
-  CHECK(none.precision.mode == "fp32");
+  CHECK(none.precision.mode == PrecisionMode::fp32);
   const Config other =
       parse_config(kBase, "run.yaml", {"precision.schedule=[{until_fraction: 0.5, mode: fp8}, {mode: bf16}]"});
   CHECK(PrecisionSchedule::from_config(other.precision, other.training.steps).label() == "fp8:delayed>bf16@10");

@@ -258,8 +258,8 @@ constexpr int kB = 2, kT = 16;
 
 PrecisionPolicy policy_of(const std::string& mode, const std::string& recipe = "current") {
   PrecisionConfig pc;
-  pc.mode = mode;
-  pc.fp8.recipe = recipe;
+  pc.mode = *parse_choice<PrecisionMode>(mode);
+  pc.fp8.recipe = *parse_choice<Fp8Recipe>(recipe);
   return PrecisionPolicy::from_config(pc);
 }
 

@@ -20,7 +20,7 @@ const bool INF = true;
 
 LossScalingConfig dynamic_config(int hysteresis) {
   LossScalingConfig c;
-  c.mode = "dynamic";
+  c.mode = LossScalingMode::dynamic;
   c.init = 8.0;
   c.growth_factor = 2.0;
   c.backoff_factor = 0.5;
@@ -95,12 +95,12 @@ TEST_CASE("dynamic loss scaler with hysteresis 2", "[scaling]") {
 
 TEST_CASE("static and off loss scalers never change scale but skip", "[scaling]") {
   LossScalingConfig c = dynamic_config(1);
-  c.mode = "static";
+  c.mode = LossScalingMode::static_;
   LossScaler st(c);
   CHECK(st.scale() == 8.0);
   run_sequence(st, {{INF, 8, 1}, {OK, 8, 1}, {OK, 8, 1}, {OK, 8, 1}, {OK, 8, 1}, {INF, 8, 2}});
 
-  c.mode = "off";
+  c.mode = LossScalingMode::off;
   LossScaler off(c);
   CHECK(off.scale() == 1.0);
   run_sequence(off, {{OK, 1, 0}, {OK, 1, 0}, {OK, 1, 0}, {INF, 1, 1}, {INF, 1, 2}, {OK, 1, 2}});
@@ -108,7 +108,7 @@ TEST_CASE("static and off loss scalers never change scale but skip", "[scaling]"
 
 TEST_CASE("loss scaler rejects an unknown mode", "[scaling]") {
   LossScalingConfig c;
-  c.mode = "auto";  // must be resolved before reaching the scaler
+  c.mode = LossScalingMode::auto_;  // must be resolved before reaching the scaler
   CHECK_THROWS_AS(LossScaler(c), std::logic_error);
 }
 

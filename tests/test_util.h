@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -25,9 +26,7 @@ struct HostBuffer {
   std::vector<T> data;
   std::vector<int64_t> shape;
   HostBuffer(std::vector<int64_t> dims, T fill = T(0)) : shape(std::move(dims)) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    data.assign(static_cast<size_t>(n), fill);
+    data.assign(static_cast<size_t>(shape_numel(shape)), fill);
   }
   Tensor view() {
     DType dt = std::is_same<T, double>::value ? DType::f64 : std::is_same<T, float>::value ? DType::f32 : DType::i32;
@@ -87,6 +86,15 @@ inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& fil
   std::string line;
   while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
   return records;
+}
+
+// Each step's loss in a run's metrics.jsonl; a step logged twice (a rollback replays it) by its
+// last record.
+inline std::map<int64_t, double> losses_by_step(const std::filesystem::path& metrics) {
+  std::map<int64_t, double> out;
+  for (const auto& m : read_metrics(metrics))
+    if (m.contains("loss")) out[m["step"].get<int64_t>()] = m["loss"].get<double>();
+  return out;
 }
 
 // Non-overlapping occurrences of `what` in `text`.

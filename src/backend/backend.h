@@ -1,5 +1,5 @@
 // The Backend interface: every numeric operation of the model goes through it, so the model
-// is written once (src/model) and runs on the CPU reference or, later, on CUDA.
+// is written once (src/model) and runs on the CPU reference (backend/cpu) or on CUDA (backend/cuda).
 //
 // Conventions shared by all ops:
 //  - Shapes use B (batch), T (sequence), C (channels), OC (output channels), NH (heads),
@@ -22,8 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
 #include "core/tensor.h"
-#include "metrics/op_profile.h"
+#include "backend/op_profile.h"
 
 namespace ptrain {
 
@@ -181,11 +182,11 @@ class Backend {
   // holds rows 0..T-1 of one sequence, and out (C) = causal attention at its last row, what
   // attention_forward writes at that row, at O(T) cost. Saves nothing: decoding has no backward.
   virtual void attention_decode(Tensor out, Tensor qkv, int n_head) = 0;
-  // Which attention path runs for this shape, given model.attention (`want`: auto | cudnn |
-  // fallback) and the activations' storage dtype, with n_kv_head K/V heads (n_head: multi-head).
-  // Throws UserError, saying why, when `cudnn` is asked for and cannot run here.
-  virtual AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t T,
-                                           int n_head, int n_kv_head, int64_t head_size) = 0;
+  // Which attention path runs for this shape, given model.attention (`want`) and the activations'
+  // storage dtype, with n_kv_head K/V heads (n_head: multi-head). Throws UserError, saying why,
+  // when cudnn is asked for and cannot run here.
+  virtual AttentionChoice choose_attention(AttentionRequest want, DType dtype, int64_t B, int64_t T, int n_head,
+                                           int n_kv_head, int64_t head_size) = 0;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(Tensor out, Tensor inp) = 0;

@@ -1,8 +1,6 @@
 #include "backend/device.h"
 
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/mpi_communicator.h"
 
 #ifdef PTRAIN_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -63,24 +61,16 @@ std::string describe_devices() {
 }
 
 #ifdef PTRAIN_HAVE_CUDA
-// The rank's index on its node (MPI's shared-memory split under a launcher), else 0.
-static int local_rank() {
-#ifdef PTRAIN_HAVE_MPI
-  if (launcher_world_size() > 1) return node_local_rank();
-#endif
-  return 0;
-}
-
 static std::string describe(const CudaDeviceInfo& d) {
   return d.name + " (sm_" + std::to_string(d.major) + std::to_string(d.minor) + ", " +
          std::to_string(d.memory_bytes >> 30) + " GiB)";
 }
 #endif
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bool tf32, std::string* chosen) {
+std::unique_ptr<Backend> make_backend(DeviceRequest device, int threads, bool tf32, int local_rank, std::string* chosen) {
   // The CPU reference computes FP32 GEMMs in full FP32: TF32 is a tensor-core format.
   const std::string tf32_note = tf32 ? "; precision.tf32 has no effect on the CPU" : "";
-  if (device == "cpu") {
+  if (device == DeviceRequest::cpu) {
     *chosen = "device cpu (run.device: cpu" + tf32_note + ")";
     return make_cpu_backend(threads);
   }
@@ -88,14 +78,14 @@ std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bo
 #ifdef PTRAIN_HAVE_CUDA
   if (!probe.devices.empty()) {
     // Data parallel: one GPU per rank of this node.
-    const CudaDeviceInfo& gpu = probe.devices[static_cast<size_t>(local_rank()) % probe.devices.size()];
-    *chosen = "device cuda:" + std::to_string(gpu.index) + " " + describe(gpu) + " (run.device: " + device +
+    const CudaDeviceInfo& gpu = probe.devices[static_cast<size_t>(local_rank) % probe.devices.size()];
+    *chosen = "device cuda:" + std::to_string(gpu.index) + " " + describe(gpu) + " (run.device: " + choice_name(device) +
               (tf32 ? "; FP32 GEMMs on TF32 tensor cores" : "") + ")";
     return make_cuda_backend(gpu.index, 0, tf32);
   }
 #endif
   const std::string why = "no usable CUDA device: " + probe.why_none;
-  if (device == "cuda") throw EnvironmentError("run.device: cuda cannot be used: " + why + "; set run.device: cpu (or auto)");
+  if (device == DeviceRequest::cuda) throw EnvironmentError("run.device: cuda cannot be used: " + why + "; set run.device: cpu (or auto)");
   *chosen = "device cpu (run.device: auto; " + why + tf32_note + ")";
   return make_cpu_backend(threads);
 }

@@ -33,8 +33,10 @@ CudaProbe probe_cuda();
 std::string describe_devices();
 
 // The backend for run.device, and in `chosen` one line for the run log saying which device was
-// taken and why. tf32 (precision.tf32) lets a GPU run FP32 GEMMs on TF32 tensor cores. Throws
-// EnvironmentError when `cuda` is asked for and cannot be had.
-std::unique_ptr<Backend> make_backend(const std::string& device, int threads, bool tf32, std::string* chosen);
+// taken and why. tf32 (precision.tf32) lets a GPU run FP32 GEMMs on TF32 tensor cores; a rank
+// takes GPU `local_rank` of its node (modulo the GPUs there). Throws EnvironmentError when
+// `cuda` is asked for and cannot be had.
+std::unique_ptr<Backend> make_backend(DeviceRequest device, int threads, bool tf32, int local_rank,
+                                      std::string* chosen);
 
 }  // namespace ptrain

@@ -13,6 +13,7 @@
 #include "core/json_input.h"
 #include "core/output_file.h"
 #include "core/paths.h"
+#include "core/tensor.h"
 #include "precision/formats.h"
 
 namespace fs = std::filesystem;
@@ -236,7 +237,7 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
   std::vector<HfTensorSpec> specs = hf_tensor_specs(model);
   std::map<std::string, const HfTensorSpec*> expected;
   for (const auto& s : specs) expected[s.name] = &s;
-  const bool gpt2 = model.arch != "llama";
+  const bool gpt2 = model.arch != Arch::llama;
   const GptShape shape = GptShape::of(model);
   out.params.assign(static_cast<size_t>(gpt_num_params(shape)), 0.0f);
   std::set<std::string> found;
@@ -266,7 +267,7 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
       }
       const auto it = expected.find(name);
       if (it == expected.end()) {
-        problems.push_back(what + " " + quoted(path) + ": unexpected tensor " + stored + " (not part of a " + model.arch +
+        problems.push_back(what + " " + quoted(path) + ": unexpected tensor " + stored + " (not part of a " + choice_name(model.arch) +
                            " model of this shape)");
         continue;
       }

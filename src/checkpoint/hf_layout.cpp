@@ -4,6 +4,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace ptrain {
 namespace {
@@ -150,7 +151,7 @@ std::vector<int64_t> HfTensorSpec::shape() const {
 }
 
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& model) {
-  if (model.arch == "llama" && model.qk_norm)
+  if (model.arch == Arch::llama && model.qk_norm)
     throw UserError("model.qk_norm is true: LlamaForCausalLM has no per-head q/k norms, so this model has no Hugging "
                     "Face layout (its q_norm/k_norm weights would be dropped and its outputs change)");
   const GptShape shape = GptShape::of(model);
@@ -176,7 +177,7 @@ void put_hf_values(const HfTensorSpec& spec, const float* values, float* flat) {
 nlohmann::ordered_json hf_config_json(const ModelConfig& m, int end_of_text, const std::string& torch_dtype) {
   const nlohmann::json token = end_of_text >= 0 ? nlohmann::json(end_of_text) : nlohmann::json(nullptr);
   nlohmann::ordered_json j;
-  if (m.arch == "llama") {
+  if (m.arch == Arch::llama) {
     const bool tied = GptShape::of(m).tied_head;
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
@@ -227,16 +228,16 @@ HfConfigCheck check_hf_config(const nlohmann::json& config, const ModelConfig& m
     return out;
   }
   const std::string type = config.value("model_type", nlohmann::json()).is_string() ? config["model_type"].get<std::string>() : "";
-  if (type != m.arch) {
+  if (type != choice_name(m.arch)) {  // Hugging Face's model_type names the architecture as model.arch does
     out.problems.push_back("model_type " + (type.empty() ? std::string("missing") : "\"" + type + "\"") +
-                           "; expected \"" + m.arch + "\" (model.arch)");
+                           "; expected \"" + choice_name(m.arch) + "\" (model.arch)");
     return out;
   }
   ConfigChecker c(config, out);
   c.known("model_type");
   c.known("architectures");
   c.equal("vocab_size", m.vocab_size, "model.vocab_size");
-  if (m.arch == "llama") {
+  if (m.arch == Arch::llama) {
     const GptShape s = GptShape::of(m);
     if (m.qk_norm) out.problems.push_back("model.qk_norm is true, and a LlamaForCausalLM has no q/k norms");
     c.equal("hidden_size", m.n_embd, "model.n_embd");

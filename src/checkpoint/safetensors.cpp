@@ -6,9 +6,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/tensor.h"
 #include "core/json_input.h"
 #include "core/output_file.h"
 #include "precision/formats.h"
@@ -39,12 +40,6 @@ int64_t checked_count(const std::vector<int64_t>& shape) {
   return n;
 }
 
-int64_t count_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 }  // namespace
 
 std::string write_safetensors(const std::string& path, const std::vector<SafetensorView>& tensors,
@@ -53,7 +48,7 @@ std::string write_safetensors(const std::string& path, const std::vector<Safeten
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (const auto& t : tensors) {
-    const size_t bytes = static_cast<size_t>(count_of(t.shape)) * st_dtype_bytes(t.dtype);
+    const size_t bytes = static_cast<size_t>(shape_numel(t.shape)) * st_dtype_bytes(t.dtype);
     header[t.name] = {{"dtype", st_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
@@ -71,7 +66,7 @@ std::string write_safetensors(const std::string& path, const std::vector<Safeten
   };
   put(length_le, sizeof length_le);
   put(text.data(), text.size());
-  for (const auto& t : tensors) put(t.data, static_cast<size_t>(count_of(t.shape)) * st_dtype_bytes(t.dtype));
+  for (const auto& t : tensors) put(t.data, static_cast<size_t>(shape_numel(t.shape)) * st_dtype_bytes(t.dtype));
   out.finish(true);
   return hash.hex_digest();
 }
@@ -165,8 +160,8 @@ void SafetensorsFile::copy_to(const std::string& name, float* dst, int64_t count
   auto it = entries_.find(name);
   if (it == entries_.end()) throw UserError(what_ + " has no tensor " + name);
   const Entry& e = it->second;
-  if (count_of(e.shape) != count)
-    throw UserError(what_ + ": tensor " + name + " holds " + std::to_string(count_of(e.shape)) + " values; expected " +
+  if (shape_numel(e.shape) != count)
+    throw UserError(what_ + ": tensor " + name + " holds " + std::to_string(shape_numel(e.shape)) + " values; expected " +
                     std::to_string(count));
   const char* src = bytes_.data() + data_start_ + e.begin;
   if (e.dtype == StDtype::f32) return void(std::memcpy(dst, src, e.end - e.begin));
@@ -185,7 +180,7 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 std::string SafetensorsFile::first_non_finite(int64_t* at) const {
   for (const auto& [name, e] : entries_) {
-    const int64_t count = count_of(e.shape);
+    const int64_t count = shape_numel(e.shape);
     std::vector<float> values(static_cast<size_t>(count));
     copy_to(name, values.data(), count);
     for (int64_t i = 0; i < count; ++i) {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 #include "core/bits.h"
 #include "core/error.h"
 
@@ -60,6 +60,16 @@ std::string text(const json& j, const std::string& parent, const char* key, cons
   for (const auto& c : choices)
     if (s == c) return s;
   bad(field, v, "one of " + list);
+}
+
+// A choice key (config/choices.h), read by the names the config uses; `allowed` narrows them.
+template <typename E>
+E choice(const json& j, const std::string& parent, const char* key, std::vector<E> allowed = {}) {
+  if (allowed.empty())
+    for (size_t i = 0; i < ChoiceNames<E>::names.size(); ++i) allowed.push_back(static_cast<E>(i));
+  std::vector<std::string> names;
+  for (const E e : allowed) names.push_back(choice_name(e));
+  return *parse_choice<E>(text(j, parent, key, names));
 }
 
 float float_from_bits(const json& v, const std::string& field) {
@@ -141,7 +151,8 @@ CheckpointState state_from_json(const json& j) {
   s.next_sample = integer(sampler, "rng.data_sampler", "next_sample", 0, kMaxCount);
 
   const json& ls = member(j, "", "loss_scaler");
-  s.scaler_mode = text(ls, "loss_scaler", "mode", {"off", "static", "dynamic"});
+  s.scaler_mode = choice<LossScalingMode>(ls, "loss_scaler", "mode",
+                                         {LossScalingMode::off, LossScalingMode::static_, LossScalingMode::dynamic});
   const json& scale = member(ls, "loss_scaler", "scale");
   if (!scale.is_number() || !std::isfinite(scale.get<double>()) || scale.get<double>() <= 0)
     bad("loss_scaler.scale", scale, "a finite number > 0");
@@ -210,13 +221,13 @@ CheckpointState state_from_json(const json& j) {
 json model_json(const ModelConfig& m) {
   json j = {{"n_layer", m.n_layer}, {"n_head", m.n_head}, {"n_embd", m.n_embd}, {"seq_len", m.seq_len},
             {"vocab_size", m.vocab_size}};
-  if (m.arch != "llama") return j;
+  if (m.arch != Arch::llama) return j;
   j["arch"] = m.arch;
   j["n_kv_head"] = m.kv_heads();
   j["mlp_hidden"] = m.swiglu_hidden();
   j["rope_theta"] = m.rope_theta;
   j["norm_eps"] = m.norm_eps;
-  j["tie_embeddings"] = m.tie_embeddings == "true";
+  j["tie_embeddings"] = m.tie_embeddings == TieEmbeddings::yes;
   if (m.qk_norm) j["qk_norm"] = true;  // absent: off, as in checkpoints from before the key
   return j;
 }
@@ -238,8 +249,8 @@ ModelConfig model_from_json(const json& j) {
   m.seq_len = static_cast<int>(integer(j, "model", "seq_len", 1, kMaxSeqLen));
   m.vocab_size = static_cast<int>(integer(j, "model", "vocab_size", 2, kMaxVocab));
   if (!j.contains("arch")) return m;  // GPT-2
-  m.arch = text(j, "model", "arch", {"gpt2", "llama"});
-  if (m.arch == "gpt2") return m;
+  m.arch = choice<Arch>(j, "model", "arch");
+  if (m.arch == Arch::gpt2) return m;
   m.n_kv_head = static_cast<int>(integer(j, "model", "n_kv_head", 1, m.n_head));
   if (m.n_head % m.n_kv_head != 0) bad("model.n_kv_head", j["n_kv_head"], "a divisor of model.n_head");
   if ((m.n_embd / m.n_head) % 2 != 0)
@@ -249,7 +260,7 @@ ModelConfig model_from_json(const json& j) {
   m.norm_eps = positive_number(j, "norm_eps");
   const json& tie = member(j, "model", "tie_embeddings");
   if (!tie.is_boolean()) bad("model.tie_embeddings", tie, "true or false");
-  m.tie_embeddings = tie.get<bool>() ? "true" : "false";
+  m.tie_embeddings = tie.get<bool>() ? TieEmbeddings::yes : TieEmbeddings::no;
   if (j.contains("qk_norm")) {
     const json& qk = j["qk_norm"];
     if (!qk.is_boolean()) bad("model.qk_norm", qk, "true or false");

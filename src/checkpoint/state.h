@@ -37,7 +37,7 @@ struct CheckpointState {
   int64_t tokens = 0;           // training tokens consumed
   int64_t optimizer_steps = 0;  // AdamW updates applied (for bias correction)
   LossScaler::State scaler{1.0, 0, 1, 0};
-  std::string scaler_mode = "off";  // restored only into a run with the same loss-scaling mode
+  LossScalingMode scaler_mode = LossScalingMode::off;  // restored only into a run with the same mode
   DivergenceGuard::State guard;     // empty in checkpoints from before the guard
   std::vector<Fp8ScalingState> fp8;
   double best_val_loss = 0;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -26,7 +27,12 @@ namespace {
 
 // ---- The schema -------------------------------------------------------------------------------
 
-using Target = std::variant<int*, int64_t*, double*, bool*, std::string*>;
+// An enum member (config/choices.h), read and written by its index in the field's choices.
+struct ChoiceRef {
+  std::function<size_t()> get;
+  std::function<void(size_t)> set;
+};
+using Target = std::variant<int*, int64_t*, double*, bool*, std::string*, ChoiceRef>;
 
 // Allowed numeric interval; unbounded sides are infinite.
 struct Range {
@@ -50,7 +56,7 @@ struct Field {
   Target target;
   std::string help;
   Range range;                       // numbers only
-  std::vector<std::string> choices;  // strings only; empty = free text
+  std::vector<std::string> choices;  // choice keys' names, in the order ChoiceRef indexes
   Empty empty = Empty::kString;
   bool required = false;
 };
@@ -75,10 +81,18 @@ Field required(Field f) {
 Field flag(std::string key, bool* member, std::string help) {
   return field(std::move(key), member, std::move(help));
 }
-Field choice(std::string key, std::string* member, std::vector<std::string> choices,
-             std::string help) {
-  Field f = field(std::move(key), member, std::move(help));
-  f.choices = std::move(choices);
+// An enum key; `allowed` narrows its values (default: all of the enum's names).
+template <class E>
+Field choice(std::string key, E* member, std::string help, std::vector<E> allowed = {}) {
+  if (allowed.empty())
+    for (size_t i = 0; i < ChoiceNames<E>::names.size(); ++i) allowed.push_back(static_cast<E>(i));
+  ChoiceRef ref;
+  ref.get = [member, allowed] {
+    return static_cast<size_t>(std::find(allowed.begin(), allowed.end(), *member) - allowed.begin());
+  };
+  ref.set = [member, allowed](size_t i) { *member = allowed.at(i); };
+  Field f = field(std::move(key), ref, std::move(help));
+  for (const E e : allowed) f.choices.push_back(choice_name(e));
   return f;
 }
 Field text(std::string key, std::string* member, std::string help, Empty empty = Empty::kString) {
@@ -111,7 +125,7 @@ Schema make_schema(Config& c) {
       text("run.name", &r.name, "run directory name under out_dir"),
       text("run.out_dir", &r.out_dir, "parent folder of run directories"),
       number("run.seed", &r.seed, Range{}, "seed of parameter init and data order"),
-      choice("run.device", &r.device, {"auto", "cpu", "cuda"}, "auto picks cuda when present"),
+      choice("run.device", &r.device, "auto picks cuda when present"),
       flag("run.overwrite", &r.overwrite, "replace an existing run directory"),
 
       required(number("model.n_layer", &m.n_layer, between(1, kMaxLayers), "transformer blocks")),
@@ -122,13 +136,13 @@ Schema make_schema(Config& c) {
                       "tokens (uint16); padded to a multiple of 128 internally")),
       text("model.init_from", &m.init_from, "llm.c model file or Hugging Face model directory to start from; null = random init",
            Empty::kNull),
-      choice("model.attention", &m.attention, {"auto", "cudnn", "fallback"},
+      choice("model.attention", &m.attention,
              "attention implementation on GPU"),
       flag("model.fused_gelu", &m.fused_gelu,
            "GPU: GELU in the epilogues of the GEMMs beside it (the CPU computes the same ops apart)"),
       number("model.init_std", &m.init_std, above(0),
              "std of the initial weights (residual projections: / sqrt(2 n_layer))"),
-      choice("model.arch", &m.arch, {"gpt2", "llama"},
+      choice("model.arch", &m.arch,
              "gpt2 (LayerNorm, learned positions, GELU, biases) or llama (RMSNorm, RoPE, SwiGLU, GQA, no biases)"),
       number("model.n_kv_head", &m.n_kv_head, between(0, kMaxEmbd),
              "llama: key/value heads (grouped-query attention; n_head a multiple of it); 0 = n_head"),
@@ -138,14 +152,14 @@ Schema make_schema(Config& c) {
              "llama: SwiGLU width; 0 = 2/3 of 4 n_embd rounded up to mlp_multiple_of"),
       number("model.mlp_multiple_of", &m.mlp_multiple_of, between(1, kMaxEmbd),
              "llama: the default SwiGLU width is rounded up to a multiple of this"),
-      choice("model.tie_embeddings", &m.tie_embeddings, {"auto", "true", "false"},
+      choice("model.tie_embeddings", &m.tie_embeddings,
              "LM head shares the token embedding; auto = gpt2 tied, llama untied"),
       flag("model.qk_norm", &m.qk_norm,
            "llama: RMSNorm on each q and k head before RoPE (a head_size weight per layer for each)"),
 
       text("data.train", &d.train, "glob of llm.c token shards", Empty::kOmit),
       text("data.val", &d.val, "glob of llm.c token shards", Empty::kOmit),
-      choice("data.tokenizer", &d.tokenizer, {"auto", "bytes", "gpt2"},
+      choice("data.tokenizer", &d.tokenizer,
              "what made the shards; auto reads their ptrain-tokenizer.json"),
       text("data.vocab", &d.vocab,
            "gpt2: the vocabulary files the shards were made with (data prepare --vocab); null = the default one",
@@ -174,10 +188,10 @@ Schema make_schema(Config& c) {
              "multiplies the loss and so every gradient (the logged loss is unweighted)"),
       flag("training.cuda_graph", &t.cuda_graph,
            "GPU: replay each micro-batch's forward and backward as one recorded CUDA graph"),
-      choice("training.recompute", &t.recompute, {"none", "mlp", "block"},
+      choice("training.recompute", &t.recompute,
              "activations the backward pass recomputes instead of keeping: none, the MLP's hidden ones, or whole "
              "blocks (only their outputs kept)"),
-      choice("training.guard.action", &t.guard.action, {"stop", "skip", "rollback"},
+      choice("training.guard.action", &t.guard.action,
              "what a non-finite loss (or a spike) does: stop the run (exit 4), skip that step's update, or roll "
              "back to the newest checkpoint before it and go on in bf16"),
       number("training.guard.spike_zscore", &t.guard.spike_zscore, at_least(0),
@@ -197,29 +211,29 @@ Schema make_schema(Config& c) {
       number("optimizer.weight_decay", &o.weight_decay, at_least(0), "decoupled weight decay"),
 
       number("schedule.warmup_steps", &sc.warmup_steps, at_least(0), "linear warmup steps"),
-      choice("schedule.decay", &sc.decay, {"cosine", "linear", "constant", "wsd"},
+      choice("schedule.decay", &sc.decay,
              "learning-rate decay after warmup"),
       number("schedule.min_lr_ratio", &sc.min_lr_ratio, between(0, 1), "final lr / peak lr"),
       number("schedule.wsd_decay_fraction", &sc.wsd_decay_fraction, between(0, 1, true, false),
              "wsd: share of the steps spent decaying at the end"),
 
-      choice("precision.mode", &p.mode, {"fp32", "bf16", "fp16", "fp8"}, "training precision"),
+      choice("precision.mode", &p.mode, "training precision"),
       flag("precision.tf32", &p.tf32, "TF32 tensor cores for fp32 GEMMs"),
-      choice("precision.fp8.recipe", &f8.recipe, {"delayed", "current", "block"},
+      choice("precision.fp8.recipe", &f8.recipe,
              "FP8 scaling recipe"),
-      choice("precision.fp8.format", &f8.format, {"hybrid", "e4m3"},
+      choice("precision.fp8.format", &f8.format,
              "hybrid: e4m3 forward, e5m2 gradients"),
       number("precision.fp8.margin", &f8.margin, at_least(0), "scale = fp8_max / amax / 2^margin"),
       number("precision.fp8.amax_history", &f8.amax_history, at_least(1),
              "delayed scaling: amax history length"),
-      choice("precision.fp8.amax_algo", &f8.amax_algo, {"max", "most_recent"},
+      choice("precision.fp8.amax_algo", &f8.amax_algo,
              "delayed scaling: amax from the history"),
       flag("precision.fp8.bf16_first_last", &f8.bf16_first_last,
            "keep the first and last blocks in BF16"),
       flag("precision.fp8.bf16_lm_head", &f8.bf16_lm_head, "keep the LM head in BF16"),
       number("precision.fp8.block_size", &f8.block_size, at_least(1),
              "block recipe: 1 x block_size tiles, block_size^2 weight blocks (128 only)"),
-      choice("precision.loss_scaling.mode", &ls.mode, {"auto", "off", "static", "dynamic"},
+      choice("precision.loss_scaling.mode", &ls.mode,
              "auto = dynamic for fp16, off otherwise"),
       number("precision.loss_scaling.init", &ls.init, above(0), "initial loss scale"),
       number("precision.loss_scaling.growth_factor", &ls.growth_factor, above(1),
@@ -237,7 +251,7 @@ Schema make_schema(Config& c) {
       text("checkpoint.resume", &ck.resume, "never, auto (latest checkpoint) or a path"),
       text("checkpoint.dir", &ck.dir, "null = <run dir>/checkpoints", Empty::kNull),
       flag("checkpoint.save_final", &ck.save_final, "save a checkpoint after the last step"),
-      choice("checkpoint.on_save_error", &ck.on_save_error, {"stop", "continue"},
+      choice("checkpoint.on_save_error", &ck.on_save_error,
              "a failed save (full disk): stop the run (exit 1) or warn and train on"),
 
       number("logging.every", &c.logging.every, at_least(1), "steps between log lines"),
@@ -339,12 +353,13 @@ std::string range_text(const Range& r) {
 
 std::string expected_value(const Field& f) {
   return std::visit(
-      [&](auto* member) -> std::string {
+      [&](auto member) -> std::string {
         using T = std::remove_pointer_t<decltype(member)>;
-        if constexpr (std::is_same_v<T, bool>) {
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          return "one of " + join(f.choices, ", ");
+        } else if constexpr (std::is_same_v<T, bool>) {
           return "true or false";
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (!f.choices.empty()) return "one of " + join(f.choices, ", ");
           return f.empty == Empty::kString ? "a string" : "a string or null";
         } else {
           return (std::is_integral_v<T> ? "an integer" : "a number") + range_text(f.range);
@@ -369,12 +384,13 @@ std::string assign(const Field& f, const YAML::Node& node) {
   // yaml-cpp tags quoted scalars "!": those are strings, never numbers or booleans.
   const bool quoted = node.Tag() == "!";
   return std::visit(
-      [&](auto* member) -> std::string {
+      [&](auto member) -> std::string {
         using T = std::remove_pointer_t<decltype(member)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          if (!f.choices.empty() &&
-              std::find(f.choices.begin(), f.choices.end(), value) == f.choices.end())
-            return describe(node) + " is not a valid choice";
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          const auto at = std::find(f.choices.begin(), f.choices.end(), value);
+          if (at == f.choices.end()) return describe(node) + " is not a valid choice";
+          member.set(static_cast<size_t>(at - f.choices.begin()));
+        } else if constexpr (std::is_same_v<T, std::string>) {
           *member = value;
         } else if (quoted) {
           return describe(node) + " is a quoted string";
@@ -674,14 +690,15 @@ class Loader {
                     nearest_multiples(t.batch_tokens, per_micro_batch));
     }
 
-    if (usable({"data.vocab", "data.tokenizer"}) && !c.data.vocab.empty() && c.data.tokenizer == "bytes")
+    if (usable({"data.vocab", "data.tokenizer"}) && !c.data.vocab.empty() && c.data.tokenizer == TokenizerChoice::bytes)
       problem(where({"data.vocab", "data.tokenizer"}), "data.vocab",
               c.data.vocab + " with data.tokenizer: bytes, which has no vocabulary file", "null, or data.tokenizer: gpt2");
     const SyntheticDataConfig& s = c.data.synthetic;
     if (c.data.synthetic_enabled) {
-      if (usable({"data.tokenizer"}) && c.data.tokenizer != "auto")
+      if (usable({"data.tokenizer"}) && c.data.tokenizer != TokenizerChoice::auto_)
         problem(where({"data.tokenizer"}), "data.tokenizer",
-                c.data.tokenizer + " with data.synthetic, whose tokens are no tokenizer's", "auto");
+                std::string(choice_name(c.data.tokenizer)) + " with data.synthetic, whose tokens are no tokenizer's",
+                "auto");
       if (usable({"data.vocab"}) && !c.data.vocab.empty())
         problem(where({"data.vocab"}), "data.vocab", c.data.vocab + " with data.synthetic, whose tokens are no tokenizer's",
                 "null");
@@ -702,10 +719,10 @@ class Loader {
     // so a config that trains on the CPU also trains on a GPU); block scaling needs whole
     // 128-wide blocks.
     const Fp8Config& f8 = c.precision.fp8;
-    const std::string recipe = strictest_fp8_recipe(c.precision);
-    if (!recipe.empty() && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
-      const int multiple = recipe == "block" ? 128 : 16;
-      const std::string needs = fp8_needs(c.precision, recipe);
+    const std::optional<Fp8Recipe> recipe = strictest_fp8_recipe(c.precision);
+    if (recipe && usable({"precision.mode", "model.n_embd", "precision.fp8.recipe"})) {
+      const int multiple = fp8_dimension_multiple(*recipe);
+      const std::string needs = fp8_needs(c.precision, *recipe);
       if (m.n_embd % multiple != 0)
         problem(where({"model.n_embd", "precision.mode"}), "model.n_embd",
                 std::to_string(m.n_embd) + " is not a multiple of " + std::to_string(multiple) + needs,
@@ -737,14 +754,15 @@ class Loader {
   // master weights on each rank.
   void check_rollback(const Config& c) {
     const GuardConfig& g = c.training.guard;
-    if (!usable({"training.guard.action"}) || g.action != "rollback") return;
+    if (!usable({"training.guard.action"}) || g.action != GuardAction::rollback) return;
     if (usable({"checkpoint.every"}) && c.checkpoint.every == 0)
       problem(where({"checkpoint.every", "training.guard.action"}), "checkpoint.every",
               "0 with training.guard.action rollback, which reloads the newest checkpoint before the divergence",
               "checkpoint.every > 0, e.g. 100");
-    if (usable({"precision.mode"}) && strictest_fp8_recipe(c.precision).empty())
+    if (usable({"precision.mode"}) && !strictest_fp8_recipe(c.precision))
       problem(where({"precision.mode", "training.guard.action"}), "training.guard.action",
-              "rollback with precision " + (c.precision.schedule.empty() ? c.precision.mode : std::string("bf16 throughout")) +
+              "rollback with precision " +
+                  std::string(c.precision.schedule.empty() ? choice_name(c.precision.mode) : "bf16 throughout") +
                   ": a rollback goes on in bf16, switched in place (as precision.schedule does), which needs a run in "
                   "fp8 (or a schedule with an fp8 phase)",
               "stop or skip, or precision.mode fp8");
@@ -756,30 +774,30 @@ class Loader {
   }
 
   // The FP8 recipe whose alignment rules the GEMMs must meet: block (128) when any FP8 phase
-  // uses it, else the one FP8 recipe (16); "" when nothing runs in FP8.
-  static std::string strictest_fp8_recipe(const PrecisionConfig& p) {
-    std::string recipe;
-    if (p.schedule.empty()) return p.mode == "fp8" ? p.fp8.recipe : "";
+  // uses it, else the one FP8 recipe (16); none when nothing runs in FP8.
+  static std::optional<Fp8Recipe> strictest_fp8_recipe(const PrecisionConfig& p) {
+    if (p.schedule.empty()) return p.mode == PrecisionMode::fp8 ? std::optional(p.fp8.recipe) : std::nullopt;
+    std::optional<Fp8Recipe> recipe;
     for (const PrecisionPhase& phase : p.schedule)
-      if (phase.mode == "fp8" && recipe != "block") recipe = phase.fp8.recipe;
+      if (phase.mode == PrecisionMode::fp8 && recipe != Fp8Recipe::block) recipe = phase.fp8.recipe;
     return recipe;
   }
-  static std::string fp8_needs(const PrecisionConfig& p, const std::string& recipe) {
+  static std::string fp8_needs(const PrecisionConfig& p, Fp8Recipe recipe) {
     return (p.schedule.empty() ? " as precision.mode fp8" : " as precision.schedule's FP8 phases") +
-           std::string(recipe == "block" ? " with recipe block" : "") + (p.schedule.empty() ? " needs" : " need");
+           std::string(recipe == Fp8Recipe::block ? " with recipe block" : "") + (p.schedule.empty() ? " needs" : " need");
   }
 
   // What model.arch allows: GPT-2's fixed layout, or Llama's settings and what RoPE and GQA need.
   void check_architecture(const Config& c) {
     const ModelConfig& m = c.model;
     if (!usable({"model.arch"})) return;
-    if (m.arch == "gpt2") {
+    if (m.arch == Arch::gpt2) {
       // Llama's keys given with GPT-2 would be silently ignored: say so instead.
       for (const char* key : kLlamaSettings)
         if (seen_.count(key))
           problem(where({key}), key, "is a llama setting, and model.arch is gpt2", "model.arch: llama, or no " +
                                                                                        std::string(key));
-      if (usable({"model.tie_embeddings"}) && m.tie_embeddings == "false")
+      if (usable({"model.tie_embeddings"}) && m.tie_embeddings == TieEmbeddings::no)
         problem(where({"model.tie_embeddings"}), "model.tie_embeddings",
                 "false with model.arch gpt2, whose LM head is the token embedding", "auto or true");
       return;
@@ -795,12 +813,11 @@ class Loader {
               std::to_string(m.n_kv_head) + " does not divide model.n_head = " + std::to_string(m.n_head) +
                   " (each K/V head serves a whole group of query heads)",
               "a divisor of " + std::to_string(m.n_head) + ", e.g. " + nearest_divisors(m.n_head, m.n_kv_head));
-    const std::string recipe = strictest_fp8_recipe(c.precision);
-    if (!recipe.empty() &&
-        usable({"precision.mode", "precision.fp8.recipe", "model.mlp_hidden", "model.mlp_multiple_of"})) {
+    const std::optional<Fp8Recipe> recipe = strictest_fp8_recipe(c.precision);
+    if (recipe && usable({"precision.mode", "precision.fp8.recipe", "model.mlp_hidden", "model.mlp_multiple_of"})) {
       // Beyond n_embd (checked with GPT-2's rules), the K/V and SwiGLU widths are GEMM dimensions.
-      const int multiple = recipe == "block" ? 128 : 16;
-      const std::string needs = fp8_needs(c.precision, recipe);
+      const int multiple = fp8_dimension_multiple(*recipe);
+      const std::string needs = fp8_needs(c.precision, *recipe);
       const int hidden = m.swiglu_hidden();
       if (hidden % multiple != 0)
         problem(where({"model.mlp_hidden", "precision.mode"}), "model.mlp_hidden",
@@ -973,7 +990,7 @@ class Loader {
         Field f = v.key == "until_step"       ? number(name + ".until_step", &phase.until_step, at_least(1), "")
                   : v.key == "until_fraction" ? number(name + ".until_fraction", &phase.until_fraction,
                                                        between(0, 1, true, true), "")
-                  : v.key == "mode"           ? choice(name + ".mode", &phase.mode, {"bf16", "fp8"}, "")
+                  : v.key == "mode"           ? choice(name + ".mode", &phase.mode, "", {PrecisionMode::bf16, PrecisionMode::fp8})
                                               : scratch_schema.fields[index_.at("precision." + v.key)];
         f.key = name + "." + v.key;
         const std::string wrong = assign(f, v.value);
@@ -996,8 +1013,7 @@ class Loader {
       const bool has_step = phase.until_step > 0, has_fraction = phase.until_fraction > 0;
       const bool given_until = std::any_of(schedule_[i].values.begin(), schedule_[i].values.end(),
                                            [](const GivenValue& v) { return v.key.rfind("until_", 0) == 0; });
-      if (phase.mode.empty() &&
-          std::none_of(schedule_[i].values.begin(), schedule_[i].values.end(), [](const GivenValue& v) { return v.key == "mode"; })) {
+      if (std::none_of(schedule_[i].values.begin(), schedule_[i].values.end(), [](const GivenValue& v) { return v.key == "mode"; })) {
         complete = false;
         problem(schedule_[i].location, name + ".mode", "missing", "bf16 or fp8");
       }
@@ -1040,7 +1056,8 @@ class Loader {
     }
     if (seen_.count("precision.mode") && usable({"precision.mode"}) && c.precision.mode != phases.front().mode) {
       problem(where({"precision.mode"}), "precision.mode",
-              c.precision.mode + ", while precision.schedule starts in " + phases.front().mode,
+              std::string(choice_name(c.precision.mode)) + ", while precision.schedule starts in " +
+                  choice_name(phases.front().mode),
               "precision.mode left out (the schedule sets it; --set precision.mode=null) or the first phase's mode, "
               "or no schedule (--set precision.schedule=null)");
       return;
@@ -1056,8 +1073,15 @@ class Loader {
     const auto under = [&](const std::string& k) { return k == key || k.rfind(key + ".", 0) == 0; };
     for (size_t i = 0; i < schema_.fields.size(); ++i)
       if (under(schema_.fields[i].key))
-        std::visit([&](auto* member) { *member = *std::get<decltype(member)>(default_schema.fields[i].target); },
-                   schema_.fields[i].target);
+        std::visit(
+            [&](auto member) {
+              const auto& fallback = std::get<decltype(member)>(default_schema.fields[i].target);
+              if constexpr (std::is_same_v<decltype(member), ChoiceRef>)
+                member.set(fallback.get());
+              else
+                *member = *fallback;
+            },
+            schema_.fields[i].target);
     for (const auto& [section, flag] : schema_.presence)
       if (under(section)) *flag = false;
     if (under(kScheduleKey)) schedule_.clear();
@@ -1199,6 +1223,27 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
 
 namespace {
 
+// A field's value as the YAML it was read from (a choice by its name, a number as written).
+void emit_value(YAML::Emitter& out, const Field& f) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_pointer_t<decltype(member)>;
+        if constexpr (std::is_same_v<T, ChoiceRef>) {
+          out << f.choices.at(member.get());
+        } else if constexpr (std::is_same_v<T, double>) {
+          out << format_double(*member);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (member->empty() && f.empty == Empty::kNull)
+            out << YAML::Null;
+          else
+            out << *member;
+        } else {
+          out << *member;
+        }
+      },
+      f.target);
+}
+
 // precision.schedule, every phase with its resolved fp8 settings (the key names of precision.fp8).
 void emit_schedule(YAML::Emitter& out, const std::vector<PrecisionPhase>& phases) {
   out << YAML::Key << last_segment(kScheduleKey) << YAML::Value
@@ -1207,14 +1252,14 @@ void emit_schedule(YAML::Emitter& out, const std::vector<PrecisionPhase>& phases
     out << YAML::BeginMap;
     if (phase.until_step > 0) out << YAML::Key << "until_step" << YAML::Value << phase.until_step;
     if (phase.until_fraction > 0) out << YAML::Key << "until_fraction" << YAML::Value << format_double(phase.until_fraction);
-    out << YAML::Key << "mode" << YAML::Value << phase.mode;
+    out << YAML::Key << "mode" << YAML::Value << choice_name(phase.mode);
     Config scratch;
     scratch.precision.fp8 = phase.fp8;
     out << YAML::Key << "fp8" << YAML::Value << YAML::BeginMap;
     for (const Field& f : make_schema(scratch).fields) {
       if (f.key.rfind("precision.fp8.", 0) != 0) continue;
       out << YAML::Key << last_segment(f.key) << YAML::Value;
-      std::visit([&](auto* member) { out << *member; }, f.target);
+      emit_value(out, f);
     }
     out << YAML::EndMap << YAML::EndMap;
   }
@@ -1242,7 +1287,7 @@ std::string config_to_yaml(const Config& config) {
         absent = absent || !*flag->second;
     const auto* text_member = std::get_if<std::string*>(&f.target);
     if (absent || (text_member && f.empty == Empty::kOmit && (*text_member)->empty())) continue;
-    if (copy.model.arch != "llama" && is_llama_setting(f.key)) continue;  // refused with gpt2 when read
+    if (copy.model.arch != Arch::llama && is_llama_setting(f.key)) continue;  // refused with gpt2 when read
 
     const std::vector<std::string> parts = split(f.key);
     size_t shared = 0;
@@ -1253,21 +1298,7 @@ std::string config_to_yaml(const Config& config) {
       out << YAML::Key << parts[open.size()] << YAML::Value << YAML::BeginMap;
 
     out << YAML::Key << parts.back() << YAML::Value;
-    std::visit(
-        [&](auto* member) {
-          using T = std::remove_pointer_t<decltype(member)>;
-          if constexpr (std::is_same_v<T, double>) {
-            out << format_double(*member);
-          } else if constexpr (std::is_same_v<T, std::string>) {
-            if (member->empty() && f.empty == Empty::kNull)
-              out << YAML::Null;
-            else
-              out << *member;
-          } else {
-            out << *member;
-          }
-        },
-        f.target);
+    emit_value(out, f);
     out << YAML::Comment(f.help);
     if (f.key == last_precision_key && !copy.precision.schedule.empty()) {
       for (; open.size() > 1; open.pop_back()) out << YAML::EndMap;  // back to the precision map

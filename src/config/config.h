@@ -1,10 +1,12 @@
 // The run config: plain structs with defaults, filled from YAML and `--set` overrides.
-// No YAML type escapes this folder. Key names are the public interface (DESIGN.md section 3).
+// No YAML type escapes this folder. Key names are the public interface (README, "The run config").
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "config/choices.h"
 
 namespace ptrain {
 
@@ -12,7 +14,7 @@ struct RunConfig {
   std::string name = "run";
   std::string out_dir = "runs";
   int64_t seed = 1337;
-  std::string device = "auto";  // auto | cpu | cuda
+  DeviceRequest device = DeviceRequest::auto_;
   bool overwrite = false;
 };
 
@@ -30,17 +32,17 @@ struct ModelConfig {
   int seq_len = 0;  // required: the model's context length (position embeddings)
   int vocab_size = 0;  // required
   std::string init_from;  // empty = null
-  std::string attention = "auto";  // auto | cudnn | fallback
+  AttentionRequest attention = AttentionRequest::auto_;
   bool fused_gelu = true;          // GELU in the neighbouring GEMMs' epilogues (GPU: bf16/fp16, non-FP8 layers)
   double init_std = 0.02;  // GPT-2 initialisation (Megatron's --init-method-std)
   // The architecture, and the settings only llama reads.
-  std::string arch = "gpt2";              // gpt2 | llama
+  Arch arch = Arch::gpt2;
   int n_kv_head = 0;                      // grouped-query attention's K/V heads; 0 = n_head
   double rope_theta = 10000;              // RoPE base (Llama 3: 500000)
   double norm_eps = 1e-5;                 // RMSNorm epsilon
   int mlp_hidden = 0;                     // SwiGLU width; 0 = the Llama rule (swiglu_hidden)
   int mlp_multiple_of = 256;              // the Llama rule rounds up to a multiple of this
-  std::string tie_embeddings = "auto";    // auto (gpt2 tied, llama not) | true | false
+  TieEmbeddings tie_embeddings = TieEmbeddings::auto_;  // auto: gpt2 tied, llama not
   bool qk_norm = false;                   // llama: RMSNorm on each q and k head (before RoPE)
 
   // Vocabulary padded to a multiple of 128 (the padded logits never win, never get gradient).
@@ -66,9 +68,9 @@ struct SyntheticDataConfig {
 struct DataConfig {
   std::string train;  // glob of llm.c token shards
   std::string val;    // glob of llm.c token shards
-  // auto | bytes | gpt2: what made the shards. auto reads the shards' ptrain-tokenizer.json
-  // (the run plan holds what it resolved to).
-  std::string tokenizer = "auto";
+  // What made the shards. auto reads the shards' ptrain-tokenizer.json (the run plan holds what it
+  // resolved to).
+  TokenizerChoice tokenizer = TokenizerChoice::auto_;
   // gpt2: the vocabulary the shards were made with (data prepare --vocab: a .tiktoken file or a
   // directory with vocab.json and merges.txt); "" = the default one the install fetched.
   std::string vocab;
@@ -76,9 +78,9 @@ struct DataConfig {
   SyntheticDataConfig synthetic;
 };
 
-// training.guard (train/guard.h): what a non-finite or spiking loss makes the run do.
+// training.guard (optim/divergence_guard.h): what a non-finite or spiking loss makes the run do.
 struct GuardConfig {
-  std::string action = "stop";  // stop | skip | rollback
+  GuardAction action = GuardAction::stop;
   double spike_zscore = 0;      // 0 = spikes not watched (non-finite losses always are)
   int window = 50;              // accepted losses the z-score is measured against
   int spike_steps = 3;          // consecutive spiking steps before the guard acts
@@ -97,7 +99,7 @@ struct TrainingConfig {
   int threads = 0;  // CPU threads; 0 = all available
   double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
   bool cuda_graph = false;   // GPU: record each kind of micro-batch once, replay it as one CUDA graph
-  std::string recompute = "none";  // activation recomputation: none | mlp | block (model/gpt.h)
+  Recompute recompute = Recompute::none;  // activation recomputation (model/gpt.h)
   GuardConfig guard = {};
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
@@ -113,24 +115,24 @@ struct OptimizerConfig {
 
 struct ScheduleConfig {
   int64_t warmup_steps = 50;
-  std::string decay = "cosine";  // cosine | linear | constant | wsd
+  Decay decay = Decay::cosine;
   double min_lr_ratio = 0.1;
   double wsd_decay_fraction = 0.2;  // wsd: share of the steps spent decaying at the end
 };
 
 struct Fp8Config {
-  std::string recipe = "delayed";  // delayed | current | block
-  std::string format = "hybrid";   // hybrid | e4m3
+  Fp8Recipe recipe = Fp8Recipe::delayed;
+  Fp8Format format = Fp8Format::hybrid;
   int margin = 0;
   int amax_history = 16;
-  std::string amax_algo = "max";  // max | most_recent
+  AmaxAlgo amax_algo = AmaxAlgo::max;
   bool bf16_first_last = false;
   bool bf16_lm_head = true;
   int block_size = 128;  // block recipe: 1 x 128 tiles, 128 x 128 weight blocks
 };
 
 struct LossScalingConfig {
-  std::string mode = "auto";  // auto | off | static | dynamic
+  LossScalingMode mode = LossScalingMode::auto_;
   double init = 65536.0;
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
@@ -145,12 +147,12 @@ struct LossScalingConfig {
 struct PrecisionPhase {
   int64_t until_step = 0;     // 0: not given
   double until_fraction = 0;  // 0: not given
-  std::string mode;           // bf16 | fp8: the modes that store every tensor alike
+  PrecisionMode mode = PrecisionMode::bf16;  // bf16 | fp8: the modes that store every tensor alike
   Fp8Config fp8;
 };
 
 struct PrecisionConfig {
-  std::string mode = "fp32";  // fp32 | bf16 | fp16 | fp8; with a schedule, its first phase's
+  PrecisionMode mode = PrecisionMode::fp32;  // with a schedule, its first phase's
   bool tf32 = false;
   Fp8Config fp8;
   LossScalingConfig loss_scaling;
@@ -167,9 +169,11 @@ struct CheckpointConfig {
   int64_t every = 0;
   int keep_last = 3;
   std::string resume = "never";  // never | auto | PATH
+  bool resume_never() const { return resume == "never"; }
+  bool resume_auto() const { return resume == "auto"; }
   std::string dir;  // empty = <run dir>/checkpoints
   bool save_final = true;  // save a checkpoint after the last step
-  std::string on_save_error = "stop";  // stop | continue: what a failed save (full disk) does
+  OnSaveError on_save_error = OnSaveError::stop;  // what a failed save (full disk) does
 };
 
 struct LoggingConfig {

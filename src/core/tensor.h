@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "core/error.h"
-#include "precision/formats.h"
 
 namespace ptrain {
+
+// The number format a tensor's values lie on (precision/formats.h rounds and converts them).
+enum class Format { fp32, bf16, fp16, e4m3, e5m2 };
 
 // How a tensor's elements are stored. f64 exists for the reference backend's gradient checks;
 // the CPU backend stores reduced precision as f32 values on the format's grid, a GPU backend as
@@ -41,6 +43,13 @@ inline const char* dtype_name(DType t) {
 }
 
 enum class Device { cpu, cuda };
+
+// The number of elements of a shape (1 for none).
+inline int64_t shape_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
 
 struct Tensor {
   static constexpr int kMaxDims = 5;

@@ -3,7 +3,7 @@
 #include <functional>
 #include <sstream>
 
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"

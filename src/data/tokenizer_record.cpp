@@ -53,8 +53,9 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
 }
 
 std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
-                                    const std::string& configured, int vocab_size,
-                                    std::vector<std::string>& warnings) {
+                                    TokenizerChoice configured_choice, int vocab_size, std::vector<std::string>& warnings) {
+  // "" under auto: the records, or model.vocab_size, tell.
+  const std::string configured = configured_choice == TokenizerChoice::auto_ ? "" : choice_name(configured_choice);
   std::vector<std::string> dirs;
   for (const auto* files : {&train, &val})
     for (const std::string& f : *files) {
@@ -77,7 +78,7 @@ std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const
                       " but " + found_in + " says " + found->tokenizer +
                       (record->tokenizer == found->tokenizer ? " with another vocabulary" : "") +
                       "; expected one tokenizer for all the shards");
-    if (configured != "auto" && record->tokenizer != configured)
+    if (!configured.empty() && record->tokenizer != configured)
       throw UserError("data.tokenizer is " + configured + " but " + where + " says the shards were made by " +
                       record->tokenizer + "; expected data.tokenizer: " + record->tokenizer +
                       " (or auto), or shards prepared with --tokenizer " + configured);
@@ -92,10 +93,10 @@ std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const
   if (!without.empty()) {
     std::string note = "the shards in \"" + without.front() + "\"" + (without.size() > 1 ? " and others" : "") +
                        " have no " + kTokenizerRecord + " (llm.c's scripts write none)";
-    if (resolved == "auto" && !found) {
-      if (vocab_size >= 50257 && vocab_size <= 50304) resolved = "gpt2";
-      if (vocab_size == 256) resolved = "bytes";
-      note += resolved == "auto" ? "; their tokenizer is unknown, so samples print token ids"
+    if (resolved.empty() && !found) {
+      if (vocab_size >= 50257 && vocab_size <= 50304) resolved = choice_name(TokenizerChoice::gpt2);
+      if (vocab_size == 256) resolved = choice_name(TokenizerChoice::bytes);
+      note += resolved.empty() ? "; their tokenizer is unknown, so samples print token ids"
                                  : "; taking them as " + resolved + " from model.vocab_size " +
                                        std::to_string(vocab_size) + " (set data.tokenizer to say so)";
     } else {

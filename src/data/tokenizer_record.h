@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "config/choices.h"
+
 namespace ptrain {
 
 constexpr const char* kTokenizerRecord = "ptrain-tokenizer.json";
@@ -27,12 +29,11 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir);
 
 // The tokenizer of a run's shards: the records in the directories of `train` and `val` checked
 // against each other, `configured` (data.tokenizer) and `vocab_size` (model.vocab_size).
-// Returns bytes or gpt2, or auto when nothing tells. Shards without a record (llm.c's) are
-// taken as `configured` with a warning, or, under auto, as gpt2 when vocab_size is GPT-2's
-// (50257, or padded up to 50304) and bytes when it is 256, also with a warning. Throws
-// UserError naming both sides when they disagree.
+// Returns bytes or gpt2, or "" when nothing tells. Shards without a record (llm.c's) are taken
+// as `configured` with a warning, or, under auto, as gpt2 when vocab_size is GPT-2's (50257, or
+// padded up to 50304) and bytes when it is 256, also with a warning. Throws UserError naming
+// both sides when they disagree.
 std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
-                                    const std::string& configured, int vocab_size,
-                                    std::vector<std::string>& warnings);
+                                    TokenizerChoice configured, int vocab_size, std::vector<std::string>& warnings);
 
 }  // namespace ptrain

@@ -2,7 +2,7 @@
 // gradients, metrics and FP8 amaxes through it, and shards optimizer state with it (ZeRO-1).
 // Three implementations: one process (every collective is the identity), MPI (the CPU backend:
 // host tensors, reductions in a fixed rank order so every rank gets bit-identical sums) and NCCL
-// (the CUDA backend: device tensors, bootstrapped over MPI; dist/nccl.h).
+// (the CUDA backend: device tensors, bootstrapped over MPI; dist/nccl_communicator.cpp).
 //
 // Which one a run gets: make_communicator() looks at the environment. Under mpirun or srun (an
 // MPI launcher's variables are set) in a build with MPI it initialises MPI; otherwise the run is
@@ -86,6 +86,9 @@ std::unique_ptr<Communicator> make_communicator(Device device);
 // the environment before MPI starts: whether to start MPI, and how to name a failing rank.
 int launcher_rank();
 int launcher_world_size();
+// This rank's index on its node (MPI's shared-memory split under a launcher; 0 without one):
+// which of the node's GPUs it takes.
+int local_rank();
 
 // A rank that fails takes the whole job down at once (MPI_Abort), so no other rank waits
 // forever in a collective; without MPI this returns and the caller exits with `code`.

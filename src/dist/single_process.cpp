@@ -78,6 +78,13 @@ std::unique_ptr<Communicator> make_communicator(Device device) {
 #endif
 }
 
+int local_rank() {
+#ifdef PTRAIN_HAVE_MPI
+  if (launcher_world_size() > 1) return node_local_rank();
+#endif
+  return 0;
+}
+
 void abort_other_ranks(int code) {
 #ifdef PTRAIN_HAVE_MPI
   abort_mpi_job(code);

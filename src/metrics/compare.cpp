@@ -51,12 +51,12 @@ nlohmann::json comparable_keys(const Config& c) {
       {"schedule.wsd_decay_fraction", c.schedule.wsd_decay_fraction},
       {"model.arch", c.model.arch},
   };
-  if (c.model.arch == "llama") {  // resolved, as the model has them
+  if (c.model.arch == Arch::llama) {  // resolved, as the model has them
     j["model.n_kv_head"] = c.model.kv_heads();
     j["model.mlp_hidden"] = c.model.swiglu_hidden();
     j["model.rope_theta"] = c.model.rope_theta;
     j["model.norm_eps"] = c.model.norm_eps;
-    j["model.tie_embeddings"] = c.model.tie_embeddings == "true";
+    j["model.tie_embeddings"] = c.model.tie_embeddings == TieEmbeddings::yes;
     j["model.qk_norm"] = c.model.qk_norm;
   }
   if (c.data.synthetic_enabled) {

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/format.h"
 #include "core/paths.h"
 #include "core/rng.h"
 
@@ -72,11 +72,6 @@ std::string cpu_model_name() {
   return "unknown CPU";
 }
 
-std::string gflops(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", v / 1e9);
-  return buf;
-}
 
 // A temporary of this process's own, renamed over the cache: processes measuring at once (tests,
 // several runs) each replace the file whole. A read-only home: measured again next time.
@@ -124,6 +119,9 @@ CpuPeak cpu_sgemm_peak(PeakCache use) {
     }
   }
   if (use == PeakCache::off || peak.under_load) return peak;
+  // A refresh replaces a figure a run went faster than: never with a lower one.
+  const bool lower = cache.contains(peak.key) && cache[peak.key].is_number() && cache[peak.key].get<double>() >= peak.flops;
+  if (use == PeakCache::refresh && lower) return peak;
   cache[peak.key] = peak.flops;
   write_cache(peak.cache_file, cache);
   peak.saved = true;
@@ -135,15 +133,14 @@ std::string CpuPeak::describe() const {
   if (cached) return text + "measured earlier for \"" + key + "\", cached in " + cache_file;
   text += "measured now for \"" + key + "\"";
   if (under_load)
-    return text + ", but slower on all threads than on one (" + gflops(one_thread_flops) +
+    return text + ", but slower on all threads than on one (" + format_number("%.1f", one_thread_flops / 1e9) +
            " GFLOP/s): the machine was busy, so the 1-thread rate stands in and is not cached";
   return saved ? text + ", cached in " + cache_file : text;
 }
 
 std::string format_utilisation(double ratio) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * ratio);
-  return ratio > 1.0 ? std::string(buf) + " (above 100%: the ceiling is stale)" : buf;
+  const std::string percent = format_number("%.1f%%", 100.0 * ratio);
+  return ratio > 1.0 ? percent + " (above 100%: the ceiling is stale)" : percent;
 }
 
 }  // namespace ptrain

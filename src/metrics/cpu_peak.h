@@ -28,8 +28,8 @@ struct GemmRate {
 // OpenMP default, which the CPU backend has set).
 GemmRate measure_sgemm_rate(int size, int repeats, int threads = 0);
 
-// The CPU's peak for MFU in training logs: the best of 5 sgemms of 1024^3 (about a tenth of a
-// second on 2 cores), kept in <data_cache_dir()>/cpu-peak.json under a key of the CPU's model
+// The CPU's peak for MFU in training logs: the best of 5 sgemms of 1024^3 on the run's threads,
+// checked against 5 on one thread (about a third of a second on 2 cores), kept in <data_cache_dir()>/cpu-peak.json under a key of the CPU's model
 // name, the thread count and OpenBLAS's kernel (each changes the rate). A cache that cannot be
 // read or written is measured again, never an error.
 struct CpuPeak {
@@ -45,7 +45,7 @@ struct CpuPeak {
 };
 enum class PeakCache {
   use,      // read the cached figure, else measure and cache
-  refresh,  // measure, and replace the cached figure (a run went faster than it)
+  refresh,  // measure, and replace the cached figure (a run went faster than it) if the new one is higher
   off,      // measure, neither read nor write (other ranks share the machine)
 };
 CpuPeak cpu_sgemm_peak(PeakCache cache = PeakCache::use);

@@ -1,4 +1,4 @@
-// Dense peak FLOP/s of GPUs per GEMM precision, for MFU (DESIGN.md section 7), and the two peaks
+// Dense peak FLOP/s of GPUs per GEMM precision, for MFU (README, "Model FLOP/s and MFU"), and the two peaks
 // a run's MFU is quoted against. Each GPU is named by the CUDA device properties that identify
 // it (compute capability, multiprocessors, memory, and the name only where two parts share
 // those); its figures are NVIDIA's data sheets' dense (without sparsity) ones. A GPU this build

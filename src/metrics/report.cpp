@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "metrics/run_log.h"
 #include "metrics/svg_chart.h"
 

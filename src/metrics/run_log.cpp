@@ -69,36 +69,6 @@ double median_after_first(const std::vector<double>& values) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const int64_t s = static_cast<int64_t>(std::llround(seconds));
-  char buf[32];
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  else
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
-  return buf;
-}
-
-std::string format_thousands(double value) {
-  std::string digits = std::to_string(static_cast<long long>(std::llround(value)));
-  std::string out;
-  const size_t start = digits[0] == '-' ? 1 : 0;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > start && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-std::string format_mib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 int64_t current_rss_bytes() {
   long pages_total = 0, pages_resident = 0;
   FILE* f = std::fopen("/proc/self/statm", "r");

@@ -46,11 +46,6 @@ class RunLog {
   std::optional<AppendFile> metrics_;  // metrics.jsonl
 };
 
-// Formatting shared by logs and summaries.
-std::string format_duration(double seconds);   // "45s", "3m07s", "2h05m"
-std::string format_thousands(double value);    // "53,780"
-std::string format_mib(int64_t bytes);         // "123.4 MiB"
-
 // The median of per-step values after the first (the step that warms caches up); all of them
 // when there is only one, 0 when there are none.
 double median_after_first(const std::vector<double>& values);

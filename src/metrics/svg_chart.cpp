@@ -6,6 +6,7 @@
 #include <iterator>
 #include <utility>
 
+#include "core/format.h"
 #include "metrics/run_log.h"
 
 namespace ptrain::svg {
@@ -13,9 +14,7 @@ namespace ptrain::svg {
 std::string num(const char* format, double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
+  return format_number(format, v);
 }
 
 std::string thousands(double v) { return std::isfinite(v) ? format_thousands(v) : num("%.0f", v); }

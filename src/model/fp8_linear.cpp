@@ -1,3 +1,4 @@
+#include "core/tensor.h"
 #include "model/fp8_linear.h"
 
 #include <algorithm>
@@ -47,9 +48,7 @@ Fp8Linear::~Fp8Linear() {
 }
 
 void* Fp8Linear::allocate_like(Tensor& slot, const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  void* p = backend_.allocate(static_cast<size_t>(n) * sizeof(float));
+  void* p = backend_.allocate(static_cast<size_t>(shape_numel(shape)) * sizeof(float));
   memory_.push_back(p);
   slot = Tensor(p, DType::f32, shape, backend_.device());
   return p;

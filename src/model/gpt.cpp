@@ -6,16 +6,11 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "metrics/nvtx.h"
+#include "core/tensor.h"
+#include "backend/nvtx.h"
 #include "model/rope_table.h"
 
 namespace ptrain {
-
-static int64_t product(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // The activation buffers of one micro-batch, in allocation order, with the number format each
 // holds. Used both to size the allocation (dry-run estimate) and to carve it.
@@ -30,7 +25,7 @@ struct ActivationPlan {
   std::vector<Entry> entries;
   int64_t bytes() const {
     int64_t total = 0;
-    for (const auto& e : entries) total += (product(e.shape) * dtype_size(e.dtype) + 63) / 64 * 64;
+    for (const auto& e : entries) total += (shape_numel(e.shape) * dtype_size(e.dtype) + 63) / 64 * 64;
     return total;
   }
 };
@@ -94,13 +89,6 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
   return p;
 }
 }  // namespace
-
-Recompute recompute_from(const std::string& name) {
-  if (name == "mlp") return Recompute::mlp;
-  if (name == "block") return Recompute::block;
-  PTRAIN_CHECK(name == "none", "training.recompute: " + name + " is not none, mlp or block");
-  return Recompute::none;
-}
 
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute) {
   GptActivations unused;
@@ -166,7 +154,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
   if (policy.grads != Format::fp32) accum_flat_ = flat(Format::fp32);
   int64_t offset = 0;
   for (const ParamSpec& spec : specs_) {
-    const int64_t count = product(spec.shape);
+    const int64_t count = shape_numel(spec.shape);
     params_[spec.id] = params_flat_.range(offset, count).reshaped(spec.shape);
     grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
     if (!accum_flat_.empty()) accum_[spec.id] = accum_flat_.range(offset, count).reshaped(spec.shape);

@@ -27,10 +27,8 @@ namespace ptrain {
 // none: everything the backward pass reads. mlp: not the MLP's hidden activations (4C, or
 // SwiGLU's 3F, per token), which the backward pass recomputes from the saved norm output.
 // block: only each block's output (the residual stream); the backward pass reruns the block's
-// forward from its input first. The recomputed values are the same bits as the first pass's,
-// so losses and gradients do not change.
-enum class Recompute { none, mlp, block };
-Recompute recompute_from(const std::string& name);  // training.recompute
+// forward from its input first (Recompute, config/choices.h). The recomputed values are the same
+// bits as the first pass's, so losses and gradients do not change.
 
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
 int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none);

@@ -1,16 +1,15 @@
+#include "core/tensor.h"
 #include "model/gpt_params.h"
 
 namespace ptrain {
 
-const char* arch_name(Arch arch) { return arch == Arch::llama ? "llama" : "gpt2"; }
-
 GptShape GptShape::of(const ModelConfig& m) {
   GptShape s{m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab_size, m.padded_vocab()};
-  if (m.arch != "llama") return s;
+  if (m.arch != Arch::llama) return s;
   s.arch = Arch::llama;
   s.n_kv_head = m.kv_heads();
   s.mlp_hidden = m.swiglu_hidden();
-  s.tied_head = m.tie_embeddings == "true";
+  s.tied_head = m.tie_embeddings == TieEmbeddings::yes;
   s.rope_theta = static_cast<float>(m.rope_theta);
   s.norm_eps = static_cast<float>(m.norm_eps);
   s.qk_norm = m.qk_norm;
@@ -63,12 +62,6 @@ static std::vector<ParamSpec> llama_specs(const GptShape& s) {
 
 std::vector<ParamSpec> gpt_param_specs(const GptShape& s) {
   return s.arch == Arch::llama ? llama_specs(s) : gpt2_specs(s);
-}
-
-int64_t shape_numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 int64_t gpt_num_params(const GptShape& s) {

@@ -12,9 +12,6 @@
 
 namespace ptrain {
 
-enum class Arch { gpt2, llama };
-const char* arch_name(Arch arch);
-
 struct GptShape {
   int n_layer = 0;
   int n_head = 0;
@@ -60,9 +57,6 @@ struct ParamSpec {
 // in the same role: kLn1w/kLn2w/kLnfw are RMSNorm weights, kFcw the SwiGLU gate and up
 // projections stacked (gate rows first), kFcprojw the down projection.
 std::vector<ParamSpec> gpt_param_specs(const GptShape& s);
-// The number of elements of a tensor of this shape (of a shape gpt_param_specs gives: no
-// overflow; the file parsers check what they read themselves).
-int64_t shape_numel(const std::vector<int64_t>& shape);
 int64_t gpt_num_params(const GptShape& s);  // includes the padded vocabulary rows, as llm.c counts
 
 }  // namespace ptrain

@@ -1,27 +1,20 @@
 #include "optim/divergence_guard.h"
 
 #include <cmath>
-#include <cstdio>
+
+#include "core/format.h"
 
 namespace ptrain {
 
-namespace {
-std::string number(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
-}
-}  // namespace
-
 DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
-  const Verdict act = config_.action == "skip"       ? Verdict::skip
-                      : config_.action == "rollback" ? Verdict::rollback
-                                                     : Verdict::stop;
+  const Verdict act = config_.action == GuardAction::skip       ? Verdict::skip
+                      : config_.action == GuardAction::rollback ? Verdict::rollback
+                                                                : Verdict::stop;
   if (!std::isfinite(loss)) {
     // A non-finite loss after spiking steps belongs to the same divergence.
     const int bad = spike_run_ + 1;
     spike_run_ = 0;
-    return {act, "the loss is " + number("%g", loss), bad};
+    return {act, "the loss is " + format_number("%g", loss), bad};
   }
   if (config_.spike_zscore > 0 && static_cast<int>(window_.size()) == config_.window) {
     double mean = 0, var = 0;
@@ -32,10 +25,10 @@ DivergenceGuard::Finding DivergenceGuard::observe(double loss) {
     const double z = sd > 0 ? (loss - mean) / sd : (loss > mean ? INFINITY : 0.0);
     if (z > config_.spike_zscore) {
       if (++spike_run_ >= config_.spike_steps)
-        return {act, "loss " + number("%.6g", loss) + " is " + number("%.3g", z) +
+        return {act, "loss " + format_number("%.6g", loss) + " is " + format_number("%.3g", z) +
                          " standard deviations above the mean of the last " + std::to_string(config_.window) +
-                         " steps (" + number("%.6g", mean) + "), for " + std::to_string(spike_run_) +
-                         (spike_run_ == 1 ? " step" : " steps in a row") + " (training.guard.spike_zscore " + number("%g", config_.spike_zscore) + ")",
+                         " steps (" + format_number("%.6g", mean) + "), for " + std::to_string(spike_run_) +
+                         (spike_run_ == 1 ? " step" : " steps in a row") + " (training.guard.spike_zscore " + format_number("%g", config_.spike_zscore) + ")",
                 spike_run_};
       return {};
     }

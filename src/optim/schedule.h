@@ -2,7 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "config/choices.h"
 
 namespace ptrain {
 
@@ -10,7 +11,7 @@ struct LrSchedule {
   double lr = 1e-3;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
-  std::string decay = "cosine";  // cosine | linear | constant | wsd
+  Decay decay = Decay::cosine;
   double min_lr_ratio = 0.1;
   double wsd_decay_fraction = 0.2;
 

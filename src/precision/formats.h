@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-namespace ptrain {
+#include "core/tensor.h"  // Format
 
-enum class Format { fp32, bf16, fp16, e4m3, e5m2 };
+namespace ptrain {
 
 const char* format_name(Format f);  // "fp32", "bf16", "fp16", "e4m3", "e5m2"
 
@@ -28,7 +28,7 @@ bool is_fp8(Format f);
 //  - e4m3, e5m2 without saturate: overflow gives NaN (e4m3 has no infinity) or +-inf (e5m2).
 float round_to_format(float x, Format f, bool saturate);
 
-// Bit patterns (for exact tests and, later, real storage). Encoding any NaN (either sign, any
+// Bit patterns (the GPU's storage, and exact tests). Encoding any NaN (either sign, any
 // payload) gives 0x7FFF for bf16 and fp16 and 0x7F for fp8. Decoding a bf16 NaN keeps its sign
 // and payload (the float is the code shifted up); decoding an fp16 or fp8 NaN gives the float
 // with bits 0x7FFFFFFF.

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "config/choices.h"
+
 namespace ptrain {
 
 // scale = fp8_max / amax / 2^margin for a finite amax > 0; otherwise `previous`. A scale that
@@ -16,8 +18,6 @@ float scale_from_amax(float amax, float fp8_max, int margin, float previous);
 
 // current and block recipes: scale = fp8_max / amax, and 1 when amax is 0 or not finite.
 float current_scale(float amax, float fp8_max);
-
-enum class AmaxAlgo { max, most_recent };
 
 // The delayed-scaling state of one FP8 tensor. Slot 0 of the history collects the current
 // step's amax (max over the step's casts, e.g. over micro-batches); end_step() computes the

@@ -8,15 +8,14 @@ namespace ptrain {
 
 LossScaler::LossScaler(const LossScalingConfig& config)
     : config_(config),
-      scale_(config.mode == "off" ? 1.0 : config.init),
+      scale_(config.mode == LossScalingMode::off ? 1.0 : config.init),
       hysteresis_left_(config.hysteresis) {
-  PTRAIN_CHECK(config.mode == "off" || config.mode == "static" || config.mode == "dynamic",
-               "unknown loss-scaler mode '" + config.mode + "'");
+  PTRAIN_CHECK(config.mode != LossScalingMode::auto_, "the loss scaler's mode was not resolved from auto");
 }
 
 bool LossScaler::update(bool found_nonfinite) {
   if (found_nonfinite) ++skipped_;  // counted in every mode: the optimizer step is skipped
-  if (config_.mode != "dynamic") return found_nonfinite;
+  if (config_.mode != LossScalingMode::dynamic) return found_nonfinite;
 
   if (found_nonfinite) {
     growth_tracker_ = 0;

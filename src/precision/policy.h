@@ -1,4 +1,4 @@
-// Which format each class of tensor uses under a precision mode (DESIGN.md section 4), which
+// Which format each class of tensor uses under a precision mode (README, "Precision"), which
 // layers run their GEMMs in FP8 and how they are scaled, and how the loss is scaled. The model
 // and trainer ask the policy instead of testing mode strings.
 //
@@ -21,8 +21,6 @@
 
 namespace ptrain {
 
-enum class Fp8Recipe { delayed, current, block };
-
 struct Fp8Policy {
   bool enabled = false;
   Fp8Recipe recipe = Fp8Recipe::delayed;
@@ -37,7 +35,7 @@ struct Fp8Policy {
 };
 
 struct PrecisionPolicy {
-  std::string mode = "fp32";
+  PrecisionMode mode = PrecisionMode::fp32;
   Format weights = Format::fp32;      // the copy the GEMMs read
   Format activations = Format::fp32;
   Format grads = Format::fp32;
@@ -45,7 +43,7 @@ struct PrecisionPolicy {
   // Mode resolved from the config's "auto": dynamic for fp16, off otherwise.
   LossScalingConfig loss_scaling = [] {
     LossScalingConfig off;
-    off.mode = "off";
+    off.mode = LossScalingMode::off;
     return off;
   }();
 

@@ -9,9 +9,10 @@
 #include "core/error.h"
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
-#include "metrics/op_profile.h"
+#include "backend/op_profile.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
+#include "train/run_spec.h"
 #include "train/trainer.h"
 
 namespace ptrain {
@@ -45,14 +46,15 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
   const TrainResult result = train(config, TrainOptions{});
   const StepRate r = step_rate(result);
   std::printf("\nbenchmark: %s, %s, %s, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
-              PrecisionSchedule::from_config(config.precision, config.training.steps).label().c_str(), result.device.c_str(),
+              resolve_precision(config).label().c_str(), result.device.c_str(),
               result.step_seconds.size(), r.steps);
   std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);
   std::printf("  model FLOP/s           %10.1f TFLOP/s  (%.3g FLOP/token: 6N + 6LCT)\n", r.model_flops / 1e12,
               result.flops_per_token);
   if (result.mfu_peaks && result.mfu_peaks->bf16) {
-    std::printf("  MFU, bf16 peak         %10s\n", format_utilisation(r.model_flops / *result.mfu_peaks->bf16).c_str());
+    // An FP8 run may pass the BF16 peak: only the mix's peak bounds it.
+    std::printf("  MFU, bf16 peak         %10.1f %%\n", 100.0 * r.model_flops / *result.mfu_peaks->bf16);
     std::printf("  MFU, precision mix     %10s  (peak %.1f TFLOP/s)\n",
                 format_utilisation(r.model_flops / result.mfu_peaks->mix).c_str(), result.mfu_peaks->mix / 1e12);
   }
@@ -63,7 +65,7 @@ void benchmark(const Config& config, bool profile) {
   if (config.training.steps < 3)
     throw UserError("training.steps: " + std::to_string(config.training.steps) +
                     " is too few to benchmark; expected at least 3 (step 1 is warm-up)");
-  if (config.run.device != "cpu") {
+  if (config.run.device != DeviceRequest::cpu) {
     const CudaProbe probe = probe_cuda();
     if (!probe.devices.empty()) {
       if (profile)
@@ -72,7 +74,7 @@ void benchmark(const Config& config, bool profile) {
                         "with --set run.device=cpu");
       return benchmark_gpu(config, probe.devices[0]);
     }
-    if (config.run.device == "cuda")
+    if (config.run.device == DeviceRequest::cuda)
       throw EnvironmentError("run.device: cuda cannot be benchmarked: no usable CUDA device: " + probe.why_none);
   }
   // The backend sets the OpenMP and OpenBLAS thread counts; measure the ceiling under them,
@@ -92,7 +94,7 @@ void benchmark(const Config& config, bool profile) {
   // A ceiling is the best the machine did: a run slowed by another process cannot lower it.
   const double ceiling = gemm.best_flops();
   std::printf("\nbenchmark: %s, %s, %d threads, steps 2-%zu (%zu steps)\n", config.run.name.c_str(),
-              PrecisionSchedule::from_config(config.precision, config.training.steps).label().c_str(), gemm.threads,
+              resolve_precision(config).label().c_str(), gemm.threads,
               result.step_seconds.size(), r.steps);
   std::printf("  median step            %10.1f ms\n", r.step_s * 1e3);
   std::printf("  tokens/s               %10.0f\n", r.tokens_per_s);

@@ -12,6 +12,7 @@
 #include "precision/policy.h"
 #include "optim/divergence_guard.h"
 #include "train/run_plan.h"
+#include "train/run_spec.h"
 #include "train/tools.h"
 #include "train/trainer.h"
 
@@ -61,11 +62,11 @@ std::vector<std::string> mode_overrides(const Config& base, const std::string& m
   }
   // A rollback falls back from FP8 to bf16: a mode without FP8 has nothing to fall back from,
   // so its guard stops instead (compare names a mode that diverged).
-  if (base.training.guard.action == "rollback" && name != "fp8") overrides.push_back("training.guard.action=stop");
+  if (base.training.guard.action == GuardAction::rollback && name != "fp8") overrides.push_back("training.guard.action=stop");
   return overrides;
 }
 
-std::string mode_label(const Config& c) { return PrecisionSchedule::from_config(c.precision, c.training.steps).label(); }
+std::string mode_label(const Config& c) { return resolve_precision(c).label(); }
 
 }  // namespace
 

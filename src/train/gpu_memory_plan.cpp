@@ -5,6 +5,7 @@
 
 #include "backend/cuda/arena_sizing.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "metrics/run_log.h"
 #include "model/gpt.h"
 #include "precision/policy.h"
@@ -28,7 +29,8 @@ std::string gib(int64_t bytes) {
 // copies in the model (Fp8Linear) and the backend's code, factor and FP32 product scratch.
 int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
-  const bool native = rows % 16 == 0 && C % 16 == 0 && OC % 16 == 0 && (!blocks || policy.block == Fp8Linear::kNativeBlock);
+  const bool native = fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
+                      (!blocks || policy.block == Fp8Linear::kNativeBlock);
   if (!native)
     return block(Fp8Linear::buffer_bytes(policy, rows, C, OC)) + block(rows * std::max(C, OC)) +
            block(rows * OC * int64_t(sizeof(float)));
@@ -53,10 +55,11 @@ int64_t fp8_bytes(const GptShape& s, const PrecisionPolicy& policy, int64_t rows
 
 }  // namespace
 
-GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPath attention) {
-  const GptShape s = GptShape::of(config.model);
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath attention) {
+  const GptShape& s = spec.shape;
+  // The phases store weights, activations and gradients alike (bf16 or fp8's bf16): the first's.
+  const PrecisionPolicy& policy = spec.precision.phases.front().policy;
+  const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world_size = spec.batch.world_size;
   const int64_t n = gpt_num_params(s);
   GpuMemoryPlan p;
   p.cudnn_workspace_unknown = attention == AttentionPath::fused;
@@ -67,14 +70,14 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
   p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
-                                             recompute_from(config.training.recompute))) +
+                                             spec.recompute)) +
                   (s.arch == Arch::llama ? block(gpt_rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
-  for (const auto& phase : PrecisionSchedule::from_config(config.precision, config.training.steps).phases)
+  for (const auto& phase : spec.precision.phases)
     p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T));
   // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
   // master weights, which replace the full master block before the first step.
-  const bool sharded = config.distributed.zero_stage == 1 && world_size > 1;
+  const bool sharded = zero_stage == 1 && world_size > 1;
   const int64_t shard = sharded ? (n + world_size - 1) / world_size : n;
   p.optimizer = 2 * block_of(shard, Format::fp32);
   int64_t released_master = 0;
@@ -86,8 +89,7 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
     }
   }
   // The backend's own blocks and the trainer's per-micro-batch loss sums.
-  const int64_t accumulation = config.training.batch_tokens / (int64_t{B} * T * world_size);
-  p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(accumulation * int64_t(sizeof(double)));
+  p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(spec.batch.accumulation * int64_t(sizeof(double)));
   // The ops' scratch, kept between calls (cuda_backend_impl.h, enum Slot), at its largest:
   const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage_dtype(policy.activations));
   int64_t scratch = 0;
@@ -111,13 +113,13 @@ GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPat
   return p;
 }
 
-AttentionPath expected_gpu_attention(const Config& config) {
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  const bool half = policy.activations == Format::bf16 || policy.activations == Format::fp16;
-  if (!half && config.model.attention == "cudnn")  // as the CUDA backend refuses it
+AttentionPath expected_gpu_attention(const RunSpec& spec, AttentionRequest want) {
+  const Format activations = spec.precision.phases.front().policy.activations;
+  const bool half = activations == Format::bf16 || activations == Format::fp16;
+  if (!half && want == AttentionRequest::cudnn)  // as the CUDA backend refuses it
     throw UserError("model.attention: cudnn cannot run this model: cuDNN's flash attention takes bf16 or fp16; this "
                     "run's activations are f32");
-  return half && config.model.attention != "fallback" ? AttentionPath::fused : AttentionPath::fallback;
+  return half && want != AttentionRequest::fallback ? AttentionPath::fused : AttentionPath::fallback;
 }
 
 std::string GpuMemoryPlan::describe() const {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "config/config.h"
+#include "train/run_spec.h"
 
 namespace ptrain {
 
@@ -21,12 +21,12 @@ struct GpuMemoryPlan {
   std::string describe() const;
 };
 
-// The plan for one rank of `world_size`, attention taking `attention`.
-GpuMemoryPlan plan_gpu_memory(const Config& config, int world_size, AttentionPath attention);
+// The plan for one rank of spec's world size under distributed.zero_stage, attention taking `attention`.
+GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath attention);
 
 // The attention path a CUDA run would take when no device is here to ask cuDNN: fused for bf16
-// or fp16 activations unless model.attention is fallback.
-AttentionPath expected_gpu_attention(const Config& config);
+// or fp16 activations unless model.attention (`want`) is fallback.
+AttentionPath expected_gpu_attention(const RunSpec& spec, AttentionRequest want);
 
 // Lines saying whether the plan fits each GPU: the one named (device_total bytes, 0 for none
 // here) and the common 80 GB and 141 GB Hopper parts.

@@ -10,6 +10,7 @@
 #include "backend/device.h"
 #include "checkpoint/hf_directory.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/paths.h"
 #include "data/dataset.h"
 #include "data/tokenizer_record.h"
@@ -118,7 +119,6 @@ DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector
   data.val_files = expand_shard_glob(config.data.val, "data.val");
   data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
                                            config.model.vocab_size, warnings);
-  if (data.tokenizer == "auto") data.tokenizer.clear();
   plan_samples(config, data, warnings);
   const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
@@ -207,8 +207,8 @@ void settle_checkpoint_dir(RunPlan& plan, bool continuing) {
 
 void plan_resume(RunPlan& plan) {
   const Config& c = plan.config;
-  if (c.checkpoint.resume == "never") return;
-  if (c.checkpoint.resume == "auto") {
+  if (c.checkpoint.resume_never()) return;
+  if (c.checkpoint.resume_auto()) {
     if (path_kind(plan.checkpoint_dir, "checkpoint.dir") != PathKind::directory) return;
     plan.resume = find_latest_checkpoint(plan.checkpoint_dir, [&](const std::string& w) { plan.resume_warnings.push_back(w); });
     // Starting afresh in place: the unusable checkpoints are set aside, never overwritten.
@@ -235,7 +235,7 @@ void plan_init_from(RunPlan& plan) {
   if (c.model.init_from.empty() || plan.resume) return;
   if (path_kind(c.model.init_from, "model.init_from") == PathKind::directory) {
     HfWeights hf = read_hf_directory(c.model.init_from, c.model, "model.init_from");
-    std::string source = "Hugging Face " + c.model.arch + " directory, " + std::to_string(hf.files.size()) +
+    std::string source = "Hugging Face " + std::string(choice_name(c.model.arch)) + " directory, " + std::to_string(hf.files.size()) +
                          " safetensors file" + (hf.files.size() == 1 ? "" : "s");
     if (!hf.skipped.empty()) source += ", " + std::to_string(hf.skipped.size()) + " attention-mask buffers skipped";
     if (!hf.ignored.empty()) {
@@ -245,9 +245,9 @@ void plan_init_from(RunPlan& plan) {
     plan.init_from = InitWeights{std::move(hf.params), source};
     return;
   }
-  if (c.model.arch != "gpt2")
+  if (c.model.arch != Arch::gpt2)
     throw UserError("model.init_from: \"" + c.model.init_from + "\" would be an llm.c model file, which holds GPT-2 " +
-                    "weights only, and model.arch is " + c.model.arch +
+                    "weights only, and model.arch is " + choice_name(c.model.arch) +
                     "; expected a Hugging Face model directory or model.init_from: null");
   LlmcModel file = read_llmc(c.model.init_from, "model.init_from");
   const auto mismatches = llmc_mismatches(file, c.model);
@@ -282,11 +282,13 @@ void plan_machine(RunPlan& plan) {
     throw UserError("training.batch_tokens: " + std::to_string(c.training.batch_tokens) + " gives " +
                     std::to_string(accumulation) + " accumulation steps per rank; expected at most " +
                     std::to_string(kMaxAccumulation) + " (raise training.micro_batch)");
+  plan.spec = resolve_run(c, plan.world_size);
   // The CPU backend holds everything in host memory: a run that cannot fit would die later. A
   // first estimate in double cannot overflow, and bounds the exact one's int64 arithmetic.
-  const bool on_cpu = c.run.device == "cpu" || (c.run.device == "auto" && probe_cuda().devices.empty());
+  const bool on_cpu = c.run.device == DeviceRequest::cpu ||
+                      (c.run.device == DeviceRequest::auto_ && probe_cuda().devices.empty());
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const GptShape s = GptShape::of(c.model);
+  const GptShape& s = plan.spec.shape;
   const double L = s.n_layer, C = s.n_embd, H = s.n_head, V = s.padded_vocab, F = s.mlp_width();
   const double W = static_cast<double>(s.qkv_width()), mlp_matrices = s.arch == Arch::llama ? 3 : 2;
   const double corpus = c.data.synthetic_enabled ? 6.0 * static_cast<double>(c.data.synthetic.tokens) : 0.0;
@@ -302,10 +304,11 @@ void plan_machine(RunPlan& plan) {
                     " of memory; this machine has " + format_mib(static_cast<int64_t>(have)) +
                     "; expected a smaller model or micro-batch");
   if (on_cpu) {
-    const double need = static_cast<double>(plan_memory(c).total()) + corpus;
+    const MemoryPlan memory = plan_memory(plan.spec);
+    const double need = static_cast<double>(memory.total()) + corpus;
     if (have > 0 && need > have)
       throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(need)) + " of memory (" +
-                      plan_memory(c).describe() + "); this machine has " + format_mib(static_cast<int64_t>(have)) +
+                      memory.describe() + "); this machine has " + format_mib(static_cast<int64_t>(have)) +
                       "; expected a smaller model or micro-batch");
   }
 }
@@ -320,28 +323,24 @@ std::string MemoryPlan::describe() const {
          (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
 }
 
-// A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
-// phase has, so that every phase fits where the first did.
-static int64_t widest_fp8_buffer_bytes(const GptShape& s, const Config& config, int B, int T) {
-  int64_t widest = 0;
-  for (const auto& phase : PrecisionSchedule::from_config(config.precision, config.training.steps).phases)
-    widest = std::max(widest, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
-  return widest;
-}
-
-MemoryPlan plan_memory(const Config& config) {
-  const GptShape s = GptShape::of(config.model);
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
-  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+MemoryPlan plan_memory(const RunSpec& spec) {
+  const GptShape& s = spec.shape;
+  // The phases store weights and gradients alike (bf16 or fp8's bf16): the first's.
+  const PrecisionPolicy& policy = spec.precision.phases.front().policy;
+  const int B = spec.batch.micro_batch, T = spec.batch.seq_len;
   const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
+  // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
+  // phase has, so that every phase fits where the first did.
+  int64_t widest_fp8 = 0;
+  for (const auto& phase : spec.precision.phases)
+    widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
   return {n,
           policy.has_master_weights() ? n : 0,
           n,
           policy.grads != Format::fp32 ? n : 0,
           2 * n,
-          gpt_activation_bytes(s, B, T, sizeof(float), recompute_from(config.training.recompute)) +
-              gpt_rope_table_bytes(s, T),
-          widest_fp8_buffer_bytes(s, config, B, T)};
+          gpt_activation_bytes(s, B, T, sizeof(float), spec.recompute) + gpt_rope_table_bytes(s, T),
+          widest_fp8};
 }
 
 RunPlan plan_run(const Config& config) {
@@ -353,7 +352,7 @@ RunPlan plan_run(const Config& config) {
   plan_machine(plan);
   // Which checkpoint to resume from decides whether the run directory is continued, so the
   // checkpoint directory is looked at first (read only).
-  const bool auto_resume = config.checkpoint.resume == "auto";
+  const bool auto_resume = config.checkpoint.resume_auto();
   locate_checkpoint_dir(plan);
   plan_resume(plan);
   // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
@@ -382,13 +381,13 @@ RunPlan plan_run(const Config& config) {
 
 std::string describe_plan(const RunPlan& plan) {
   const Config& c = plan.config;
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(c.precision);
-  const GptShape shape = GptShape::of(c.model);
-  const int B = c.training.micro_batch, T = c.training.effective_seq_len(c.model);
+  const PrecisionSchedule& phases = plan.spec.precision;
+  const PrecisionPolicy& policy = phases.phases.front().policy;
+  const GptShape& shape = plan.spec.shape;
+  const int B = plan.spec.batch.micro_batch, T = plan.spec.batch.seq_len;
   std::string out;
   const auto line = [&](const std::string& text) { out += text + "\n"; };
-  char flops[32];
-  std::snprintf(flops, sizeof flops, "%.3g", training_flops_per_token(c.model, T));
+  const std::string flops = format_number("%.3g", plan.spec.flops_per_token);
   if (shape.arch == Arch::llama)
     line("model: llama, " + std::to_string(shape.n_head) + " query heads over " + std::to_string(shape.kv_heads()) +
          " K/V heads, SwiGLU width " + std::to_string(shape.mlp_width()) + ", RoPE theta " +
@@ -397,11 +396,10 @@ std::string describe_plan(const RunPlan& plan) {
   line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
-  const PrecisionSchedule phases = PrecisionSchedule::from_config(c.precision, c.training.steps);
-  line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " + format_name(policy.weights) + ", activations " +
-       format_name(policy.activations) + ", grads " + format_name(policy.grads) + ", loss scaling " +
-       policy.loss_scaling.mode + ")");
-  line("memory estimate: " + plan_memory(c).describe() + " (micro-batch " + std::to_string(B) + " x " +
+  line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " +
+       format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", grads " +
+       format_name(policy.grads) + ", loss scaling " + choice_name(policy.loss_scaling.mode) + ")");
+  line("memory estimate: " + plan_memory(plan.spec).describe() + " (micro-batch " + std::to_string(B) + " x " +
        std::to_string(T) + ")");
   if (plan.data.synthetic)
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +
@@ -422,7 +420,7 @@ std::string describe_plan(const RunPlan& plan) {
   if (plan.resume)
     line("resume: from " + plan.resume->path + " after step " + std::to_string(plan.resume->state.step) +
          " (verified)");
-  else if (c.checkpoint.resume == "auto")
+  else if (c.checkpoint.resume_auto())
     line("resume: auto, no valid checkpoint found: training would start from step 0");
   for (const auto& s : plan.superseded) line("would set aside " + s + " (after the checkpoint resumed from)");
   if (plan.init_from) line("init_from: " + c.model.init_from + " (" + plan.init_from->source + ", verified)");

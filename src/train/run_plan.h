@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
 #include "precision/policy.h"
+#include "train/run_spec.h"
 #include "train/step_faults.h"
 
 namespace ptrain {
@@ -49,7 +50,7 @@ struct MemoryPlan {
   int64_t total() const { return params + master + grads + grad_accumulator + optimizer + activations + fp8; }
   std::string describe() const;
 };
-MemoryPlan plan_memory(const Config& config);
+MemoryPlan plan_memory(const RunSpec& spec);
 
 // The weights model.init_from starts from, in ptrain's flat parameter order, and what they were
 // read from (for the log: "llm.c model file, version 3", "Hugging Face llama directory, ...").
@@ -74,6 +75,7 @@ struct RunPlan {
   int world_size = 1;    // ranks, from the launcher's environment
   std::vector<std::string> warnings;         // shown at once, and logged once the log exists
   std::vector<std::string> resume_warnings;  // checkpoints resume: auto skipped (shown at once, logged)
+  RunSpec spec;                              // the config resolved (after world_size is known)
   StepFaults faults;                         // PTRAIN_TEST_FAULT (tests only)
 };
 

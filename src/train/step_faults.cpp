@@ -1,7 +1,7 @@
 #include "train/step_faults.h"
 
 #include <cstdlib>
-#include <sstream>
+#include <regex>
 #include <string>
 
 #include "core/error.h"
@@ -18,41 +18,27 @@ constexpr const char* kVariable = "PTRAIN_TEST_FAULT";
                   "FACTOR a number, inf or nan, TIMES >= 1");
 }
 
-// The whole of `text` as a number of type T, or refuse `item`.
-template <typename T>
-T parse_whole(const std::string& text, const std::string& item, const char* what) {
-  std::istringstream in(text);
-  T value{};
-  if (text.empty() || !(in >> value) || !in.eof()) refuse(item, std::string("has no ") + what);
-  return value;
-}
-
 }  // namespace
 
 StepFaults StepFaults::from_environment() {
   StepFaults faults;
   const char* spec = std::getenv(kVariable);
   if (!spec || !*spec) return faults;
-  std::istringstream items(spec);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    std::vector<std::string> parts;
-    std::istringstream fields(item);
-    for (std::string f; std::getline(fields, f, ':');) parts.push_back(f);
-    if (parts.size() < 3 || parts.size() > 4) refuse(item, "is not KIND:STEP:FACTOR[:TIMES]");
-    Fault f{};
-    if (parts[0] == "loss") f.kind = Kind::loss;
-    else if (parts[0] == "grad") f.kind = Kind::grad;
-    else refuse(item, "names no kind of fault");
-    f.step = parse_whole<int64_t>(parts[1], item, "step");
-    if (f.step < 1) refuse(item, "has no step");
-    // strtod reads inf and nan, which the stream does not.
-    char* end = nullptr;
-    f.factor = std::strtod(parts[2].c_str(), &end);
-    if (parts[2].empty() || *end != '\0') refuse(item, "has no factor");
-    f.times_left = parts.size() == 4 ? parse_whole<int>(parts[3], item, "count of times") : 1;
-    if (f.times_left < 1) refuse(item, "has no count of times");
-    faults.faults_.push_back(f);
+  // Whole items only: no spaces, signs on counts, hexadecimal or empty items (a trailing comma).
+  static const std::regex item_form(
+      R"((loss|grad):([1-9][0-9]{0,17}):([-+]?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?))(:([1-9][0-9]{0,8}))?)");
+  const std::string text = spec;
+  size_t start = 0;
+  for (;;) {
+    const size_t end = text.find(',', start);
+    const std::string item = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::smatch m;
+    if (!std::regex_match(item, m, item_form)) refuse(item, "is not a fault");
+    faults.faults_.push_back({m[1] == "loss" ? Kind::loss : Kind::grad, std::stoll(m[2].str()),
+                              std::strtod(m[3].str().c_str(), nullptr),  // overflow: inf, a factor too
+                              m[8].matched ? std::stoi(m[8].str()) : 1});
+    if (end == std::string::npos) break;
+    start = end + 1;
   }
   return faults;
 }

@@ -13,13 +13,15 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_directory.h"
 #include "checkpoint/llmc.h"
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
 #include "core/output_file.h"
 #include "core/paths.h"
 #include "core/rng.h"
+#include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/gpt2_hf_files.h"
 #include "data/synthetic.h"
@@ -358,8 +360,8 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
-  if (m.arch != "gpt2")
-    throw UserError("--checkpoint " + checkpoint + ": a " + m.arch + " model; llm.c's model file holds GPT-2 only " +
+  if (m.arch != Arch::gpt2)
+    throw UserError("--checkpoint " + checkpoint + ": a " + choice_name(m.arch) + " model; llm.c's model file holds GPT-2 only " +
                     "(learned positions, LayerNorm with biases, GELU, tied head), so it cannot be written as one");
   LlmcModel file;
   file.version = dtype == "fp32" ? 3 : 5;
@@ -405,7 +407,7 @@ void export_hf(const HfExportOptions& o) {
   contents.flat = flat.data();
   const std::vector<std::string> files = write_hf_directory(o.out, contents);
   std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
-              m.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
+              m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
               files.size(), files.size() == 1 ? "" : "s", end_of_text >= 0 ? ", GPT-2 tokenizer files" : "");
 }
 

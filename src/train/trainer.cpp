@@ -8,9 +8,10 @@
 
 #include "backend/backend.h"
 #include "backend/device.h"
+#include "core/format.h"
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
-#include "metrics/nvtx.h"
+#include "backend/nvtx.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
@@ -29,6 +30,7 @@
 #include "precision/policy.h"
 #include "train/gpu_memory_plan.h"
 #include "train/run_plan.h"
+#include "train/run_spec.h"
 #include "train/sampling.h"
 
 namespace fs = std::filesystem;
@@ -81,11 +83,6 @@ nlohmann::json schedule_json(const Config& c) {
           {"schedule.min_lr_ratio", c.schedule.min_lr_ratio}};
 }
 
-std::string fmt(const char* format, double value) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, value);
-  return buf;
-}
 
 
 class Trainer {
@@ -94,19 +91,20 @@ class Trainer {
   Trainer(const Config& config, TokenStream train, TokenStream val, std::optional<SyntheticInfo> synthetic,
           const DataPlan& text, const fs::path& run_dir, const fs::path& checkpoint_dir,
           const TrainOptions& options, std::unique_ptr<Backend> backend, std::string device_choice,
-          AttentionChoice attention, std::unique_ptr<Communicator> comm, StepFaults faults)
+          AttentionChoice attention, std::unique_ptr<Communicator> comm, StepFaults faults, const RunSpec& spec)
       : cfg_(config),
+        spec_(spec),
         options_(options),
         checkpoint_dir_(checkpoint_dir),
-        phases_(PrecisionSchedule::from_config(config.precision, config.training.steps)),
-        fallback_(bf16_fallback(config.precision)),
+        phases_(spec.precision),
+        fallback_(spec.fallback),
         policy_(phases_.phases.front().policy),
         comm_(std::move(comm)),
         log_(comm_->is_main() ? RunLog(run_dir.string()) : RunLog::silent()),
-        shape_(GptShape::of(config.model)),
-        B_(config.training.micro_batch),
-        T_(config.training.effective_seq_len(config.model)),
-        accum_(static_cast<int>(config.training.batch_tokens / (int64_t{B_} * T_ * comm_->world_size()))),
+        shape_(spec.shape),
+        B_(spec.batch.micro_batch),
+        T_(spec.batch.seq_len),
+        accum_(spec.batch.accumulation),
         train_stream_(std::move(train)),
         val_stream_(std::move(val)),
         train_sampler_(train_stream_, static_cast<uint64_t>(config.run.seed), T_),
@@ -119,22 +117,16 @@ class Trainer {
         backend_(std::move(backend)),
         attention_(std::move(attention)),
         model_(shape_, *backend_, DType::f32, B_, T_, policy_, attention_.path, config.model.fused_gelu,
-               recompute_from(config.training.recompute)),
+               spec.recompute),
         optimizer_(model_, *backend_,
-                   AdamWConfig{config.optimizer.beta1, config.optimizer.beta2, config.optimizer.eps,
-                               config.optimizer.weight_decay, config.training.grad_clip},
-                   comm_.get(), config.distributed.zero_stage),
+                   spec.adamw, comm_.get(), config.distributed.zero_stage),
         scaler_(policy_.loss_scaling),
         guard_(config.training.guard),
         faults_(std::move(faults)),
+        schedule_(spec.lr),
         inputs_(static_cast<size_t>(B_) * T_),
         targets_(static_cast<size_t>(B_) * T_) {
-    schedule_.lr = config.optimizer.lr;
-    schedule_.warmup_steps = config.schedule.warmup_steps;
-    schedule_.total_steps = config.training.steps;
-    schedule_.decay = config.schedule.decay;
-    schedule_.min_lr_ratio = config.schedule.min_lr_ratio;
-    schedule_.wsd_decay_fraction = config.schedule.wsd_decay_fraction;
+    flops_per_token_ = spec.flops_per_token;
     comm_->set_compute_stream(backend_->stream());
     // bench refuses --profile before training where the backend cannot profile.
     if (options.profile) PTRAIN_CHECK(backend_->set_profile(options.profile), "this backend cannot profile its ops");
@@ -245,7 +237,7 @@ class Trainer {
       // Before any update a non-finite loss can only come from the weights or the config (an
       // init_std or loss_weight far too large): no skipped update would recover, so it stops.
       if (step == 1 && !std::isfinite(loss))
-        stop_diverged(step, "the loss of step 1 is " + fmt("%g", loss) +
+        stop_diverged(step, "the loss of step 1 is " + format_number("%g", loss) +
                                 " before any update: the initial weights or the config (model.init_std, "
                                 "training.loss_weight) make the model's output non-finite; nothing was trained");
       if (finding.verdict == DivergenceGuard::Verdict::stop) stop_diverged(step, finding.why);
@@ -332,7 +324,7 @@ class Trainer {
                         (!result_.last_checkpoint.empty() ? result_.last_checkpoint
                          : !resumed_from_.empty()         ? resumed_from_ + " (resumed from)"
                                                           : std::string("none of this run")) +
-                        (cfg_.training.guard.action == "stop" ? " (training.guard.action: skip skips such steps instead)"
+                        (cfg_.training.guard.action == GuardAction::stop ? " (training.guard.action: skip skips such steps instead)"
                                                               : ""));
   }
 
@@ -407,13 +399,6 @@ class Trainer {
   const PrecisionPolicy& policy_of(size_t slot) const {
     return slot == phases_.phases.size() ? fallback_ : phases_.phases[slot].policy;
   }
-  // training.guard.action rollback's precision: bf16 with the run's other precision settings.
-  static PrecisionPolicy bf16_fallback(const PrecisionConfig& p) {
-    PrecisionConfig bf16 = p;
-    bf16.mode = "bf16";
-    bf16.schedule.clear();
-    return PrecisionPolicy::from_config(bf16);
-  }
 
   // precision.schedule: from `step` on, phase `phase` trains (or the guard's bf16 fallback, slot
   // n). The old phase's FP8 linears and their scaling state go, the new phase's (if any) start
@@ -486,8 +471,8 @@ class Trainer {
     else if (st.scaler_mode == policy_.loss_scaling.mode)
       scaler_.restore(st.scaler);
     else
-      log_.warn("loss scaling was " + st.scaler_mode + " in the checkpoint and is " + policy_.loss_scaling.mode +
-                " now: the loss scaler starts afresh");
+      log_.warn(std::string("loss scaling was ") + choice_name(st.scaler_mode) + " in the checkpoint and is " +
+                choice_name(policy_.loss_scaling.mode) + " now: the loss scaler starts afresh");
     int64_t restored = 0;
     for (Fp8TensorState* t : boundary ? std::vector<Fp8TensorState*>{} : model_.fp8_tensors())
       for (const Fp8ScalingState& saved : st.fp8)
@@ -552,7 +537,7 @@ class Trainer {
       // The earlier checkpoints and `latest` are untouched; the training state is in memory.
       const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
       // A failed final save is never skipped over: the run would end with nothing to show.
-      if (cfg_.checkpoint.on_save_error == "continue" && !final_save) {
+      if (cfg_.checkpoint.on_save_error == OnSaveError::continue_ && !final_save) {
         log_.warn(what + "; training continues (checkpoint.on_save_error: continue)");
         return false;
       }
@@ -603,10 +588,12 @@ class Trainer {
     if (synthetic_)
       log_.info("synthetic source: vocab " + std::to_string(synthetic_->spec.vocab) + ", order " +
                 std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
-                " | oracle val loss " + fmt("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
-                fmt("%.4f", std::log(shape_.vocab)));
-    log_.info("memory: " + plan_memory(cfg_).describe() +
-              (cfg_.training.recompute == "none" ? "" : " (training.recompute: " + cfg_.training.recompute + ")"));
+                " | oracle val loss " + format_number("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
+                format_number("%.4f", std::log(shape_.vocab)));
+    log_.info("memory: " + plan_memory(spec_).describe() +
+              (cfg_.training.recompute == Recompute::none
+                   ? ""
+                   : " (training.recompute: " + std::string(choice_name(cfg_.training.recompute)) + ")"));
     announce_mfu_peaks();
   }
 
@@ -614,16 +601,15 @@ class Trainer {
   // dense peak and the run's precision mix's), a CPU's measured sgemm rate (no BF16 peak: the
   // CPU backend's GEMMs are FP32 sgemm whatever the precision).
   void announce_mfu_peaks() {
-    flops_per_token_ = training_flops_per_token(cfg_.model, T_);
     if (!comm_->is_main()) return;  // one rank logs; the others need not measure a CPU's rate
-    const std::string per_token = "model FLOPs 6N + 6LCT = " + fmt("%.4g", flops_per_token_) + " per token";
+    const std::string per_token = "model FLOPs 6N + 6LCT = " + format_number("%.4g", flops_per_token_) + " per token";
     if (backend_->device() != Device::cuda) {
       // Ranks sharing the machine are busy while rank 0 measures: that figure is not cached.
       const int ranks = comm_->world_size();
       const CpuPeak cpu = cpu_sgemm_peak(ranks == 1 ? PeakCache::use : PeakCache::off);
       peaks_ = MfuPeaks{std::nullopt, cpu.flops * ranks};
-      cpu_ceiling_ = cpu;
-      log_.info("MFU: " + per_token + "; against this CPU's sgemm rate, " + fmt("%.1f", cpu.flops / 1e9) +
+      if (ranks == 1) cpu_ceiling_ = cpu;  // under mpirun the other ranks train meanwhile: no recheck
+      log_.info("MFU: " + per_token + "; against this CPU's sgemm rate, " + format_number("%.1f", cpu.flops / 1e9) +
                 " GFLOP/s" + (ranks > 1 ? " x " + std::to_string(ranks) + " ranks" : "") + " (" + cpu.describe() +
                 (ranks > 1 ? "; not cached: the other ranks share the machine" : "") + "); a CPU has no BF16 peak");
       return;
@@ -639,9 +625,9 @@ class Trainer {
     const GemmPeaks& p = lookup.device->peaks;
     gpu_peaks_ = p;
     const double ranks = comm_->world_size();
-    const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
+    const auto tflops = [](double v) { return format_number("%.1f", v / 1e12) + " TFLOP/s"; };
     log_.info("MFU: " + per_token + "; against " + lookup.device->part + "'s dense BF16 peak, " + tflops(p.bf16) +
-              (ranks > 1 ? " (x " + fmt("%.0f", ranks) + " ranks in MFU)" : "") + ", and this run's precision mix's, " +
+              (ranks > 1 ? " (x " + format_number("%.0f", ranks) + " ranks in MFU)" : "") + ", and this run's precision mix's, " +
               update_mix_peak() + "; " + lookup.device->source + ", dense");
   }
 
@@ -650,14 +636,14 @@ class Trainer {
   std::string update_mix_peak() {
     const GemmPeaks& p = *gpu_peaks_;
     const double fp8_share = 6.0 * static_cast<double>(model_.native_fp8_weights()) / flops_per_token_;
-    const bool fp32 = cfg_.precision.mode == "fp32";
+    const bool fp32 = cfg_.precision.mode == PrecisionMode::fp32;
     const double other = fp32 ? (cfg_.precision.tf32 ? p.tf32 : p.fp32) : p.bf16;
     const std::string other_name = fp32 ? (cfg_.precision.tf32 ? "tf32" : "fp32") : "bf16";
     // The step's FLOPs are the global batch's: the peaks are those of all the ranks' devices.
     const double ranks = comm_->world_size();
     peaks_ = MfuPeaks{p.bf16 * ranks, mixed_peak(fp8_share, p.fp8, other) * ranks};
-    const auto tflops = [](double v) { return fmt("%.1f", v / 1e12) + " TFLOP/s"; };
-    return tflops(peaks_->mix) + " (" + fmt("%.1f", 100 * fp8_share) + "% of the FLOPs in native FP8 GEMMs at " +
+    const auto tflops = [](double v) { return format_number("%.1f", v / 1e12) + " TFLOP/s"; };
+    return tflops(peaks_->mix) + " (" + format_number("%.1f", 100 * fp8_share) + "% of the FLOPs in native FP8 GEMMs at " +
            tflops(p.fp8) + ", the rest at " + other_name + "'s " + tflops(other) + ")";
   }
 
@@ -665,14 +651,20 @@ class Trainer {
   // a busier moment, say): it is measured again, once per run, and the cache replaced. Under
   // data parallelism the other ranks are training meanwhile, so the figure would be no better.
   void recheck_cpu_ceiling(double flops_per_s) {
-    if (!cpu_ceiling_ || ceiling_rechecked_ || flops_per_s <= peaks_->mix || comm_->world_size() > 1) return;
+    if (!cpu_ceiling_ || ceiling_rechecked_ || flops_per_s <= peaks_->mix) return;
     ceiling_rechecked_ = true;
+    const double before = cpu_ceiling_->flops;
     const CpuPeak again = cpu_sgemm_peak(PeakCache::refresh);
-    log_.info("MFU: this step's model FLOP/s (" + fmt("%.1f", flops_per_s / 1e9) + " G) exceed the sgemm ceiling of " +
-              fmt("%.1f", cpu_ceiling_->flops / 1e9) + " GFLOP/s (" + cpu_ceiling_->describe() + "); measured again: " +
-              fmt("%.1f", again.flops / 1e9) + " GFLOP/s (" + again.describe() + ")");
+    log_.info("MFU: this step's model FLOP/s (" + format_number("%.1f", flops_per_s / 1e9) +
+              " G) exceed the sgemm ceiling of " + format_number("%.1f", before / 1e9) + " GFLOP/s (" +
+              cpu_ceiling_->describe() + "); measured again: " + format_number("%.1f", again.flops / 1e9) +
+              " GFLOP/s (" + again.describe() + ")");
+    // A figure already known to be too low is not lowered further by a busier moment.
+    const double ceiling = std::max(before, again.flops);
+    mix_peak_seconds_ *= ceiling / before;  // the steps so far, quoted against the new figure too
     cpu_ceiling_ = again;
-    peaks_->mix = again.flops;
+    cpu_ceiling_->flops = ceiling;
+    peaks_->mix = ceiling;
   }
 
   void log_step(int64_t step, double loss, double norm, double lr, double loss_scale, double seconds,
@@ -713,12 +705,13 @@ class Trainer {
                   format_mib(rss).c_str());
     std::string text = line;
     if (device_memory.capacity > 0) text += " | gpu mem " + format_mib(static_cast<int64_t>(device_memory.peak));
-    text += " | " + fmt("%.3g", flops_per_s / 1e9) + " GFLOP/s";
-    if (mfu) text += " | MFU " + format_utilisation(*mfu) + " (mix " + format_utilisation(*mfu_mix) + ")";
+    text += " | " + format_number("%.3g", flops_per_s / 1e9) + " GFLOP/s";
+    // An FP8 run may pass the BF16 peak: only the mix's peak bounds it.
+    if (mfu) text += " | MFU " + format_number("%.1f%%", 100.0 * *mfu) + " (mix " + format_utilisation(*mfu_mix) + ")";
     else if (mfu_mix) text += " | MFU " + format_utilisation(*mfu_mix) + " of sgemm";
     // Megatron's convention: loss scale and skipped steps appear when loss scaling is on.
-    if (policy_.loss_scaling.mode != "off")
-      text += " | loss scale " + fmt("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
+    if (policy_.loss_scaling.mode != LossScalingMode::off)
+      text += " | loss scale " + format_number("%g", loss_scale) + " | skipped " + std::to_string(scaler_.skipped_steps());
     log_.info(text);
   }
 
@@ -762,7 +755,7 @@ class Trainer {
     nlohmann::json record = {{"step", step},
                              {"numerics", {{"grad_format", format_name(policy_.grads)}, {"grad_underflow", grad_underflow}}}};
     std::string line = "numerics step " + std::to_string(step) + " | " + format_name(policy_.grads) +
-                       " grad underflow " + fmt("%.4f%%", 100.0 * grad_underflow);
+                       " grad underflow " + format_number("%.4f%%", 100.0 * grad_underflow);
     const Fp8TensorState* worst_underflow = nullptr;
     const Fp8TensorState* worst_saturation = nullptr;
     for (const Fp8TensorState* t : fp8) {
@@ -781,9 +774,9 @@ class Trainer {
     }
     if (worst_underflow) {
       line += " | fp8 worst underflow " +
-              fmt("%.3f%%", 100.0 * fraction(worst_underflow->stats.underflow, worst_underflow->stats.nonzero)) + " (" +
+              format_number("%.3f%%", 100.0 * fraction(worst_underflow->stats.underflow, worst_underflow->stats.nonzero)) + " (" +
               worst_underflow->name + "), worst saturation " +
-              fmt("%.3f%%", 100.0 * fraction(worst_saturation->stats.saturated, worst_saturation->stats.nonzero)) +
+              format_number("%.3f%%", 100.0 * fraction(worst_saturation->stats.saturated, worst_saturation->stats.nonzero)) +
               " (" + worst_saturation->name + ")";
     }
     for (Fp8TensorState* t : fp8) t->reset_stats();
@@ -791,8 +784,6 @@ class Trainer {
     log_.info(line);
   }
 
-  // The validation batches are shared out across ranks (batch j on rank j % world) and their
-  // losses added in batch order, so the result does not depend on the number of ranks.
   // A sample from the current weights, on rank 0: a copy of them in an FP32 model of
   // micro-batch 1 on the CPU, with its own RNG, so the training run is untouched by it (its
   // losses are the same with samples on or off).
@@ -825,6 +816,8 @@ class Trainer {
               shown);
   }
 
+  // The validation batches are shared out across ranks (batch j on rank j % world) and their
+  // losses added in batch order, so the result does not depend on the number of ranks.
   void evaluate(int64_t step) {
     std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
     for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
@@ -841,11 +834,11 @@ class Trainer {
     }
     last_val_ = val_loss;
     nlohmann::json record = {{"step", step}, {"tokens", cfg_.training.batch_tokens * step}, {"val_loss", val_loss}};
-    std::string line = "val  step " + std::to_string(step) + " | val_loss " + fmt("%.6f", val_loss);
+    std::string line = "val  step " + std::to_string(step) + " | val_loss " + format_number("%.6f", val_loss);
     if (synthetic_) {
       const double gap = val_loss - synthetic_->oracle_loss_val;
       record["oracle_gap"] = gap;
-      line += " | oracle " + fmt("%.4f", synthetic_->oracle_loss_val) + " | gap " + fmt("%.4f", gap);
+      line += " | oracle " + format_number("%.4f", synthetic_->oracle_loss_val) + " | gap " + format_number("%.4f", gap);
     }
     log_.metrics(record);
     log_.info(line);
@@ -896,7 +889,7 @@ class Trainer {
     std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
                        " tokens" + (steps_here < cfg_.training.steps ? " (" + std::to_string(steps_here) + " steps in this run)" : "") +
                        " in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens_here / train_seconds) +
-                       " tok/s | best val_loss " + fmt("%.4f", summary["best_val_loss"].get<double>()) + " at step " +
+                       " tok/s | best val_loss " + format_number("%.4f", summary["best_val_loss"].get<double>()) + " at step " +
                        std::to_string(best_val_step_);
     if (synthetic_) {
       const double oracle = synthetic_->oracle_loss_val;
@@ -904,8 +897,8 @@ class Trainer {
       const double gap = *best_val_ - oracle;
       summary["oracle_loss"] = oracle;
       summary["oracle_gap"] = gap;
-      line += " | oracle " + fmt("%.4f", oracle) + ", gap " + fmt("%.4f", gap) + " (closed " +
-              fmt("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
+      line += " | oracle " + format_number("%.4f", oracle) + ", gap " + format_number("%.4f", gap) + " (closed " +
+              format_number("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
     }
     log_.info(line);
     if (cfg_.training.cuda_graph) {
@@ -919,6 +912,7 @@ class Trainer {
   }
 
   const Config& cfg_;
+  const RunSpec& spec_;  // the plan's, which outlives the trainer
   TrainOptions options_;
   fs::path checkpoint_dir_;
   PrecisionSchedule phases_;  // precision.schedule's phases (one without a schedule)
@@ -942,7 +936,7 @@ class Trainer {
   std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
   double flops_per_token_ = 0;    // training FLOPs, for model FLOP/s
   std::optional<MfuPeaks> peaks_;  // absent: a GPU without a known peak
-  std::optional<CpuPeak> cpu_ceiling_;  // a CPU run's sgemm ceiling, for recheck_cpu_ceiling
+  std::optional<CpuPeak> cpu_ceiling_;  // a one-rank CPU run's sgemm ceiling, for recheck_cpu_ceiling
   bool ceiling_rechecked_ = false;
   std::optional<GemmPeaks> gpu_peaks_;  // the GPU's, for the mixed peak of each precision phase
   double mix_peak_seconds_ = 0;         // sum over this invocation's steps of seconds x the mixed peak
@@ -994,15 +988,6 @@ void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_asid
 
 }  // namespace
 
-double training_flops_per_token(const ModelConfig& model, int seq_len) {
-  const GptShape s = GptShape::of(model);
-  double matmul_params = static_cast<double>(gpt_num_params(s));
-  // An untied input embedding is a lookup, not matmul work. (GPT-2 keeps llm.c's count, wpe and
-  // all, so that its figures stay comparable with earlier runs.)
-  if (s.arch == Arch::llama && !s.tied_head) matmul_params -= static_cast<double>(s.padded_vocab) * s.n_embd;
-  // Attention's scores and weighted sum: n_head * head_size = n_embd wide whatever the K/V heads.
-  return 6.0 * matmul_params + 6.0 * model.n_layer * model.n_embd * seq_len;
-}
 
 TrainResult train(const Config& config, const TrainOptions& options) {
   RunPlan plan = plan_run(config);
@@ -1015,22 +1000,25 @@ TrainResult train(const Config& config, const TrainOptions& options) {
   // The device, the attention path and the ranks are checks too: a dry run makes them. A dry
   // run of a GPU config on a machine without a GPU plans the GPU's memory instead: what a user
   // asks before renting one.
-  const CudaProbe probe = options.dry_run && config.run.device == "cuda" ? probe_cuda() : CudaProbe{};
-  const bool gpu_planned_here = options.dry_run && config.run.device == "cuda" && probe.devices.empty();
+  const bool cuda = config.run.device == DeviceRequest::cuda;
+  const CudaProbe probe = options.dry_run && cuda ? probe_cuda() : CudaProbe{};
+  const bool gpu_planned_here = options.dry_run && cuda && probe.devices.empty();
   std::string device_choice;
   std::unique_ptr<Backend> backend;
-  if (!gpu_planned_here) backend = make_backend(config.run.device, plan.threads, config.precision.tf32, &device_choice);
-  const GptShape shape = GptShape::of(config.model);
-  const PrecisionPolicy policy = PrecisionPolicy::from_config(config.precision);
+  if (!gpu_planned_here)
+    backend = make_backend(config.run.device, plan.threads, config.precision.tf32, local_rank(), &device_choice);
+  const GptShape& shape = plan.spec.shape;
+  // The first phase's activations: a precision schedule's phases store them alike (bf16).
+  const PrecisionPolicy& policy = plan.spec.precision.phases.front().policy;
   AttentionChoice attention;
   if (backend) {
     attention = backend->choose_attention(config.model.attention, backend->storage_for(policy.activations, DType::f32),
-                                          config.training.micro_batch, config.training.effective_seq_len(config.model),
-                                          shape.n_head, shape.kv_heads(), shape.head_size());
+                                          plan.spec.batch.micro_batch, plan.spec.batch.seq_len, shape.n_head,
+                                          shape.kv_heads(), shape.head_size());
   } else {
     device_choice = "device cuda: none on this machine (" + probe.why_none +
                     "): `ptrain train` would stop here; below, what a GPU run would take";
-    attention.path = expected_gpu_attention(config);
+    attention.path = expected_gpu_attention(plan.spec, config.model.attention);
     attention.reason = std::string(attention.path == AttentionPath::fused ? "cudnn" : "fallback") +
                        " expected (cuDNN accepts or refuses the shape on the GPU)";
   }
@@ -1041,7 +1029,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
       log.info(config_to_yaml(config));
       log.info(describe_plan(plan) + device_choice + "\nattention: " + attention.reason);
       if (!backend || backend->device() == Device::cuda) {
-        const GpuMemoryPlan gpu = plan_gpu_memory(config, plan.world_size, attention.path);
+        const GpuMemoryPlan gpu = plan_gpu_memory(plan.spec, config.distributed.zero_stage, attention.path);
         const CudaProbe gpus = backend ? probe_cuda() : probe;  // run.device: auto may have taken one
         const CudaDeviceInfo* here = gpus.devices.empty() ? nullptr : &gpus.devices.front();
         log.info("GPU memory plan per rank: " + gpu.describe() + "\n" +
@@ -1065,10 +1053,10 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
   }
   const bool restarted_in_place =
-      main && !plan.resume && config.checkpoint.resume == "auto" && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
+      main && !plan.resume && config.checkpoint.resume_auto() && fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
   Trainer trainer(plan.config, std::move(*data.train), std::move(*data.val), data.info, data, plan.run_dir,
                   plan.checkpoint_dir, options, std::move(backend), std::move(device_choice), std::move(attention),
-                  std::move(comm), std::move(plan.faults));
+                  std::move(comm), std::move(plan.faults), plan.spec);
   for (const auto& w : plan.warnings) trainer.log_only(w);
   for (const auto& w : plan.resume_warnings) trainer.log_only(w);
   for (const auto& p : set_aside)

@@ -7,7 +7,7 @@
 
 #include "config/config.h"
 #include "metrics/device_peak.h"
-#include "metrics/op_profile.h"
+#include "backend/op_profile.h"
 
 namespace ptrain {
 
@@ -32,9 +32,5 @@ struct TrainResult {
 // Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is
 // written before the config and the data have been validated.
 TrainResult train(const Config& config, const TrainOptions& options);
-
-// Training FLOPs per token, as llm.c and PaLM count them: 6N for the weights plus the attention
-// score and value matmuls, 6 * L * C * T.
-double training_flops_per_token(const ModelConfig& model, int seq_len);
 
 }  // namespace ptrain

@@ -1,7 +1,7 @@
 // The CUDA backend against the CPU reference, op by op. Every Backend op runs on both backends
 // with the same inputs, drawn on the format's grid so that both hold identical numbers (the CPU
 // as f32 values of that format, the GPU in its own storage: bf16, f16, or f32 for fp32 and the
-// FP8 formats); the results are compared with the format's tolerance (DESIGN.md section 6) and
+// FP8 formats); the results are compared with the format's tolerance (README, "CUDA kernels, checked without a GPU") and
 // the FP8 casts bit for bit. Shapes: odd sizes (1, 7, 19, 111, 769: ragged vectors, tails,
 // unaligned rows) and a GPT-2 124M layer (B=2, T=64, C=768, NH=12). Outputs that an op writes
 // (rather than adds into) are poisoned with NaN on the device first, so an element the GPU
@@ -56,12 +56,6 @@ double gemm_tolerance(Format f) { return f == Format::fp32 ? 2e-5 : tolerance(f)
 
 DType storage(Format f) { return gpu().storage_for(f, DType::f32); }
 
-int64_t product(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Uniform values in [-scale, scale] rounded to format f (keep scale below an FP8 format's max).
 std::vector<float> on_grid(size_t n, uint64_t seed, float scale, Format f) {
   Rng rng(seed, 0x67726964);
@@ -97,7 +91,7 @@ class Twin {
  public:
   Twin(std::vector<int64_t> shape, Format format, std::vector<float> values, DType device_dtype)
       : host(std::move(values)), shape_(std::move(shape)), format_(format), dtype_(device_dtype) {
-    if (static_cast<int64_t>(host.size()) != product(shape_))
+    if (static_cast<int64_t>(host.size()) != shape_numel(shape_))
       throw std::invalid_argument("Twin: values and shape differ");
     device_ = gpu().allocate(host.size() * dtype_size(dtype_));
     to_device();
@@ -143,7 +137,7 @@ class Twin {
 class Tokens {
  public:
   Tokens(std::vector<int64_t> shape, std::vector<int32_t> values) : host(std::move(values)), shape_(std::move(shape)) {
-    if (static_cast<int64_t>(host.size()) != product(shape_))
+    if (static_cast<int64_t>(host.size()) != shape_numel(shape_))
       throw std::invalid_argument("Tokens: values and shape differ");
     device_ = gpu().allocate(host.size() * sizeof(int32_t));
     gpu().upload_tokens(device_view(), host.data());
@@ -227,7 +221,7 @@ TEST_CASE("gpu: the backend names itself and maps formats to storage", "[gpu]") 
   CHECK(g.storage_for(Format::fp16, DType::f32) == DType::f16);
   CHECK(g.storage_for(Format::e4m3, DType::f32) == DType::f32);
   CHECK(g.storage_for(Format::e5m2, DType::f32) == DType::f32);
-  CHECK_THROWS_AS(g.storage_for(Format::fp32, DType::f64), UserError);
+  CHECK_THROWS_AS(g.storage_for(Format::fp32, DType::f64), std::logic_error);  // a bug, not bad input
   void* p = g.allocate(64);
   const Tensor f64(p, DType::f64, {4}, Device::cuda);
   CHECK_THROWS_WITH(g.gelu_forward(f64, f64), Catch::Contains("f64"));
@@ -643,7 +637,7 @@ TEST_CASE("gpu: fused (cuDNN) attention matches the CPU backend", "[gpu]") {
     for (const AttentionShape& s : shapes) {
       const int KV = s.KV > 0 ? s.KV : s.NH;
       INFO(format_name(f) << " B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << KV << " HS=" << s.HS);
-      const AttentionChoice choice = gpu().choose_attention("cudnn", storage(f), s.B, s.T, s.NH, KV, s.HS);
+      const AttentionChoice choice = gpu().choose_attention(AttentionRequest::cudnn, storage(f), s.B, s.T, s.NH, KV, s.HS);
       REQUIRE(choice.path == AttentionPath::fused);
       const int C = s.NH * s.HS, W = s.width();
       const size_t n = size_t(s.B) * s.T * C, n_att = size_t(s.B) * s.NH * s.T * s.T, n_qkv = size_t(s.B) * s.T * W;
@@ -679,7 +673,7 @@ std::vector<std::vector<int64_t>> elementwise_shapes() {
 TEST_CASE("gpu: gelu_forward gelu_backward and add match the CPU backend", "[gpu]") {
   for (const Format f : kFormats)
     for (const auto& shape : elementwise_shapes()) {
-      const size_t n = static_cast<size_t>(product(shape));
+      const size_t n = static_cast<size_t>(shape_numel(shape));
       INFO(format_name(f) << " n=" << n);
       Twin inp(shape, f, on_grid(n, 61, 4.0f, f)), out(shape, f, zeros(n));
       out.poison_device();

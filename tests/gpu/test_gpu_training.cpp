@@ -48,13 +48,13 @@ void expect_fp8_gradient(const std::vector<float>& gpu, const std::vector<float>
 
 PrecisionPolicy policy_for(const std::string& mode) {
   PrecisionConfig c;
-  c.mode = mode;
+  c.mode = *parse_choice<PrecisionMode>(mode);
   return PrecisionPolicy::from_config(c);
 }
 
 // The fused (cuDNN) attention path must be what runs for this shape, or its test tests nothing.
 void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const GptShape& shape, int B, int T) {
-  REQUIRE(gpu.choose_attention("cudnn", gpu.storage_for(policy.activations, DType::f32), B, T, shape.n_head,
+  REQUIRE(gpu.choose_attention(AttentionRequest::cudnn, gpu.storage_for(policy.activations, DType::f32), B, T, shape.n_head,
                                shape.kv_heads(), shape.head_size())
               .path == AttentionPath::fused);
 }
@@ -67,7 +67,7 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
   const GptShape shape =
       GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256),
                                       with_qk_norm(llama_shape(gpt2, 2, 256))}));
-  INFO(arch_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads" << (shape.qk_norm ? ", QK-norm" : ""));
+  INFO(choice_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads" << (shape.qk_norm ? ", QK-norm" : ""));
   const int B = 4, T = 64;
   std::vector<int32_t> inputs(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {
@@ -174,7 +174,7 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
   for (const char* mode : {"fp32", "bf16"})
     for (const AttentionPath path : {AttentionPath::fallback, AttentionPath::fused}) {
       if (path == AttentionPath::fused && std::string(mode) == "fp32") continue;
-      INFO(arch_name(shape.arch) << " mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
+      INFO(choice_name(shape.arch) << " mode " << mode << (path == AttentionPath::fused ? ", fused attention" : ", fallback attention"));
       const PrecisionPolicy policy = policy_for(mode);
       auto cpu = make_cpu_backend(0);
       auto gpu = make_cuda_backend(0);

@@ -4,7 +4,7 @@
 //
 // Rules the helpers enforce: every kernel runs under every thread order of thread_orders();
 // outputs are poisoned with NaN before each launch (poison()); NaN never passes expect_close;
-// tolerances depend on the format (DESIGN.md section 6).
+// tolerances depend on the format (README, "CUDA kernels, checked without a GPU").
 #pragma once
 
 #include <catch2/catch.hpp>

@@ -37,35 +37,6 @@ TEMPLATE_TEST_CASE("layernorm_forward kernel matches the CPU backend", "[kernels
   }
 }
 
-TEMPLATE_TEST_CASE("fused residual + layernorm kernel matches add then layernorm", "[kernels][layernorm]", float, bf16,
-                   fp16) {
-  constexpr Format f = format_of<TestType>();
-  for (const RowShape s : kShapes) {
-    const size_t n = static_cast<size_t>(s.N) * s.C;
-    std::vector<float> a = random_on_grid(n, 4, 1.0f, f), b = random_on_grid(n, 5, 1.0f, f),
-                       w = random_on_grid(s.C, 6, 1.0f, f), bias = random_on_grid(s.C, 7, 0.5f, f);
-    std::vector<float> ref_res(n), ref_out(n), ref_mean(s.N), ref_rstd(s.N);
-    CpuReference cpu;
-    cpu->add(cpu.view(ref_res, {s.N, s.C}, f), cpu.view(a, {s.N, s.C}, f), cpu.view(b, {s.N, s.C}, f));
-    cpu->layernorm_forward(cpu.view(ref_out, {s.N, s.C}, f), cpu.view(ref_mean, {s.N}), cpu.view(ref_rstd, {s.N}),
-                           cpu.view(ref_res, {s.N, s.C}), cpu.view(w, {s.C}), cpu.view(bias, {s.C}));
-    const auto d_a = to_storage<TestType>(a), d_b = to_storage<TestType>(b), d_w = to_storage<TestType>(w),
-               d_bias = to_storage<TestType>(bias);
-    for (const auto& order : thread_orders()) {
-      simt::ScopedOptions use(order);
-      INFO("N=" << s.N << " C=" << s.C << " order " << order.name());
-      auto res = poisoned<TestType>(n), out = poisoned<TestType>(n);
-      auto mean = poisoned<float>(s.N), rstd = poisoned<float>(s.N);
-      kernels::fused_residual_layernorm_forward(res.data(), out.data(), mean.data(), rstd.data(), d_a.data(), d_b.data(),
-                                                d_w.data(), d_bias.data(), s.N, s.C, nullptr);
-      // The residual is one rounded addition: exactly the CPU's.
-      expect_identical("fused residual", to_floats(res), ref_res);
-      expect_close("fused layernorm out", to_floats(out), ref_out, f);
-      expect_close("fused layernorm rstd", rstd, ref_rstd, Format::fp32, 1e-5);
-    }
-  }
-}
-
 TEMPLATE_TEST_CASE("layernorm_backward kernels match the CPU backend", "[kernels][layernorm]", float, bf16, fp16) {
   constexpr Format f = format_of<TestType>();
   for (const RowShape s : kShapes) {

@@ -170,7 +170,7 @@ int pointer_alignment(const void* p) {
 }
 
 // Why the heuristic finds no algorithm on Hopper for this problem, or empty (cuBLAS
-// documentation, "cublasLtMatmul() ... Regular FP8", "block scaling"; REFERENCE.md).
+// documentation, "cublasLtMatmul() ... Regular FP8", "block scaling").
 const char* refusal(const Desc& d, const Layout& a, const Layout& b, const Layout& c, const Layout& dd,
                     const Preference& p) {
   const bool fp8 = is_fp8(a.type) || is_fp8(b.type);

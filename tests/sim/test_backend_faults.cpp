@@ -34,6 +34,17 @@ using Catch::Matchers::Contains;
 
 constexpr size_t kMiB = size_t(1) << 20;
 
+// The cuDNN version the simulated cuDNN reports, for the scope of one test (however it ends).
+struct SimulatedCudnnVersion {
+  explicit SimulatedCudnnVersion(const char* version) { setenv("PTRAIN_SIM_CUDNN_VERSION", version, 1); }
+  ~SimulatedCudnnVersion() { unsetenv("PTRAIN_SIM_CUDNN_VERSION"); }
+};
+// The simulated GPU's compute capability, sm_90 again however the test ends.
+struct SimulatedComputeCapability {
+  SimulatedComputeCapability(int major, int minor) { sim::set_compute_capability(major, minor); }
+  ~SimulatedComputeCapability() { sim::set_compute_capability(9, 0); }
+};
+
 // The simulated device's capacity for these tests (ctest sets PTRAIN_SIM_MEMORY to it).
 constexpr size_t kCapacity = size_t(4) << 30;
 
@@ -113,7 +124,7 @@ TEST_CASE("simulated device: operands that are not float tensors in device memor
                     Contains("inp has dtype i32, not f32, bf16 or f16"));
   CHECK_THROWS_WITH(be->gelu_forward(out, Tensor()), Contains("gelu_forward: inp must not be empty"));
   CHECK_THROWS_WITH(be->add(out, out, device_floats(*be, 4)), Contains("add: shape mismatch: a (8), b (4)"));
-  CHECK_THROWS_AS(be->storage_for(Format::fp32, DType::f64), UserError);
+  CHECK_THROWS_AS(be->storage_for(Format::fp32, DType::f64), std::logic_error);  // a bug, not bad input
 
   // Token ids at or past the vocabulary: refused before the embedding reads out of bounds.
   const Tensor tokens(be->allocate(2 * sizeof(int32_t)), DType::i32, {1, 2}, Device::cuda);
@@ -166,68 +177,68 @@ TEST_CASE("simulated device: attention falls back with cuDNN's reason when cuDNN
   const auto be = make_cuda_backend(0, 512 * kMiB);
   const auto fallback = AttentionPath::fallback;
 
-  AttentionChoice c = be->choose_attention("fallback", DType::bf16, 1, 64, 2, 2, 32);
+  AttentionChoice c = be->choose_attention(AttentionRequest::fallback, DType::bf16, 1, 64, 2, 2, 32);
   CHECK((c.path == fallback && c.reason == "fallback (model.attention: fallback)"));
-  c = be->choose_attention("auto", DType::f32, 1, 64, 2, 2, 32);
+  c = be->choose_attention(AttentionRequest::auto_, DType::f32, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN's flash attention takes bf16 or fp16; this run's activations are f32"));
-  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::f32, 1, 64, 2, 2, 32),
+  CHECK_THROWS_WITH(be->choose_attention(AttentionRequest::cudnn, DType::f32, 1, 64, 2, 2, 32),
                     Contains("model.attention: cudnn cannot run this model"));
 
   // cuDNN that cannot start (no driver, a mismatched sub-library).
   sim::fail_call("cudnnCreate", 1, CUDNN_STATUS_NOT_INITIALIZED);
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 32);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN could not start"));
 
   // No engine takes the graph: every execution plan refused as not supported.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_NOT_SUPPORTED, 1000);
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 32);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN found no engine for the forward graph") && Contains("refused"));
-  CHECK_THROWS_WITH(be->choose_attention("cudnn", DType::bf16, 1, 64, 2, 2, 32),
+  CHECK_THROWS_WITH(be->choose_attention(AttentionRequest::cudnn, DType::bf16, 1, 64, 2, 2, 32),
                     Contains("model.attention: cudnn cannot run this model: cuDNN found no engine"));
   sim::clear_faults();
 
   // An engine failing for another reason than support is an error of cuDNN's; `auto` still
   // falls back, naming it.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_INTERNAL_ERROR, 1000);
-  c = be->choose_attention("auto", DType::bf16, 1, 32, 2, 2, 32);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 32, 2, 2, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN's attention failed") && Contains("CUDNN_STATUS_INTERNAL_ERROR"));
   sim::clear_faults();
 
   // The first engine refused, a later one taken: fused, checked against the fallback.
   sim::fail_call("cudnnBackendFinalize execution plan", 1, CUDNN_STATUS_NOT_SUPPORTED, 1);
-  c = be->choose_attention("auto", DType::f16, 1, 64, 2, 2, 64);
+  c = be->choose_attention(AttentionRequest::auto_, DType::f16, 1, 64, 2, 2, 64);
   CHECK(c.path == AttentionPath::fused);
   CHECK_THAT(c.reason, Contains("checked against the fallback on this shape"));
 
   // A head size cuDNN's SDPA does not take.
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 12);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 2, 2, 12);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("head size"));
   // One ptrain lets through to cuDNN, above the 256 Hopper's engines take: every engine refuses
   // the plan, and cuDNN's own reason is the run's; 256 itself runs fused.
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 264);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 2, 2, 264);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("cuDNN found no engine for the forward graph of B=1 T=64 NH=2 HS=264 bf16") &&
                            Contains("engine 0: CUDNN_STATUS_NOT_SUPPORTED_SHAPE (fused flash attention (forward): "
                                     "head dimension 264 above the 256"));
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 2, 2, 256);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 2, 2, 256);
   CHECK(c.path == AttentionPath::fused);
 
   // Grouped-query attention (4 query heads over 2 K/V heads, and multi-query over 1): the fused
   // graph reads the K/V heads in place and agrees with the fallback on q, k and v gradients.
   for (const int kv : {2, 1}) {
-    c = be->choose_attention("auto", DType::bf16, 2, 64, 4, kv, 32);
+    c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 2, 64, 4, kv, 32);
     CHECK(c.path == AttentionPath::fused);
     CHECK_THAT(c.reason, Contains("checked against the fallback on this shape") &&
                              Contains("NH=4 KV=" + std::to_string(kv) + " HS=32"));
   }
   // 3 K/V heads cannot serve 4 query heads (config validation refuses it first; cuDNN's
   // shape check says so too).
-  c = be->choose_attention("auto", DType::bf16, 1, 64, 4, 3, 32);
+  c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, 64, 4, 3, 32);
   CHECK(c.path == fallback);
   CHECK_THAT(c.reason, Contains("3 K/V heads do not divide 4 query heads"));
 }
@@ -247,7 +258,7 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
   const size_t before = be->memory_use().in_use;
   sim::fail_call("cublasLtMatmulAlgoGetHeuristic", 1, CUBLAS_STATUS_NOT_SUPPORTED);
   CHECK(be->make_fp8_gemms(64, 64, 64, Scaling::tensor, Format::e4m3, Format::e5m2, &why) == nullptr);
-  CHECK_THAT(why, Contains("cuBLASLt on this GPU has no algorithm for the forward GEMM"));
+  CHECK_THAT(why, Contains("cuBLASLt on this GPU cannot run the forward GEMM: cuBLASLt has no algorithm"));
   CHECK(be->memory_use().in_use == before);  // the refused layer's buffers were given back
 
   // cuBLASLt refusing at launch what its heuristic offered: the layer's one launch of each GEMM
@@ -256,8 +267,9 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
   for (const auto& [nth, gemm, C] : {std::tuple{1, "forward", 128}, std::tuple{3, "wgrad", 160}}) {
     sim::fail_call("cublasLtMatmul", nth, CUBLAS_STATUS_NOT_SUPPORTED);
     CHECK(be->make_fp8_gemms(64, C, 64, Scaling::tensor, Format::e4m3, Format::e5m2, &why) == nullptr);
-    CHECK_THAT(why, Contains(std::string("cuBLASLt refused to launch the ") + gemm + " GEMM") &&
-                        Contains("that its heuristic had offered"));
+    CHECK_THAT(why, Contains(std::string("cuBLASLt on this GPU cannot run the ") + gemm + " GEMM: cuBLASLt refused "
+                                                                                          "to launch") &&
+                        Contains("which its heuristic had offered (CUBLAS_STATUS_NOT_SUPPORTED)"));
     CHECK(be->memory_use().in_use == before);
     sim::clear_faults();
   }
@@ -273,15 +285,14 @@ TEST_CASE("simulated device: cuDNN 9.15.0 and older keep a sequence length that 
   for (const auto& [version, T, fused] : {std::tuple{"91500", 64, false}, std::tuple{"91500", 128, true},
                                           std::tuple{"91501", 64, true}}) {
     CAPTURE(version, T);
-    REQUIRE(setenv("PTRAIN_SIM_CUDNN_VERSION", version, 1) == 0);
+    const SimulatedCudnnVersion cudnn(version);
     const auto be = make_cuda_backend(0, 512 * kMiB);
-    const AttentionChoice c = be->choose_attention("auto", DType::bf16, 1, T, 2, 2, 32);
+    const AttentionChoice c = be->choose_attention(AttentionRequest::auto_, DType::bf16, 1, T, 2, 2, 32);
     CHECK((c.path == AttentionPath::fused) == fused);
     if (!fused)
       CHECK_THAT(c.reason, Contains("cuDNN 9.15.0 can fault in the attention backward when the sequence length (64) "
                                     "is not a multiple of 128"));
   }
-  unsetenv("PTRAIN_SIM_CUDNN_VERSION");
 }
 
 // ---------------------------------------------------------------------------- the simulated cuDNN
@@ -542,29 +553,30 @@ TEST_CASE("simulated device: cuDNN refuses the attention graphs its fused flash-
     CHECK(backward_plan(variant([](Attention& a) { a.s_q = 1; }), &why) == CUDNN_STATUS_SUCCESS);
   }
   SECTION("sm80 or newer; before Hopper, a backward's head dimension at most 128") {
-    sim::set_compute_capability(7, 5);
-    CHECK(forward_plan(base, &why) == CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH);
-    CHECK_THAT(why, Contains("needs sm80 or newer, this GPU is sm75"));
-    sim::set_compute_capability(8, 6);
+    {
+      const SimulatedComputeCapability turing(7, 5);
+      CHECK(forward_plan(base, &why) == CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH);
+      CHECK_THAT(why, Contains("needs sm80 or newer, this GPU is sm75"));
+    }
+    const SimulatedComputeCapability ampere(8, 6);
     CHECK(forward_plan(base, &why) == CUDNN_STATUS_SUCCESS);
     const Attention wide = variant([](Attention& a) { a.d_qk = a.d_v = 136; });
     CHECK(forward_plan(wide, &why) == CUDNN_STATUS_SUCCESS);
     CHECK(backward_plan(wide, &why) == CUDNN_STATUS_NOT_SUPPORTED_SHAPE);
     CHECK_THAT(why, Contains("head dimension 136 above the 128 the backward pass takes on sm86"));
     CHECK(backward_plan(variant([](Attention& a) { a.d_qk = a.d_v = 128; }), &why) == CUDNN_STATUS_SUCCESS);
-    sim::set_compute_capability(9, 0);
+    const SimulatedComputeCapability hopper(9, 0);
     CHECK(backward_plan(wide, &why) == CUDNN_STATUS_SUCCESS);
   }
   SECTION("not cuDNN 9.10.0 or 9.10.1") {
     for (const auto& [version, taken] : {std::pair{"91000", false}, std::pair{"91001", false},
                                          std::pair{"91002", true}}) {
       CAPTURE(version);
-      REQUIRE(setenv("PTRAIN_SIM_CUDNN_VERSION", version, 1) == 0);
+      const SimulatedCudnnVersion cudnn(version);
       CHECK((forward_plan(base, &why) == CUDNN_STATUS_SUCCESS) == taken);
       CHECK((backward_plan(base, &why) == CUDNN_STATUS_SUCCESS) == taken);
       if (!taken) CHECK_THAT(why, Contains("has known bugs in FP16/BF16 attention"));
     }
-    unsetenv("PTRAIN_SIM_CUDNN_VERSION");
   }
   SECTION("a graph that is not attention is not held to them") {
     // An FP32 matmul and its exponent: no second matmul, so no attention engine is needed.

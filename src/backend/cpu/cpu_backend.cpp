@@ -341,8 +341,8 @@ class CpuBackend final : public Backend {
     round_output(profile_, dqkv, &grad_numerics_);
   }
 
-  AttentionChoice choose_attention(const std::string& want, DType, int64_t, int64_t, int, int, int64_t) override {
-    if (want == "cudnn")
+  AttentionChoice choose_attention(AttentionRequest want, DType, int64_t, int64_t, int, int, int64_t) override {
+    if (want == AttentionRequest::cudnn)
       throw UserError("model.attention: cudnn runs on the CUDA backend only; this run uses the CPU backend "
                       "(use model.attention: auto or fallback, or run.device: cuda)");
     return {AttentionPath::fallback, "fallback (the CPU backend's reference attention)"};

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -50,7 +51,7 @@ const UlpMode& ulp_mode() {
     char* end = nullptr;
     errno = 0;
     const unsigned long long v = std::strtoull(text, &end, 10);
-    if (*end != '\0' || errno != 0 || text[0] == '-')
+    if (*end != '\0' || errno != 0 || !std::isdigit(static_cast<unsigned char>(text[0])))  // no sign or space
       m.error = std::string("PTRAIN_GEMM_ULP_SEED: \"") + text + "\" is not a seed; expected a non-negative integer (0 or unset: off)";
     else
       m.seed = v;

@@ -92,10 +92,8 @@ std::vector<std::string> CudaBackend::performance_warnings() const {
 }
 
 DType CudaBackend::storage_for(Format format, DType compute) const {
-  if (compute == DType::f64)
-    throw UserError(
-        "the CUDA backend has no f64 storage (f64 serves the CPU reference's gradient checks); run "
-        "those with run.device: cpu");
+  // f64 serves the CPU reference's gradient checks only: asking for it here is a bug.
+  if (compute == DType::f64) fail("storage_for", "no f64 storage (f64 serves the CPU reference's gradient checks)");
   return cuda_storage_dtype(format);
 }
 

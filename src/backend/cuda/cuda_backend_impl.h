@@ -175,7 +175,7 @@ class CudaBackend final : public Backend {
   void rope_backward(Tensor dx, Tensor table, int heads) override;
   void swiglu_forward(Tensor out, Tensor gate_up) override;
   void swiglu_backward(Tensor dgate_up, Tensor dout, Tensor gate_up) override;
-  AttentionChoice choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
+  AttentionChoice choose_attention(AttentionRequest want, DType dtype, int64_t B, int64_t Tn, int n_head,
                                    int n_kv_head, int64_t head_size) override;
 
   // ops_reductions.cu

@@ -12,7 +12,7 @@
 // what() reads, e.g.
 //   "CUDA error cudaErrorInsufficientDriver (35): CUDA driver version is insufficient for CUDA
 //    runtime version (no usable NVIDIA driver or GPU on this machine?); in cudaGetDeviceCount(&n)
-//    at src/backend/cuda/device.cpp:41"
+//    at src/backend/cuda/cuda_backend.cu:31"
 //
 // This header needs the CUDA runtime and cuBLASLt headers only; cuDNN statuses are passed as
 // int so that including it does not pull in cudnn.h. The .cpp links cudart, cublasLt and cudnn.

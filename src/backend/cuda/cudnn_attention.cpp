@@ -13,7 +13,7 @@
 // cudnn-frontend (the header-only C++ wrapper NVIDIA's samples and llm.c use) is not available,
 // so the graphs are built from backend descriptors directly. cuDNN 9.19 also has the unified
 // CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD_DESCRIPTOR ops, but the frontend only uses the forward one
-// from 9.13.1 and causal masks on it need 9.21; the unified backward has no engines (REFERENCE.md).
+// from 9.13.1 and causal masks on it need 9.21; the unified backward was reported to have no engines (JuliaGPU/CUDA.jl pull request 3238).
 // For cuDNN < 9.21 the frontend instead lowers sdpa()/sdpa_backward() to composite graphs of
 // MATMUL, POINTWISE, REDUCTION and RESHAPE operations, and cuDNN's fused-attention engines
 // recognise exactly those patterns. The graphs below reproduce that lowering op by op, with the

@@ -57,7 +57,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   static GemmSpec forward_spec(int64_t rows, int64_t C, int64_t OC, Format in, Format w, DType out, Scaling sc) {
     GemmSpec spec = linear_forward_gemm(rows, C, OC, cuda_data_type(in), cuda_data_type(w), cuda_type(out));
     scale_modes(spec, sc, GemmScale::block_128x128, GemmScale::block_1x128);
-    spec.fast_accum = sc == Scaling::tensor;  // forward only, and never with block scaling (REFERENCE.md)
+    spec.fast_accum = sc == Scaling::tensor;  // forward only, and never with block scaling, as TransformerEngine's recipes do
     return spec;
   }
   static GemmSpec dgrad_spec(int64_t rows, int64_t C, int64_t OC, Format grad, Format w, DType out, Scaling sc) {
@@ -77,32 +77,22 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   // zero): cuBLASLt can refuse at launch what its heuristic offered, and a refusal inside a step
   // would end the run, where one here leaves the layer to the emulation.
   bool runs_here(Format forward, Format backward, std::string* why) {
-    const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
-        {"forward",
-         {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(codes_[kInput])}},
-        {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(codes_[kInput])}},
-        {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), wgrad_args(codes_[kWeight])}}};
-    for (const auto& [name, gemm] : gemms)
-      if (!be_.matmul_->can_run(gemm.first, gemm.second)) {
-        *why =
-            std::string("cuBLASLt on this GPU has no algorithm for the ") + name + " GEMM " + describe_gemm(gemm.first);
-        return false;
-      }
+    why->clear();
     const size_t outputs = static_cast<size_t>(std::max({rows_ * OC_, rows_ * C_, OC_ * C_}));
-    void* scratch = be_.allocate(outputs * dtype_size(DType::bf16));
-    for (const auto& [name, gemm] : gemms) {
-      GemmArgs args = gemm.second;
-      args.d = scratch;
-      try {
-        be_.matmul_->run(gemm.first, args, be_.stream_);
-      } catch (const std::exception& e) {
-        be_.release(scratch);
-        *why = std::string("cuBLASLt refused to launch the ") + name + " GEMM " + describe_gemm(gemm.first) +
-               " that its heuristic had offered: " + e.what();
+    struct Scratch {  // given back however the probe ends
+      CudaBackend& be;
+      void* p;
+      ~Scratch() { be.release(p); }
+    } scratch{be_, be_.allocate(outputs * dtype_size(DType::bf16))};
+    const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
+        {"forward", {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(scratch.p)}},
+        {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(scratch.p)}},
+        {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), wgrad_args(scratch.p)}}};
+    for (const auto& [name, gemm] : gemms)
+      if (const std::string problem = be_.matmul_->probe(gemm.first, gemm.second, be_.stream_); !problem.empty()) {
+        *why = std::string("cuBLASLt on this GPU cannot run the ") + name + " GEMM: " + problem;
         return false;
       }
-    }
-    be_.release(scratch);
     return true;
   }
 
@@ -355,14 +345,13 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
 std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
                                                       Format forward, Format backward, std::string* why) {
-  try {
-    validate_gemm_spec(CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling));
-    validate_gemm_spec(CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
-    validate_gemm_spec(CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling));
-  } catch (const UserError& e) {
-    *why = std::string("this layer's shape does not suit cuBLASLt's FP8 GEMMs: ") + e.what();
-    return nullptr;
-  }
+  for (const GemmSpec& spec : {CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling),
+                               CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling),
+                               CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling)})
+    if (const std::string problem = gemm_spec_problem(spec); !problem.empty()) {
+      *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
+      return nullptr;
+    }
   auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling);
   if (!gemms->runs_here(forward, backward, why)) return nullptr;
   return gemms;

@@ -220,19 +220,14 @@ std::string describe_gemm(const GemmSpec& s) {
 
 namespace {
 
-[[noreturn]] void reject(const GemmSpec& spec, const std::string& problem) {
-  throw UserError("GEMM " + describe_gemm(spec) + ": " + problem);
-}
-
 bool is_block(GemmScale s) { return s == GemmScale::block_1x128 || s == GemmScale::block_128x128; }
 
 bool supported_operand(cudaDataType_t t) { return cuda_data_type_size(t) != 0; }
 
-// A leading dimension or batch stride of an FP8 GEMM must be a multiple of 16 bytes.
-void check_fp8_multiple(const GemmSpec& spec, const char* what, const char* matrix, int64_t elements,
-                        cudaDataType_t type) {
+// A leading dimension or batch stride of an FP8 GEMM must be a multiple of 16 bytes; "" if it is.
+std::string fp8_multiple_problem(const char* what, const char* matrix, int64_t elements, cudaDataType_t type) {
   const int64_t bytes = elements * static_cast<int64_t>(cuda_data_type_size(type));
-  if (bytes % 16 == 0) return;
+  if (bytes % 16 == 0) return "";
   std::string text = std::string("FP8 GEMMs on Hopper need every leading dimension and batch stride to be a "
                                  "multiple of 16 bytes, but the ") +
                      what + " of " + matrix + " is " + std::to_string(elements) + " elements of " +
@@ -243,132 +238,140 @@ void check_fp8_multiple(const GemmSpec& spec, const char* what, const char* matr
     text += " (" + std::to_string(bytes) + " bytes)";
   text += "; in ptrain's terms the contraction and output widths of an FP8 layer (n_embd, 4*n_embd, the "
           "tokens per micro-batch) must be multiples of 16";
-  reject(spec, text);
+  return text;
 }
 
-}  // namespace
-
-void validate_gemm_spec(const GemmSpec& s) {
+// The first problem of the spec, without the "GEMM ..." prefix; "" if none.
+std::string spec_problem(const GemmSpec& s) {
   // Shape.
-  if (s.m <= 0 || s.n <= 0 || s.k <= 0) reject(s, "m, n and k must be positive");
-  if (s.m > INT32_MAX || s.n > INT32_MAX || s.k > INT32_MAX) reject(s, "m, n and k must fit in 32 bits");
-  if (s.batch < 1) reject(s, "batch must be at least 1, got " + std::to_string(s.batch));
+  if (s.m <= 0 || s.n <= 0 || s.k <= 0) return "m, n and k must be positive";
+  if (s.m > INT32_MAX || s.n > INT32_MAX || s.k > INT32_MAX) return "m, n and k must fit in 32 bits";
+  if (s.batch < 1) return "batch must be at least 1, got " + std::to_string(s.batch);
   if (s.stride_a < 0 || s.stride_b < 0 || s.stride_c < 0 || s.stride_d < 0)
-    reject(s, "batch strides must not be negative");
+    return "batch strides must not be negative";
   if (s.ld_a() < s.a_rows())
-    reject(s, "lda = " + std::to_string(s.ld_a()) + " is smaller than A's " + std::to_string(s.a_rows()) + " rows");
+    return "lda = " + std::to_string(s.ld_a()) + " is smaller than A's " + std::to_string(s.a_rows()) + " rows";
   if (s.ld_b() < s.b_rows())
-    reject(s, "ldb = " + std::to_string(s.ld_b()) + " is smaller than B's " + std::to_string(s.b_rows()) + " rows");
+    return "ldb = " + std::to_string(s.ld_b()) + " is smaller than B's " + std::to_string(s.b_rows()) + " rows";
   if (s.ld_c() < s.m)
-    reject(s, "ldc = " + std::to_string(s.ld_c()) + " is smaller than C's " + std::to_string(s.m) + " rows");
+    return "ldc = " + std::to_string(s.ld_c()) + " is smaller than C's " + std::to_string(s.m) + " rows";
   if (s.ld_d() < s.m)
-    reject(s, "ldd = " + std::to_string(s.ld_d()) + " is smaller than D's " + std::to_string(s.m) + " rows");
+    return "ldd = " + std::to_string(s.ld_d()) + " is smaller than D's " + std::to_string(s.m) + " rows";
 
   // Types.
   const std::pair<cudaDataType_t, const char*> operands[] = {
       {s.a_type, "A"}, {s.b_type, "B"}, {s.c_type, "C"}, {s.d_type, "D"}};
   for (const auto& [t, name] : operands)
     if (!supported_operand(t))
-      reject(s, std::string("the type of ") + name + " (" + cuda_data_type_name(t) +
-                    ") is not one of fp32, bf16, fp16, e4m3, e5m2");
+      return std::string("the type of ") + name + " (" + cuda_data_type_name(t) +
+                    ") is not one of fp32, bf16, fp16, e4m3, e5m2";
   const bool fp8 = s.fp8();
   if (fp8) {
     if (!is_fp8_type(s.a_type) || !is_fp8_type(s.b_type))
-      reject(s, "an FP8 GEMM needs both A and B in FP8, got A " + cuda_data_type_name(s.a_type) + " and B " +
-                    cuda_data_type_name(s.b_type));
+      return "an FP8 GEMM needs both A and B in FP8, got A " + cuda_data_type_name(s.a_type) + " and B " +
+                    cuda_data_type_name(s.b_type);
     if (s.a_type == CUDA_R_8F_E5M2 && s.b_type == CUDA_R_8F_E5M2)
-      reject(s, "E5M2 x E5M2 is not supported by cuBLASLt (A and B are both e5m2); one operand must be E4M3 "
-                "(the hybrid recipe keeps activations and weights in E4M3 and only gradients in E5M2)");
+      return "E5M2 x E5M2 is not supported by cuBLASLt (A and B are both e5m2); one operand must be E4M3 "
+             "(the hybrid recipe keeps activations and weights in E4M3 and only gradients in E5M2)";
     if (is_fp8_type(s.d_type)) {
       if (s.c_type != CUDA_R_16BF && s.c_type != CUDA_R_16F)
-        reject(s, "with an FP8 output D, C must be bf16 or fp16, got " + cuda_data_type_name(s.c_type));
+        return "with an FP8 output D, C must be bf16 or fp16, got " + cuda_data_type_name(s.c_type);
     } else if (s.c_type != s.d_type) {
-      reject(s, "C and D must have the same type, got C " + cuda_data_type_name(s.c_type) + " and D " +
-                    cuda_data_type_name(s.d_type));
+      return "C and D must have the same type, got C " + cuda_data_type_name(s.c_type) + " and D " +
+                    cuda_data_type_name(s.d_type);
     }
   } else {
     if (s.a_type != s.b_type)
-      reject(s, "A and B must have the same type, got A " + cuda_data_type_name(s.a_type) + " and B " +
-                    cuda_data_type_name(s.b_type));
-    if (is_fp8_type(s.c_type) || is_fp8_type(s.d_type)) reject(s, "an FP8 output needs FP8 inputs");
+      return "A and B must have the same type, got A " + cuda_data_type_name(s.a_type) + " and B " +
+                    cuda_data_type_name(s.b_type);
+    if (is_fp8_type(s.c_type) || is_fp8_type(s.d_type)) return "an FP8 output needs FP8 inputs";
     if (s.a_type == CUDA_R_32F && s.d_type != CUDA_R_32F)
-      reject(s, "fp32 inputs need an fp32 output, got D " + cuda_data_type_name(s.d_type));
+      return "fp32 inputs need an fp32 output, got D " + cuda_data_type_name(s.d_type);
     if (s.d_type != s.a_type && s.d_type != CUDA_R_32F)
-      reject(s, cuda_data_type_name(s.a_type) + " inputs need a " + cuda_data_type_name(s.a_type) +
-                    " or fp32 output, got D " + cuda_data_type_name(s.d_type));
+      return cuda_data_type_name(s.a_type) + " inputs need a " + cuda_data_type_name(s.a_type) +
+                    " or fp32 output, got D " + cuda_data_type_name(s.d_type);
     if (s.c_type != s.d_type)
-      reject(s, "C and D must have the same type, got C " + cuda_data_type_name(s.c_type) + " and D " +
-                    cuda_data_type_name(s.d_type));
+      return "C and D must have the same type, got C " + cuda_data_type_name(s.c_type) + " and D " +
+                    cuda_data_type_name(s.d_type);
   }
 
   // Compute type.
   if (s.compute != CUBLAS_COMPUTE_32F && s.compute != CUBLAS_COMPUTE_32F_FAST_TF32)
-    reject(s, "the compute type must be CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32");
+    return "the compute type must be CUBLAS_COMPUTE_32F or CUBLAS_COMPUTE_32F_FAST_TF32";
   if (s.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && s.a_type != CUDA_R_32F)
-    reject(s, "TF32 compute applies to fp32 operands only; " + cuda_data_type_name(s.a_type) +
-                  " GEMMs use CUBLAS_COMPUTE_32F");
+    return "TF32 compute applies to fp32 operands only; " + cuda_data_type_name(s.a_type) +
+                  " GEMMs use CUBLAS_COMPUTE_32F";
 
   // Scaling, fast accumulation, amax.
   if (!is_fp8_type(s.a_type) && s.a_scale != GemmScale::none)
-    reject(s, "scale factors apply to FP8 operands only, but A is " + cuda_data_type_name(s.a_type));
+    return "scale factors apply to FP8 operands only, but A is " + cuda_data_type_name(s.a_type);
   if (!is_fp8_type(s.b_type) && s.b_scale != GemmScale::none)
-    reject(s, "scale factors apply to FP8 operands only, but B is " + cuda_data_type_name(s.b_type));
-  if (s.fast_accum && !fp8) reject(s, "fast accumulation applies to FP8 GEMMs only");
-  if (s.amax_d && !fp8) reject(s, "the amax of D is computed by FP8 GEMMs only");
+    return "scale factors apply to FP8 operands only, but B is " + cuda_data_type_name(s.b_type);
+  if (s.fast_accum && !fp8) return "fast accumulation applies to FP8 GEMMs only";
+  if (s.amax_d && !fp8) return "the amax of D is computed by FP8 GEMMs only";
 
   // Epilogue.
-  if (!epilogue_supported(s.epilogue)) reject(s, "epilogue " + epilogue_name(s.epilogue) + " is not used by ptrain");
+  if (!epilogue_supported(s.epilogue)) return "epilogue " + epilogue_name(s.epilogue) + " is not used by ptrain";
   if (s.batch > 1 && s.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
-    reject(s, "epilogues are not supported on batched GEMMs");
+    return "epilogues are not supported on batched GEMMs";
   if (epilogue_uses_aux(s.epilogue)) {
     if (s.ld_aux() < s.m)
-      reject(s, "the GELU aux leading dimension " + std::to_string(s.ld_aux()) + " is smaller than D's " +
-                    std::to_string(s.m) + " rows");
+      return "the GELU aux leading dimension " + std::to_string(s.ld_aux()) + " is smaller than D's " +
+                    std::to_string(s.m) + " rows";
     if (s.ld_aux() % 8 != 0)
-      reject(s, "the GELU aux leading dimension " + std::to_string(s.ld_aux()) +
-                    " must be a multiple of 8 (cuBLASLt); the layer's output width must be a multiple of 8");
+      return "the GELU aux leading dimension " + std::to_string(s.ld_aux()) +
+             " must be a multiple of 8 (cuBLASLt); the layer's output width must be a multiple of 8";
     if (s.aux_type != -1 && is_fp8_type(static_cast<cudaDataType_t>(s.aux_type)))
-      reject(s, "an FP8 GELU aux matrix is not supported");
+      return "an FP8 GELU aux matrix is not supported";
   }
 
-  if (!fp8) return;
+  if (!fp8) return "";
 
   // FP8 on Hopper.
   if (!(s.trans_a && !s.trans_b))
-    reject(s, std::string("FP8 GEMMs on Hopper need the TN layout (A transposed, B not, in cuBLASLt's "
+    return std::string("FP8 GEMMs on Hopper need the TN layout (A transposed, B not, in cuBLASLt's "
                           "column-major terms: both operands stored with the contraction dimension "
                           "contiguous), got ") +
                   (s.trans_a ? "T" : "N") + (s.trans_b ? "T" : "N") +
-                  "; pass the cast-transposed copy of the operand instead");
-  check_fp8_multiple(s, "leading dimension", "A (lda)", s.ld_a(), s.a_type);
-  check_fp8_multiple(s, "leading dimension", "B (ldb)", s.ld_b(), s.b_type);
-  check_fp8_multiple(s, "leading dimension", "C (ldc)", s.ld_c(), s.c_type);
-  check_fp8_multiple(s, "leading dimension", "D (ldd)", s.ld_d(), s.d_type);
-  if (s.batch > 1) {
-    check_fp8_multiple(s, "batch stride", "A", s.stride_a, s.a_type);
-    check_fp8_multiple(s, "batch stride", "B", s.stride_b, s.b_type);
-    check_fp8_multiple(s, "batch stride", "C", s.stride_c, s.c_type);
-    check_fp8_multiple(s, "batch stride", "D", s.stride_d, s.d_type);
-  }
+                  "; pass the cast-transposed copy of the operand instead";
+  const std::string multiples[] = {
+      fp8_multiple_problem("leading dimension", "A (lda)", s.ld_a(), s.a_type),
+      fp8_multiple_problem("leading dimension", "B (ldb)", s.ld_b(), s.b_type),
+      fp8_multiple_problem("leading dimension", "C (ldc)", s.ld_c(), s.c_type),
+      fp8_multiple_problem("leading dimension", "D (ldd)", s.ld_d(), s.d_type),
+      s.batch > 1 ? fp8_multiple_problem("batch stride", "A", s.stride_a, s.a_type) : "",
+      s.batch > 1 ? fp8_multiple_problem("batch stride", "B", s.stride_b, s.b_type) : "",
+      s.batch > 1 ? fp8_multiple_problem("batch stride", "C", s.stride_c, s.c_type) : "",
+      s.batch > 1 ? fp8_multiple_problem("batch stride", "D", s.stride_d, s.d_type) : ""};
+  for (const std::string& problem : multiples)
+    if (!problem.empty()) return problem;
 
   if (is_block(s.a_scale) || is_block(s.b_scale)) {
     if (!is_block(s.a_scale) || !is_block(s.b_scale))
-      reject(s, "block scaling must be used on both operands (1x128 or 128x128 each), got A " +
-                    std::string(gemm_scale_name(s.a_scale)) + " and B " + gemm_scale_name(s.b_scale));
+      return "block scaling must be used on both operands (1x128 or 128x128 each), got A " +
+                    std::string(gemm_scale_name(s.a_scale)) + " and B " + gemm_scale_name(s.b_scale);
     if (s.a_scale == GemmScale::block_128x128 && s.b_scale == GemmScale::block_128x128)
-      reject(s, "128x128 block scaling on both A and B is not supported by cuBLASLt; one operand (the "
-                "activation or gradient) must use 1x128 tiles");
+      return "128x128 block scaling on both A and B is not supported by cuBLASLt; one operand (the "
+                "activation or gradient) must use 1x128 tiles";
     if (s.m % 128 != 0 || s.n % 128 != 0 || s.k % 128 != 0)
-      reject(s, "block-scaled FP8 GEMMs need m, n and k to be multiples of 128, got m=" + std::to_string(s.m) +
+      return "block-scaled FP8 GEMMs need m, n and k to be multiples of 128, got m=" + std::to_string(s.m) +
                     " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) +
-                    " (n_embd, 4*n_embd and the tokens per micro-batch must be multiples of 128)");
-    if (is_fp8_type(s.d_type)) reject(s, "block-scaled FP8 GEMMs must write a bf16, fp16 or fp32 output");
-    if (s.fast_accum) reject(s, "fast accumulation is not supported with block scaling");
+                    " (n_embd, 4*n_embd and the tokens per micro-batch must be multiples of 128)";
+    if (is_fp8_type(s.d_type)) return "block-scaled FP8 GEMMs must write a bf16, fp16 or fp32 output";
+    if (s.fast_accum) return "fast accumulation is not supported with block scaling";
     if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT && s.epilogue != CUBLASLT_EPILOGUE_BIAS &&
         s.epilogue != CUBLASLT_EPILOGUE_DGELU)
-      reject(s, "block-scaled FP8 GEMMs support the epilogues DEFAULT, BIAS and DGELU only, got " +
-                    epilogue_name(s.epilogue));
+      return "block-scaled FP8 GEMMs support the epilogues DEFAULT, BIAS and DGELU only, got " +
+                    epilogue_name(s.epilogue);
   }
+  return "";
+}
+
+}  // namespace
+
+std::string gemm_spec_problem(const GemmSpec& spec) {
+  const std::string problem = spec_problem(spec);
+  return problem.empty() ? problem : "GEMM " + describe_gemm(spec) + ": " + problem;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -495,7 +498,8 @@ MatrixLayoutHandle make_layout(cudaDataType_t type, int64_t rows, int64_t cols, 
 }  // namespace
 
 GemmDescriptors make_gemm_descriptors(const GemmSpec& spec) {
-  validate_gemm_spec(spec);
+  // Callers ask gemm_spec_problem first (Matmul does): a spec that breaks the rules here is a bug.
+  if (const std::string problem = gemm_spec_problem(spec); !problem.empty()) throw std::logic_error(problem);
   GemmDescriptors out;
 
   cublasLtMatmulDesc_t desc = nullptr;
@@ -555,34 +559,32 @@ std::string pointer_text(const void* p) {
   return buffer;
 }
 
-}  // namespace
+// The first problem of the arguments, without the "GEMM ..." prefix; "" if none.
+std::string args_problem(const GemmSpec& s, const GemmArgs& g) {
+  if (!g.a || !g.b || !g.d) return "the A, B and D pointers must not be null";
 
-void validate_gemm_args(const GemmSpec& s, const GemmArgs& g) {
-  auto fail = [&](const std::string& problem) { throw UserError("GEMM " + describe_gemm(s) + ": " + problem); };
-  if (!g.a || !g.b || !g.d) fail("the A, B and D pointers must not be null");
-
-  if (is_fp8_type(s.d_type) && g.beta != 0) fail("an FP8 output cannot be accumulated into (beta must be 0)");
+  if (is_fp8_type(s.d_type) && g.beta != 0) return "an FP8 output cannot be accumulated into (beta must be 0)";
   const bool c_is_d = g.c == nullptr;
   if (g.beta != 0 && c_is_d && (s.c_type != s.d_type || s.ld_c() != s.ld_d() || s.stride_c != s.stride_d))
-    fail("beta != 0 with no C accumulates into D, which needs C and D to have the same type, leading "
-         "dimension and batch stride");
+    return "beta != 0 with no C accumulates into D, which needs C and D to have the same type, leading "
+         "dimension and batch stride";
 
   // Scale pointers: present exactly when the spec scales that operand.
   if (s.a_scale != GemmScale::none && !g.a_scale_inv)
-    fail(std::string("A is scaled (") + gemm_scale_name(s.a_scale) + ") but a_scale_inv is null");
-  if (s.a_scale == GemmScale::none && g.a_scale_inv) fail("a_scale_inv is given but the spec does not scale A");
+    return std::string("A is scaled (") + gemm_scale_name(s.a_scale) + ") but a_scale_inv is null";
+  if (s.a_scale == GemmScale::none && g.a_scale_inv) return "a_scale_inv is given but the spec does not scale A";
   if (s.b_scale != GemmScale::none && !g.b_scale_inv)
-    fail(std::string("B is scaled (") + gemm_scale_name(s.b_scale) + ") but b_scale_inv is null");
-  if (s.b_scale == GemmScale::none && g.b_scale_inv) fail("b_scale_inv is given but the spec does not scale B");
-  if (g.d_scale && !is_fp8_type(s.d_type)) fail("d_scale is given but D is not FP8");
-  if (s.amax_d && !g.amax_d) fail("the spec asks for the amax of D but amax_d is null");
-  if (!s.amax_d && g.amax_d) fail("amax_d is given but the spec does not ask for the amax of D");
+    return std::string("B is scaled (") + gemm_scale_name(s.b_scale) + ") but b_scale_inv is null";
+  if (s.b_scale == GemmScale::none && g.b_scale_inv) return "b_scale_inv is given but the spec does not scale B";
+  if (g.d_scale && !is_fp8_type(s.d_type)) return "d_scale is given but D is not FP8";
+  if (s.amax_d && !g.amax_d) return "the spec asks for the amax of D but amax_d is null";
+  if (!s.amax_d && g.amax_d) return "amax_d is given but the spec does not ask for the amax of D";
 
   const bool bias = epilogue_uses_bias(s.epilogue), aux = epilogue_uses_aux(s.epilogue);
-  if (bias && !g.bias) fail("epilogue " + epilogue_name(s.epilogue) + " needs a bias pointer");
-  if (!bias && g.bias) fail("a bias pointer is given but epilogue " + epilogue_name(s.epilogue) + " uses none");
-  if (aux && !g.aux) fail("epilogue " + epilogue_name(s.epilogue) + " needs an aux pointer");
-  if (!aux && g.aux) fail("an aux pointer is given but epilogue " + epilogue_name(s.epilogue) + " uses none");
+  if (bias && !g.bias) return "epilogue " + epilogue_name(s.epilogue) + " needs a bias pointer";
+  if (!bias && g.bias) return "a bias pointer is given but epilogue " + epilogue_name(s.epilogue) + " uses none";
+  if (aux && !g.aux) return "epilogue " + epilogue_name(s.epilogue) + " needs an aux pointer";
+  if (!aux && g.aux) return "an aux pointer is given but epilogue " + epilogue_name(s.epilogue) + " uses none";
 
   // Every matrix pointer aligned to its element; FP8 GEMMs: everything to 16 bytes.
   struct Matrix {
@@ -595,17 +597,17 @@ void validate_gemm_args(const GemmSpec& s, const GemmArgs& g) {
     if (!m.p) continue;
     const int need = s.fp8() ? 16 : static_cast<int>(cuda_data_type_size(m.type));
     if (alignment_of(m.p) < need)
-      fail(std::string("pointer ") + m.name + " (" + pointer_text(m.p) + ") is not " + std::to_string(need) +
-           "-byte aligned" + (s.fp8() ? " (FP8 GEMMs on Hopper need 16-byte aligned pointers)" : ""));
+      return std::string("pointer ") + m.name + " (" + pointer_text(m.p) + ") is not " + std::to_string(need) +
+           "-byte aligned" + (s.fp8() ? " (FP8 GEMMs on Hopper need 16-byte aligned pointers)" : "");
   }
   if (s.fp8()) {
     if (g.bias && alignment_of(g.bias) < 16)
-      fail("the bias pointer (" + pointer_text(g.bias) + ") is not 16-byte aligned (FP8 GEMM)");
+      return "the bias pointer (" + pointer_text(g.bias) + ") is not 16-byte aligned (FP8 GEMM)";
     if (g.aux && alignment_of(g.aux) < 16)
-      fail("the aux pointer (" + pointer_text(g.aux) + ") is not 16-byte aligned (FP8 GEMM)");
+      return "the aux pointer (" + pointer_text(g.aux) + ") is not 16-byte aligned (FP8 GEMM)";
   } else {
-    if (g.bias && alignment_of(g.bias) < 2) fail("the bias pointer (" + pointer_text(g.bias) + ") is misaligned");
-    if (g.aux && alignment_of(g.aux) < 2) fail("the aux pointer (" + pointer_text(g.aux) + ") is misaligned");
+    if (g.bias && alignment_of(g.bias) < 2) return "the bias pointer (" + pointer_text(g.bias) + ") is misaligned";
+    if (g.aux && alignment_of(g.aux) < 2) return "the aux pointer (" + pointer_text(g.aux) + ") is misaligned";
   }
   const struct {
     const char* name;
@@ -619,9 +621,17 @@ void validate_gemm_args(const GemmSpec& s, const GemmArgs& g) {
     if (!sc.p) continue;
     const int need = sc.block ? 16 : 4;
     if (alignment_of(sc.p) < need)
-      fail(std::string("the ") + sc.name + " pointer (" + pointer_text(sc.p) + ") is not " + std::to_string(need) +
-           "-byte aligned");
+      return std::string("the ") + sc.name + " pointer (" + pointer_text(sc.p) + ") is not " + std::to_string(need) +
+           "-byte aligned";
   }
+  return "";
+}
+
+}  // namespace
+
+std::string gemm_args_problem(const GemmSpec& spec, const GemmArgs& args) {
+  const std::string problem = args_problem(spec, args);
+  return problem.empty() ? problem : "GEMM " + describe_gemm(spec) + ": " + problem;
 }
 
 int gemm_pointer_alignment(const GemmArgs& args) {
@@ -719,18 +729,13 @@ Matmul::~Matmul() {
   if (handle_) (void)cublasLtDestroy(handle_);
 }
 
-Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
+Matmul::Plan* Matmul::find_plan(const GemmSpec& spec, int alignment, std::string* why, cublasStatus_t* status) {
   PlanKey key{spec, alignment};
   auto found = plans_.find(key);
-  if (found != plans_.end()) return *found->second;
+  if (found != plans_.end()) return found->second.get();
 
   auto plan = std::make_unique<Plan>();
-  try {
-    plan->desc = make_gemm_descriptors(spec);
-  } catch (const UserError& e) {  // ptrain's rules for cuBLASLt refuse it: the heuristic is never asked
-    if (library_log_enabled()) log_refusal(spec, alignment, e.what());
-    throw;
-  }
+  plan->desc = make_gemm_descriptors(spec);
   cublasLtMatmulDesc_t desc = plan->desc.matmul.get();
 
   // The heuristic reads (never dereferences) the pointer attributes to learn their alignment
@@ -763,49 +768,77 @@ Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
 
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle_, desc, plan->desc.a.get(), plan->desc.b.get(), plan->desc.c.get(), plan->desc.d.get(), preference, 1,
-      &result, &returned);
-  if (library_log_enabled()) log_heuristic(spec, alignment, workspace_bytes_, status, returned, result);
-  PTRAIN_CUBLAS_CHECK(status);
-  if (returned == 0 || result.state != CUBLAS_STATUS_SUCCESS)
-    throw EnvironmentError("cuBLASLt has no algorithm for GEMM " + describe_gemm(spec) + " with " +
-                           std::to_string(alignment) + "-byte aligned pointers and " +
-                           std::to_string(workspace_bytes_) + " bytes of workspace on this GPU");
-  plan->algo = result.algo;
-  plan->workspace_bytes = result.workspaceSize;
-
-  Plan& ref = *plan;
-  plans_.emplace(std::move(key), std::move(plan));
-  return ref;
-}
-
-Matmul::Plan* Matmul::plan_or_refusal(const GemmSpec& spec, const GemmArgs& args) {
-  const PlanKey key{spec, gemm_pointer_alignment(args)};
-  if (refused_.count(key)) return nullptr;
-  try {
-    validate_gemm_args(spec, args);
-    return &plan_for(spec, key.alignment);
-  } catch (const std::exception&) {  // a spec cuBLASLt (or ptrain's rules for it) refuses, or no algorithm
-    refused_.insert(key);
+  *status = cublasLtMatmulAlgoGetHeuristic(handle_, desc, plan->desc.a.get(), plan->desc.b.get(), plan->desc.c.get(),
+                                           plan->desc.d.get(), preference, 1, &result, &returned);
+  if (library_log_enabled()) log_heuristic(spec, alignment, workspace_bytes_, *status, returned, result);
+  // cuBLASLt refuses with a status (PyTorch has seen INVALID_VALUE for a bias epilogue on a one-row
+  // operand) or by returning no algorithm: either way there is no plan.
+  if (*status != CUBLAS_STATUS_SUCCESS || returned == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    *why = "cuBLASLt has no algorithm for GEMM " + describe_gemm(spec) + " with " + std::to_string(alignment) +
+           "-byte aligned pointers and " + std::to_string(workspace_bytes_) + " bytes of workspace on this GPU (" +
+           cublas_status_name(*status != CUBLAS_STATUS_SUCCESS ? *status : result.state) + ")";
     return nullptr;
   }
+  plan->algo = result.algo;
+  plan->workspace_bytes = result.workspaceSize;
+  return plans_.emplace(std::move(key), std::move(plan)).first->second.get();
 }
 
-bool Matmul::can_run(const GemmSpec& spec, const GemmArgs& args) { return plan_or_refusal(spec, args) != nullptr; }
+Matmul::Plan& Matmul::plan_for(const GemmSpec& spec, int alignment) {
+  std::string why;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  Plan* plan = find_plan(spec, alignment, &why, &status);
+  if (plan) return *plan;
+  PTRAIN_CUBLAS_CHECK(status);  // a library status, as any call's (inside a capture: a refusal to record)
+  throw EnvironmentError(why);  // the heuristic answered, with no algorithm
+}
+
+Matmul::Plan* Matmul::plan_or_refusal(const GemmSpec& spec, const GemmArgs& args, std::string* why) {
+  const PlanKey key{spec, gemm_pointer_alignment(args)};
+  if (const auto refused = refused_.find(key); refused != refused_.end()) {
+    *why = refused->second;
+    return nullptr;
+  }
+  *why = gemm_spec_problem(spec);
+  if (why->empty()) *why = gemm_args_problem(spec, args);
+  if (!why->empty()) {  // ptrain's rules for cuBLASLt refuse it: the heuristic is never asked
+    if (library_log_enabled()) log_refusal(spec, key.alignment, *why);
+  } else if (cublasStatus_t status; Plan* plan = find_plan(spec, key.alignment, why, &status)) {
+    return plan;
+  }
+  refused_.emplace(key, *why);
+  return nullptr;
+}
+
+bool Matmul::can_run(const GemmSpec& spec, const GemmArgs& args) {
+  std::string why;
+  return plan_or_refusal(spec, args, &why) != nullptr;
+}
 
 void Matmul::run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
-  validate_gemm_args(spec, args);
+  // ptrain builds its GEMMs to ptrain's rules: arguments that break them are a bug.
+  if (const std::string problem = gemm_args_problem(spec, args); !problem.empty()) throw std::logic_error(problem);
   launch(plan_for(spec, gemm_pointer_alignment(args)), spec, args, stream);
 }
 
+std::string Matmul::probe(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
+  std::string why;
+  Plan* plan = plan_or_refusal(spec, args, &why);
+  if (!plan) return why;
+  const cublasStatus_t status = launch_status(*plan, spec, args, stream);
+  if (status == CUBLAS_STATUS_SUCCESS) return "";
+  return "cuBLASLt refused to launch GEMM " + describe_gemm(spec) + ", which its heuristic had offered (" +
+         cublas_status_name(status) + ")";
+}
+
 bool Matmul::try_run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
-  Plan* plan = plan_or_refusal(spec, args);
+  std::string why;
+  Plan* plan = plan_or_refusal(spec, args, &why);
   if (plan) launch(*plan, spec, args, stream);
   return plan != nullptr;
 }
 
-void Matmul::launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
+cublasStatus_t Matmul::launch_status(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
   cublasLtMatmulDesc_t desc = plan.desc.matmul.get();
 
   if (epilogue_uses_bias(spec.epilogue)) PTRAIN_SET_DESC(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, args.bias);
@@ -817,9 +850,13 @@ void Matmul::launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cuda
 
   // C = nullptr means in place (C = D); an FP8 D has a C of another type, never read (beta = 0).
   const void* c = args.c ? args.c : (is_fp8_type(spec.d_type) ? nullptr : args.d);
-  PTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle_, desc, &args.alpha, args.a, plan.desc.a.get(), args.b,
-                                     plan.desc.b.get(), &args.beta, c, plan.desc.c.get(), args.d, plan.desc.d.get(),
-                                     &plan.algo, workspace_, workspace_bytes_, stream));
+  return cublasLtMatmul(handle_, desc, &args.alpha, args.a, plan.desc.a.get(), args.b, plan.desc.b.get(), &args.beta,
+                        c, plan.desc.c.get(), args.d, plan.desc.d.get(), &plan.algo, workspace_, workspace_bytes_,
+                        stream);
+}
+
+void Matmul::launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream) {
+  PTRAIN_CUBLAS_CHECK(launch_status(plan, spec, args, stream));
 }
 
 #undef PTRAIN_SET_DESC

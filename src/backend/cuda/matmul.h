@@ -41,7 +41,7 @@
 //   attention: preatt(T,T) = q(T,hs) k(T,hs)^T per (batch, head) is the forward form with
 //            N = T, C = hs, OC = T, batch = B*NH and strides T*hs (q, k) and T*T (preatt).
 //
-// FP8 on Hopper (REFERENCE.md): TN only; leading dimensions and batch strides multiples of 16
+// FP8 on Hopper (the cuBLAS documentation, cublasLtMatmul(), "FP8"): TN only; leading dimensions and batch strides multiples of 16
 // bytes; pointers 16-byte aligned; E4M3 x E4M3 and E4M3 x E5M2 (either order), never
 // E5M2 x E5M2; compute CUBLAS_COMPUTE_32F with scale type CUDA_R_32F; the scale pointers hold
 // the DEQUANTISATION factors (scale_inv) in device memory. Block scaling (cuBLASLt >= 12.9):
@@ -60,7 +60,6 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "backend/cuda/cuda_error.h"
 #include "precision/formats.h"
@@ -141,9 +140,11 @@ struct GemmSpecHash {
 // e.g. "TN m=768 n=4096 k=3072, A e4m3 (tensor) x B e4m3 (tensor) -> D bf16, compute 32F, epilogue BIAS"
 std::string describe_gemm(const GemmSpec& spec);
 
-// Throws UserError naming the first problem (FP8 layout, alignment of leading dimensions,
-// unsupported type pairs, block-scaling shape, epilogue restrictions, ...).
-void validate_gemm_spec(const GemmSpec& spec);
+// The first problem cuBLASLt would have with the spec as ptrain knows its rules (FP8 layout,
+// alignment of leading dimensions, unsupported type pairs, block-scaling shape, epilogue
+// restrictions, ...), as "GEMM <spec>: <problem>"; "" if none. A question, not a check: FP8
+// layers ask it to decide whether to run natively.
+std::string gemm_spec_problem(const GemmSpec& spec);
 
 // out(rows, cols) = op(X)(rows, inner) * op(Y)(inner, cols), every matrix row-major; see the
 // mapping above. A = Y, B = X.
@@ -190,10 +191,11 @@ struct GemmDescriptors {
   MatrixLayoutHandle a, b, c, d;
 };
 
-// Validates spec and builds its matmul descriptor (compute and scale type, transposes,
+// Builds the matmul descriptor of a valid spec (compute and scale type, transposes,
 // epilogue, aux leading dimension and types, FP8 scale modes and fast accumulation) and its
 // four layouts (type, rows, cols, ld, batch count and stride). Needs no handle and no GPU.
-// Pointer attributes (bias, aux, scales, amax) are left unset.
+// Pointer attributes (bias, aux, scales, amax) are left unset. A spec gemm_spec_problem refuses
+// is a bug here (std::logic_error).
 GemmDescriptors make_gemm_descriptors(const GemmSpec& spec);
 
 // The per-call operands of a GEMM. All pointers are device pointers.
@@ -212,9 +214,9 @@ struct GemmArgs {
   float* amax_d = nullptr;            // receives max|D| (spec.amax_d)
 };
 
-// Throws UserError when the arguments do not fit the spec: a missing or unexpected pointer, an
-// FP8 operand not 16-byte aligned, accumulation into an FP8 output, ...
-void validate_gemm_args(const GemmSpec& spec, const GemmArgs& args);
+// The first way the arguments do not fit the spec (a missing or unexpected pointer, an FP8 operand
+// not 16-byte aligned, accumulation into an FP8 output, ...), as "GEMM <spec>: <problem>"; "" if none.
+std::string gemm_args_problem(const GemmSpec& spec, const GemmArgs& args);
 // The largest power of two, at most 16, dividing every pointer the GEMM reads or writes as a
 // matrix (A, B, C, D, bias, aux): the alignment class a plan's heuristic was chosen for.
 int gemm_pointer_alignment(const GemmArgs& args);
@@ -241,6 +243,9 @@ class Matmul {
   // it can, in the same lookup.
   bool can_run(const GemmSpec& spec, const GemmArgs& args);
   bool try_run(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
+  // Whether the GEMM runs here, asked of the heuristic and then by one launch on `stream` (a
+  // launch can be refused after the heuristic offered the algorithm): "" if it ran, else why not.
+  std::string probe(const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
 
   size_t cached_plans() const { return plans_.size(); }
   cublasLtHandle_t handle() const { return handle_; }
@@ -260,8 +265,11 @@ class Matmul {
     size_t workspace_bytes = 0;
   };
 
-  Plan& plan_for(const GemmSpec& spec, int alignment);
-  Plan* plan_or_refusal(const GemmSpec& spec, const GemmArgs& args);  // null: refused
+  // The plan for a valid spec: null (and *why, and the heuristic's *status) when cuBLASLt has none.
+  Plan* find_plan(const GemmSpec& spec, int alignment, std::string* why, cublasStatus_t* status);
+  Plan& plan_for(const GemmSpec& spec, int alignment);  // EnvironmentError when there is none
+  Plan* plan_or_refusal(const GemmSpec& spec, const GemmArgs& args, std::string* why);  // null: refused, why
+  cublasStatus_t launch_status(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
   void launch(Plan& plan, const GemmSpec& spec, const GemmArgs& args, cudaStream_t stream);
   // PTRAIN_LIBRARY_LOG records (backend/cuda/library_log.h).
   static void log_heuristic(const GemmSpec& spec, int alignment, size_t max_workspace, cublasStatus_t status,
@@ -272,7 +280,7 @@ class Matmul {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
-  std::unordered_set<PlanKey, PlanKeyHash> refused_;
+  std::unordered_map<PlanKey, std::string, PlanKeyHash> refused_;  // and why
 };
 
 }  // namespace ptrain

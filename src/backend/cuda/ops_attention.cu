@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "attention.cuh"
+#include "core/tensor.h"
 #include "elementwise.cuh"
 
 namespace ptrain::cuda_impl {
@@ -176,10 +177,10 @@ void CudaBackend::fused_attention_backward(const Tensor& dqkv, const Tensor& dou
   });
 }
 
-AttentionChoice CudaBackend::choose_attention(const std::string& want, DType dtype, int64_t B, int64_t Tn, int n_head,
+AttentionChoice CudaBackend::choose_attention(AttentionRequest want, DType dtype, int64_t B, int64_t Tn, int n_head,
                                               int n_kv_head, int64_t head_size) {
-  if (want == "fallback") return {AttentionPath::fallback, "fallback (model.attention: fallback)"};
-  const bool required = want == "cudnn";
+  if (want == AttentionRequest::fallback) return {AttentionPath::fallback, "fallback (model.attention: fallback)"};
+  const bool required = want == AttentionRequest::cudnn;
   const auto fallback = [&](const std::string& why) {
     if (required) throw UserError("model.attention: cudnn cannot run this model: " + why);
     return AttentionChoice{AttentionPath::fallback, "fallback (" + why + ")"};
@@ -231,9 +232,7 @@ std::string CudaBackend::check_fused_attention(const SdpaShape& s) {
   for (float& x : host_dout) x = 2.0f * rng.uniform() - 1.0f;
   std::vector<void*> blocks;
   const auto tensor = [&](std::vector<int64_t> shape, DType type, Format format) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    blocks.push_back(allocate(static_cast<size_t>(numel) * dtype_size(type)));
+    blocks.push_back(allocate(static_cast<size_t>(shape_numel(shape)) * dtype_size(type)));
     return Tensor(blocks.back(), type, shape, Device::cuda).with_format(format);
   };
   std::string result;

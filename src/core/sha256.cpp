@@ -1,4 +1,4 @@
-#include "checkpoint/sha256.h"
+#include "core/sha256.h"
 
 #include <cstdio>
 #include <cstring>
