@@ -14,8 +14,14 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(config set_override shard safetensors state llmc tokenizer hf_config)
 
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DPTRAIN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j "$(nproc)" >/dev/null
+# The build's output is kept and printed only when it fails (CI would otherwise show a bare exit 1).
+mkdir -p build-fuzz
+if ! { CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DPTRAIN_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+       cmake --build build-fuzz -j "$(nproc)"; } >build-fuzz/build.log 2>&1; then
+  grep -E -B2 -A6 'error|FAILED' build-fuzz/build.log | head -80 || tail -40 build-fuzz/build.log
+  echo "FAIL: the fuzz targets did not build (build-fuzz/build.log)"
+  exit 1
+fi
 mkdir -p build-fuzz/artifacts build-fuzz/logs
 
 run_one() {

@@ -100,7 +100,7 @@ inline std::string fp8_layer_problem(int64_t rows, int64_t C, int64_t OC, Fp8Rec
   const int64_t m = fp8_dimension_multiple(recipe);
   if (rows % m == 0 && C % m == 0 && OC % m == 0) return "";
   return "the FP8 GEMMs of a " + std::to_string(C) + " -> " + std::to_string(OC) + " layer over " +
-         std::to_string(rows) + " rows need every dimension a multiple of " + std::to_string(m) +
+         std::to_string(rows) + " rows need dimensions that are multiples of " + std::to_string(m) +
          (recipe == Fp8Recipe::block ? " (recipe block)" : "");
 }
 

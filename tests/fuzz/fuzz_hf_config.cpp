@@ -8,7 +8,7 @@
 #include "fuzz_util.h"
 
 namespace {
-ptrain::ModelConfig model(const char* arch) {
+ptrain::ModelConfig model(ptrain::Arch arch) {
   ptrain::ModelConfig m;
   m.arch = arch;
   m.n_layer = 2;
@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config = ptrain::parse_json(std::string(reinterpret_cast<const char*>(data), size), "config.json");
   };
   if (!ptrain::fuzz::accepted(parse)) return 0;
-  for (const char* arch : {"gpt2", "llama"}) {
+  for (const ptrain::Arch arch : {ptrain::Arch::gpt2, ptrain::Arch::llama}) {
     const ptrain::ModelConfig m = model(arch);
     ptrain::fuzz::accepted([&] { ptrain::check_hf_config(config, m); });
     const ptrain::HfConfigCheck own = ptrain::check_hf_config(ptrain::hf_config_json(m, -1, "float32"), m);

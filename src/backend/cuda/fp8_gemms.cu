@@ -345,6 +345,13 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
 std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
                                                       Format forward, Format backward, std::string* why) {
+  // The recipes' shape rule first (the one the config and the memory plan apply), then cuBLASLt's
+  // own rules for each GEMM as ptrain knows them.
+  const Fp8Recipe rule = scaling == Fp8Gemms::Scaling::blocks ? Fp8Recipe::block : Fp8Recipe::current;
+  if (const std::string problem = fp8_layer_problem(rows, C, OC, rule); !problem.empty()) {
+    *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
+    return nullptr;
+  }
   for (const GemmSpec& spec : {CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling),
                                CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling),
                                CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling)})
