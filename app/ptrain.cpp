@@ -23,9 +23,12 @@
 #include "dist/communicator.h"
 #include "train/bench.h"
 #include "optim/divergence_guard.h"
-#include "train/compare.h"
+#include "train/compare_command.h"
 #include "metrics/report.h"
-#include "train/tools.h"
+#include "train/eval_command.h"
+#include "train/export_command.h"
+#include "train/inspect_command.h"
+#include "train/sample_command.h"
 #include "train/trainer.h"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/gemm.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -26,9 +26,9 @@ struct MicroBatchTrace {
 // tokens, a 384-row padded vocabulary), on a CPU backend with `threads` threads.
 MicroBatchTrace trace_micro_batch(int threads) {
   auto backend = make_cpu_backend(threads);
-  const GptShape shape{2, 2, 64, 64, 300, 384};  // L, NH, C, max T, V, Vp
+  const ModelShape shape{2, 2, 64, 64, 300, 384};  // L, NH, C, max T, V, Vp
   const int B = 8, T = 64;
-  Gpt model(shape, *backend, DType::f32, B, T);
+  Transformer model(shape, *backend, DType::f32, B, T);
   model.init(5);
   Rng rng(9);
   std::vector<int32_t> inputs(B * T), targets(B * T);

@@ -402,7 +402,7 @@ TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoin
 TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "[checkpoint]") {
   const fs::path dir = make_temp_dir("nan");
   auto backend = make_cpu_backend(0);
-  Gpt model(GptShape{1, 2, 16, 8, 32, 128}, *backend, DType::f32, 1, 8);
+  Transformer model(ModelShape{1, 2, 16, 8, 32, 128}, *backend, DType::f32, 1, 8);
   model.init(1);
   AdamW optimizer(model, *backend, AdamWConfig{});
   CheckpointState state;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "metrics/compare.h"
+#include "metrics/comparison.h"
 #include "metrics/report.h"
 #include "core/format.h"
 #include "test_util.h"

@@ -140,7 +140,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   c.precision.loss_scaling = {LossScalingMode::dynamic, 1024.5, 1.5, 0.25, 100, 2, 1e-300};
   c.checkpoint.keep_last = 9;
   c.checkpoint.dir = "ckpt";
-  c.logging = {5, 1, 7, 33, "Call me: \"Ishmael\"\n"};
+  c.logging = {5, 1, 7, 33, "Call me: \"Ishmael\"\n", 0.25};
 
   const std::string yaml = ptrain::config_to_yaml(c);
   INFO(yaml);
@@ -161,6 +161,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   CHECK(back.optimizer.eps == 1.0 / 3.0);
   CHECK(back.schedule.decay == Decay::wsd);
   CHECK(back.logging.sample_prompt == c.logging.sample_prompt);
+  CHECK(back.logging.sample_temperature == 0.25);
   CHECK(back.precision.fp8.amax_algo == AmaxAlgo::most_recent);
   CHECK_FALSE(back.precision.fp8.bf16_lm_head);
   CHECK(back.precision.loss_scaling.min_scale == 1e-300);

@@ -9,7 +9,7 @@
 
 #include "backend/backend.h"
 #include "model/fp8_linear.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_backends.h"
 #include "test_util.h"
 
@@ -135,7 +135,7 @@ TEST_CASE("the weight is cast once per step and delayed amaxes are recorded per 
 }
 
 TEST_CASE("native FP8 casts with statistics read once per step train and report as the emulation", "[fp8]") {
-  const GptShape shape{2, 2, 32, 16, 64, 128};
+  const ModelShape shape{2, 2, 32, 16, 64, 128};
   const int B = 2, T = 16;
   for (const char* recipe : {"delayed", "current", "block"}) {
     INFO("recipe " << recipe);
@@ -144,7 +144,7 @@ TEST_CASE("native FP8 casts with statistics read once per step train and report 
     pc.fp8.recipe = *parse_choice<Fp8Recipe>(recipe);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
     DeferredFp8Backend deferred(cpu_backend());
-    Gpt emulated(shape, cpu_backend(), DType::f32, B, T, policy), native(shape, deferred, DType::f32, B, T, policy);
+    Transformer emulated(shape, cpu_backend(), DType::f32, B, T, policy), native(shape, deferred, DType::f32, B, T, policy);
     REQUIRE(native.fp8_gemm_summary().rfind("8 of 8 ", 0) == 0);  // every FP8 layer took the Fp8Gemms
     emulated.init(5);
     native.init(5);
@@ -186,7 +186,7 @@ TEST_CASE("native FP8 casts with statistics read once per step train and report 
 }
 
 TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[fp8]") {
-  const GptShape shape{3, 2, 32, 16, 64, 128};
+  const ModelShape shape{3, 2, 32, 16, 64, 128};
   auto fp8_names = [&](const std::vector<std::string>& overrides) {
     PrecisionConfig pc;
     pc.mode = PrecisionMode::fp8;
@@ -195,7 +195,7 @@ TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[f
       if (o == "lm_head") pc.fp8.bf16_lm_head = false;
       if (o == "e4m3") pc.fp8.format = Fp8Format::e4m3;
     }
-    Gpt model(shape, cpu_backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
+    Transformer model(shape, cpu_backend(), DType::f32, 2, 16, PrecisionPolicy::from_config(pc));
     std::vector<std::pair<std::string, Format>> names;
     for (const Fp8TensorState* t : model.fp8_tensors()) names.emplace_back(t->name, t->format);
     return names;

@@ -1,5 +1,6 @@
-// training.guard: the divergence guard's decisions against their definition, and on runs whose
-// spikes are put in by construction (PTRAIN_TEST_FAULT) at named steps, so that every assertion
+// training.guard: the divergence guard's decisions against their definition, and on runs trained
+// in this process (tests/in_process.h) whose spikes are put into the plan by construction
+// (train/step_faults.h) at named steps, so that every assertion
 // holds on any CPU: `stop` exits 4 naming the step, `skip` leaves the spiking steps' weights and
 // moments as they were and counts them, a resume across a skip equals the uninterrupted run,
 // `rollback` goes back to the checkpoint before the spike and trains on in bf16 exactly as a
@@ -14,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/tensor.h"
 #include "optim/divergence_guard.h"
+#include "in_process.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -75,12 +77,13 @@ std::string guarded_config(const std::string& guard) {
          "checkpoint: {every: 10, keep_last: 5, save_final: false}\n";
 }
 
-// PTRAIN_TEST_FAULT's value: the loss of each of `steps` multiplied by 1000, `times` passes each.
+// Faults in PTRAIN_TEST_FAULT's form: the loss of each of `steps` multiplied by 1000, `times`
+// passes each.
 std::string loss_spikes(std::initializer_list<int> steps, int times = 1) {
   std::string spec;
   for (const int step : steps)
     spec += (spec.empty() ? "" : ",") + std::string("loss:") + std::to_string(step) + ":1000:" + std::to_string(times);
-  return "PTRAIN_TEST_FAULT=" + spec;
+  return spec;
 }
 
 std::vector<double> losses(const fs::path& metrics) {
@@ -141,7 +144,7 @@ TEST_CASE("test faults: PTRAIN_TEST_FAULT puts a loss spike where it says, and a
 TEST_CASE("guard stop: a spike held for spike_steps steps exits 4 at its last step, naming it", "[guard]") {
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml", guarded_config("{action: stop, spike_zscore: 30, window: 10, spike_steps: 2}"));
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({25, 26}));
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, loss_spikes({25, 26}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
   CHECK(r.output.find("training stopped by the divergence guard at step 26: loss ") != std::string::npos);
@@ -158,7 +161,7 @@ TEST_CASE("guard stop: a spike held for spike_steps steps exits 4 at its last st
 TEST_CASE("guard stop: a non-finite loss stops at once, whatever spike_zscore says", "[guard]") {
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml", guarded_config("{action: stop}"));
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir, "PTRAIN_TEST_FAULT=loss:17:nan");
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, "loss:17:nan");
   INFO(r.output);
   CHECK(r.exit_code == 4);
   CHECK(r.output.find("training stopped by the divergence guard at step 17: the loss is nan") != std::string::npos);
@@ -172,8 +175,7 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
   write_file(ws.dir / "run.yaml", guarded_config(guard));
   // Checkpoints of every step, so that step 26's can be held against step 25's.
   const std::string faults = loss_spikes({25, 26, 27});
-  const CommandResult r =
-      run_ptrain("train run.yaml --set checkpoint.every=1 --set checkpoint.keep_last=20", ws.dir, faults);
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {"checkpoint.every=1", "checkpoint.keep_last=20"}, faults);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // Step 25 spikes alone (spike_steps 2): applied. Steps 26 and 27 are the second and third in a row.
@@ -199,9 +201,8 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
   // The same run stopped at step 20 (its checkpoint keeps the guard's window) and resumed: the
   // resumed run skips the same steps and ends with the same losses.
   write_file(ws.dir / "split.yaml", guarded_config(guard));
-  REQUIRE(run_ptrain("train split.yaml --set run.name=split --stop-at 20", ws.dir, faults).exit_code == 0);
-  const CommandResult resumed =
-      run_ptrain("train split.yaml --set run.name=split --set checkpoint.resume=auto", ws.dir, faults);
+  REQUIRE(train_in_process(ws.dir, "split.yaml", {"run.name=split"}, faults, 20).exit_code == 0);
+  const InProcessRun resumed = train_in_process(ws.dir, "split.yaml", {"run.name=split", "checkpoint.resume=auto"}, faults);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   std::vector<double> split;
@@ -214,7 +215,7 @@ TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and sto
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml",
              guarded_config("{action: skip, spike_zscore: 30, window: 10, spike_steps: 2, max_skips: 2}"));
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({25, 26, 27, 28}));
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, loss_spikes({25, 26, 27, 28}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
   CHECK(count_of(r.output, "its update skipped") == 2);  // steps 26 and 27
@@ -225,9 +226,8 @@ TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and sto
 TEST_CASE("a step whose gradients overflow is not applied, counted as skipped, and training goes on", "[guard]") {
   TempDir ws("guard");
   write_file(ws.dir / "run.yaml", guarded_config("{action: skip}"));
-  const CommandResult r =
-      run_ptrain("train run.yaml --set checkpoint.every=1 --set checkpoint.keep_last=20", ws.dir,
-                 "PTRAIN_TEST_FAULT=grad:30:inf");
+  const InProcessRun r =
+      train_in_process(ws.dir, "run.yaml", {"checkpoint.every=1", "checkpoint.keep_last=20"}, "grad:30:inf");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // The loss is finite (the fault is in the gradients): the optimizer's overflow check skips it.
@@ -256,7 +256,7 @@ TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before 
   TempDir ws("guard");
   const std::string guard = "{action: rollback, spike_zscore: 30, window: 10, spike_steps: 1}";
   write_file(ws.dir / "run.yaml", rollback_config(guard));
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir, loss_spikes({33}));
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, loss_spikes({33}));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::vector<nlohmann::json> events = guard_events(ws.dir / "runs/div/metrics.jsonl");
@@ -277,11 +277,9 @@ TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before 
   // a guard that stops, had it anything to stop): the rolled-back run's every step's loss, bit for
   // bit. So the rollback restored the checkpoint's state exactly, and replayed the same data.
   write_file(ws.dir / "ref.yaml", rollback_config(guard));
-  REQUIRE(run_ptrain("train ref.yaml --set run.name=ref --stop-at 30", ws.dir).exit_code == 0);
-  const CommandResult resumed = run_ptrain(
-      "train ref.yaml --set run.name=ref --set checkpoint.resume=auto --set precision.mode=bf16 "
-      "--set training.guard.action=stop",
-      ws.dir);
+  REQUIRE(train_in_process(ws.dir, "ref.yaml", {"run.name=ref"}, "", 30).exit_code == 0);
+  const InProcessRun resumed = train_in_process(
+      ws.dir, "ref.yaml", {"run.name=ref", "checkpoint.resume=auto", "precision.mode=bf16", "training.guard.action=stop"});
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   const std::map<int64_t, double> rolled = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
@@ -299,7 +297,7 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   const std::string guard = "{action: rollback, spike_zscore: 30, window: 10, spike_steps: 1, fallback_steps: 10}";
   write_file(ws.dir / "run.yaml", rollback_config(guard));
   const std::string faults = loss_spikes({33});
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir, faults);
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, faults);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::vector<nlohmann::json> events = guard_events(ws.dir / "runs/div/metrics.jsonl");
@@ -320,9 +318,8 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   // Stopped inside the fallback (after the rollback) and resumed: its checkpoint keeps the
   // fallback, so the resumed run trains in bf16 to its end and then in fp8, as the whole run did.
   write_file(ws.dir / "split.yaml", rollback_config(guard));
-  REQUIRE(run_ptrain("train split.yaml --set run.name=split --stop-at 34", ws.dir, faults).exit_code == 0);
-  const CommandResult resumed =
-      run_ptrain("train split.yaml --set run.name=split --set checkpoint.resume=auto", ws.dir, faults);
+  REQUIRE(train_in_process(ws.dir, "split.yaml", {"run.name=split"}, faults, 34).exit_code == 0);
+  const InProcessRun resumed = train_in_process(ws.dir, "split.yaml", {"run.name=split", "checkpoint.resume=auto"}, faults);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
   CHECK(resumed.output.find("precision: resuming at step 35 in the guard's bf16 fallback") != std::string::npos);
@@ -339,7 +336,7 @@ TEST_CASE("guard rollback: diverging again onto the same checkpoint stops (exit 
   // Checkpoints every 4 steps; steps 32 and 33 spike on both of their passes: the first pass
   // saves step 32's checkpoint inside the spike and rolls back to 28 at step 33; after the
   // fallback (bf16, steps 29-30) the same spike leads back onto 28, and the run stops.
-  const CommandResult r = run_ptrain("train run.yaml --set checkpoint.every=4", ws.dir, loss_spikes({32, 33}, 2));
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml", {"checkpoint.every=4"}, loss_spikes({32, 33}, 2));
   INFO(r.output);
   CHECK(r.exit_code == 4);
   CHECK(r.output.find("rolled back to runs/div/checkpoints/step_00000028 (step 28)") != std::string::npos);
@@ -381,8 +378,8 @@ TEST_CASE("a guard that never fires changes nothing: bit-identical losses", "[gu
   // 30 standard deviations above the last 10): it never fires without a fault.
   write_file(ws.dir / "watched.yaml", guarded_config("{action: skip, spike_zscore: 30, window: 10, spike_steps: 1}"));
   write_file(ws.dir / "plain.yaml", guarded_config("{action: stop}"));
-  REQUIRE(run_ptrain("train watched.yaml --set run.name=watched", ws.dir).exit_code == 0);
-  REQUIRE(run_ptrain("train plain.yaml --set run.name=plain", ws.dir).exit_code == 0);
+  REQUIRE(train_in_process(ws.dir, "watched.yaml", {"run.name=watched"}).exit_code == 0);
+  REQUIRE(train_in_process(ws.dir, "plain.yaml", {"run.name=plain"}).exit_code == 0);
   const std::vector<double> a = losses(ws.dir / "runs/watched/metrics.jsonl"), b = losses(ws.dir / "runs/plain/metrics.jsonl");
   REQUIRE(a.size() == 40);
   CHECK(a == b);

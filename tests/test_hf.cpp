@@ -18,7 +18,7 @@
 #include "config/config.h"
 #include "data/gpt2_hf_files.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "precision/formats.h"
 #include "test_util.h"
 
@@ -62,7 +62,7 @@ struct Trained {
   CommandResult ptrain(const std::string& args) const { return run_ptrain(args, dir); }
   std::vector<float> weights() const {
     const LoadedCheckpoint ck = load_checkpoint(checkpoint.string());
-    Gpt model(GptShape::of(config.model), *cpu, DType::f32, 1, config.model.seq_len);
+    Transformer model(ModelShape::of(config.model), *cpu, DType::f32, 1, config.model.seq_len);
     load_weights(ck.weights, model);
     std::vector<float> flat(static_cast<size_t>(model.num_params()));
     cpu->download(flat.data(), model.master_flat());

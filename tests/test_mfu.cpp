@@ -89,7 +89,7 @@ TEST_CASE("a CPU run logs model FLOP/s and MFU against the sgemm rate it measure
   model.n_embd = 32;
   model.seq_len = 16;
   model.vocab_size = 64;
-  const double per_token = training_flops_per_token(GptShape::of(model), 16);
+  const double per_token = training_flops_per_token(ModelShape::of(model), 16);
   int steps = 0;
   for (const auto& rec : read_metrics(ws.dir / "runs/r/metrics.jsonl")) {
     if (!rec.contains("loss")) continue;

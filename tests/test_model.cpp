@@ -4,7 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "backend/backend.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "precision/policy.h"
 #include "test_util.h"
 
@@ -20,10 +20,10 @@ std::vector<int32_t> random_tokens(size_t n, int vocab, uint64_t seed) {
   return t;
 }
 
-void check_gradients(const GptShape& shape) {
+void check_gradients(const ModelShape& shape) {
   auto backend = make_cpu_backend(0);
   const int B = 2, T = 5;
-  Gpt model(shape, *backend, DType::f64, B, T);
+  Transformer model(shape, *backend, DType::f64, B, T);
   model.init(42);
   // Larger weights than GPT-2's 0.02 make every term of the gradient visible above rounding.
   double* p = model.params_flat().as<double>();
@@ -66,7 +66,7 @@ void check_gradients(const GptShape& shape) {
 }  // namespace
 
 TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
-  const GptShape gpt2{2, 2, 8, 7, 11, 128};  // L, NH, C, max T, V, Vp
+  const ModelShape gpt2{2, 2, 8, 7, 11, 128};  // L, NH, C, max T, V, Vp
   SECTION("gpt2") { check_gradients(gpt2); }
   // Head sizes 2 and 6; K/V heads 1 (multi-query), 2 of 4 (grouped) and all 4 (multi-head).
   SECTION("llama, grouped-query attention 4:2, untied head") { check_gradients(llama_shape({2, 4, 24, 7, 11, 128}, 2, 20)); }
@@ -81,9 +81,9 @@ TEST_CASE("every parameter's gradient matches finite differences", "[model]") {
 // the first pass's bits, so the loss and every gradient must be too, in every format.
 TEST_CASE("activation recomputation gives the same loss and gradients bit for bit, in less memory", "[model]") {
   auto backend = make_cpu_backend(0);
-  const GptShape gpt2{3, 4, 64, 16, 50, 128};
-  const GptShape shape =
-      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 96), with_qk_norm(llama_shape(gpt2, 2, 96))}));
+  const ModelShape gpt2{3, 4, 64, 16, 50, 128};
+  const ModelShape shape =
+      GENERATE_COPY(values<ModelShape>({gpt2, llama_shape(gpt2, 2, 96), with_qk_norm(llama_shape(gpt2, 2, 96))}));
   const char* mode = GENERATE("fp32", "bf16", "fp8");
   INFO(choice_name(shape.arch) << (shape.qk_norm ? " QK-norm " : " ") << mode);
   PrecisionPolicy policy;
@@ -98,7 +98,7 @@ TEST_CASE("activation recomputation gives the same loss and gradients bit for bi
   std::vector<std::vector<float>> grads;
   std::vector<size_t> bytes;
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block}) {
-    Gpt model(shape, *backend, DType::f32, B, T, policy, AttentionPath::fallback, true, recompute);
+    Transformer model(shape, *backend, DType::f32, B, T, policy, AttentionPath::fallback, true, recompute);
     model.init(5);
     model.zero_grad();
     losses.push_back(model.forward(inputs.data(), targets.data(), 1.0f / (B * T)));
@@ -115,13 +115,13 @@ TEST_CASE("activation recomputation gives the same loss and gradients bit for bi
   }
   CHECK(bytes[1] < bytes[0]);
   CHECK(bytes[2] < bytes[1]);
-  CHECK(gpt_activation_bytes(shape, B, T, sizeof(float), Recompute::block) < gpt_activation_bytes(shape, B, T, sizeof(float)));
+  CHECK(model_activation_bytes(shape, B, T, sizeof(float), Recompute::block) < model_activation_bytes(shape, B, T, sizeof(float)));
 }
 
 TEST_CASE("padded vocabulary rows get no gradient", "[model]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{1, 2, 16, 8, 50, 128};
-  Gpt model(shape, *backend, DType::f32, 2, 8);
+  const ModelShape shape{1, 2, 16, 8, 50, 128};
+  Transformer model(shape, *backend, DType::f32, 2, 8);
   model.init(3);
   const auto inputs = random_tokens(16, shape.vocab, 4), targets = random_tokens(16, shape.vocab, 5);
   model.zero_grad();
@@ -136,10 +136,10 @@ TEST_CASE("loss at initialisation is close to ln(vocab)", "[model]") {
   auto backend = make_cpu_backend(0);
   for (int vocab : {256, 1000}) {
     CAPTURE(vocab);
-    const GptShape gpt2{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
-    for (const GptShape& shape : {gpt2, llama_shape(gpt2, 2, 176)}) {
+    const ModelShape gpt2{2, 4, 64, 64, vocab, (vocab + 127) / 128 * 128};
+    for (const ModelShape& shape : {gpt2, llama_shape(gpt2, 2, 176)}) {
       CAPTURE(choice_name(shape.arch));
-      Gpt model(shape, *backend, DType::f32, 4, 64);
+      Transformer model(shape, *backend, DType::f32, 4, 64);
       model.init(1337);
       const auto inputs = random_tokens(4 * 64, vocab, 6), targets = random_tokens(4 * 64, vocab, 7);
       const double loss = model.forward(inputs.data(), targets.data(), 0.0f);
@@ -153,12 +153,12 @@ TEST_CASE("loss at initialisation is close to ln(vocab)", "[model]") {
 // finite-difference test above checks the fused calls' gradients in float64).
 TEST_CASE("the MLP through matmul_gelu_forward/backward equals the separate ops on the CPU", "[model]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 32, 16, 64, 128};
+  const ModelShape shape{2, 2, 32, 16, 64, 128};
   const auto inputs = random_tokens(2 * 16, shape.vocab, 8), targets = random_tokens(2 * 16, shape.vocab, 9);
   std::vector<std::vector<float>> grads;
   std::vector<double> losses;
   for (const bool fused : {true, false}) {
-    Gpt model(shape, *backend, DType::f32, 2, 16, PrecisionPolicy{}, AttentionPath::fallback, fused);
+    Transformer model(shape, *backend, DType::f32, 2, 16, PrecisionPolicy{}, AttentionPath::fallback, fused);
     model.init(11);
     model.zero_grad();
     losses.push_back(model.forward(inputs.data(), targets.data(), 1.0f / 32));
@@ -173,8 +173,8 @@ TEST_CASE("the MLP through matmul_gelu_forward/backward equals the separate ops 
 
 TEST_CASE("parameter count matches GPT-2 124M", "[model]") {
   // llm.c counts 124,475,904 parameters for GPT-2 small with the vocabulary padded to 50304.
-  const GptShape gpt2{12, 12, 768, 1024, 50257, 50304};
-  CHECK(gpt_num_params(gpt2) == 124475904);
+  const ModelShape gpt2{12, 12, 768, 1024, 50257, 50304};
+  CHECK(param_count(gpt2) == 124475904);
 }
 
 // Data-parallel runs sum each block's gradients as soon as the backward pass has finished it:
@@ -182,14 +182,14 @@ TEST_CASE("parameter count matches GPT-2 124M", "[model]") {
 // and the sums over micro-batches must be those of a backward pass without it.
 TEST_CASE("backward reports each block's finished gradients, which equal a plain backward's", "[model]") {
   auto backend = make_cpu_backend(1);
-  const GptShape shape{3, 2, 16, 8, 50, 128};
+  const ModelShape shape{3, 2, 16, 8, 50, 128};
   const int B = 2, T = 8;
   for (const char* mode : {"fp32", "bf16"}) {
     CAPTURE(mode);
     PrecisionConfig pc;
     pc.mode = *parse_choice<PrecisionMode>(mode);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
-    Gpt plain(shape, *backend, DType::f32, B, T, policy), hooked(shape, *backend, DType::f32, B, T, policy);
+    Transformer plain(shape, *backend, DType::f32, B, T, policy), hooked(shape, *backend, DType::f32, B, T, policy);
     plain.init(9);
     hooked.init(9);
     plain.zero_grad();
@@ -223,9 +223,9 @@ TEST_CASE("backward reports each block's finished gradients, which equal a plain
 
 TEST_CASE("a token id outside the vocabulary is refused before the model reads it", "[model]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{1, 2, 8, 7, 11, 128};
+  const ModelShape shape{1, 2, 8, 7, 11, 128};
   const int B = 2, T = 5;
-  Gpt model(shape, *backend, DType::f32, B, T);
+  Transformer model(shape, *backend, DType::f32, B, T);
   model.init(1);
   auto inputs = random_tokens(B * T, shape.vocab, 1);
   auto targets = random_tokens(B * T, shape.vocab, 2);
@@ -244,15 +244,15 @@ TEST_CASE("a token id outside the vocabulary is refused before the model reads i
 // two (only sequence 0 decodes).
 TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every position", "[model][sample]") {
   auto backend = make_cpu_backend(0);
-  const GptShape gpt2{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
+  const ModelShape gpt2{2, 2, 16, 24, 50, 64};  // L, NH, C, max T, V, Vp
   // Llama: RoPE turns each decoded row by its own position's angles, over 4 query heads on 2 K/V heads.
-  const GptShape llama = llama_shape({2, 4, 16, 24, 50, 64}, 2, 40);
-  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama, with_qk_norm(llama)}));
+  const ModelShape llama = llama_shape({2, 4, 16, 24, 50, 64}, 2, 40);
+  const ModelShape shape = GENERATE_COPY(values<ModelShape>({gpt2, llama, with_qk_norm(llama)}));
   const int B = 2, T = 24;
   const auto tokens = random_tokens(T, shape.vocab, 3);
   for (const DType dt : {DType::f64, DType::f32}) {
     INFO(choice_name(shape.arch) << (dt == DType::f64 ? " f64" : " f32"));
-    Gpt decoding(shape, *backend, dt, B, T), whole(shape, *backend, dt, B, T);
+    Transformer decoding(shape, *backend, dt, B, T), whole(shape, *backend, dt, B, T);
     decoding.init(4, 0.2);  // larger than GPT-2's 0.02: logits far from uniform
     whole.init(4, 0.2);
     std::vector<float> logits = decoding.start_decoding(tokens.data(), 3);
@@ -268,8 +268,8 @@ TEST_CASE("KV-cache decoding gives the whole forward pass's logits at every posi
 
 TEST_CASE("a training forward pass ends the decoding, and decoded ids are checked", "[model][sample]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{1, 2, 8, 8, 11, 16};
-  Gpt model(shape, *backend, DType::f32, 1, 8);
+  const ModelShape shape{1, 2, 8, 8, 11, 16};
+  Transformer model(shape, *backend, DType::f32, 1, 8);
   model.init(1);
   const auto tokens = random_tokens(8, shape.vocab, 5);
   model.start_decoding(tokens.data(), 2);

@@ -4,14 +4,16 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cstring>
 #include <functional>
 
 #include "backend/backend.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "model/rope_table.h"
 #include "optim/adamw.h"
 #include "test_backends.h"
 #include "test_util.h"
+#include "tolerances.h"
 
 using namespace ptrain;
 using namespace ptrain::test;
@@ -55,6 +57,31 @@ void check_gradient(const std::vector<double>& analytic, const std::vector<doubl
 const int kSizes[] = {1, 7, 19, 111};
 
 }  // namespace
+
+TEST_CASE("op tolerances: one bf16 element off by a whole unit passes the aggregate bound, not the per-element one",
+          "[ops]") {
+  // A layernorm-like output, 64 x 768 values of unit scale, on bf16's grid.
+  std::vector<float> ref(64 * 768);
+  fill_normal(ref, 11);
+  for (float& x : ref) x = round_to_format(x, Format::bf16, false);
+  std::vector<float> got = ref;
+  got[1234] += 1.0f;
+  const Tolerance bf16 = op_tolerance(Format::bf16);
+  CHECK(relative_error(got, ref) < bf16.rel_l2);  // about 0.0045: the aggregate lets it through
+  const ElementMismatches bad = element_mismatches(got, ref, bf16);
+  CHECK(bad.count == 1);
+  CHECK_THAT(bad.worst, Catch::StartsWith("at 1234: "));
+  // Every element one bf16 unit in the last place larger in magnitude: within both bounds.
+  got = ref;
+  for (float& x : got) {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    bits += 1u << 16;  // bf16 is a float's top 16 bits
+    std::memcpy(&x, &bits, sizeof bits);
+  }
+  CHECK(relative_error(got, ref) < bf16.rel_l2);
+  CHECK(element_mismatches(got, ref, bf16).count == 0);
+}
 
 TEST_CASE("matmul forward and backward", "[ops]") {
   for (int N : kSizes)
@@ -618,8 +645,8 @@ TEST_CASE("reductions and AdamW", "[ops]") {
 
 // AdamW::step on a whole model: the global norm, clipping by it, and decay on 2-D weights only.
 TEST_CASE("AdamW clips by the global gradient norm and decays 2-D weights only", "[ops]") {
-  const GptShape shape{1, 2, 8, 4, 16, 128};
-  Gpt model(shape, cpu_backend(), DType::f32, 1, 4);
+  const ModelShape shape{1, 2, 8, 4, 16, 128};
+  Transformer model(shape, cpu_backend(), DType::f32, 1, 4);
   model.init(3);
   const Tensor grads = model.grads_flat();
   float* gd = grads.as<float>();

@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 #include "config/config.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_util.h"
 #include "train/trainer.h"
 
@@ -150,13 +150,13 @@ TEST_CASE("block scaling keeps an outlier block from crushing the rest of the te
 
 TEST_CASE("reduced-precision tensors hold values of their format", "[precision]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{1, 2, 32, 16, 64, 128};
+  const ModelShape shape{1, 2, 32, 16, 64, 128};
   for (const char* mode : {"bf16", "fp16"}) {
     CAPTURE(mode);
     PrecisionConfig pc;
     pc.mode = *parse_choice<PrecisionMode>(mode);
     const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
-    Gpt model(shape, *backend, DType::f32, 2, 16, policy);
+    Transformer model(shape, *backend, DType::f32, 2, 16, policy);
     model.init(5);
     std::vector<int32_t> tokens(32);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 64);

@@ -1,7 +1,7 @@
 // precision.schedule: phases read and refused as the config's other keys are, the switch at the
 // exact boundary step (losses before it are the first phase's mode's, bit for bit), the switch
 // in the log and metrics, and a resume on either side of a boundary equal to the uninterrupted
-// run, bit for bit.
+// run, bit for bit. The runs train in this process (tests/in_process.h).
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "precision/policy.h"
+#include "in_process.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -123,7 +124,7 @@ TEST_CASE("precision.schedule switches at the boundary step, says so, and resume
           "[precision_schedule]") {
   TempDir ws("schedule");
   write_file(ws.dir / "run.yaml", kBase + kFp8ThenBf16);
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("precision fp8:delayed for steps 1-8, then bf16 for steps 9-20") != std::string::npos);
@@ -145,7 +146,7 @@ TEST_CASE("precision.schedule switches at the boundary step, says so, and resume
   // to step 8's update) the runs part: the switch is at the boundary, not a step early or late.
   const std::string plain_fp8 = "precision: {mode: fp8, fp8: {recipe: delayed, margin: 1}}\n";
   write_file(ws.dir / "fp8.yaml", kBase + plain_fp8);
-  REQUIRE(run_ptrain("train fp8.yaml --set run.name=fp8", ws.dir).exit_code == 0);
+  REQUIRE(train_in_process(ws.dir, "fp8.yaml", {"run.name=fp8"}).exit_code == 0);
   const std::map<int64_t, double> fp8 = losses(ws.dir / "runs/fp8/metrics.jsonl");
   for (int64_t step = 1; step <= 8; ++step) CHECK(fp8.at(step) == whole.at(step));
   CHECK(fp8.at(10) != whole.at(10));
@@ -154,9 +155,8 @@ TEST_CASE("precision.schedule switches at the boundary step, says so, and resume
   // resumed: the same losses, bit for bit, as the run that went through.
   for (const int stop : {4, 8}) {
     const std::string name = "split" + std::to_string(stop);
-    REQUIRE(run_ptrain("train run.yaml --set run.name=" + name + " --stop-at " + std::to_string(stop), ws.dir).exit_code == 0);
-    const CommandResult resumed =
-        run_ptrain("train run.yaml --set run.name=" + name + " --set checkpoint.resume=auto", ws.dir);
+    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=" + name}, "", stop).exit_code == 0);
+    const InProcessRun resumed = train_in_process(ws.dir, "run.yaml", {"run.name=" + name, "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     CHECK(losses(ws.dir / "runs" / name / "metrics.jsonl") == whole);
@@ -175,23 +175,22 @@ TEST_CASE("precision.schedule into FP8: its scaling state starts fresh at the bo
                                       "  schedule:\n"
                                       "    - {until_step: 8, mode: bf16}\n"
                                       "    - {mode: fp8, fp8: {recipe: delayed}}\n");
-  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  const InProcessRun r = train_in_process(ws.dir, "run.yaml");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("precision: step 9 starts phase 2 of 2, bf16 -> fp8:delayed (FP8 layers made afresh; loss "
                       "scaler restarted)") != std::string::npos);
   const std::map<int64_t, double> whole = losses(ws.dir / "runs/r/metrics.jsonl");
   write_file(ws.dir / "bf16.yaml", kBase + "precision: {mode: bf16}\n");
-  REQUIRE(run_ptrain("train bf16.yaml --set run.name=bf16", ws.dir).exit_code == 0);
+  REQUIRE(train_in_process(ws.dir, "bf16.yaml", {"run.name=bf16"}).exit_code == 0);
   const std::map<int64_t, double> bf16 = losses(ws.dir / "runs/bf16/metrics.jsonl");
   for (int64_t step = 1; step <= 8; ++step) CHECK(bf16.at(step) == whole.at(step));
   CHECK(bf16.at(9) != whole.at(9));  // step 9's forward pass already runs FP8 GEMMs
   // Resumed from step 8's checkpoint (bf16, no FP8 state in it) and from step 12's (FP8 state).
   for (const int stop : {8, 12}) {
     const std::string name = "split" + std::to_string(stop);
-    REQUIRE(run_ptrain("train run.yaml --set run.name=" + name + " --stop-at " + std::to_string(stop), ws.dir).exit_code == 0);
-    const CommandResult resumed =
-        run_ptrain("train run.yaml --set run.name=" + name + " --set checkpoint.resume=auto", ws.dir);
+    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=" + name}, "", stop).exit_code == 0);
+    const InProcessRun resumed = train_in_process(ws.dir, "run.yaml", {"run.name=" + name, "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     CHECK(losses(ws.dir / "runs" / name / "metrics.jsonl") == whole);

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <utility>
 
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_backends.h"
 #include "test_util.h"
 
@@ -253,7 +253,7 @@ std::unique_ptr<Fp8Gemms> RecordingBackend::make_fp8_gemms(int64_t rows, int64_t
   return std::make_unique<RecordedFp8Gemms>(*this, std::make_unique<DeferredFp8Gemms>(inner_, rows, C, OC, scaling));
 }
 
-const GptShape kShape{2, 2, 32, 16, 64, 128};
+const ModelShape kShape{2, 2, 32, 16, 64, 128};
 constexpr int kB = 2, kT = 16;
 
 PrecisionPolicy policy_of(const std::string& mode, const std::string& recipe = "current") {
@@ -269,7 +269,7 @@ std::vector<float> values(const Tensor& t) { return std::vector<float>(t.as<floa
 // master weights stands in for the optimizer, an evaluation runs between steps.
 struct SideBySide {
   RecordingBackend eager_be, recording_be;
-  Gpt eager, recorded;
+  Transformer eager, recorded;
   Rng rng{17};
   HostBuffer<double> eager_sums{std::vector<int64_t>{2}}, recorded_sums{std::vector<int64_t>{2}};
 
@@ -309,7 +309,7 @@ struct SideBySide {
     CHECK(values(eager.grads_flat()) == values(recorded.grads_flat()));
     const auto in = tokens(), target = tokens();
     CHECK(eager.forward(in.data(), target.data(), 0.0f) == recorded.forward(in.data(), target.data(), 0.0f));
-    for (Gpt* model : {&eager, &recorded}) {
+    for (Transformer* model : {&eager, &recorded}) {
       float* w = model->master_flat().as<float>();
       const float* g = model->grads_flat().as<float>();
       for (int64_t i = 0; i < model->num_params(); ++i) w[i] -= 0.5f * g[i];
@@ -366,16 +366,16 @@ TEST_CASE("a recording is not replayed after memory moved", "[recording]") {
 TEST_CASE("micro-batches that cannot be recorded run as called, and say why", "[recording]") {
   SECTION("delayed FP8 scaling") {
     RecordingBackend be(cpu_backend(), true);
-    Gpt model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "delayed"));
+    Transformer model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "delayed"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("delayed FP8 scaling"));
   }
   SECTION("emulated FP8 layers") {
     RecordingBackend be(cpu_backend(), /*native_fp8=*/false);
-    Gpt model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "current"));
+    Transformer model(kShape, be, DType::f32, kB, kT, policy_of("fp8", "current"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("emulate"));
   }
   SECTION("the CPU backend") {
-    Gpt model(kShape, cpu_backend(), DType::f32, kB, kT, policy_of("bf16"));
+    Transformer model(kShape, cpu_backend(), DType::f32, kB, kT, policy_of("bf16"));
     CHECK_THAT(model.record_micro_batches(), Catch::Contains("records none"));
   }
   SECTION("an op the recording cannot hold") {

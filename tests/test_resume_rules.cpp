@@ -133,7 +133,7 @@ TEST_CASE("training FLOPs per token are 6N + 6LCT, N counted from GPT-2's tensor
     const double Vp = std::ceil(V / 128.0) * 128.0;
     const double N = Vp * C + double(T) * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
     CAPTURE(L, C, T, V);
-    CHECK(training_flops_per_token(GptShape::of(m), T) == 6 * N + 6.0 * L * C * T);
+    CHECK(training_flops_per_token(ModelShape::of(m), T) == 6 * N + 6.0 * L * C * T);
   }
 }
 
@@ -154,12 +154,12 @@ TEST_CASE("bench reports model FLOP/s as FLOP/token x tokens/s, and the fraction
   const double fraction = number(R"(model / ceiling\s+([0-9.]+)%)");
   ModelConfig m;
   m.n_layer = 1, m.n_head = 2, m.n_embd = 16, m.seq_len = 16, m.vocab_size = 64;
-  CHECK(flops_per_token == Approx(training_flops_per_token(GptShape::of(m), 16)).epsilon(0.005));  // printed to 3 digits
+  CHECK(flops_per_token == Approx(training_flops_per_token(ModelShape::of(m), 16)).epsilon(0.005));  // printed to 3 digits
   // Each figure is printed rounded (FLOP/token to 3 digits, GFLOP/s and % to 0.1, tokens/s to
   // a whole number): the tolerances are those roundings, no more. FLOP/s is checked against the
   // formula's exact FLOP/token, since Approx takes its margin or its epsilon, not their sum.
   CHECK(model_gflops * 1e9 ==
-        Approx(training_flops_per_token(GptShape::of(m), 16) * tokens_per_s).epsilon(0.0001).margin(0.051e9));
+        Approx(training_flops_per_token(ModelShape::of(m), 16) * tokens_per_s).epsilon(0.0001).margin(0.051e9));
   CHECK(fraction == Approx(100.0 * model_gflops / ceiling).margin(0.051 + 100.0 * 0.051 / ceiling));
 }
 

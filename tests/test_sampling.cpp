@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "backend/backend.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_util.h"
 #include "train/sampling.h"
 
@@ -14,7 +14,7 @@ using namespace ptrain::test;
 
 namespace {
 
-std::vector<int32_t> generated(Gpt& model, std::vector<int32_t> prompt, GenerateOptions options, uint64_t seed) {
+std::vector<int32_t> generated(Transformer& model, std::vector<int32_t> prompt, GenerateOptions options, uint64_t seed) {
   Rng rng(seed);
   std::vector<int32_t> emitted;
   generate(model, prompt, options, rng, [&](int32_t t) { emitted.push_back(t); });
@@ -25,8 +25,8 @@ std::vector<int32_t> generated(Gpt& model, std::vector<int32_t> prompt, Generate
 
 TEST_CASE("generation draws the same tokens with and without the KV cache", "[sample]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 16, 16, 40, 64};  // L, NH, C, max T, V, Vp
-  Gpt model(shape, *backend, DType::f32, 1, 16);
+  const ModelShape shape{2, 2, 16, 16, 40, 64};  // L, NH, C, max T, V, Vp
+  Transformer model(shape, *backend, DType::f32, 1, 16);
   model.init(6, 0.3);  // far from uniform logits, as a trained model's are
   struct Case {
     const char* name;
@@ -48,8 +48,8 @@ TEST_CASE("generation draws the same tokens with and without the KV cache", "[sa
 
 TEST_CASE("generation stops at the stop token, which it does not emit", "[sample]") {
   auto backend = make_cpu_backend(0);
-  const GptShape shape{1, 2, 8, 16, 6, 16};
-  Gpt model(shape, *backend, DType::f32, 1, 16);
+  const ModelShape shape{1, 2, 8, 16, 6, 16};
+  Transformer model(shape, *backend, DType::f32, 1, 16);
   model.init(2, 0.3);
   const std::vector<int32_t> all = generated(model, {0}, GenerateOptions{40, 1.0, 0, -1, 0, true}, 3);
   const int32_t stop = all.at(4);

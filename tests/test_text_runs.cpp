@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -141,6 +142,38 @@ TEST_CASE("train prints samples every logging.sample_every steps, the losses bit
   CHECK(count_of(with_output, "sample step ") == 3);
   CHECK_THAT(with_output, Catch::Contains("sample step 4 (temperature 0.8):\nCall me"));
   CHECK(count_of(without_output, "sample step ") == 0);
+}
+
+TEST_CASE("logging.sample_temperature 0 prints the greedy continuation: the one `ptrain sample --temperature 0` "
+          "gives from that step's checkpoint",
+          "[text]") {
+  TextWorkspace ws;
+  write_file(ws.dir / "run.yaml",
+             "run: {name: r, out_dir: runs}\n"
+             "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 256}\n" + shards("bytes") +
+                 "training: {steps: 4, batch_tokens: 64, micro_batch: 4, eval_batches: 2, eval_every: 0}\n"
+                 "checkpoint: {every: 4}\n"
+                 "logging: {sample_every: 4, sample_tokens: 20, sample_temperature: 0, sample_prompt: \"Call me\"}\n");
+  const CommandResult r = run_ptrain("train run.yaml", ws.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string head = "sample step 4 (temperature 0):\n";
+  const size_t at = r.output.find(head);
+  REQUIRE(at != std::string::npos);
+  const CommandResult sampled =
+      run_ptrain("sample --checkpoint runs/r/checkpoints/step_00000004 --prompt \"Call me\" --tokens 20 --temperature 0",
+                 ws.dir);
+  INFO(sampled.output);
+  REQUIRE(sampled.exit_code == 0);
+  // The log shows the sample with invalid UTF-8 replaced; `sample` writes the bytes as they come.
+  const std::string expected = ptrain::replace_invalid_utf8(sampled.output);
+  CHECK(expected.size() > std::string("Call me\n").size());
+  CHECK(r.output.compare(at + head.size(), expected.size(), expected) == 0);
+  // Out of range: bad input naming the key.
+  const CommandResult refused = run_ptrain("train run.yaml --set run.name=bad --set logging.sample_temperature=-1", ws.dir);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("logging.sample_temperature"));
+  CHECK(!fs::exists(ws.dir / "runs/bad"));
 }
 
 TEST_CASE("resuming refuses shards made by another tokenizer than the checkpoint's", "[text]") {

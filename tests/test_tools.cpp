@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/llmc.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "test_util.h"
 
 using namespace ptrain;
@@ -65,8 +65,8 @@ TEST_CASE("llm.c export and re-import give identical logits", "[tools]") {
   CHECK(file.n_layer == 2);
 
   auto backend = make_cpu_backend(0);
-  const GptShape shape{2, 2, 32, 16, 200, 256};  // 56 padded vocabulary rows
-  Gpt from_checkpoint(shape, *backend, DType::f32, 1, 16), from_file(shape, *backend, DType::f32, 1, 16);
+  const ModelShape shape{2, 2, 32, 16, 200, 256};  // 56 padded vocabulary rows
+  Transformer from_checkpoint(shape, *backend, DType::f32, 1, 16), from_file(shape, *backend, DType::f32, 1, 16);
   load_weights(load_checkpoint(t.checkpoint.string()).weights, from_checkpoint);
   backend->upload(from_file.master_flat(), file.params.data());
   std::vector<int32_t> tokens(16);

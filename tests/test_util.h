@@ -17,7 +17,7 @@
 
 #include "core/rng.h"
 #include "core/tensor.h"
-#include "model/gpt_params.h"
+#include "model/param_layout.h"
 
 namespace ptrain::test {
 
@@ -158,16 +158,16 @@ inline CommandResult run_ptrain(const std::string& args, const std::filesystem::
 }
 
 // A Llama-style shape of s's size: n_kv_head K/V heads, SwiGLU width `hidden`, LM head tied or not.
-inline GptShape llama_shape(GptShape s, int n_kv_head, int hidden, bool tied = false) {
+inline ModelShape llama_shape(ModelShape s, int n_kv_head, int hidden, bool tied = false) {
   s.arch = Arch::llama;
   s.n_kv_head = n_kv_head;
-  s.mlp_hidden = hidden;
+  s.swiglu_width = hidden;
   s.tied_head = tied;
   return s;
 }
 
 // The same with QK-norm (model.qk_norm).
-inline GptShape with_qk_norm(GptShape s) {
+inline ModelShape with_qk_norm(ModelShape s) {
   s.qk_norm = true;
   return s;
 }

@@ -54,14 +54,14 @@ struct HostTensors {
 };
 
 // The master weights (or the FP32 parameters), one entry per parameter tensor.
-HostTensors weight_copies(Gpt& model) {
+HostTensors weight_copies(Transformer& model) {
   HostTensors host;
   host.buffers.reserve(model.specs().size());
   for (const ParamSpec& spec : model.specs()) host.add(model.backend(), spec.name, spec.shape, model.master(spec.id));
   return host;
 }
 
-HostTensors moment_copies(Gpt& model, AdamW& optimizer) {
+HostTensors moment_copies(Transformer& model, AdamW& optimizer) {
   HostTensors host;
   host.buffers.reserve(2 * model.specs().size());
   int64_t offset = 0;
@@ -164,8 +164,8 @@ LoadedCheckpoint load_verified(const std::string& path) {
   }
 
   const ModelConfig model = model_from_json(state.model);
-  const std::vector<ParamSpec> specs = gpt_param_specs(GptShape::of(model));
-  const int64_t num_params = gpt_num_params(GptShape::of(model));
+  const std::vector<ParamSpec> specs = param_specs(ModelShape::of(model));
+  const int64_t num_params = param_count(ModelShape::of(model));
   SafetensorsFile& weights = files.at(kWeightsFile);
   expect_tensors(weights, kWeightsFile, specs, "");
   expect_finite(weights, kWeightsFile);
@@ -207,7 +207,7 @@ LoadedCheckpoint load_verified(const std::string& path) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Gpt& model, AdamW& optimizer,
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Transformer& model, AdamW& optimizer,
                             int keep_last, Communicator* comm) {
   const bool main = !comm || comm->is_main();
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
@@ -399,7 +399,7 @@ void remove_checkpoints(const std::string& dir) {
   }
 }
 
-void load_weights(const SafetensorsFile& weights, Gpt& model) {
+void load_weights(const SafetensorsFile& weights, Transformer& model) {
   for (const ParamSpec& spec : model.specs()) read_into(weights, spec.name, model.backend(), model.master(spec.id));
   model.sync_params_from_master();
 }
@@ -407,7 +407,7 @@ void load_weights(const SafetensorsFile& weights, Gpt& model) {
 // Elements [begin, begin + count) of the flat moment vector `which` ("m" or "v"), from whichever
 // layout the checkpoint has: per-tensor (optimizer.safetensors) or ZeRO-1 shards. So a run resumes
 // at any world size and ZeRO stage, exactly.
-std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Gpt& model, const std::string& which,
+std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Transformer& model, const std::string& which,
                                 int64_t begin, int64_t count) {
   std::vector<float> out(static_cast<size_t>(count)), part;
   const auto take = [&](int64_t part_begin, int64_t part_count, const auto& fill) {
@@ -431,7 +431,7 @@ std::vector<float> read_moments(const LoadedCheckpoint& checkpoint, const Gpt& m
   return out;
 }
 
-void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer) {
+void restore_tensors(const LoadedCheckpoint& checkpoint, Transformer& model, AdamW& optimizer) {
   load_weights(checkpoint.weights, model);
   const Shard s = optimizer.shard();
   for (const auto& [which, moment] : {std::pair{"m", optimizer.first_moment()}, {"v", optimizer.second_moment()}})

@@ -15,7 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/state.h"
 #include "dist/communicator.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "optim/adamw.h"
 
 namespace ptrain {
@@ -41,7 +41,7 @@ struct LoadedCheckpoint {
 // calls it: rank 0 writes the weights (gathered from the ZeRO-1 shards if need be) and
 // state.json, each rank writes its optimizer shard under ZeRO-1, and the checkpoint is renamed
 // into place only after every rank's part is on disk; if any rank fails, every rank throws.
-std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Gpt& model, AdamW& optimizer,
+std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Transformer& model, AdamW& optimizer,
                             int keep_last, Communicator* comm = nullptr);
 
 // Loads and verifies one checkpoint: `path` is its directory (or a `latest` file naming it).
@@ -77,12 +77,12 @@ void claim_checkpoint_dir(const std::string& dir, const std::string& run_dir);
 void remove_checkpoints(const std::string& dir);
 
 // Copies checkpoint weights into the model's master weights and refreshes its GEMM copy.
-void load_weights(const SafetensorsFile& weights, Gpt& model);
+void load_weights(const SafetensorsFile& weights, Transformer& model);
 
 // Copies a loaded checkpoint's tensors into the model (master weights, then the low-precision
 // copy) and the optimizer (this rank's shard of the moments, from whichever layout was saved).
 // The model config must match (checked by the caller); the model must still hold its master
 // weights (before AdamW::adopt_master).
-void restore_tensors(const LoadedCheckpoint& checkpoint, Gpt& model, AdamW& optimizer);
+void restore_tensors(const LoadedCheckpoint& checkpoint, Transformer& model, AdamW& optimizer);
 
 }  // namespace ptrain

@@ -238,8 +238,8 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
   std::map<std::string, const HfTensorSpec*> expected;
   for (const auto& s : specs) expected[s.name] = &s;
   const bool gpt2 = model.arch != Arch::llama;
-  const GptShape shape = GptShape::of(model);
-  out.params.assign(static_cast<size_t>(gpt_num_params(shape)), 0.0f);
+  const ModelShape shape = ModelShape::of(model);
+  out.params.assign(static_cast<size_t>(param_count(shape)), 0.0f);
   std::set<std::string> found;
   std::vector<float> tied_head;  // GPT-2 files that keep lm_head.weight beside wte
   std::string tied_head_file;

@@ -15,12 +15,12 @@ struct FlatTensor {
   int64_t layer_size = 0;  // one layer's elements (the whole tensor when not per layer)
 };
 
-std::map<ParamId, FlatTensor> flat_tensors(const GptShape& shape) {
+std::map<ParamId, FlatTensor> flat_tensors(const ModelShape& shape) {
   std::map<ParamId, FlatTensor> out;
   int64_t offset = 0;
-  for (const ParamSpec& spec : gpt_param_specs(shape)) {
+  for (const ParamSpec& spec : param_specs(shape)) {
     const int64_t n = shape_numel(spec.shape);
-    const bool per_layer = spec.id != kWte && spec.id != kWpe && spec.id != kLnfw && spec.id != kLnfb &&
+    const bool per_layer = spec.id != kWte && spec.id != kWpe && spec.id != kNormFw && spec.id != kNormFb &&
                            spec.id != kLmHead;
     out[spec.id] = {offset, per_layer ? n / shape.n_layer : n};
     offset += n;
@@ -30,7 +30,7 @@ std::map<ParamId, FlatTensor> flat_tensors(const GptShape& shape) {
 
 class SpecList {
  public:
-  explicit SpecList(const GptShape& shape) : flat_(flat_tensors(shape)) {}
+  explicit SpecList(const ModelShape& shape) : flat_(flat_tensors(shape)) {}
   // Rows [row, row + rows) of layer `layer` (-1: not per layer) of `id`, `cols` wide.
   void add(const std::string& name, ParamId id, int layer, int64_t row, int64_t rows, int64_t cols,
            bool transposed = false) {
@@ -47,51 +47,51 @@ class SpecList {
 
 // GPT2LMHeadModel.state_dict() as save_pretrained writes it (the lm_head tied to wte, the
 // attention masks non-persistent buffers).
-std::vector<HfTensorSpec> gpt2_specs(const GptShape& s) {
+std::vector<HfTensorSpec> gpt2_specs(const ModelShape& s) {
   const int64_t C = s.n_embd, V = s.vocab, T = s.max_seq_len;
   SpecList l(s);
   l.add("transformer.wte.weight", kWte, -1, 0, V, C);
   l.add("transformer.wpe.weight", kWpe, -1, 0, T, C);
   for (int i = 0; i < s.n_layer; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    l.add(h + "ln_1.weight", kLn1w, i, 0, C, 1);
-    l.add(h + "ln_1.bias", kLn1b, i, 0, C, 1);
+    l.add(h + "ln_1.weight", kNorm1w, i, 0, C, 1);
+    l.add(h + "ln_1.bias", kNorm1b, i, 0, C, 1);
     l.add(h + "attn.c_attn.weight", kQkvw, i, 0, 3 * C, C, true);
     l.add(h + "attn.c_attn.bias", kQkvb, i, 0, 3 * C, 1);
-    l.add(h + "attn.c_proj.weight", kAttprojw, i, 0, C, C, true);
-    l.add(h + "attn.c_proj.bias", kAttprojb, i, 0, C, 1);
-    l.add(h + "ln_2.weight", kLn2w, i, 0, C, 1);
-    l.add(h + "ln_2.bias", kLn2b, i, 0, C, 1);
-    l.add(h + "mlp.c_fc.weight", kFcw, i, 0, 4 * C, C, true);
-    l.add(h + "mlp.c_fc.bias", kFcb, i, 0, 4 * C, 1);
-    l.add(h + "mlp.c_proj.weight", kFcprojw, i, 0, C, 4 * C, true);
-    l.add(h + "mlp.c_proj.bias", kFcprojb, i, 0, C, 1);
+    l.add(h + "attn.c_proj.weight", kAttnOutw, i, 0, C, C, true);
+    l.add(h + "attn.c_proj.bias", kAttnOutb, i, 0, C, 1);
+    l.add(h + "ln_2.weight", kNorm2w, i, 0, C, 1);
+    l.add(h + "ln_2.bias", kNorm2b, i, 0, C, 1);
+    l.add(h + "mlp.c_fc.weight", kMlpUpw, i, 0, 4 * C, C, true);
+    l.add(h + "mlp.c_fc.bias", kMlpUpb, i, 0, 4 * C, 1);
+    l.add(h + "mlp.c_proj.weight", kMlpDownw, i, 0, C, 4 * C, true);
+    l.add(h + "mlp.c_proj.bias", kMlpDownb, i, 0, C, 1);
   }
-  l.add("transformer.ln_f.weight", kLnfw, -1, 0, C, 1);
-  l.add("transformer.ln_f.bias", kLnfb, -1, 0, C, 1);
+  l.add("transformer.ln_f.weight", kNormFw, -1, 0, C, 1);
+  l.add("transformer.ln_f.bias", kNormFb, -1, 0, C, 1);
   return l.take();
 }
 
 // LlamaForCausalLM.state_dict(): ptrain's qkv rows are n_head query heads, then the K heads,
 // then the V heads (backend/attention_heads.h); gate_up's are gate's, then up's.
-std::vector<HfTensorSpec> llama_specs(const GptShape& s) {
+std::vector<HfTensorSpec> llama_specs(const ModelShape& s) {
   const int64_t C = s.n_embd, V = s.vocab, F = s.mlp_width();
   const int64_t q = int64_t{s.n_head} * s.head_size(), kv = int64_t{s.kv_heads()} * s.head_size();
   SpecList l(s);
   l.add("model.embed_tokens.weight", kWte, -1, 0, V, C);
   for (int i = 0; i < s.n_layer; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    l.add(p + "input_layernorm.weight", kLn1w, i, 0, C, 1);
+    l.add(p + "input_layernorm.weight", kNorm1w, i, 0, C, 1);
     l.add(p + "self_attn.q_proj.weight", kQkvw, i, 0, q, C);
     l.add(p + "self_attn.k_proj.weight", kQkvw, i, q, kv, C);
     l.add(p + "self_attn.v_proj.weight", kQkvw, i, q + kv, kv, C);
-    l.add(p + "self_attn.o_proj.weight", kAttprojw, i, 0, C, q);
-    l.add(p + "post_attention_layernorm.weight", kLn2w, i, 0, C, 1);
-    l.add(p + "mlp.gate_proj.weight", kFcw, i, 0, F, C);
-    l.add(p + "mlp.up_proj.weight", kFcw, i, F, F, C);
-    l.add(p + "mlp.down_proj.weight", kFcprojw, i, 0, C, F);
+    l.add(p + "self_attn.o_proj.weight", kAttnOutw, i, 0, C, q);
+    l.add(p + "post_attention_layernorm.weight", kNorm2w, i, 0, C, 1);
+    l.add(p + "mlp.gate_proj.weight", kMlpUpw, i, 0, F, C);
+    l.add(p + "mlp.up_proj.weight", kMlpUpw, i, F, F, C);
+    l.add(p + "mlp.down_proj.weight", kMlpDownw, i, 0, C, F);
   }
-  l.add("model.norm.weight", kLnfw, -1, 0, C, 1);
+  l.add("model.norm.weight", kNormFw, -1, 0, C, 1);
   if (!s.tied_head) l.add("lm_head.weight", kLmHead, -1, 0, V, C);
   return l.take();
 }
@@ -154,7 +154,7 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& model) {
   if (model.arch == Arch::llama && model.qk_norm)
     throw UserError("model.qk_norm is true: LlamaForCausalLM has no per-head q/k norms, so this model has no Hugging "
                     "Face layout (its q_norm/k_norm weights would be dropped and its outputs change)");
-  const GptShape shape = GptShape::of(model);
+  const ModelShape shape = ModelShape::of(model);
   return shape.arch == Arch::llama ? llama_specs(shape) : gpt2_specs(shape);
 }
 
@@ -178,7 +178,7 @@ nlohmann::ordered_json hf_config_json(const ModelConfig& m, int end_of_text, con
   const nlohmann::json token = end_of_text >= 0 ? nlohmann::json(end_of_text) : nlohmann::json(nullptr);
   nlohmann::ordered_json j;
   if (m.arch == Arch::llama) {
-    const bool tied = GptShape::of(m).tied_head;
+    const bool tied = ModelShape::of(m).tied_head;
     j["architectures"] = {"LlamaForCausalLM"};
     j["model_type"] = "llama";
     j["vocab_size"] = m.vocab_size;
@@ -238,7 +238,7 @@ HfConfigCheck check_hf_config(const nlohmann::json& config, const ModelConfig& m
   c.known("architectures");
   c.equal("vocab_size", m.vocab_size, "model.vocab_size");
   if (m.arch == Arch::llama) {
-    const GptShape s = GptShape::of(m);
+    const ModelShape s = ModelShape::of(m);
     if (m.qk_norm) out.problems.push_back("model.qk_norm is true, and a LlamaForCausalLM has no q/k norms");
     c.equal("hidden_size", m.n_embd, "model.n_embd");
     c.equal("num_hidden_layers", m.n_layer, "model.n_layer");

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "model/gpt_params.h"
+#include "model/param_layout.h"
 
 namespace ptrain {
 

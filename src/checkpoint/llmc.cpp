@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/output_file.h"
-#include "model/gpt_params.h"
+#include "model/param_layout.h"
 #include "precision/formats.h"
 
 namespace ptrain {
@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kHeaderInts = 256;
 
-GptShape shape_of(const LlmcModel& m) {
-  return GptShape{m.n_layer, m.n_head, m.n_embd, m.max_seq_len, m.vocab_size, m.padded_vocab};
+ModelShape shape_of(const LlmcModel& m) {
+  return ModelShape{m.n_layer, m.n_head, m.n_embd, m.max_seq_len, m.vocab_size, m.padded_vocab};
 }
 
 }  // namespace
@@ -48,7 +48,7 @@ LlmcModel read_llmc(const std::string& path, const std::string& what) {
               std::to_string(m.vocab_size) + ", n_layer " + std::to_string(m.n_layer) + ", n_head " +
               std::to_string(m.n_head) + ", n_embd " + std::to_string(m.n_embd) + ", padded_vocab_size " +
               std::to_string(m.padded_vocab) + ")");
-  const int64_t count = gpt_num_params(shape_of(m));
+  const int64_t count = param_count(shape_of(m));
   const int64_t elem = m.version == 3 ? 4 : 2;
   if (size != static_cast<int64_t>(sizeof header) + count * elem)
     throw bad("file size " + std::to_string(size) + " bytes, expected " +

@@ -260,6 +260,8 @@ Schema make_schema(Config& c) {
       number("logging.sample_every", &c.logging.sample_every, at_least(0),
              "steps between samples printed with the data's tokenizer; 0 = none"),
       number("logging.sample_tokens", &c.logging.sample_tokens, between(1, 4096), "tokens per sample"),
+      number("logging.sample_temperature", &c.logging.sample_temperature, between(0, 100),
+             "the samples' temperature; 0 = greedy (always the most likely token)"),
       text("logging.sample_prompt", &c.logging.sample_prompt, "text the samples continue; \"\" = a document's start"),
 
       // Valid ZeRO stages; 0 and 1 are implemented (checked in validate()).

@@ -99,7 +99,7 @@ struct TrainingConfig {
   int threads = 0;  // CPU threads; 0 = all available
   double loss_weight = 1.0;  // multiplies the loss, hence every gradient; the logged loss is unweighted
   bool cuda_graph = false;   // GPU: record each kind of micro-batch once, replay it as one CUDA graph
-  Recompute recompute = Recompute::none;  // activation recomputation (model/gpt.h)
+  Recompute recompute = Recompute::none;  // activation recomputation (model/transformer.h)
   GuardConfig guard = {};
 
   int effective_seq_len(const ModelConfig& m) const { return seq_len > 0 ? seq_len : m.seq_len; }
@@ -182,6 +182,7 @@ struct LoggingConfig {
   int64_t sample_every = 0;  // steps between printed samples (rank 0, its own RNG); 0 = none
   int sample_tokens = 64;
   std::string sample_prompt;  // "" = a document's start
+  double sample_temperature = 0.8;  // 0 = greedy
 };
 
 struct DistributedConfig {

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "metrics/compare.h"
+#include "metrics/comparison.h"
 
 namespace ptrain {
 

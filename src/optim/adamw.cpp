@@ -7,7 +7,7 @@
 
 namespace ptrain {
 
-AdamW::AdamW(Gpt& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage)
+AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage)
     : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
   PTRAIN_CHECK(zero_stage == 0 || zero_stage == 1, "AdamW: zero_stage must be 0 or 1");
   world_ = comm ? comm->world_size() : 1;

@@ -13,7 +13,7 @@
 
 #include "backend/backend.h"
 #include "dist/communicator.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 
 namespace ptrain {
 
@@ -28,7 +28,7 @@ struct AdamWConfig {
 class AdamW {
  public:
   // `comm` (null: one process) must outlive the optimizer; zero_stage is 0 or 1.
-  AdamW(Gpt& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0);
+  AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -64,7 +64,7 @@ class AdamW {
  private:
   Tensor allocate(int64_t n, DType dtype, Format format);
 
-  Gpt& model_;
+  Transformer& model_;
   Backend& backend_;
   AdamWConfig config_;
   Communicator* comm_;

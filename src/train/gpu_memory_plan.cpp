@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/format.h"
 #include "metrics/run_log.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "precision/policy.h"
 
 namespace ptrain {
@@ -43,12 +43,12 @@ int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64
   return bytes + block(4 * 64) + block(int64_t(sizeof(float)));  // the cast statistics and the current amax
 }
 
-int64_t fp8_bytes(const GptShape& s, const PrecisionPolicy& policy, int64_t rows) {
+int64_t fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows) {
   if (!policy.fp8.enabled) return 0;
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [in, out] : gpt_block_linear_shapes(s)) bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
+      for (const auto& [in, out] : block_linear_shapes(s)) bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
   if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
@@ -56,22 +56,22 @@ int64_t fp8_bytes(const GptShape& s, const PrecisionPolicy& policy, int64_t rows
 }  // namespace
 
 GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath attention) {
-  const GptShape& s = spec.shape;
+  const ModelShape& s = spec.shape;
   // The phases store weights, activations and gradients alike (bf16 or fp8's bf16): the first's.
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world_size = spec.batch.world_size;
-  const int64_t n = gpt_num_params(s);
+  const int64_t n = param_count(s);
   GpuMemoryPlan p;
   p.cudnn_workspace_unknown = attention == AttentionPath::fused;
-  // Gpt: flat parameters, gradients, FP32 master weights and gradient sums where the formats
+  // Transformer: flat parameters, gradients, FP32 master weights and gradient sums where the formats
   // are narrower, one block of activations, and the FP8 layers' cast copies.
   p.params = block_of(n, policy.weights);
   p.grads = block_of(n, policy.grads);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
-  p.activations = block(gpt_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
+  p.activations = block(model_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
                                              spec.recompute)) +
-                  (s.arch == Arch::llama ? block(gpt_rope_table_bytes(s, T)) : 0);
+                  (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases)
     p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T));

@@ -16,7 +16,7 @@
 #include "data/tokenizer_record.h"
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -288,7 +288,7 @@ void plan_machine(RunPlan& plan) {
   const bool on_cpu = c.run.device == DeviceRequest::cpu ||
                       (c.run.device == DeviceRequest::auto_ && probe_cuda().devices.empty());
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  const GptShape& s = plan.spec.shape;
+  const ModelShape& s = plan.spec.shape;
   const double L = s.n_layer, C = s.n_embd, H = s.n_head, V = s.padded_vocab, F = s.mlp_width();
   const double W = static_cast<double>(s.qkv_width()), mlp_matrices = s.arch == Arch::llama ? 3 : 2;
   const double corpus = c.data.synthetic_enabled ? 6.0 * static_cast<double>(c.data.synthetic.tokens) : 0.0;
@@ -324,11 +324,11 @@ std::string MemoryPlan::describe() const {
 }
 
 MemoryPlan plan_memory(const RunSpec& spec) {
-  const GptShape& s = spec.shape;
+  const ModelShape& s = spec.shape;
   // The phases store weights and gradients alike (bf16 or fp8's bf16): the first's.
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len;
-  const int64_t n = gpt_num_params(s) * static_cast<int64_t>(sizeof(float));
+  const int64_t n = param_count(s) * static_cast<int64_t>(sizeof(float));
   // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
   // phase has, so that every phase fits where the first did.
   int64_t widest_fp8 = 0;
@@ -339,7 +339,7 @@ MemoryPlan plan_memory(const RunSpec& spec) {
           n,
           policy.grads != Format::fp32 ? n : 0,
           2 * n,
-          gpt_activation_bytes(s, B, T, sizeof(float), spec.recompute) + gpt_rope_table_bytes(s, T),
+          model_activation_bytes(s, B, T, sizeof(float), spec.recompute) + rope_table_bytes(s, T),
           widest_fp8};
 }
 
@@ -383,7 +383,7 @@ std::string describe_plan(const RunPlan& plan) {
   const Config& c = plan.config;
   const PrecisionSchedule& phases = plan.spec.precision;
   const PrecisionPolicy& policy = phases.phases.front().policy;
-  const GptShape& shape = plan.spec.shape;
+  const ModelShape& shape = plan.spec.shape;
   const int B = plan.spec.batch.micro_batch, T = plan.spec.batch.seq_len;
   std::string out;
   const auto line = [&](const std::string& text) { out += text + "\n"; };
@@ -393,7 +393,7 @@ std::string describe_plan(const RunPlan& plan) {
          " K/V heads, SwiGLU width " + std::to_string(shape.mlp_width()) + ", RoPE theta " +
          format_thousands(shape.rope_theta) + ", " + (shape.tied_head ? "tied" : "untied") + " LM head" +
          (shape.qk_norm ? ", QK-norm" : ""));
-  line("parameters: " + format_thousands(static_cast<double>(gpt_num_params(shape))) + " (vocabulary padded to " +
+  line("parameters: " + format_thousands(static_cast<double>(param_count(shape))) + " (vocabulary padded to " +
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
   line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " +

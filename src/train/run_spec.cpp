@@ -8,8 +8,8 @@ PrecisionSchedule resolve_precision(const Config& config) {
   return PrecisionSchedule::from_config(config.precision, config.training.steps);
 }
 
-double training_flops_per_token(const GptShape& s, int seq_len) {
-  double matmul_params = static_cast<double>(gpt_num_params(s));
+double training_flops_per_token(const ModelShape& s, int seq_len) {
+  double matmul_params = static_cast<double>(param_count(s));
   // An untied input embedding is a lookup, not matmul work. (GPT-2 keeps llm.c's count, wpe and
   // all, so that its figures stay comparable with earlier runs.)
   if (s.arch == Arch::llama && !s.tied_head) matmul_params -= static_cast<double>(s.padded_vocab) * s.n_embd;
@@ -19,7 +19,7 @@ double training_flops_per_token(const GptShape& s, int seq_len) {
 
 RunSpec resolve_run(const Config& config, int world_size) {
   RunSpec spec;
-  spec.shape = GptShape::of(config.model);
+  spec.shape = ModelShape::of(config.model);
   BatchGeometry& b = spec.batch;
   b.micro_batch = config.training.micro_batch;
   b.seq_len = config.training.effective_seq_len(config.model);

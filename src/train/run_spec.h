@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "config/config.h"
-#include "model/gpt_params.h"
+#include "model/param_layout.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
 #include "precision/policy.h"
@@ -24,7 +24,7 @@ struct BatchGeometry {
 };
 
 struct RunSpec {
-  GptShape shape;
+  ModelShape shape;
   BatchGeometry batch;
   PrecisionSchedule precision;  // the phases over training.steps (one without precision.schedule)
   PrecisionPolicy fallback;     // training.guard.action rollback's: bf16 with the run's other settings
@@ -43,6 +43,6 @@ PrecisionSchedule resolve_precision(const Config& config);
 
 // Training FLOPs per token, as llm.c and PaLM count them: 6N for the weights plus the attention
 // score and value matmuls, 6 * L * C * T.
-double training_flops_per_token(const GptShape& shape, int seq_len);
+double training_flops_per_token(const ModelShape& shape, int seq_len);
 
 }  // namespace ptrain

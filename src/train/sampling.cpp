@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "data/utf8.h"
 
 namespace ptrain {
 
@@ -41,7 +42,7 @@ std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer) {
   return {'\n'};
 }
 
-void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& o, Rng& rng,
+void generate(Transformer& model, std::vector<int32_t>& tokens, const GenerateOptions& o, Rng& rng,
               const std::function<void(int32_t)>& emit) {
   PTRAIN_CHECK(!tokens.empty(), "generation needs a first token");
   const size_t T = static_cast<size_t>(model.seq_len());
@@ -61,6 +62,47 @@ void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& o
     const bool cached = o.kv_cache && static_cast<size_t>(model.decoded_length()) < T;
     logits = cached ? model.decode_next(next) : run_window();
   }
+}
+
+TrainingSamples::TrainingSamples(const ModelShape& shape, int seq_len, std::optional<Tokenizer> tokenizer,
+                                 std::string prompt, std::vector<int32_t> prompt_tokens, uint64_t seed, int tokens,
+                                 double temperature)
+    : shape_(shape),
+      seq_len_(seq_len),
+      tokenizer_(std::move(tokenizer)),
+      prompt_(std::move(prompt)),
+      prompt_tokens_(std::move(prompt_tokens)),
+      seed_(seed),
+      tokens_(tokens),
+      temperature_(temperature) {}
+
+TrainingSamples::~TrainingSamples() = default;
+
+std::string TrainingSamples::at_step(int64_t step, Backend& backend, const Transformer& model) {
+  if (!model_) {
+    backend_ = make_cpu_backend(0);  // 0: the threads training set, unchanged
+    model_ = std::make_unique<Transformer>(shape_, *backend_, DType::f32, 1, seq_len_);
+  }
+  std::vector<float> weights(static_cast<size_t>(model.num_params()));
+  backend.download(weights.data(), model.master_flat());
+  backend_->upload(model_->master_flat(), weights.data());
+  model_->sync_params_from_master();
+  const Tokenizer* text = tokenizer_ ? &*tokenizer_ : nullptr;
+  std::vector<int32_t> tokens = prompt_tokens_;
+  if (tokens.empty()) tokens = empty_prompt(text);
+  const size_t prompt_tokens = tokens.size();
+  Rng rng(seed_, 0x53414D504C45ull + static_cast<uint64_t>(step));
+  GenerateOptions g{tokens_, temperature_, 0, -1, text ? text->vocab_size() : 0};
+  if (text && text->has_end_of_text()) g.stop_token = text->end_of_text();
+  generate(*model_, tokens, g, rng, [](int32_t) {});
+  const std::vector<int32_t> generated(tokens.begin() + static_cast<std::ptrdiff_t>(prompt_tokens), tokens.end());
+  std::string shown;
+  if (text) {
+    shown = replace_invalid_utf8(prompt_ + text->decode(generated));
+  } else {
+    for (const int32_t id : generated) shown += (shown.empty() ? "" : " ") + std::to_string(id);
+  }
+  return shown;
 }
 
 }  // namespace ptrain

@@ -5,11 +5,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
 #include "data/tokenizer.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 
 namespace ptrain {
 
@@ -27,11 +30,36 @@ struct GenerateOptions {
 std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer);
 
 // Extends `tokens` (non-empty) with tokens drawn from `model` (micro-batch 1), calling
-// `emit(token)` for each. The KV cache (Gpt::decode_next) computes each new position alone
+// `emit(token)` for each. The KV cache (Transformer::decode_next) computes each new position alone
 // while the sequence fits the model's context. Past it the window slides over the last seq_len
 // tokens, since learned positions cannot extrapolate; sliding moves every token to a new
 // position, which no cached key holds, so each token there runs the whole window again.
-void generate(Gpt& model, std::vector<int32_t>& tokens, const GenerateOptions& options, Rng& rng,
+void generate(Transformer& model, std::vector<int32_t>& tokens, const GenerateOptions& options, Rng& rng,
               const std::function<void(int32_t)>& emit);
+
+// The samples `train` prints every logging.sample_every steps: from a copy of the current
+// weights in an FP32 model of micro-batch 1 on the CPU, with its own RNG, so the training run is
+// untouched by them (its losses are the same with samples on or off).
+class TrainingSamples {
+ public:
+  // `prompt` as written (logging.sample_prompt) and encoded; `tokenizer` absent: token ids shown.
+  TrainingSamples(const ModelShape& shape, int seq_len, std::optional<Tokenizer> tokenizer, std::string prompt,
+                  std::vector<int32_t> prompt_tokens, uint64_t seed, int tokens, double temperature);
+  ~TrainingSamples();
+  // The sample after `step` from `model`'s master weights (on `backend`), as the log shows it.
+  std::string at_step(int64_t step, Backend& backend, const Transformer& model);
+
+ private:
+  ModelShape shape_;
+  int seq_len_;
+  std::optional<Tokenizer> tokenizer_;
+  std::string prompt_;
+  std::vector<int32_t> prompt_tokens_;
+  uint64_t seed_;
+  int tokens_;
+  double temperature_;
+  std::unique_ptr<Backend> backend_;  // made at the first sample
+  std::unique_ptr<Transformer> model_;
+};
 
 }  // namespace ptrain

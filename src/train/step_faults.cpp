@@ -21,9 +21,13 @@ constexpr const char* kVariable = "PTRAIN_TEST_FAULT";
 }  // namespace
 
 StepFaults StepFaults::from_environment() {
-  StepFaults faults;
   const char* spec = std::getenv(kVariable);
-  if (!spec || !*spec) return faults;
+  return parse(spec ? spec : "");
+}
+
+StepFaults StepFaults::parse(const std::string& spec) {
+  StepFaults faults;
+  if (spec.empty()) return faults;
   // Whole items only: no spaces, signs on counts, hexadecimal or empty items (a trailing comma).
   static const std::regex item_form(
       R"((loss|grad):([1-9][0-9]{0,17}):([-+]?(inf|nan|[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?))(:([1-9][0-9]{0,8}))?)");

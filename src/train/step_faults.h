@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace ptrain {
@@ -26,6 +27,8 @@ namespace ptrain {
 class StepFaults {
  public:
   static StepFaults from_environment();
+  // The same from a spec in PTRAIN_TEST_FAULT's form (a test's own, for a run trained in-process).
+  static StepFaults parse(const std::string& spec);
 
   // The factor for this pass of `step` (1 when no fault fires); each call that returns a
   // fault's factor uses up one of its TIMES.

@@ -1,13 +1,31 @@
-// `ptrain train`: from a validated config to a finished run directory.
+// `ptrain train`: from a validated config to a finished run directory. `train()` plans the run
+// (train/run_plan.h), chooses the device, makes the run directory and runs a Trainer. The Trainer
+// is public so that tests build one in-process over a backend of their choice, with the faults
+// they need put in its plan (RunPlan::faults), instead of driving a run into divergence.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "config/config.h"
-#include "metrics/device_peak.h"
+#include "backend/backend.h"
 #include "backend/op_profile.h"
+#include "config/config.h"
+#include "dist/communicator.h"
+#include "metrics/device_peak.h"
+#include "metrics/run_log.h"
+#include "model/transformer.h"
+#include "optim/adamw.h"
+#include "optim/divergence_guard.h"
+#include "optim/schedule.h"
+#include "precision/loss_scaler.h"
+#include "train/precision_phases.h"
+#include "train/run_plan.h"
+#include "train/run_report.h"
+#include "train/sampling.h"
 
 namespace ptrain {
 
@@ -32,5 +50,94 @@ struct TrainResult {
 // Runs training. Throws UserError for problems a user can fix (data, run directory); nothing is
 // written before the config and the data have been validated.
 TrainResult train(const Config& config, const TrainOptions& options);
+
+// Rank 0 makes (or replaces, or continues) the run directory and everything the plan puts there
+// before training (the synthetic corpus, config.yaml), then every rank opens a synthetic
+// corpus's shards. Returns the checkpoints set aside. A step that fails is the machine's
+// (exit 1); what this call created is removed again, so a corrected rerun is not refused.
+std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm);
+
+// model.attention's path for the plan's model and batch on `backend`, and why.
+AttentionChoice choose_attention(const RunPlan& plan, Backend& backend);
+
+// Where a Trainer runs: the backend run.device gave (and why), model.attention's path on it, and
+// the communicator of the ranks.
+struct TrainerDevices {
+  std::unique_ptr<Backend> backend;
+  std::string device_choice;
+  AttentionChoice attention;
+  std::unique_ptr<Communicator> comm;
+};
+
+class Trainer {
+ public:
+  // `plan` (prepared by prepare_run) outlives the trainer, which reads its config, spec and data.
+  Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& options);
+  // The communicator goes first: a GPU one orders its work against the backend's stream and may
+  // have collectives in flight.
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains from the plan's resume checkpoint (released once restored: its host copies of the
+  // weights and moments are not kept for the whole run) or its init_from weights.
+  TrainResult run();
+
+  void warn(const std::string& message) { log_.warn(message); }
+  void log_only(const std::string& message) { log_.file_only("warning: " + message); }
+
+ private:
+  // One optimizer step up to the update: its micro-batches, the losses summed over ranks, the
+  // guard's verdict, the gradients reduced, the loss scaler's, and the update unless skipped.
+  struct StepOutcome {
+    double loss = 0, grad_norm = 0, loss_scale = 1;
+    bool signalled = false;  // a rank received SIGINT/SIGTERM
+    DivergenceGuard::Finding finding;
+  };
+  StepOutcome train_step(int64_t step, double lr);
+  [[noreturn]] void stop_diverged(int64_t step, const std::string& why);
+  bool overlaps_all_reduce() const;
+  void reduce_fp8_amax();
+  void evaluate(int64_t step);
+  void announce();
+
+  // Precision phases (trainer_phases.cpp).
+  void enter_slot(const PrecisionSlot& slot, int64_t step);
+  void restart_scaler(int64_t skipped);
+  PrecisionSlot slot_at(int64_t step) const { return phases_.at(step, guard_.rollback()); }
+
+  // Checkpoints, resume and rollback (trainer_checkpoints.cpp).
+  int64_t resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rollback* rolling_back = nullptr);
+  bool save(int64_t step, bool final_save);
+  int64_t roll_back(int64_t step, const DivergenceGuard::Finding& finding);
+
+  RunPlan& plan_;
+  const Config& cfg_;
+  const RunSpec& spec_;
+  TrainOptions options_;
+  std::filesystem::path checkpoint_dir_;
+  PrecisionPhases phases_;
+  PrecisionSlot slot_;      // what the model and loss scaler are set up for
+  PrecisionPolicy policy_;  // that slot's
+  std::unique_ptr<Communicator> comm_;
+  RunLog log_;
+  TrainSampler train_sampler_;  // over the plan's shards
+  ValSampler val_sampler_;
+  std::optional<TrainingSamples> samples_;  // logging.sample_every's, on rank 0
+  std::string device_choice_;  // which device run.device gave, and why (for the log)
+  std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
+  std::unique_ptr<Backend> backend_;
+  AttentionChoice attention_;  // the path model.attention gave on this backend, and why
+  RunReport report_;
+  Transformer model_;
+  AdamW optimizer_;
+  LossScaler scaler_;
+  DivergenceGuard guard_;
+  LrSchedule lr_schedule_;
+  std::vector<int32_t> inputs_, targets_;
+  Tensor loss_sums_;  // f64 per micro-batch of a step, in backend memory: each one's summed token losses
+  bool recording_failure_logged_ = false;
+  TrainResult result_;
+};
 
 }  // namespace ptrain

@@ -9,6 +9,7 @@
 #include "gpu_kernels.h"
 #include "precision/formats.h"
 #include "test_util.h"
+#include "tolerances.h"
 
 namespace ptrain::test {
 namespace {
@@ -16,7 +17,6 @@ namespace {
 using gpu_test::Storage;
 
 Format format_of(Storage s) { return s == Storage::bf16 ? Format::bf16 : s == Storage::fp16 ? Format::fp16 : Format::fp32; }
-double tolerance(Format f) { return f == Format::fp32 ? 1e-5 : f == Format::fp16 ? 2e-3 : 1e-2; }
 
 std::vector<float> on_grid(size_t n, uint64_t seed, float scale, Format f) {
   std::vector<float> v(n);

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
-#include "model/gpt.h"
+#include "model/transformer.h"
 #include "precision/policy.h"
 #include "test_util.h"
 
@@ -53,19 +53,19 @@ PrecisionPolicy policy_for(const std::string& mode) {
 }
 
 // The fused (cuDNN) attention path must be what runs for this shape, or its test tests nothing.
-void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const GptShape& shape, int B, int T) {
+void require_fused_attention(Backend& gpu, const PrecisionPolicy& policy, const ModelShape& shape, int B, int T) {
   REQUIRE(gpu.choose_attention(AttentionRequest::cudnn, gpu.storage_for(policy.activations, DType::f32), B, T, shape.n_head,
                                shape.kv_heads(), shape.head_size())
               .path == AttentionPath::fused);
 }
 
 TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tensor", "[gpu][train]") {
-  const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
+  const ModelShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
                       /*padded_vocab=*/256};
   // Llama with 4 query heads over 2 K/V heads (cuDNN's grouped graph on the fused path), with
   // QK-norm, and multi-head.
-  const GptShape shape =
-      GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256),
+  const ModelShape shape =
+      GENERATE_COPY(values<ModelShape>({gpt2, llama_shape(gpt2, 2, 256), llama_shape(gpt2, 4, 256),
                                       with_qk_norm(llama_shape(gpt2, 2, 256))}));
   INFO(choice_name(shape.arch) << " with " << shape.kv_heads() << " K/V heads" << (shape.qk_norm ? ", QK-norm" : ""));
   const int B = 4, T = 64;
@@ -82,9 +82,9 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
     auto cpu = make_cpu_backend(0);
     auto gpu = make_cuda_backend(0);
     if (path == AttentionPath::fused) require_fused_attention(*gpu, policy, shape, B, T);
-    Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
+    Transformer on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
     const bool fp8 = std::string(mode) == "fp8";
-    Gpt on_cpu_bf16(shape, *cpu, DType::f32, B, T, policy_for("bf16"));  // FP8's own noise, measured
+    Transformer on_cpu_bf16(shape, *cpu, DType::f32, B, T, policy_for("bf16"));  // FP8's own noise, measured
     if (fp8) {
       on_cpu_bf16.init(7);
       on_cpu_bf16.zero_grad();
@@ -163,11 +163,11 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
 }
 
 TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pass", "[gpu][sample]") {
-  const GptShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
+  const ModelShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*max_seq_len=*/32, /*vocab=*/100,
                       /*padded_vocab=*/128};
   // Llama: each decoded row turned by RoPE at its own position, over grouped K/V heads (the
   // prompt's forward pass on cuDNN's grouped graph when fused).
-  const GptShape shape = GENERATE_COPY(values<GptShape>({gpt2, llama_shape(gpt2, 2, 128)}));
+  const ModelShape shape = GENERATE_COPY(values<ModelShape>({gpt2, llama_shape(gpt2, 2, 128)}));
   const int B = 2, T = 32, prompt = 5;
   std::vector<int32_t> tokens(T);
   for (int i = 0; i < T; ++i) tokens[i] = (i * 37 + 11) % shape.vocab;
@@ -179,7 +179,7 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
       auto cpu = make_cpu_backend(0);
       auto gpu = make_cuda_backend(0);
       if (path == AttentionPath::fused) require_fused_attention(*gpu, policy, shape, B, T);
-      Gpt on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
+      Transformer on_cpu(shape, *cpu, DType::f32, B, T, policy), on_gpu(shape, *gpu, DType::f32, B, T, policy, path);
       on_cpu.init(9, 0.2);
       on_gpu.init(9, 0.2);
       std::vector<float> got = on_gpu.start_decoding(tokens.data(), prompt);

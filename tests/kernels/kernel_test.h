@@ -24,6 +24,7 @@
 #include "precision/fp8_scaling.h"
 #include "simt.h"
 #include "test_util.h"
+#include "tolerances.h"
 
 namespace ptrain::test {
 
@@ -48,15 +49,6 @@ constexpr Format format_of() {
   else return Format::fp32;
 }
 
-// ||got - ref|| / ||ref|| allowed per storage format: FP32 arithmetic differs from the reference
-// only in summation order; reduced formats may land one unit in the last place away.
-inline double tolerance(Format f) {
-  switch (f) {
-    case Format::fp32: return 1e-5;
-    case Format::fp16: return 2e-3;
-    default: return 1e-2;
-  }
-}
 
 // Normal(0, scale) values rounded to format f: the kernel's storage and the CPU reference's
 // floats then hold exactly the same numbers.
@@ -161,13 +153,19 @@ inline void record_error(const std::string& what, Format f, double err) {
   }
 }
 
-// Checks a kernel's output against the reference within the format's tolerance.
+// Checks a kernel's output against the reference within the format's tolerance (tests/tolerances.h:
+// the aggregate, or `tol` in its place, and each element).
 inline void expect_close(const std::string& what, const std::vector<float>& got, const std::vector<float>& ref, Format f,
                          double tol = -1) {
+  Tolerance bound = op_tolerance(f);
+  if (tol >= 0) bound.rel_l2 = tol;
   const double err = relative_error(got, ref);
   record_error(what, f, err);
-  INFO(what << " (" << format_name(f) << "): relative error " << err);
-  CHECK(err <= (tol < 0 ? tolerance(f) : tol));
+  const ElementMismatches bad = element_mismatches(got, ref, bound);
+  INFO(what << " (" << format_name(f) << "): relative error " << err << "; " << bad.count << " of " << got.size()
+            << " elements outside their bound" << (bad.count ? ", the worst " + bad.worst : std::string()));
+  CHECK(err <= bound.rel_l2);
+  CHECK(bad.count == 0);
 }
 
 // Checks bit-for-bit equality (casts, codes, scales); NaN equals only the same NaN bits.

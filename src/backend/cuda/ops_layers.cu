@@ -51,7 +51,7 @@ void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tens
   if (dout.numel() == 0) return;
   to_int(B * Tn, op, "B*T");
   const DeviceBuckets& buckets = buckets_for(tokens);
-  // The model checks the tokens on the host (Gpt::check_tokens): one out of range here is a bug.
+  // The model checks the tokens on the host (Transformer::check_tokens): one out of range here is a bug.
   PTRAIN_EXPECT(buckets.max_id < dwte.dim(0), op,
                 "token id " + std::to_string(buckets.max_id) + " is not below the " + std::to_string(dwte.dim(0)) +
                     " rows of the token embedding (vocabulary size)");

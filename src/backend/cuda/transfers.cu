@@ -157,7 +157,7 @@ void CudaBackend::forget_buckets_within(const void* ptr, size_t bytes) {
 void CudaBackend::check_token_range(const char* op, const Tensor& tokens, int64_t vocab) const {
   const auto it = buckets_.find(tokens.data);
   if (it == buckets_.end() || it->second.tokens != tokens.numel()) return;
-  // The model checks the tokens on the host (Gpt::check_tokens): one out of range here is a bug.
+  // The model checks the tokens on the host (Transformer::check_tokens): one out of range here is a bug.
   PTRAIN_EXPECT(it->second.max_id < vocab, op,
                 "token id " + std::to_string(it->second.max_id) + " is not below the " + std::to_string(vocab) +
                     " rows of the token embedding (vocabulary size)");

@@ -1,4 +1,4 @@
-#include "metrics/compare.h"
+#include "metrics/comparison.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,7 +13,6 @@
 #include "core/json_input.h"
 #include "core/paths.h"
 #include "metrics/run_log.h"
-#include "precision/policy.h"
 
 namespace fs = std::filesystem;
 
@@ -117,11 +116,14 @@ static RunRecord read_run_files(const std::string& dir) {
   r.dir = dir;
   if (!fs::exists(path / "config.yaml")) throw UserError("run \"" + dir + "\": no config.yaml (not a ptrain run directory?)");
   const Config config = load_config((path / "config.yaml").string());
-  r.mode = PrecisionSchedule::from_config(config.precision, config.training.steps).label();
   r.config = comparable_keys(config);
   r.batch_tokens = config.training.batch_tokens;
 
   const nlohmann::json summary = read_json(path / "summary.json", dir);
+  // The precision label the run resolved for itself (its schedule's phases, if any).
+  if (!summary.contains("precision") || !summary["precision"].is_string())
+    throw UserError("run \"" + dir + "\": summary.json has no precision label; expected the files a ptrain run writes");
+  r.mode = summary["precision"].get<std::string>();
   r.peak_memory_mib = summary.value("peak_memory_mib", 0.0);
   const double device = summary.value("peak_device_memory_mib", 0.0);
   if (device > 0) r.peak_device_memory_mib = device;

@@ -12,7 +12,7 @@
 
 namespace ptrain {
 
-struct GptShape {
+struct ModelShape {
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
@@ -22,7 +22,7 @@ struct GptShape {
   // Llama's settings (model.*); GPT-2 keeps these defaults.
   Arch arch = Arch::gpt2;
   int n_kv_head = 0;   // K/V heads of grouped-query attention; 0 = n_head
-  int mlp_hidden = 0;  // MLP width; 0 = 4 n_embd (GPT-2)
+  int swiglu_width = 0;  // Llama's SwiGLU width (model.mlp_hidden resolved); GPT-2's MLP is 4 n_embd
   bool tied_head = true;  // the LM head is the token embedding
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
@@ -30,17 +30,20 @@ struct GptShape {
 
   int head_size() const { return n_embd / n_head; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int mlp_width() const { return mlp_hidden > 0 ? mlp_hidden : 4 * n_embd; }
+  int mlp_width() const { return arch == Arch::llama ? swiglu_width : 4 * n_embd; }
   int64_t qkv_width() const { return int64_t{n_head + 2 * kv_heads()} * head_size(); }
 
   // The shape a config asks for, its defaults resolved (ModelConfig's rules).
-  static GptShape of(const ModelConfig& m);
+  static ModelShape of(const ModelConfig& m);
 };
 
 // Every parameter tensor of either architecture; a model has the ones its specs list.
+// Named by role: kNorm* are GPT-2's LayerNorms and Llama's RMSNorms (no bias); kMlpUpw is GPT-2's
+// fc and Llama's gate and up projections stacked (gate rows first); kMlpDownw the projection back
+// to n_embd (GPT-2's fcproj). The checkpoints' tensor names (ParamSpec::name) stay llm.c's.
 enum ParamId {
-  kWte, kWpe, kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb,
-  kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb, kLnfw, kLnfb,
+  kWte, kWpe, kNorm1w, kNorm1b, kQkvw, kQkvb, kAttnOutw, kAttnOutb,
+  kNorm2w, kNorm2b, kMlpUpw, kMlpUpb, kMlpDownw, kMlpDownb, kNormFw, kNormFb,
   kLmHead,  // an untied LM head (llama)
   kQNormw, kKNormw,  // QK-norm's weights (llama with model.qk_norm): one head_size vector per layer
   kNumParams
@@ -53,10 +56,8 @@ struct ParamSpec {
   bool weight_decay;           // 2-D weights only
 };
 
-// In the order of the model's flat parameter buffer. Llama reuses GPT-2's ids for the tensors
-// in the same role: kLn1w/kLn2w/kLnfw are RMSNorm weights, kFcw the SwiGLU gate and up
-// projections stacked (gate rows first), kFcprojw the down projection.
-std::vector<ParamSpec> gpt_param_specs(const GptShape& s);
-int64_t gpt_num_params(const GptShape& s);  // includes the padded vocabulary rows, as llm.c counts
+// In the order of the model's flat parameter buffer.
+std::vector<ParamSpec> param_specs(const ModelShape& s);
+int64_t param_count(const ModelShape& s);  // includes the padded vocabulary rows, as llm.c counts
 
 }  // namespace ptrain

@@ -33,7 +33,7 @@ struct RunRecord {
   // zero, and fraction saturated (absent without FP8).
   std::optional<double> fp8_underflow, fp8_saturation;
   // compare --int8-eval: the final checkpoint's val loss computed in FP32 with its masters, and
-  // with its block linears' weights in INT8 (train/tools.h).
+  // with its block linears' weights in INT8 (train/checkpoint_model.h).
   std::optional<double> final_checkpoint_val_loss, int8_val_loss;
 };
 

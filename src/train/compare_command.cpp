@@ -1,4 +1,4 @@
-#include "train/compare.h"
+#include "train/compare_command.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,8 @@
 #include "optim/divergence_guard.h"
 #include "train/run_plan.h"
 #include "train/run_spec.h"
-#include "train/tools.h"
+#include "train/checkpoint_model.h"
+#include "train/eval_command.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;

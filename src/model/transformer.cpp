@@ -1,4 +1,4 @@
-#include "model/gpt.h"
+#include "model/transformer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -36,7 +36,7 @@ struct ActivationPlan {
 // side by side in fch, the product in fch_gelu).
 // Recomputed activations keep one layer's room, which every layer's forward pass overwrites.
 template <typename Storage>
-ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int T, Format act, Format grad,
+ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, int T, Format act, Format grad,
                                 AttentionPath attention, Storage storage, Recompute recompute) {
   const int64_t L = recompute == Recompute::block ? 1 : s.n_layer, Lm = recompute == Recompute::none ? L : 1;
   const int64_t C = s.n_embd, NH = s.n_head, W = s.qkv_width();
@@ -90,7 +90,7 @@ ActivationPlan plan_activations(GptActivations& a, const GptShape& s, int B, int
 }
 }  // namespace
 
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute) {
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute) {
   GptActivations unused;
   const DType dt = elem == 8 ? DType::f64 : DType::f32;
   return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, AttentionPath::fallback,
@@ -98,13 +98,13 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recom
       .bytes();
 }
 
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
                              const std::function<DType(Format)>& storage, Recompute recompute) {
   GptActivations unused;
   return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute).bytes();
 }
 
-std::array<std::array<int64_t, 2>, kLinearsPerBlock> gpt_block_linear_shapes(const GptShape& s) {
+std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const ModelShape& s) {
   const int64_t C = s.n_embd;
   if (s.arch == Arch::llama) {
     const int64_t H = s.mlp_width();
@@ -113,35 +113,35 @@ std::array<std::array<int64_t, 2>, kLinearsPerBlock> gpt_block_linear_shapes(con
   return {{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}};
 }
 
-int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, int B, int T) {
+int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T) {
   if (!policy.fp8.enabled) return 0;
   const int64_t rows = int64_t{B} * T;
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [C, OC] : gpt_block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
+      for (const auto& [C, OC] : block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
   if (!policy.fp8.bf16_lm_head) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
 
-int64_t gpt_rope_table_bytes(const GptShape& s, int T) {
+int64_t rope_table_bytes(const ModelShape& s, int T) {
   return s.arch == Arch::llama ? int64_t{T} * (s.head_size() / 2) * 2 * static_cast<int64_t>(sizeof(float)) : 0;
 }
 
-Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
+Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
          AttentionPath attention, bool fused_gelu, Recompute recompute)
     : shape_(shape),
       backend_(backend),
       dtype_(dtype),
       B_(B),
       T_(T),
-      specs_(gpt_param_specs(shape)),
+      specs_(param_specs(shape)),
       attention_(attention),
       fused_gelu_(fused_gelu),
       recompute_(recompute),
       formats_{policy.weights, policy.activations, policy.grads} {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
-  const int64_t n = gpt_num_params(shape);
+  const int64_t n = param_count(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
   auto flat = [&](Format f) {
     const DType dt = storage(f);
@@ -184,12 +184,12 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T, con
   make_fp8_linears(policy);
 }
 
-void Gpt::make_fp8_linears(const PrecisionPolicy& policy) {
+void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   // FP8 for the four linears of each block (unless kept in bf16), and the LM head if asked.
   fp8_.clear();
   if (!policy.fp8.enabled) return;
   const int64_t rows = int64_t{B_} * T_;
-  const auto linear_shapes = gpt_block_linear_shapes(shape_);
+  const auto linear_shapes = block_linear_shapes(shape_);
   const std::array<const char*, kLinearsPerBlock> linear_names =
       shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
                                  : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
@@ -204,7 +204,7 @@ void Gpt::make_fp8_linears(const PrecisionPolicy& policy) {
                                                                        shape_.n_embd, shape_.padded_vocab));
 }
 
-std::string Gpt::switch_fp8(const PrecisionPolicy& policy) {
+std::string Transformer::switch_fp8(const PrecisionPolicy& policy) {
   PTRAIN_CHECK((std::array<Format, 3>{policy.weights, policy.activations, policy.grads}) == formats_,
                "a precision switch keeps the formats of weights, activations and gradients");
   // The recordings replay the old layers' casts, and cached keys came from the old GEMMs.
@@ -215,7 +215,7 @@ std::string Gpt::switch_fp8(const PrecisionPolicy& policy) {
   return recording_asked_ && recording_failure_.empty() ? record_micro_batches() : std::string();
 }
 
-Gpt::~Gpt() {
+Transformer::~Transformer() {
   if (!rope_table_.empty()) backend_.release(rope_table_.data);
   backend_.release(act_memory_);
   backend_.release(grads_flat_.data);
@@ -224,7 +224,7 @@ Gpt::~Gpt() {
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
 
-Tensor Gpt::master(ParamId id) const {
+Tensor Transformer::master(ParamId id) const {
   if (master_flat_.empty()) return params_[id];
   const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
                          static_cast<int64_t>(dtype_size(params_flat_.dtype));
@@ -232,32 +232,32 @@ Tensor Gpt::master(ParamId id) const {
   return master_flat_.range(offset, p.numel()).reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
-void Gpt::release_master() {
+void Transformer::release_master() {
   if (master_flat_.empty()) return;
   backend_.release(master_flat_.data);
   master_flat_ = Tensor();
 }
 
-void Gpt::sync_params_from_master() {
+void Transformer::sync_params_from_master() {
   decoded_ = 0;  // the cached keys and values came from the old weights
   if (!master_flat_.empty()) backend_.copy(params_flat_, master_flat_);
 }
 
-Fp8Linear* Gpt::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
+Fp8Linear* Transformer::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
 
-Fp8Linear* Gpt::fp8_linear(int layer, LinearId which) const {
+Fp8Linear* Transformer::fp8_linear(int layer, LinearId which) const {
   if (fp8_.empty()) return nullptr;
   return fp8_[static_cast<size_t>(layer) * kLinearsPerBlock + which].get();
 }
 
-void Gpt::linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
+void Transformer::linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   if (fp8)
     fp8->forward(out, inp, weight, bias, training);
   else
     backend_.matmul_forward(out, inp, weight, bias);
 }
 
-void Gpt::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
+void Transformer::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                           Tensor weight) {
   if (fp8)
     fp8->backward(dinp, dweight, dbias, dout);
@@ -265,18 +265,18 @@ void Gpt::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor db
     backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight);
 }
 
-void Gpt::queue_fp8_settle() {
+void Transformer::queue_fp8_settle() {
   for (auto& f : fp8_)
     if (f) f->queue_settle();
 }
 
-void Gpt::end_step() {
+void Transformer::end_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->end_step();
 }
 
-std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
+std::vector<Fp8TensorState*> Transformer::fp8_tensors() {
   queue_fp8_settle();
   std::vector<Fp8TensorState*> all;
   for (auto& f : fp8_)
@@ -285,14 +285,14 @@ std::vector<Fp8TensorState*> Gpt::fp8_tensors() {
   return all;
 }
 
-Tensor Gpt::saved_attention(int layer) const {
+Tensor Transformer::saved_attention(int layer) const {
   const Tensor saved = a_.att[block_slot(layer)];
   if (attention_ == AttentionPath::fallback) return saved;
   const int64_t rows = int64_t{B_} * shape_.n_head * T_;
   return saved.range(0, rows).reshaped({B_, shape_.n_head, T_});
 }
 
-std::string Gpt::fp8_gemm_summary() const {
+std::string Transformer::fp8_gemm_summary() const {
   int total = 0, native = 0;
   std::string why;
   for (const auto& f : fp8_) {
@@ -307,24 +307,24 @@ std::string Gpt::fp8_gemm_summary() const {
   return line;
 }
 
-int64_t Gpt::native_fp8_weights() const {
+int64_t Transformer::native_fp8_weights() const {
   int64_t n = 0;
   for (const auto& f : fp8_)
     if (f && f->native()) n += f->weights();
   return n;
 }
 
-void Gpt::init(uint64_t seed, double std) {
+void Transformer::init(uint64_t seed, double std) {
   const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
   for (const ParamSpec& spec : specs_) {
     const int i = spec.id;
     const Tensor& t = params_[i];
     std::vector<float> host(t.numel(), 0.0f);
-    const bool is_norm_weight = (i == kLn1w || i == kLn2w || i == kLnfw || i == kQNormw || i == kKNormw);
+    const bool is_norm_weight = (i == kNorm1w || i == kNorm2w || i == kNormFw || i == kQNormw || i == kKNormw);
     if (is_norm_weight) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else if (spec.weight_decay) {  // the 2-D weights
-      const double tensor_std = (i == kAttprojw || i == kFcprojw) ? residual_std : std;
+      const double tensor_std = (i == kAttnOutw || i == kMlpDownw) ? residual_std : std;
       // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
       const int64_t count = (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
       Rng rng(seed, static_cast<uint64_t>(i));
@@ -336,11 +336,11 @@ void Gpt::init(uint64_t seed, double std) {
   sync_params_from_master();
 }
 
-Tensor Gpt::residual_in(int layer) const {
+Tensor Transformer::residual_in(int layer) const {
   return layer == 0 ? a_.encoded : a_.residual3[layer - 1];
 }
 
-double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
+double Transformer::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   load_batch(inputs, targets);
   forward_loss(dloss);
   return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
@@ -348,14 +348,14 @@ double Gpt::forward(const int32_t* inputs, const int32_t* targets, float dloss) 
 
 // Checked on the host: a replayed micro-batch runs no host-side check of its own, and an id past
 // the vocabulary would make the embedding read and write outside its table.
-void Gpt::check_tokens(const int32_t* ids, int64_t n, const char* what) const {
+void Transformer::check_tokens(const int32_t* ids, int64_t n, const char* what) const {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= shape_.vocab)
       throw UserError(std::string(what) + " token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
                       " of the micro-batch is outside the vocabulary [0, " + std::to_string(shape_.vocab) + ")");
 }
 
-void Gpt::load_batch(const int32_t* inputs, const int32_t* targets) {
+void Transformer::load_batch(const int32_t* inputs, const int32_t* targets) {
   decoded_ = 0;  // a replayed micro-batch overwrites the activations without forward_pass
   const int64_t n = int64_t{B_} * T_;
   check_tokens(inputs, n, "input");
@@ -364,14 +364,14 @@ void Gpt::load_batch(const int32_t* inputs, const int32_t* targets) {
   backend_.upload_tokens(a_.targets, targets);
 }
 
-void Gpt::forward_loss(float dloss) {
+void Transformer::forward_loss(float dloss) {
   const bool training = dloss != 0;
   forward_logits(training);
   backend_.classifier(a_.logits, a_.losses, a_.targets, shape_.vocab, dloss);
   grads_ready_ = training;
 }
 
-void Gpt::train_micro_batch(const int32_t* inputs, const int32_t* targets, float dloss, Tensor loss_sum,
+void Transformer::train_micro_batch(const int32_t* inputs, const int32_t* targets, float dloss, Tensor loss_sum,
                             const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(dloss != 0, "train_micro_batch needs a loss gradient (dloss != 0)");
   load_batch(inputs, targets);
@@ -383,7 +383,7 @@ void Gpt::train_micro_batch(const int32_t* inputs, const int32_t* targets, float
   backend_.sum_into(loss_sum, a_.losses);
 }
 
-void Gpt::forward_and_backward(float dloss, const std::function<void(int block)>& grads_done) {
+void Transformer::forward_and_backward(float dloss, const std::function<void(int block)>& grads_done) {
   {
     NvtxRange range("forward");
     forward_loss(dloss);
@@ -392,7 +392,7 @@ void Gpt::forward_and_backward(float dloss, const std::function<void(int block)>
   backward(grads_done);
 }
 
-std::string Gpt::record_micro_batches() {
+std::string Transformer::record_micro_batches() {
   recording_asked_ = true;
   std::string why = backend_.cannot_record();
   for (const auto& f : fp8_)
@@ -401,7 +401,7 @@ std::string Gpt::record_micro_batches() {
   return why;
 }
 
-Gpt::HostProgress Gpt::host_progress(float dloss) const {
+Transformer::HostProgress Transformer::host_progress(float dloss) const {
   HostProgress p;
   std::memcpy(&p.dloss_bits, &dloss, sizeof dloss);
   p.grads_ready = grads_ready_;
@@ -409,13 +409,13 @@ Gpt::HostProgress Gpt::host_progress(float dloss) const {
   return p;
 }
 
-void Gpt::restore(const HostProgress& progress) {
+void Transformer::restore(const HostProgress& progress) {
   grads_ready_ = progress.grads_ready;
   for (size_t i = 0; i < fp8_.size(); ++i)
     if (fp8_[i]) fp8_[i]->restore(progress.fp8[i]);
 }
 
-void Gpt::run_recorded(float dloss) {
+void Transformer::run_recorded(float dloss) {
   const auto run = [&] { forward_and_backward(dloss, {}); };
   const HostProgress before = host_progress(dloss);
   // Loss scaling moved to a new dloss: the recordings made with the old one are done with.
@@ -457,21 +457,21 @@ void Gpt::run_recorded(float dloss) {
   replay(*it);
 }
 
-void Gpt::replay(Recording& recording) {
+void Transformer::replay(Recording& recording) {
   NvtxRange range("forward and backward (CUDA graph replay)");
   recording.work->replay();
   restore(recording.after);
   ++replays_;
 }
 
-std::vector<float> Gpt::logits_at(int position) const {
+std::vector<float> Transformer::logits_at(int position) const {
   std::vector<float> row(static_cast<size_t>(shape_.padded_vocab));
   backend_.download(row.data(), a_.logits[0][position]);
   row.resize(static_cast<size_t>(shape_.vocab));
   return row;
 }
 
-std::vector<float> Gpt::start_decoding(const int32_t* tokens, int length) {
+std::vector<float> Transformer::start_decoding(const int32_t* tokens, int length) {
   PTRAIN_CHECK(length >= 1 && length <= T_, "decoding starts from 1 to seq_len tokens");
   PTRAIN_CHECK(fp8_.empty(), "decoding runs without FP8 linears");
   PTRAIN_CHECK(recompute_ != Recompute::block, "decoding needs every layer's keys and values (not Recompute::block)");
@@ -485,7 +485,7 @@ std::vector<float> Gpt::start_decoding(const int32_t* tokens, int length) {
   return logits_at(length - 1);
 }
 
-std::vector<float> Gpt::window_logits(const int32_t* tokens) {
+std::vector<float> Transformer::window_logits(const int32_t* tokens) {
   start_decoding(tokens, T_);
   std::vector<float> out;
   for (int t = 0; t < T_; ++t) {
@@ -495,7 +495,7 @@ std::vector<float> Gpt::window_logits(const int32_t* tokens) {
   return out;
 }
 
-std::vector<float> Gpt::decode_next(int32_t token) {
+std::vector<float> Transformer::decode_next(int32_t token) {
   PTRAIN_CHECK(decoded_ > 0, "decode_next needs start_decoding first");
   PTRAIN_CHECK(decoded_ < T_, "decoding is at the model's context length");
   check_tokens(&token, 1, "decoded");
@@ -506,14 +506,14 @@ std::vector<float> Gpt::decode_next(int32_t token) {
   return logits_at(position);
 }
 
-Tensor Gpt::rows_at(Tensor t, int position) const {
+Tensor Transformer::rows_at(Tensor t, int position) const {
   if (position < 0) return t;
   const Tensor sequence = t[0];
   const int64_t width = sequence.numel() / T_;
   return sequence.range(position * width, width).reshaped({1, 1, width});
 }
 
-void Gpt::attention_forward(int layer, int position) {
+void Transformer::attention_forward(int layer, int position) {
   if (position < 0) {
     const int b = block_slot(layer);
     return backend_.attention_forward(a_.atty[b], saved_attention(layer), a_.qkv[b], shape_.n_head);
@@ -523,15 +523,15 @@ void Gpt::attention_forward(int layer, int position) {
   backend_.attention_decode(rows_at(a_.atty[layer], position), cached, shape_.n_head);
 }
 
-Tensor Gpt::rope_rows(int position) const {
+Tensor Transformer::rope_rows(int position) const {
   if (position < 0) return rope_table_;
   const int64_t row = rope_table_.numel() / T_;
   return rope_table_.range(position * row, row).reshaped({1, rope_table_.dim(1), 2});
 }
 
-Tensor Gpt::lm_head() const { return shape_.tied_head ? params_[kWte] : params_[kLmHead]; }
+Tensor Transformer::lm_head() const { return shape_.tied_head ? params_[kWte] : params_[kLmHead]; }
 
-void Gpt::forward_pass(int position, bool training) {
+void Transformer::forward_pass(int position, bool training) {
   const int L = shape_.n_layer;
   const int64_t C = shape_.n_embd;
   Backend& be = backend_;
@@ -548,51 +548,51 @@ void Gpt::forward_pass(int position, bool training) {
   }
   const Tensor lnf = at(a_.lnf);
   if (shape_.arch == Arch::llama)
-    be.rmsnorm_forward(lnf, at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], shape_.norm_eps);
+    be.rmsnorm_forward(lnf, at(a_.lnf_rstd), at(residual_in(L)), params_[kNormFw], shape_.norm_eps);
   else
-    be.layernorm_forward(lnf, at(a_.lnf_mean), at(a_.lnf_rstd), at(residual_in(L)), params_[kLnfw], params_[kLnfb]);
+    be.layernorm_forward(lnf, at(a_.lnf_mean), at(a_.lnf_rstd), at(residual_in(L)), params_[kNormFw], params_[kNormFb]);
   linear_forward(lm_head_fp8(), at(a_.logits), lnf, lm_head(), Tensor(), training);
 }
 
 // x -> LayerNorm -> qkv (with biases) -> attention -> attproj -> + x -> LayerNorm -> fc ->
 // GELU -> fcproj -> + residual2.
-void Gpt::block_forward(int l, int position, bool training) {
+void Transformer::block_forward(int l, int position, bool training) {
   if (shape_.arch == Arch::llama)
     llama_block_forward(l, position, training);
   else
     gpt2_block_forward(l, position, training);
 }
 
-void Gpt::mlp_hidden_forward(int l, int position, bool training) {
+void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const int m = mlp_slot(l);
   const Tensor ln2 = at(a_.ln2[block_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[m]);
   if (shape_.arch == Arch::llama) {
-    linear_forward(fp8_linear(l, kFc), fch, ln2, params_[kFcw][l], Tensor(), training);
+    linear_forward(fp8_linear(l, kFc), fch, ln2, params_[kMlpUpw][l], Tensor(), training);
     backend_.swiglu_forward(hidden, fch);
   } else if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
-    linear_forward(fc, fch, ln2, params_[kFcw][l], params_[kFcb][l], training);
+    linear_forward(fc, fch, ln2, params_[kMlpUpw][l], params_[kMlpUpb][l], training);
     backend_.gelu_forward(hidden, fch);
   } else {
-    backend_.matmul_gelu_forward(hidden, fch, ln2, params_[kFcw][l], params_[kFcb][l]);
+    backend_.matmul_gelu_forward(hidden, fch, ln2, params_[kMlpUpw][l], params_[kMlpUpb][l]);
   }
 }
 
-void Gpt::gpt2_block_forward(int l, int position, bool training) {
+void Transformer::gpt2_block_forward(int l, int position, bool training) {
   Backend& be = backend_;
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const int b = block_slot(l);
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
   const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
   const Tensor fch_gelu = at(a_.fch_gelu[mlp_slot(l)]), fcproj = at(a_.fcproj[b]);
-  be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kLn1w][l], params_[kLn1b][l]);
+  be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], params_[kNorm1b][l]);
   linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
   attention_forward(l, position);
-  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], params_[kAttprojb][l], training);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttnOutw][l], params_[kAttnOutb][l], training);
   be.add(residual2, x, attproj);
-  be.layernorm_forward(ln2, at(a_.ln2_mean[b]), at(a_.ln2_rstd[b]), residual2, params_[kLn2w][l], params_[kLn2b][l]);
+  be.layernorm_forward(ln2, at(a_.ln2_mean[b]), at(a_.ln2_rstd[b]), residual2, params_[kNorm2w][l], params_[kNorm2b][l]);
   mlp_hidden_forward(l, position, training);
-  linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kFcprojw][l], params_[kFcprojb][l], training);
+  linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kMlpDownw][l], params_[kMlpDownb][l], training);
   be.add(at(a_.residual3[l]), residual2, fcproj);
 }
 
@@ -600,7 +600,7 @@ void Gpt::gpt2_block_forward(int l, int position, bool training) {
 // o_proj -> + x -> RMSNorm -> gate_up -> SwiGLU -> down -> + residual2. RoPE turns qkv in place:
 // what attention and its backward read is the turned q and k. With QK-norm the projection's
 // output is kept apart (qkv_raw) for QK-norm's backward pass.
-void Gpt::llama_block_forward(int l, int position, bool training) {
+void Transformer::llama_block_forward(int l, int position, bool training) {
   Backend& be = backend_;
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const float eps = shape_.norm_eps;
@@ -608,7 +608,7 @@ void Gpt::llama_block_forward(int l, int position, bool training) {
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
   const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
   const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[b]);
-  be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kLn1w][l], eps);
+  be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], eps);
   if (shape_.qk_norm) {
     // A decoded row's statistics go in the first slots: decoding never runs a backward pass.
     const Tensor raw = at(a_.qkv_raw[b]);
@@ -620,20 +620,20 @@ void Gpt::llama_block_forward(int l, int position, bool training) {
   }
   be.rope_forward(qkv, rope_rows(position), shape_.n_head + shape_.kv_heads());
   attention_forward(l, position);
-  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttprojw][l], Tensor(), training);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttnOutw][l], Tensor(), training);
   be.add(residual2, x, attproj);
-  be.rmsnorm_forward(ln2, at(a_.ln2_rstd[b]), residual2, params_[kLn2w][l], eps);
+  be.rmsnorm_forward(ln2, at(a_.ln2_rstd[b]), residual2, params_[kNorm2w][l], eps);
   mlp_hidden_forward(l, position, training);
-  linear_forward(fp8_linear(l, kFcproj), down, swiglu, params_[kFcprojw][l], Tensor(), training);
+  linear_forward(fp8_linear(l, kFcproj), down, swiglu, params_[kMlpDownw][l], Tensor(), training);
   be.add(at(a_.residual3[l]), residual2, down);
 }
 
 // Parameters stacked over blocks (the per-block slices) and the rest.
 static bool is_block_param(int id) {
-  return id != kWte && id != kWpe && id != kLnfw && id != kLnfb && id != kLmHead;
+  return id != kWte && id != kWpe && id != kNormFw && id != kNormFb && id != kLmHead;
 }
 
-std::vector<Tensor> Gpt::block_grads(int block) const {
+std::vector<Tensor> Transformer::block_grads(int block) const {
   std::vector<Tensor> out;
   for (const ParamSpec& spec : specs_) {
     const Tensor g = grad(spec.id);
@@ -643,7 +643,7 @@ std::vector<Tensor> Gpt::block_grads(int block) const {
   return out;
 }
 
-void Gpt::backward(const std::function<void(int block)>& grads_done) {
+void Transformer::backward(const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
   // With a callback, each block's gradients go into the FP32 sums as soon as they are written.
   const auto finish = [&](int block) {
@@ -672,9 +672,9 @@ void Gpt::backward(const std::function<void(int block)>& grads_done) {
                   lm_head());
   be.zero(a_.dresidual);
   if (llama)
-    be.rmsnorm_backward(a_.dresidual, g[kLnfw], a_.dln, residual_in(L), p[kLnfw], a_.lnf_rstd);
+    be.rmsnorm_backward(a_.dresidual, g[kNormFw], a_.dln, residual_in(L), p[kNormFw], a_.lnf_rstd);
   else
-    be.layernorm_backward(a_.dresidual, g[kLnfw], g[kLnfb], a_.dln, residual_in(L), p[kLnfw], a_.lnf_mean, a_.lnf_rstd);
+    be.layernorm_backward(a_.dresidual, g[kNormFw], g[kNormFb], a_.dln, residual_in(L), p[kNormFw], a_.lnf_mean, a_.lnf_rstd);
 
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange range(block_names_[l].c_str());
@@ -702,7 +702,7 @@ void Gpt::backward(const std::function<void(int block)>& grads_done) {
   }
 }
 
-void Gpt::gpt2_block_backward(int l) {
+void Transformer::gpt2_block_backward(int l) {
   Backend& be = backend_;
   auto& g = grads_;
   auto& p = params_;
@@ -710,47 +710,47 @@ void Gpt::gpt2_block_backward(int l) {
   // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
   if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
     be.zero(a_.dfch_gelu);
-    linear_backward(fcproj, a_.dfch_gelu, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[m], p[kFcprojw][l]);
+    linear_backward(fcproj, a_.dfch_gelu, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[m], p[kMlpDownw][l]);
     be.zero(a_.dfch);
     be.gelu_backward(a_.dfch, a_.fch[m], a_.dfch_gelu);
   } else {
-    be.matmul_gelu_backward(a_.dfch, g[kFcprojw][l], g[kFcprojb][l], a_.dresidual, a_.fch_gelu[m], p[kFcprojw][l],
+    be.matmul_gelu_backward(a_.dfch, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[m], p[kMlpDownw][l],
                             a_.fch[m], a_.dfch_gelu);
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], g[kFcb][l], a_.dfch, a_.ln2[b], p[kFcw][l]);
-  be.layernorm_backward(a_.dresidual, g[kLn2w][l], g[kLn2b][l], a_.dln, a_.residual2[b], p[kLn2w][l], a_.ln2_mean[b],
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], g[kMlpUpb][l], a_.dfch, a_.ln2[b], p[kMlpUpw][l]);
+  be.layernorm_backward(a_.dresidual, g[kNorm2w][l], g[kNorm2b][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_mean[b],
                         a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
   be.zero(a_.datty);
-  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], g[kAttprojb][l], a_.dresidual, a_.atty[b],
-                  p[kAttprojw][l]);
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttnOutw][l], g[kAttnOutb][l], a_.dresidual, a_.atty[b],
+                  p[kAttnOutw][l]);
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.zero(a_.dln);
   linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[b], p[kQkvw][l]);
-  be.layernorm_backward(a_.dresidual, g[kLn1w][l], g[kLn1b][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_mean[b],
+  be.layernorm_backward(a_.dresidual, g[kNorm1w][l], g[kNorm1b][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_mean[b],
                         a_.ln1_rstd[b]);
 }
 
-void Gpt::llama_block_backward(int l) {
+void Transformer::llama_block_backward(int l) {
   Backend& be = backend_;
   auto& g = grads_;
   auto& p = params_;
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
   be.zero(a_.dfch_gelu);
-  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kFcprojw][l], Tensor(), a_.dresidual, a_.fch_gelu[m],
-                  p[kFcprojw][l]);
+  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kMlpDownw][l], Tensor(), a_.dresidual, a_.fch_gelu[m],
+                  p[kMlpDownw][l]);
   be.zero(a_.dfch);
   be.swiglu_backward(a_.dfch, a_.dfch_gelu, a_.fch[m]);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kFcw][l], Tensor(), a_.dfch, a_.ln2[b], p[kFcw][l]);
-  be.rmsnorm_backward(a_.dresidual, g[kLn2w][l], a_.dln, a_.residual2[b], p[kLn2w][l], a_.ln2_rstd[b]);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], Tensor(), a_.dfch, a_.ln2[b], p[kMlpUpw][l]);
+  be.rmsnorm_backward(a_.dresidual, g[kNorm2w][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + o_proj(attention(rope(qkv(rmsnorm(residual))))).
   be.zero(a_.datty);
-  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttprojw][l], Tensor(), a_.dresidual, a_.atty[b],
-                  p[kAttprojw][l]);
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttnOutw][l], Tensor(), a_.dresidual, a_.atty[b],
+                  p[kAttnOutw][l]);
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.rope_backward(a_.dqkv, rope_table_, shape_.n_head + shape_.kv_heads());
@@ -763,10 +763,10 @@ void Gpt::llama_block_backward(int l) {
   }
   be.zero(a_.dln);
   linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), dqkv, a_.ln1[b], p[kQkvw][l]);
-  be.rmsnorm_backward(a_.dresidual, g[kLn1w][l], a_.dln, residual_in(l), p[kLn1w][l], a_.ln1_rstd[b]);
+  be.rmsnorm_backward(a_.dresidual, g[kNorm1w][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
 }
 
 // With an accumulator, backward() leaves the per-micro-batch gradients zeroed behind it.
-void Gpt::zero_grad() { backend_.zero(accum_flat_.empty() ? grads_flat_ : accum_flat_); }
+void Transformer::zero_grad() { backend_.zero(accum_flat_.empty() ? grads_flat_ : accum_flat_); }
 
 }  // namespace ptrain

@@ -18,7 +18,7 @@
 #include "backend/backend.h"
 #include "config/config.h"
 #include "model/fp8_linear.h"
-#include "model/gpt_params.h"
+#include "model/param_layout.h"
 #include "precision/policy.h"
 
 namespace ptrain {
@@ -31,10 +31,10 @@ namespace ptrain {
 // bits as the first pass's, so losses and gradients do not change.
 
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none);
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none);
 // The same for a backend that stores format f as storage(f), activations and their gradients
-// in `act` and `grad`, attention by `attention`: the size of the one block Gpt allocates.
-int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
+// in `act` and `grad`, attention by `attention`: the size of the one block Transformer allocates.
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
                              const std::function<DType(Format)>& storage, Recompute recompute = Recompute::none);
 
 // The linear layers of a block, in order. FP8 telemetry calls them qkv, attproj, fc, fcproj
@@ -42,11 +42,11 @@ int64_t gpt_activation_bytes(const GptShape& s, int B, int T, Format act, Format
 enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };
 
 // (C, OC) of a block's linears, in LinearId order.
-std::array<std::array<int64_t, 2>, kLinearsPerBlock> gpt_block_linear_shapes(const GptShape& s);
+std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const ModelShape& s);
 // Bytes of the FP8 cast copies a model allocates under `policy` (0 without FP8).
-int64_t gpt_fp8_buffer_bytes(const GptShape& s, const PrecisionPolicy& policy, int B, int T);
+int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T);
 // Bytes of the RoPE angle table a llama model keeps for sequence length T (0 for GPT-2).
-int64_t gpt_rope_table_bytes(const GptShape& s, int T);
+int64_t rope_table_bytes(const ModelShape& s, int T);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
@@ -75,7 +75,7 @@ struct GptActivations {
   Tensor dqkv_raw;                                // (B,T,W), QK-norm's input gradient
 };
 
-class Gpt {
+class Transformer {
  public:
   // Allocates parameters, gradients and activations for micro-batch B x T on the backend, in
   // the formats `policy` gives (FP32 master weights apart when the GEMMs read a lower format);
@@ -83,12 +83,12 @@ class Gpt {
   // `fused_gelu` (model.fused_gelu) lets the backend fold the MLP's GELU into the GEMMs beside
   // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8; `recompute` is
   // training.recompute's choice (Recompute).
-  Gpt(const GptShape& shape, Backend& backend, DType dtype, int B, int T,
+  Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T,
       const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
       bool fused_gelu = true, Recompute recompute = Recompute::none);
-  ~Gpt();
-  Gpt(const Gpt&) = delete;
-  Gpt& operator=(const Gpt&) = delete;
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   // GPT-2 initialisation, for both architectures: N(0, std) with std 0.02 by default, residual
   // projections (attproj/o_proj, fcproj/down) scaled by 1/sqrt(2L), biases 0, norm weights 1,
@@ -158,7 +158,7 @@ class Gpt {
   // rate): times 6 FLOPs per token, the FP8 part of the training FLOPs for MFU's mixed peak.
   int64_t native_fp8_weights() const;
 
-  const GptShape& shape() const { return shape_; }
+  const ModelShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
@@ -232,7 +232,7 @@ class Gpt {
   void linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                        Tensor weight);
 
-  GptShape shape_;
+  ModelShape shape_;
   Backend& backend_;
   DType dtype_;
   int B_, T_;

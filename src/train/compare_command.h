@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "metrics/compare.h"
+#include "metrics/comparison.h"
 
 namespace ptrain {
 

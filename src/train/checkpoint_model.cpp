@@ -1,0 +1,72 @@
+#include "train/checkpoint_model.h"
+
+#include "core/error.h"
+#include "core/format.h"
+#include "core/tensor.h"
+#include "precision/int8_weights.h"
+
+namespace ptrain {
+
+namespace {
+
+// The weights --weights int8 quantizes: the four linears of every block (attention qkv and
+// output, the MLP's two).
+bool is_block_linear(ParamId id) { return id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw; }
+
+// Replaces the block linears' weights by their INT8 round trip; returns how many weights that was.
+int64_t quantize_block_linears(Transformer& model) {
+  int64_t quantized = 0;
+  for (const ParamSpec& spec : model.specs()) {
+    if (!is_block_linear(spec.id)) continue;
+    const int64_t cols = spec.shape.back(), rows = model.param(spec.id).numel() / cols;  // (L, out, in)
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    model.backend().download(w.data(), model.master(spec.id));
+    dequantize_int8_rows(quantize_int8_rows(w.data(), rows, cols), w.data());
+    model.backend().upload(model.master(spec.id), w.data());
+    quantized += rows * cols;
+  }
+  model.sync_params_from_master();
+  return quantized;
+}
+
+}  // namespace
+
+WeightFormat parse_weight_format(const std::string& text) {
+  if (text == "fp32") return WeightFormat::fp32;
+  if (text == "int8") return WeightFormat::int8;
+  throw UserError("--weights: \"" + text + "\"; expected fp32 (the checkpoint's masters) or int8");
+}
+
+LoadedModel load_model(const LoadedCheckpoint& ckpt, const ModelConfig& m, int B, int T,
+                       WeightFormat weights) {
+  LoadedModel out;
+  out.model = std::make_unique<Transformer>(ModelShape::of(m), *out.backend, DType::f32, B, T);
+  load_weights(ckpt.weights, *out.model);
+  if (weights == WeightFormat::int8) quantize_block_linears(*out.model);
+  return out;
+}
+
+// "786,432 of 842,496 parameters (the block linears) in INT8, per output channel".
+std::string int8_note(const ModelConfig& m) {
+  int64_t linear = 0, all = 0;
+  for (const ParamSpec& spec : param_specs(ModelShape::of(m))) {
+    const int64_t n = shape_numel(spec.shape);
+    all += n;
+    if (is_block_linear(spec.id)) linear += n;
+  }
+  return format_thousands(static_cast<double>(linear)) + " of " + format_thousands(static_cast<double>(all)) +
+         " parameters (the block linears) in INT8, per output channel";
+}
+
+std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig& m) {
+  std::vector<float> flat;
+  for (const ParamSpec& spec : param_specs(ModelShape::of(m))) {
+    const int64_t n = shape_numel(spec.shape);
+    const size_t at = flat.size();
+    flat.resize(at + static_cast<size_t>(n));
+    ckpt.weights.copy_to(spec.name, flat.data() + at, n);
+  }
+  return flat;
+}
+
+}  // namespace ptrain

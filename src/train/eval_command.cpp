@@ -1,0 +1,118 @@
+#include "train/eval_command.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/output_file.h"
+#include "core/paths.h"
+#include "data/dataset.h"
+#include "data/synthetic.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+
+namespace {
+
+// Refuses an output file path that names a directory or cannot be created, before any work.
+void check_output_file(const std::string& path, const std::string& what) {
+  const PathKind kind = path_kind(path, what);
+  if (kind == PathKind::directory || kind == PathKind::other)
+    throw UserError(what + ": \"" + path + "\" exists and is not a regular file; expected the path of the file to write");
+  check_creatable(fs::absolute(path).lexically_normal().parent_path().string(), what,
+                  fs::path(path).filename().string().size() + 8);
+}
+
+void dump_window_logits(const std::string& path, const LoadedCheckpoint& ckpt, const ModelConfig& m,
+                        const std::vector<int32_t>& window) {
+  const int T = static_cast<int>(window.size());
+  LoadedModel lm = load_model(ckpt, m, 1, T);
+  const std::vector<float> logits = lm.model->window_logits(window.data());
+  nlohmann::ordered_json j;
+  j["checkpoint"] = ckpt.path;
+  j["step"] = ckpt.state.step;
+  j["vocab_size"] = m.vocab_size;
+  j["tokens"] = window;
+  j["logits"] = nlohmann::ordered_json::array();
+  for (int t = 0; t < T; ++t)
+    j["logits"].push_back(std::vector<float>(logits.begin() + int64_t{t} * m.vocab_size,
+                                             logits.begin() + int64_t{t + 1} * m.vocab_size));
+  write_file_atomic(path, j.dump() + "\n");
+  std::printf("wrote %s: logits of %d positions x %d tokens\n", path.c_str(), T, m.vocab_size);
+}
+
+double val_loss(Transformer& model, const ValSampler& sampler, int B, int T) {
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  double sum = 0;
+  for (int j = 0; j < sampler.batches(); ++j) {
+    sampler.fill(j, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), 0.0f);
+  }
+  return sum / sampler.batches();
+}
+
+// The validation windows eval reads: the corpus a training run generated into its directory,
+// or the config's shards.
+struct ValData {
+  TokenStream stream;
+  ValSampler sampler;
+  explicit ValData(const Config& config)
+      : stream(config.data.synthetic_enabled
+                   ? std::vector<std::string>{synthetic_val_file(
+                         (fs::path(config.run.out_dir) / config.run.name / "data").string())}
+                   : expand_shard_glob(config.data.val, "data.val"),
+               "data.val", config.model.vocab_size),
+        sampler(stream, "data.val", config.training.eval_batches, config.training.micro_batch,
+                config.training.effective_seq_len(config.model)) {}
+};
+
+LoadedCheckpoint load_checkpoint_of_shape(const std::string& checkpoint, const ModelConfig& model) {
+  LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
+  const auto differences = model_differences(ckpt.state.model, model_json(model));
+  if (!differences.empty()) {
+    std::vector<std::string> problems;
+    for (const auto& d : differences) problems.push_back("--checkpoint " + checkpoint + " has another model shape: " + d);
+    throw UserErrors(problems);
+  }
+  return ckpt;
+}
+
+}  // namespace
+
+CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& checkpoint, WeightFormat weights) {
+  const LoadedCheckpoint ckpt = load_checkpoint_of_shape(checkpoint, config.model);
+  const ValData val(config);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  CheckpointLosses out;
+  out.step = ckpt.state.step;
+  out.batches = val.sampler.batches();
+  out.fp32 = val_loss(*load_model(ckpt, config.model, B, T).model, val.sampler, B, T);
+  if (weights == WeightFormat::int8)
+    out.int8 = val_loss(*load_model(ckpt, config.model, B, T, WeightFormat::int8).model, val.sampler, B, T);
+  const auto info = read_synthetic_info(fs::path(val.stream.files().front()).parent_path().string());
+  if (info) out.oracle = info->oracle_loss_val;
+  return out;
+}
+
+void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
+                     WeightFormat weights) {
+  if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
+  const CheckpointLosses l = checkpoint_val_losses(config, checkpoint, weights);
+  const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
+  std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),
+              static_cast<long long>(l.step), l.fp32, l.batches, B, T);
+  if (l.oracle) std::printf("oracle loss %.6f, gap %.6f\n", *l.oracle, l.fp32 - *l.oracle);
+  if (l.int8)
+    std::printf("int8 weights: val_loss %.6f, %+.6f (%+.3f%%) against the fp32 masters; %s\n", *l.int8,
+                *l.int8 - l.fp32, 100.0 * (*l.int8 - l.fp32) / l.fp32, int8_note(config.model).c_str());
+  if (!dump_logits.empty()) {
+    const ValData val(config);
+    std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+    val.sampler.fill(0, inputs.data(), targets.data());
+    dump_window_logits(dump_logits, load_checkpoint_of_shape(checkpoint, config.model), config.model,
+                       std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,84 @@
+#include "train/export_command.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_directory.h"
+#include "checkpoint/hf_layout.h"
+#include "checkpoint/llmc.h"
+#include "core/error.h"
+#include "core/paths.h"
+#include "data/gpt2_hf_files.h"
+#include "data/tokenizer.h"
+#include "train/checkpoint_model.h"
+
+namespace fs = std::filesystem;
+
+namespace ptrain {
+
+void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype) {
+  if (dtype != "fp32" && dtype != "bf16") throw UserError("--dtype: \"" + dtype + "\"; expected fp32 or bf16");
+  // The output is checked before the checkpoint is read: a bad --out writes nothing.
+  const PathKind out_kind = path_kind(out, "--out");
+  if (out_kind == PathKind::directory)
+    throw UserError("--out: \"" + out + "\" is a directory; expected the path of the model file to write");
+  if (out_kind == PathKind::other)
+    throw UserError("--out: \"" + out + "\" exists and is not a regular file (a device or FIFO); expected the path of "
+                    "the model file to write");
+  const fs::path parent = fs::absolute(out).lexically_normal().parent_path();
+  check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
+  const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
+  const ModelConfig m = model_from_json(ckpt.state.model);
+  if (m.arch != Arch::gpt2)
+    throw UserError("--checkpoint " + checkpoint + ": a " + choice_name(m.arch) + " model; llm.c's model file holds GPT-2 only " +
+                    "(learned positions, LayerNorm with biases, GELU, tied head), so it cannot be written as one");
+  LlmcModel file;
+  file.version = dtype == "fp32" ? 3 : 5;
+  file.max_seq_len = m.seq_len;
+  file.vocab_size = m.vocab_size;
+  file.n_layer = m.n_layer;
+  file.n_head = m.n_head;
+  file.n_embd = m.n_embd;
+  file.padded_vocab = m.padded_vocab();
+  file.params = flat_weights(ckpt, m);
+  write_llmc(out, file);
+  std::printf("wrote %s: llm.c model file version %d (%s), %zu parameters\n", out.c_str(), file.version, dtype.c_str(),
+              file.params.size());
+}
+
+void export_hf(const HfExportOptions& o) {
+  StDtype dtype = StDtype::f32;
+  if (o.dtype == "bf16") dtype = StDtype::bf16;
+  else if (o.dtype == "fp16") dtype = StDtype::f16;
+  else if (o.dtype != "fp32") throw UserError("--dtype: \"" + o.dtype + "\"; expected fp32, bf16 or fp16");
+  HfDirectoryContents contents;
+  contents.dtype = dtype;
+  contents.max_shard_bytes = parse_shard_size(o.max_shard_size, "--max-shard-size");
+  check_hf_destination(o.out, "--out", o.checkpoint, o.force);
+  const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
+  const ModelConfig m = model_from_json(ckpt.state.model);
+  try {
+    contents.specs = hf_tensor_specs(m);
+  } catch (const UserError& e) {
+    throw UserError("--checkpoint " + o.checkpoint + ": " + e.what());
+  }
+  int end_of_text = -1;
+  if (ckpt.state.tokenizer == "gpt2") {
+    const Tokenizer tokenizer = Tokenizer::load("gpt2", o.vocabulary);
+    end_of_text = tokenizer.end_of_text();
+    contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
+    contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());
+    contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
+  }
+  const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::bf16 ? "bfloat16" : "float16";
+  contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
+  const std::vector<float> flat = flat_weights(ckpt, m);
+  contents.flat = flat.data();
+  const std::vector<std::string> files = write_hf_directory(o.out, contents);
+  std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
+              m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
+              files.size(), files.size() == 1 ? "" : "s", end_of_text >= 0 ? ", GPT-2 tokenizer files" : "");
+}
+
+}  // namespace ptrain
