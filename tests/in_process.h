@@ -1,6 +1,6 @@
 // Training runs in the test's own process: the run plan of a config file, the faults the test
-// puts into it (train/step_faults.h), a Trainer over the backend run.device gives, and the run's
-// own log as the output. Paths are as the binary would see them from `dir` (the working
+// puts into it (train/step_faults.h), carried out by run_planned (what `ptrain train` does after
+// planning) on the backend run.device gives, and the run's own log as the output. Paths are as the binary would see them from `dir` (the working
 // directory while the run lasts), so messages name the same relative paths.
 #pragma once
 
@@ -55,11 +55,9 @@ inline InProcessRun train_in_process(const std::filesystem::path& dir, const std
                                    &devices.device_choice);
     devices.attention = choose_attention(plan, *devices.backend);
     devices.comm = make_communicator(devices.backend->device());
-    prepare_run(plan, *devices.comm);
     TrainOptions options;
     options.stop_at = stop_at;
-    Trainer trainer(plan, std::move(devices), options);
-    run.result = trainer.run();
+    run.result = run_planned(plan, std::move(devices), options);
   } catch (const DivergedError& e) {
     run.exit_code = 4;
     run.output = e.what();
@@ -70,8 +68,10 @@ inline InProcessRun train_in_process(const std::filesystem::path& dir, const std
     run.exit_code = 1;
     run.output = e.what();
   }
-  if (!log_file.empty() && std::filesystem::exists(log_file))
-    run.output = read_file(log_file).substr(static_cast<size_t>(logged_before)) + run.output;
+  if (!log_file.empty() && std::filesystem::exists(log_file)) {
+    const std::string log = read_file(log_file);  // a replaced run directory's log starts afresh
+    run.output = log.substr(log.size() >= logged_before ? static_cast<size_t>(logged_before) : 0) + run.output;
+  }
   return run;
 }
 

@@ -326,6 +326,16 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
   REQUIRE(whole.size() == 60);
   CHECK(losses_by_step(ws.dir / "runs/split/metrics.jsonl") == whole);
+
+  // Stopped at the fallback's last step and resumed: fp8 from the first step, and the log says
+  // that the checkpoint was saved in bf16.
+  REQUIRE(train_in_process(ws.dir, "split.yaml", {"run.name=edge"}, faults, 40).exit_code == 0);
+  const InProcessRun edge = train_in_process(ws.dir, "split.yaml", {"run.name=edge", "checkpoint.resume=auto"}, faults);
+  INFO(edge.output);
+  REQUIRE(edge.exit_code == 0);
+  CHECK(edge.output.find("resumed from runs/edge/checkpoints/step_00000040 after step 40 (saved under precision bf16, "
+                         "now fp8:delayed; the FP32 master weights carry over)") != std::string::npos);
+  CHECK(losses_by_step(ws.dir / "runs/edge/metrics.jsonl") == whole);
 }
 
 TEST_CASE("guard rollback: diverging again onto the same checkpoint stops (exit 4), the later checkpoints set aside",

@@ -113,8 +113,12 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     return {};
   }
   devices.comm = make_communicator(devices.backend->device());
+  return run_planned(plan, std::move(devices), options);
+}
+
+TrainResult run_planned(RunPlan& plan, TrainerDevices devices, const TrainOptions& options) {
   const std::vector<std::string> set_aside = prepare_run(plan, *devices.comm);
-  const bool restarted_in_place = devices.comm->is_main() && !plan.resume && config.checkpoint.resume_auto() &&
+  const bool restarted_in_place = devices.comm->is_main() && !plan.resume && plan.config.checkpoint.resume_auto() &&
                                   fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
   Trainer trainer(plan, std::move(devices), options);
   for (const auto& w : plan.warnings) trainer.log_only(w);

@@ -43,6 +43,12 @@ struct StopSignalScope {
   }
 };
 
+// The plan's opened shards: prepare_run opens a synthetic corpus's once rank 0 has made it.
+const TokenStream& opened(const std::optional<TokenStream>& stream, const char* key) {
+  PTRAIN_CHECK(stream.has_value(), std::string(key) + " is not open: a Trainer needs a plan prepare_run has prepared");
+  return *stream;
+}
+
 }  // namespace
 
 Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& options)
@@ -55,8 +61,8 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
       policy_(phases_.policy(slot_)),
       comm_(std::move(devices.comm)),
       log_(comm_->is_main() ? RunLog(plan.run_dir) : RunLog::silent()),
-      train_sampler_(*plan.data.train, static_cast<uint64_t>(cfg_.run.seed), spec_.batch.seq_len),
-      val_sampler_(*plan.data.val, "data.val", cfg_.training.eval_batches, spec_.batch.micro_batch,
+      train_sampler_(opened(plan.data.train, "data.train"), static_cast<uint64_t>(cfg_.run.seed), spec_.batch.seq_len),
+      val_sampler_(opened(plan.data.val, "data.val"), "data.val", cfg_.training.eval_batches, spec_.batch.micro_batch,
                    spec_.batch.seq_len),
       device_choice_(std::move(devices.device_choice)),
       backend_(std::move(devices.backend)),

@@ -51,15 +51,6 @@ struct TrainResult {
 // written before the config and the data have been validated.
 TrainResult train(const Config& config, const TrainOptions& options);
 
-// Rank 0 makes (or replaces, or continues) the run directory and everything the plan puts there
-// before training (the synthetic corpus, config.yaml), then every rank opens a synthetic
-// corpus's shards. Returns the checkpoints set aside. A step that fails is the machine's
-// (exit 1); what this call created is removed again, so a corrected rerun is not refused.
-std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm);
-
-// model.attention's path for the plan's model and batch on `backend`, and why.
-AttentionChoice choose_attention(const RunPlan& plan, Backend& backend);
-
 // Where a Trainer runs: the backend run.device gave (and why), model.attention's path on it, and
 // the communicator of the ranks.
 struct TrainerDevices {
@@ -68,6 +59,20 @@ struct TrainerDevices {
   AttentionChoice attention;
   std::unique_ptr<Communicator> comm;
 };
+
+// A checked plan carried out on `devices`: prepare_run, then a Trainer over them, which first
+// logs the plan's warnings and the checkpoints set aside. What train() does after its dry-run
+// branch; tests call it in-process with faults put into the plan.
+TrainResult run_planned(RunPlan& plan, TrainerDevices devices, const TrainOptions& options);
+
+// Rank 0 makes (or replaces, or continues) the run directory and everything the plan puts there
+// before training (the synthetic corpus, config.yaml), then every rank opens a synthetic
+// corpus's shards. Returns the checkpoints set aside. A step that fails is the machine's
+// (exit 1); what this call created is removed again, so a corrected rerun is not refused.
+std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm);
+
+// model.attention's path for the plan's model and batch on `backend`, and why.
+AttentionChoice choose_attention(const RunPlan& plan, Backend& backend);
 
 class Trainer {
  public:

@@ -69,10 +69,13 @@ int64_t Trainer::resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rol
   if (rolling_back) return st.step;
   log_.metrics({{"resume", {{"from", ckpt.path}, {"step", st.step}, {"precision", policy_.label()},
                             {"saved_precision", st.precision}}}});
-  // At a boundary the checkpoint was saved under the slot that ended there: no change to tell.
-  const std::string saved_under = phases_.policy(slot_at(st.step)).label();
+  // At a schedule's boundary the checkpoint was saved under the phase before (the fallback
+  // counts as the phase after the last): the switch itself says so.
+  const size_t index = slot_.fallback ? phases_.count() : slot_.phase;
+  const bool said_by_switch =
+      boundary && index > 0 && st.precision == phases_.policy(PrecisionSlot{false, index - 1}).label();
   log_.info("resumed from " + ckpt.path + " after step " + std::to_string(st.step) +
-            (st.precision != policy_.label() && !(boundary && st.precision == saved_under)
+            (st.precision != policy_.label() && !said_by_switch
                  ? " (saved under precision " + st.precision + ", now " + policy_.label() +
                        "; the FP32 master weights carry over)"
                  : std::string()));

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -86,7 +87,15 @@ void shift_by_ulps(uint64_t seed, int64_t m, int64_t n, T* C, int64_t ldc, int64
                                                          static_cast<uint64_t>(col0 + j))));
       const int step = static_cast<int>(h % 3) - 1;
       if (step == 0) continue;
-      const T moved = std::nextafter(v, step > 0 ? T(INFINITY) : T(-INFINITY));
+      // std::nextafter towards +-infinity, without its call: a finite non-zero value's
+      // neighbour is one step of its bit pattern, up in magnitude when the step goes its sign's
+      // way (the largest finite value's neighbour, infinity, is not taken).
+      using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+      Bits b;
+      std::memcpy(&b, &v, sizeof b);
+      b = (step > 0) == (v > T(0)) ? b + 1 : b - 1;
+      T moved;
+      std::memcpy(&moved, &b, sizeof b);
       if (std::isfinite(moved)) v = moved;
     }
 }
