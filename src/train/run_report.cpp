@@ -250,17 +250,16 @@ void RunReport::restore_best(double best_val_loss, int64_t best_val_step) {
 // rollback): throughput and times are this invocation's.
 size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
   const int64_t steps_here = static_cast<int64_t>(step_seconds_.size());
-  const double train_seconds = train_seconds_;
   const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
   const double tokens_here = static_cast<double>(cfg_.training.batch_tokens * steps_here);
-  const double flops_per_s = spec_.flops_per_token * tokens_here / train_seconds;
+  const double flops_per_s = spec_.flops_per_token * tokens_here / train_seconds_;
   const size_t device_peak = backend_.memory_use().peak;
   nlohmann::json summary = {{"steps", cfg_.training.steps},
                             {"tokens", static_cast<int64_t>(tokens)},
                             {"steps_this_run", steps_here},
                             {"wall_s", wall_seconds},
-                            {"train_s", train_seconds},
-                            {"tokens_per_s", tokens_here / train_seconds},
+                            {"train_s", train_seconds_},
+                            {"tokens_per_s", tokens_here / train_seconds_},
                             {"model_flops_per_s", flops_per_s},
                             {"mfu", nullptr},  // null without a known peak
                             {"mfu_mix", nullptr},
@@ -280,7 +279,7 @@ size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
     // A precision schedule's phases (and a rollback's bf16 fallback) have their own mixed peaks:
     // their mean over the time trained.
     const bool mixed = totals.scheduled || totals.guard_rollbacks > 0;
-    const double mix = mixed && train_seconds > 0 ? mix_peak_seconds_ / train_seconds : peaks_->mix;
+    const double mix = mixed && train_seconds_ > 0 ? mix_peak_seconds_ / train_seconds_ : peaks_->mix;
     summary["mfu_mix"] = flops_per_s / mix;
     summary["peak_mix_flops"] = mix;
     if (flops_per_s > mix) summary["ceiling_stale"] = true;
@@ -292,7 +291,7 @@ size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
   std::string line = "done: " + std::to_string(cfg_.training.steps) + " steps, " + format_thousands(tokens) +
                      " tokens" +
                      (steps_here < cfg_.training.steps ? " (" + std::to_string(steps_here) + " steps in this run)" : "") +
-                     " in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens_here / train_seconds) +
+                     " in " + format_duration(wall_seconds) + " | mean " + format_thousands(tokens_here / train_seconds_) +
                      " tok/s | best val_loss " + format_number("%.4f", summary["best_val_loss"].get<double>()) +
                      " at step " + std::to_string(best_val_step_);
   if (synthetic_) {

@@ -64,11 +64,10 @@ void generate(Transformer& model, std::vector<int32_t>& tokens, const GenerateOp
   }
 }
 
-TrainingSamples::TrainingSamples(const ModelShape& shape, int seq_len, std::optional<Tokenizer> tokenizer,
+TrainingSamples::TrainingSamples(const ModelShape& shape, std::optional<Tokenizer> tokenizer,
                                  std::string prompt, std::vector<int32_t> prompt_tokens, uint64_t seed, int tokens,
                                  double temperature)
     : shape_(shape),
-      seq_len_(seq_len),
       tokenizer_(std::move(tokenizer)),
       prompt_(std::move(prompt)),
       prompt_tokens_(std::move(prompt_tokens)),
@@ -81,7 +80,7 @@ TrainingSamples::~TrainingSamples() = default;
 std::string TrainingSamples::at_step(int64_t step, Backend& backend, const Transformer& model) {
   if (!model_) {
     backend_ = make_cpu_backend(0);  // 0: the threads training set, unchanged
-    model_ = std::make_unique<Transformer>(shape_, *backend_, DType::f32, 1, seq_len_);
+    model_ = std::make_unique<Transformer>(shape_, *backend_, DType::f32, 1, shape_.max_seq_len);
   }
   std::vector<float> weights(static_cast<size_t>(model.num_params()));
   backend.download(weights.data(), model.master_flat());

@@ -42,8 +42,9 @@ void generate(Transformer& model, std::vector<int32_t>& tokens, const GenerateOp
 // untouched by them (its losses are the same with samples on or off).
 class TrainingSamples {
  public:
-  // `prompt` as written (logging.sample_prompt) and encoded; `tokenizer` absent: token ids shown.
-  TrainingSamples(const ModelShape& shape, int seq_len, std::optional<Tokenizer> tokenizer, std::string prompt,
+  // A model of `shape` over its whole context; `prompt` as written (logging.sample_prompt) and
+  // encoded; `tokenizer` absent: token ids shown.
+  TrainingSamples(const ModelShape& shape, std::optional<Tokenizer> tokenizer, std::string prompt,
                   std::vector<int32_t> prompt_tokens, uint64_t seed, int tokens, double temperature);
   ~TrainingSamples();
   // The sample after `step` from `model`'s master weights (on `backend`), as the log shows it.
@@ -51,7 +52,6 @@ class TrainingSamples {
 
  private:
   ModelShape shape_;
-  int seq_len_;
   std::optional<Tokenizer> tokenizer_;
   std::string prompt_;
   std::vector<int32_t> prompt_tokens_;

@@ -77,7 +77,7 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
       inputs_(static_cast<size_t>(spec_.batch.tokens_per_micro_batch())),
       targets_(static_cast<size_t>(spec_.batch.tokens_per_micro_batch())) {
   if (comm_->is_main() && cfg_.logging.sample_every > 0)
-    samples_.emplace(spec_.shape, cfg_.model.seq_len, plan.data.sample_tokenizer, cfg_.logging.sample_prompt,
+    samples_.emplace(spec_.shape, plan.data.sample_tokenizer, cfg_.logging.sample_prompt,
                      plan.data.sample_prompt, static_cast<uint64_t>(cfg_.run.seed), cfg_.logging.sample_tokens,
                      cfg_.logging.sample_temperature);
   comm_->set_compute_stream(backend_->stream());
