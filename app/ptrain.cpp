@@ -33,6 +33,28 @@
 
 namespace {
 
+constexpr int64_t kMaxWhole = INT64_MAX;
+
+// A whole-number flag's range, checked on the text as given: a sign, a fraction or a value
+// outside [lo, hi] is refused naming the flag and the range (an unsigned flag would take -3 as
+// 2^64 - 3, and CLI11's own range check prints a double's bounds).
+CLI::Validator whole_number(int64_t lo, int64_t hi) {
+  const std::string range = "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        size_t used = 0;
+        int64_t value = 0;
+        try {
+          value = std::stoll(text, &used, 10);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || value < lo || value > hi) return text + "; expected " + range;
+        return std::string();
+      },
+      std::to_string(lo) + ".." + std::to_string(hi));
+}
+
 constexpr int kExitBadInput = 2;
 constexpr int kExitFailure = 1;
 constexpr int kExitRegressed = 3;  // ptrain compare --fail-on-regression
@@ -47,15 +69,15 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
       "  ptrain train configs/quickstart.yaml --set training.steps=50 --set run.name=short\n"
       "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing\n"
       "  ptrain train run.yaml --set checkpoint.resume=auto   # continue from the newest checkpoint\n"
-      "Ctrl-C (SIGINT) or SIGTERM finishes the current step, saves a checkpoint and exits 0;\n"
-      "a second signal exits at once (earlier checkpoints stay valid).\n"
+      "Ctrl-C (SIGINT) or SIGTERM stops after the current micro-batch, saves the last completed\n"
+      "step and exits 0; a second signal exits at once (earlier checkpoints stay valid).\n"
       "Exit codes: 0 done, 2 bad input, 4 stopped by the divergence guard (training.guard), 1 other.");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
   cmd->add_option("--stop-at", stop_at,
                   "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)")
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, kMaxWhole));
 }
 
 void add_bench_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides, bool& profile) {
@@ -100,7 +122,8 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
   cmd->add_option("--modes", args.modes,
                   "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block, and precision "
                   "schedules: schedule (the config's own), schedule:fp8-then-bf16, schedule:bf16-then-fp8");
-  cmd->add_option("--steps", args.options.steps, "With a config: override training.steps");
+  cmd->add_option("--steps", args.options.steps, "With a config: override training.steps")
+      ->check(whole_number(1, kMaxWhole));
   cmd->add_option("--out", args.options.out_dir, "Report directory (default: <out_dir>/compare-<run.name>, or compare-report)");
   cmd->add_option("--reference", args.options.reference, "The mode the others are measured against (default: the first)");
   cmd->add_option("--tolerance", args.options.tolerance_pct,
@@ -156,10 +179,16 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
       "Example:\n  ptrain sample --checkpoint runs/quickstart/checkpoints/step_00000600 --prompt \"Call me\" --tokens 200");
   sample->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   sample->add_option("--prompt", a.sample.prompt, "Text to continue");
-  sample->add_option("--tokens", a.sample.tokens, "Tokens to generate")->capture_default_str();
+  sample->add_option("--tokens", a.sample.tokens, "Tokens to generate")
+      ->check(whole_number(1, 1 << 20))
+      ->capture_default_str();
   sample->add_option("--temperature", a.sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
-  sample->add_option("--top-k", a.sample.top_k, "Sample among the k most likely tokens; 0 = all")->capture_default_str();
-  sample->add_option("--seed", a.sample.seed, "Seed of the draws")->capture_default_str();
+  sample->add_option("--top-k", a.sample.top_k, "Sample among the k most likely tokens; 0 = all")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str();
+  sample->add_option("--seed", a.sample.seed, "Seed of the draws")
+      ->check(whole_number(0, kMaxWhole))
+      ->capture_default_str();
   sample->add_option("--vocab", a.sample.vocabulary, "gpt2: the vocabulary the shards were made with, if not the default");
   sample->add_flag("--ignore-eot", a.sample.ignore_end_of_text, "Go on past <|endoftext|> instead of stopping");
   sample->add_flag("--no-kv-cache{false}", a.sample.kv_cache,
@@ -214,11 +243,19 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
       "Example:\n"
       "  ptrain data synth --out data/markov --vocab 256 --order 2 --tokens 2000000 --seed 7");
   s->add_option("--out", synth.out, "Output directory")->required();
-  s->add_option("--vocab", synth.vocab, "Vocabulary size V")->capture_default_str();
-  s->add_option("--order", synth.order, "Context length K of the source")->capture_default_str();
-  s->add_option("--branching", synth.branching, "Successor tokens allowed per context")->capture_default_str();
-  s->add_option("--tokens", synth.tokens, "Tokens in total (train + val)")->capture_default_str();
-  s->add_option("--seed", synth.seed, "Seed of the source and the sample")->capture_default_str();
+  s->add_option("--vocab", synth.vocab, "Vocabulary size V")->check(whole_number(2, 65536))->capture_default_str();
+  s->add_option("--order", synth.order, "Context length K of the source")
+      ->check(whole_number(1, INT32_MAX))
+      ->capture_default_str();
+  s->add_option("--branching", synth.branching, "Successor tokens allowed per context")
+      ->check(whole_number(1, 65536))
+      ->capture_default_str();
+  s->add_option("--tokens", synth.tokens, "Tokens in total (train + val)")
+      ->check(whole_number(1, kMaxWhole))
+      ->capture_default_str();
+  s->add_option("--seed", synth.seed, "Seed of the source and the sample")
+      ->check(whole_number(0, kMaxWhole))
+      ->capture_default_str();
   s->add_option("--val-fraction", synth.val_fraction, "Share of tokens in the val split")->capture_default_str();
 
   CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (GPT-2's BPE or bytes) into llm.c token shards");
@@ -241,9 +278,14 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
   auto* fraction = p->add_option("--val-fraction", prepare.val_fraction, "Share of tokens in the val split")
                        ->capture_default_str();
   p->add_option("--val-tokens", prepare.val_tokens, "Tokens in the val split (instead of --val-fraction)")
+      ->check(whole_number(1, kMaxWhole))
       ->excludes(fraction);
-  p->add_option("--shard-tokens", prepare.shard_tokens, "Tokens per shard at most")->capture_default_str();
-  p->add_option("--threads", prepare.threads, "Threads tokenizing; 0 = all cores")->capture_default_str();
+  p->add_option("--shard-tokens", prepare.shard_tokens, "Tokens per shard at most")
+      ->check(whole_number(1, INT32_MAX))
+      ->capture_default_str();
+  p->add_option("--threads", prepare.threads, "Threads tokenizing; 0 = all cores")
+      ->check(whole_number(0, ptrain::kMaxPrepareThreads))
+      ->capture_default_str();
   p->add_option("--separator", prepare.separator, "Cut files into documents at this string (e.g. a line of ===)");
   p->add_option("--invalid-utf8", invalid_utf8,
                 "gpt2: error (name the file and byte offset) or replace (U+FFFD, as Python's errors=\"replace\")")
@@ -406,6 +448,9 @@ int main(int argc, char** argv) {
   // A file-size limit (ulimit -f) then fails the write with EFBIG, which names the file, instead
   // of killing the process with SIGXFSZ halfway through a save.
   std::signal(SIGXFSZ, SIG_IGN);
+  // A closed standard output (`ptrain train run.yaml | head -1`) must not kill a run: writes to
+  // it fail with EPIPE instead, which the console sink ignores; log.txt and metrics.jsonl go on.
+  std::signal(SIGPIPE, SIG_IGN);
   // Each token shard stays open while a run reads it: a corpus of thousands of shards needs more
   // descriptors than the usual soft limit of 1024, so take what the hard limit allows.
   struct rlimit files {};

@@ -210,6 +210,39 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature inf"), 2, {"--temperature"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at 0"), 2, {"--stop-at"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at -1"), 2, {"--stop-at"});
+  // Every whole-number flag: its name and its range, never a wrapped or silently ignored value.
+  const std::string whole = "expected a whole number from ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"train run.yaml --set run.name=s --stop-at 0", "--stop-at: 0; " + whole + "1 to 9223372036854775807"},
+      {"train run.yaml --set run.name=s --stop-at 2.5", "--stop-at: 2.5; " + whole + "1"},
+      {"compare run.yaml --modes fp32,bf16 --out cmp --steps 0", "--steps: 0; " + whole + "1"},
+      {"compare run.yaml --modes fp32,bf16 --out cmp --steps -3", "--steps: -3; " + whole + "1"},
+      {"sample --checkpoint " + ck + " --seed -3", "--seed: -3; " + whole + "0 to 9223372036854775807"},
+      {"sample --checkpoint " + ck + " --tokens 0", "--tokens: 0; " + whole + "1 to 1048576"},
+      {"sample --checkpoint " + ck + " --tokens 2000000", "--tokens: 2000000; " + whole + "1 to 1048576"},
+      {"sample --checkpoint " + ck + " --top-k -1", "--top-k: -1; " + whole + "0"},
+      {"data synth --out synth --seed -1", "--seed: -1; " + whole + "0"},
+      {"data synth --out synth --vocab 0", "--vocab: 0; " + whole + "2 to 65536"},
+      {"data synth --out synth --tokens 1e6", "--tokens: 1e6; " + whole + "1"},
+      {"data prepare --input run.yaml --out prepared --threads 100000", "--threads: 100000; " + whole + "0 to 1024"},
+      {"data prepare --input run.yaml --out prepared --val-tokens 0", "--val-tokens: 0; " + whole + "1"},
+      {"data prepare --input run.yaml --out prepared --shard-tokens 0", "--shard-tokens: 0; " + whole + "1"},
+  };
+  for (const auto& [args, message] : cases) {
+    INFO(args);
+    expect_refused(ws, before, ws.ptrain(args), 2, {message});
+  }
+  // Config numbers whose extremes broke runs: a margin that makes every scale 0, and amax
+  // histories that make a state.json ptrain refuses to read back (resume then lost the run).
+  expect_refused(ws, before, ws.train("--set run.name=s --set precision.mode=fp8 --set precision.fp8.margin=1000"), 2,
+                 {"precision.fp8.margin: 1000 is out of range", "[0, 32]"});
+  expect_refused(ws, before,
+                 ws.train("--set run.name=s --set precision.mode=fp8 --set precision.fp8.amax_history=700000"), 2,
+                 {"precision.fp8.amax_history: 700000 is out of range", "[1, 1024]"});
+  expect_refused(ws, before,
+                 ws.train("--set run.name=s --set precision.mode=fp8 --set precision.fp8.amax_history=1024 "
+                          "--set model.n_layer=1000"),
+                 2, {"precision.fp8.amax_history: 1024 values for each of 12000 FP8 tensors", "expected at most 111"});
 }
 
 TEST_CASE("null in a --set flag removes the key, then the config is validated", "[hardening]") {

@@ -197,7 +197,13 @@ TEST_CASE("resume auto skips a corrupt newest checkpoint and keep_last prunes", 
   CHECK(r.output.find("step_00000005") != std::string::npos);
   CHECK(r.output.find("SHA-256") != std::string::npos);
   CHECK(r.output.find("no state.json") != std::string::npos);
-  CHECK(r.output.find("resumed from runs/r/checkpoints/step_00000003") != std::string::npos);
+  const std::vector<nlohmann::json> resumes = records_with(ws.run("r") / "metrics.jsonl", "resume");
+  REQUIRE(resumes.size() == 1);
+  const nlohmann::json& resume = resumes[0]["resume"];
+  CHECK(resume["step"] == 3);  // past the corrupt 5 and the incomplete 4
+  CHECK(resume["from"] == "runs/r/checkpoints/step_00000003");
+  CHECK(r.output.find("resumed from " + resume["from"].get<std::string>() + " after step " +
+                      std::to_string(resume["step"].get<int64_t>())) != std::string::npos);
 }
 
 TEST_CASE("bad checkpoints to resume from exit 2 and change nothing", "[checkpoint]") {
@@ -236,7 +242,7 @@ TEST_CASE("a checkpoint directory that cannot be written is reported before trai
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("checkpoint.dir") != std::string::npos);
   CHECK(r.output.find("/proc/ptrain-checkpoints") != std::string::npos);
-  CHECK(r.output.find("step 1/") == std::string::npos);
+  CHECK(losses_by_step(ws.run("r") / "metrics.jsonl").empty());  // no step trained
 }
 
 // Runs a shell script (in the workspace) and returns what it printed.
@@ -286,13 +292,18 @@ TEST_CASE("a failed save keeps the earlier checkpoints and stops or continues as
     INFO(out);
     CHECK(out.find("checkpoint at step 3 failed") != std::string::npos);
     CHECK(out.find("training continues") != std::string::npos);
-    CHECK(out.find("step 4/4") != std::string::npos);
+    const std::map<int64_t, double> trained = losses_by_step(ws.run("r") / "metrics.jsonl");
+    REQUIRE(!trained.empty());
+    CHECK(trained.rbegin()->first == 4);  // step 4 trained after step 3's save failed
     CHECK(out.find("checkpoint at step 4 failed") != std::string::npos);
     CHECK(out.find("the final checkpoint") != std::string::npos);
     CHECK(out.find("File too large") != std::string::npos);
     CHECK(out.find("rc=1") != std::string::npos);
   }
   CHECK(read_file(ckpts / "latest") == "step_00000002\n");
+  const std::vector<nlohmann::json> saved = checkpoints_saved(ws.run("r") / "metrics.jsonl");
+  REQUIRE(!saved.empty());
+  CHECK(saved.back()["step"] == 2);  // no save after the first run's
   CHECK(read_file(ckpts / "step_00000002/weights.safetensors") == weights_before);
   CHECK_FALSE(fs::exists(ckpts / "step_00000003"));
   CHECK_FALSE(fs::exists(ckpts / ".step_00000003.tmp"));
@@ -329,10 +340,13 @@ TEST_CASE("kill -9 inside a save leaves the newest complete checkpoint, which re
                                            std::to_string(newest + 1));
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
-    char expected[64];
-    std::snprintf(expected, sizeof expected, "resumed from runs/r/checkpoints/step_%08lld after step %lld",
-                  static_cast<long long>(newest), static_cast<long long>(newest));
-    CHECK(resumed.output.find(expected) != std::string::npos);
+    const std::vector<nlohmann::json> resumes = records_with(ws.run("r") / "metrics.jsonl", "resume");
+    REQUIRE(!resumes.empty());
+    const nlohmann::json& resume = resumes.back()["resume"];
+    CHECK(resume["step"] == newest);
+    CHECK(fs::path(resume["from"].get<std::string>()).filename().string() == checkpoint_name(newest));
+    CHECK(resumed.output.find("resumed from " + resume["from"].get<std::string>() + " after step " +
+                              std::to_string(resume["step"].get<int64_t>())) != std::string::npos);
     CHECK(resumed.output.find("not usable") == std::string::npos);
   }
   CHECK(inside_a_save >= 1);  // the kills did land inside saves (a temporary directory was left)
@@ -429,4 +443,22 @@ TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "
   j["fp8"][1]["scale_bits"] = 0x7fc00000u;
   CHECK_THROWS_WITH(state_from_json(j), Catch::Contains("fp8[1].scale_bits") && Catch::Contains("finite scale"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("the largest FP8 delayed-scaling state a config allows is a state.json ptrain reads back", "[checkpoint]") {
+  // The bound the run plan holds configs to is above what save_checkpoint writes for full
+  // histories of the widest values, and what it allows fits the read limit.
+  for (const int64_t tensors : {int64_t{12}, int64_t{12} * 96, int64_t{12} * 1024}) {
+    const int64_t most = longest_history_within(tensors);
+    INFO(tensors << " FP8 tensors, histories of " << most);
+    CHECK(state_bytes_bound(tensors, most) <= kMaxStateBytes);
+    CHECK(state_bytes_bound(tensors, most + 1) > kMaxStateBytes);
+  }
+  // state.json as save_checkpoint writes it, each history value the widest text it can take.
+  CheckpointState state;
+  state.step = 1;
+  state.model = model_json(ModelConfig{});
+  for (int t = 0; t < 12; ++t)
+    state.fp8.push_back({"h1023.mlp_down.grad", std::vector<float>(1024, -3.40282347e38f), -3.40282347e38f});
+  CHECK(static_cast<int64_t>(state_to_json(state).dump(2).size() + 1) <= state_bytes_bound(12, 1024));
 }

@@ -450,7 +450,16 @@ TEST_CASE("compare takes precision schedules as modes: a preset and the config's
   CHECK(read_json_file(ws.dir / "out/runs/tiny-fp32/summary.json")["precision"] == "fp32");
   const std::string html = read_file(ws.dir / "out/report.html");
   for (const char* label : {"fp8:current&gt;bf16@5", "bf16&gt;fp8:current@2"}) CHECK(html.find(label) != std::string::npos);
-  CHECK(r.output.find("precision: step 6 starts phase 2 of 2, fp8:current -> bf16") != std::string::npos);
+  const std::vector<nlohmann::json> switches =
+      records_with(ws.dir / "out/runs/tiny-fp8-current-bf16-5/metrics.jsonl", "precision_phase");
+  REQUIRE(switches.size() == 1);
+  const nlohmann::json& phase = switches[0]["precision_phase"];
+  CHECK(switches[0]["step"] == 6);
+  CHECK(phase["from"] == "fp8:current");
+  CHECK(phase["to"] == "bf16");
+  CHECK(r.output.find("precision: step " + std::to_string(switches[0]["step"].get<int64_t>()) + " starts phase " +
+                      std::to_string(phase["phase"].get<int64_t>()) + " of 2, " + phase["from"].get<std::string>() +
+                      " -> " + phase["to"].get<std::string>()) != std::string::npos);
   // A schedule's label is too wide for the legend column: one line per phase.
   const std::string chart = read_file(ws.dir / "out/loss.svg");
   CHECK(chart.find(">fp8:current&gt;</text>") != std::string::npos);

@@ -94,11 +94,28 @@ std::vector<double> losses(const fs::path& metrics) {
 }
 
 // The guard's records in metrics.jsonl, in order.
-std::vector<nlohmann::json> guard_events(const fs::path& metrics) {
-  std::vector<nlohmann::json> out;
-  for (const auto& m : read_metrics(metrics))
-    if (m.contains("guard")) out.push_back(m);
-  return out;
+std::vector<nlohmann::json> guard_events(const fs::path& metrics) { return records_with(metrics, "guard"); }
+
+// The guard's stop as the run's error says it: step and reason as its record holds them.
+std::string stop_message(const nlohmann::json& stop) {
+  return "training stopped by the divergence guard at step " + std::to_string(stop["step"].get<int64_t>()) + ": " +
+         stop["reason"].get<std::string>();
+}
+
+// The start of the guard's rollback warning, from its record: the checkpoint, its step and the
+// first step of the bf16 fallback; the fallback's end follows.
+std::string rollback_message(const nlohmann::json& rollback) {
+  const int64_t to = rollback["to_step"].get<int64_t>();
+  return "rolled back to " + rollback["checkpoint"].get<std::string>() + " (step " + std::to_string(to) +
+         "): bf16 from step " + std::to_string(to + 1) + " ";
+}
+
+// A resume as the log says it, from its record, with the note of a precision changed since the save.
+std::string resume_message(const nlohmann::json& resume) {
+  const nlohmann::json& r = resume["resume"];
+  return "resumed from " + r["from"].get<std::string>() + " after step " + std::to_string(r["step"].get<int64_t>()) +
+         " (saved under precision " + r["saved_precision"].get<std::string>() + ", now " +
+         r["precision"].get<std::string>() + "; the FP32 master weights carry over)";
 }
 
 // A checkpoint's tensors (weights and AdamW moments), by name.
@@ -147,13 +164,15 @@ TEST_CASE("guard stop: a spike held for spike_steps steps exits 4 at its last st
   const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, loss_spikes({25, 26}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
-  CHECK(r.output.find("training stopped by the divergence guard at step 26: loss ") != std::string::npos);
-  CHECK(r.output.find("standard deviations above the mean of the last 10 steps") != std::string::npos);
-  CHECK(r.output.find("for 2 steps in a row") != std::string::npos);
   const std::vector<nlohmann::json> events = guard_events(ws.dir / "runs/div/metrics.jsonl");
   REQUIRE(events.size() == 1);
   CHECK(events[0]["guard"] == "stop");
   CHECK(events[0]["step"] == 26);
+  const std::string why = events[0]["reason"].get<std::string>();
+  CHECK(why.rfind("loss ", 0) == 0);
+  CHECK(why.find("standard deviations above the mean of the last 10 steps") != std::string::npos);
+  CHECK(why.find("for 2 steps in a row") != std::string::npos);
+  CHECK(r.output.find(stop_message(events[0])) != std::string::npos);
   // Steps before the stop were trained and logged (the first spiking one too); none after it.
   CHECK(losses(ws.dir / "runs/div/metrics.jsonl").size() == 25);
 }
@@ -164,8 +183,16 @@ TEST_CASE("guard stop: a non-finite loss stops at once, whatever spike_zscore sa
   const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, "loss:17:nan");
   INFO(r.output);
   CHECK(r.exit_code == 4);
-  CHECK(r.output.find("training stopped by the divergence guard at step 17: the loss is nan") != std::string::npos);
-  CHECK(r.output.find("the newest checkpoint is runs/div/checkpoints/step_00000010") != std::string::npos);
+  const std::vector<nlohmann::json> events = guard_events(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(events.size() == 1);
+  CHECK(events[0]["guard"] == "stop");
+  CHECK(events[0]["step"] == 17);
+  CHECK(events[0]["reason"] == "the loss is nan");
+  CHECK(r.output.find(stop_message(events[0])) != std::string::npos);
+  const std::vector<nlohmann::json> saved = checkpoints_saved(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(saved.size() == 1);
+  CHECK(saved[0]["step"] == 10);
+  CHECK(r.output.find("the newest checkpoint is " + saved[0]["path"].get<std::string>()) != std::string::npos);
 }
 
 TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a resume across them is exact",
@@ -187,7 +214,7 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
   CHECK(events[1]["step"] == 27);
   const nlohmann::json summary = nlohmann::json::parse(read_file(ws.dir / "runs/div/summary.json"));
   CHECK(summary["guard_skipped_steps"] == 2);
-  CHECK(count_of(r.output, "its update skipped") == 2);
+  CHECK(count_of(r.output, "its update skipped") == events.size());
   // A skipped update leaves the weights and the moments as they were; an applied one does not.
   const fs::path ckpts = ws.dir / "runs/div/checkpoints";
   const auto at = [&](int step) { return checkpoint_tensors(ckpts / ("step_000000" + std::to_string(step))); };
@@ -208,7 +235,14 @@ TEST_CASE("guard skip: the spiking steps' updates are skipped and counted, and a
   std::vector<double> split;
   for (const auto& [step, loss] : losses_by_step(ws.dir / "runs/split/metrics.jsonl")) split.push_back(loss);
   CHECK(split == whole);
-  CHECK(count_of(resumed.output, "its update skipped") == 2);
+  // The skips are the resumed invocation's (steps after 20), the same steps as the whole run's.
+  const std::vector<nlohmann::json> split_events = guard_events(ws.dir / "runs/split/metrics.jsonl");
+  REQUIRE(split_events.size() == events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    CHECK(split_events[i]["guard"] == events[i]["guard"]);
+    CHECK(split_events[i]["step"] == events[i]["step"]);
+  }
+  CHECK(count_of(resumed.output, "its update skipped") == split_events.size());
 }
 
 TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and stops", "[guard]") {
@@ -218,9 +252,21 @@ TEST_CASE("guard skip gives up after max_skips skipped updates in a row, and sto
   const InProcessRun r = train_in_process(ws.dir, "run.yaml", {}, loss_spikes({25, 26, 27, 28}));
   INFO(r.output);
   CHECK(r.exit_code == 4);
-  CHECK(count_of(r.output, "its update skipped") == 2);  // steps 26 and 27
-  CHECK(r.output.find("at step 27: ") != std::string::npos);
-  CHECK(r.output.find("and 2 updates in a row were skipped (training.guard.max_skips)") != std::string::npos);
+  // Steps 26 and 27 skipped, then the stop at 27.
+  const std::vector<nlohmann::json> events = guard_events(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(events.size() == 3);
+  CHECK(events[0]["guard"] == "skip");
+  CHECK(events[0]["step"] == 26);
+  CHECK(events[1]["guard"] == "skip");
+  CHECK(events[1]["step"] == 27);
+  CHECK(events[2]["guard"] == "stop");
+  CHECK(events[2]["step"] == 27);
+  const size_t skips = events.size() - 1;
+  CHECK(count_of(r.output, "its update skipped") == skips);
+  const std::string why = events[2]["reason"].get<std::string>();
+  CHECK(why.find(", and " + std::to_string(skips) + " updates in a row were skipped (training.guard.max_skips)") !=
+        std::string::npos);
+  CHECK(r.output.find(stop_message(events[2])) != std::string::npos);
 }
 
 TEST_CASE("a step whose gradients overflow is not applied, counted as skipped, and training goes on", "[guard]") {
@@ -267,8 +313,7 @@ TEST_CASE("guard rollback: a spiking fp8 run goes back to the checkpoint before 
   CHECK(e["to_step"] == 30);  // the newest checkpoint before the spiking step
   CHECK(e["fallback"] == "bf16");
   CHECK(e["fallback_last"].is_null());
-  CHECK(r.output.find("rolled back to runs/div/checkpoints/step_00000030 (step 30): bf16 from step 31 to the end of "
-                      "the run") != std::string::npos);
+  CHECK(r.output.find(rollback_message(e) + "to the end of the run") != std::string::npos);
   const nlohmann::json summary = nlohmann::json::parse(read_file(ws.dir / "runs/div/summary.json"));
   CHECK(summary["guard_rollbacks"] == 1);
   CHECK(summary["precision"] == "fp8:delayed");
@@ -311,9 +356,13 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
       CHECK(m["precision_phase"]["from"] == "bf16");
       CHECK(m["precision_phase"]["to"] == "fp8:delayed");
     }
-  CHECK(back == std::vector<int64_t>{41});
-  CHECK(r.output.find("bf16 from step 31 to step 40, then fp8:delayed again") != std::string::npos);
-  CHECK(r.output.find("precision: step 41 ends the guard's bf16 fallback: fp8:delayed again") != std::string::npos);
+  REQUIRE(back.size() == 1);
+  CHECK(back[0] == 41);
+  CHECK(r.output.find(rollback_message(events[0]) + "to step " +
+                      std::to_string(events[0]["fallback_last"].get<int64_t>()) + ", then fp8:delayed again") !=
+        std::string::npos);
+  CHECK(r.output.find("precision: step " + std::to_string(back[0]) +
+                      " ends the guard's bf16 fallback: fp8:delayed again") != std::string::npos);
 
   // Stopped inside the fallback (after the rollback) and resumed: its checkpoint keeps the
   // fallback, so the resumed run trains in bf16 to its end and then in fp8, as the whole run did.
@@ -322,7 +371,13 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   const InProcessRun resumed = train_in_process(ws.dir, "split.yaml", {"run.name=split", "checkpoint.resume=auto"}, faults);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.output.find("precision: resuming at step 35 in the guard's bf16 fallback") != std::string::npos);
+  const std::vector<nlohmann::json> split_resumes = records_with(ws.dir / "runs/split/metrics.jsonl", "resume");
+  REQUIRE(split_resumes.size() == 1);
+  CHECK(split_resumes[0]["resume"]["step"] == 34);
+  CHECK(split_resumes[0]["resume"]["precision"] == "bf16");
+  CHECK(resumed.output.find("precision: resuming at step " +
+                            std::to_string(split_resumes[0]["resume"]["step"].get<int64_t>() + 1) +
+                            " in the guard's bf16 fallback") != std::string::npos);
   const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
   REQUIRE(whole.size() == 60);
   CHECK(losses_by_step(ws.dir / "runs/split/metrics.jsonl") == whole);
@@ -333,8 +388,12 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   const InProcessRun edge = train_in_process(ws.dir, "split.yaml", {"run.name=edge", "checkpoint.resume=auto"}, faults);
   INFO(edge.output);
   REQUIRE(edge.exit_code == 0);
-  CHECK(edge.output.find("resumed from runs/edge/checkpoints/step_00000040 after step 40 (saved under precision bf16, "
-                         "now fp8:delayed; the FP32 master weights carry over)") != std::string::npos);
+  const std::vector<nlohmann::json> edge_resumes = records_with(ws.dir / "runs/edge/metrics.jsonl", "resume");
+  REQUIRE(edge_resumes.size() == 1);
+  CHECK(edge_resumes[0]["resume"]["step"] == 40);
+  CHECK(edge_resumes[0]["resume"]["saved_precision"] == "bf16");
+  CHECK(edge_resumes[0]["resume"]["precision"] == "fp8:delayed");
+  CHECK(edge.output.find(resume_message(edge_resumes[0])) != std::string::npos);
   CHECK(losses_by_step(ws.dir / "runs/edge/metrics.jsonl") == whole);
 }
 
@@ -349,13 +408,38 @@ TEST_CASE("guard rollback: diverging again onto the same checkpoint stops (exit 
   const InProcessRun r = train_in_process(ws.dir, "run.yaml", {"checkpoint.every=4"}, loss_spikes({32, 33}, 2));
   INFO(r.output);
   CHECK(r.exit_code == 4);
-  CHECK(r.output.find("rolled back to runs/div/checkpoints/step_00000028 (step 28)") != std::string::npos);
-  CHECK(r.output.find("set aside runs/div/checkpoints/step_00000032.superseded: it came after the checkpoint the guard "
-                      "rolled back to") != std::string::npos);
-  CHECK(fs::exists(ws.dir / "runs/div/checkpoints/step_00000032.superseded"));
-  CHECK(r.output.find("training stopped by the divergence guard at step 33: ") != std::string::npos);
-  CHECK(r.output.find("again after rolling back to the checkpoint of step 28: the bf16 fallback (to step 30) did not "
-                      "prevent it; a longer training.guard.fallback_steps (0: to the end) might") != std::string::npos);
+  const fs::path metrics = ws.dir / "runs/div/metrics.jsonl";
+  const std::vector<nlohmann::json> events = guard_events(metrics);
+  REQUIRE(events.size() == 2);
+  const nlohmann::json &rollback = events[0], &stop = events[1];
+  CHECK(rollback["guard"] == "rollback");
+  CHECK(rollback["step"] == 33);
+  CHECK(rollback["to_step"] == 28);
+  CHECK(rollback["fallback_last"] == 30);
+  const std::string to = std::to_string(rollback["to_step"].get<int64_t>());
+  const std::string last = std::to_string(rollback["fallback_last"].get<int64_t>());
+  CHECK(r.output.find(rollback_message(rollback) + "to step " + last + ", then fp8:delayed again") !=
+        std::string::npos);
+  // The first pass's checkpoints after the one rolled back to (step 32's, inside the spike) are
+  // set aside.
+  std::vector<std::string> superseded;
+  for (const auto& m : read_metrics(metrics)) {
+    if (m.contains("guard")) break;
+    if (m.contains("checkpoint") && m["checkpoint"]["step"] > rollback["to_step"])
+      superseded.push_back(m["checkpoint"]["path"].get<std::string>() + ".superseded");
+  }
+  REQUIRE(superseded.size() == 1);
+  CHECK(superseded[0] == "runs/div/checkpoints/step_00000032.superseded");
+  CHECK(r.output.find("set aside " + superseded[0] + ": it came after the checkpoint the guard rolled back to") !=
+        std::string::npos);
+  CHECK(fs::exists(ws.dir / superseded[0]));
+  CHECK(stop["guard"] == "stop");
+  CHECK(stop["step"] == 33);
+  const std::string again = "again after rolling back to the checkpoint of step " + to +
+                            ": the bf16 fallback (to step " + last +
+                            ") did not prevent it; a longer training.guard.fallback_steps (0: to the end) might";
+  CHECK(stop["reason"].get<std::string>().find(again) != std::string::npos);
+  CHECK(r.output.find(stop_message(stop)) != std::string::npos);
   // `latest` names a checkpoint that is there (step 32's of the fallback's branch), not one set aside.
   std::string latest = read_file(ws.dir / "runs/div/checkpoints/latest");
   latest.pop_back();

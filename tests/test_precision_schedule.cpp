@@ -51,6 +51,14 @@ std::map<int64_t, double> losses(const fs::path& metrics) {
   return by_step;
 }
 
+// The log's line for a precision_phase record of a two-phase schedule, up to its parenthesis.
+std::string switch_message(const nlohmann::json& record) {
+  const nlohmann::json& p = record["precision_phase"];
+  return "precision: step " + std::to_string(record["step"].get<int64_t>()) + " starts phase " +
+         std::to_string(p["phase"].get<int64_t>()) + " of 2, " + p["from"].get<std::string>() + " -> " +
+         p["to"].get<std::string>();
+}
+
 TEST_CASE("precision.schedule: phases resolve against training.steps and survive the resolved config", "[precision_schedule]") {
   const Config c = parse_config(kBase +
                                     "precision:\n"
@@ -127,18 +135,21 @@ TEST_CASE("precision.schedule switches at the boundary step, says so, and resume
   const InProcessRun r = train_in_process(ws.dir, "run.yaml");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("precision fp8:delayed for steps 1-8, then bf16 for steps 9-20") != std::string::npos);
-  CHECK(r.output.find("precision: step 9 starts phase 2 of 2, fp8:delayed -> bf16 (FP8 scaling state dropped; "
-                      "loss scaler restarted)") != std::string::npos);
-  std::vector<nlohmann::json> switches;
-  for (const auto& m : read_metrics(ws.dir / "runs/r/metrics.jsonl"))
-    if (m.contains("precision_phase")) switches.push_back(m);
+  const std::vector<nlohmann::json> switches = records_with(ws.dir / "runs/r/metrics.jsonl", "precision_phase");
   REQUIRE(switches.size() == 1);
   CHECK(switches[0]["step"] == 9);
+  CHECK(switches[0]["precision_phase"]["phase"] == 2);
   CHECK(switches[0]["precision_phase"]["from"] == "fp8:delayed");
   CHECK(switches[0]["precision_phase"]["to"] == "bf16");
   const nlohmann::json summary = nlohmann::json::parse(read_file(ws.dir / "runs/r/summary.json"));
   CHECK(summary["precision"] == "fp8:delayed>bf16@8");
+  CHECK(summary["steps"] == 20);
+  const int64_t boundary = switches[0]["step"].get<int64_t>();
+  CHECK(r.output.find("precision fp8:delayed for steps 1-" + std::to_string(boundary - 1) + ", then bf16 for steps " +
+                      std::to_string(boundary) + "-" + std::to_string(summary["steps"].get<int64_t>())) !=
+        std::string::npos);
+  CHECK(r.output.find(switch_message(switches[0]) + " (FP8 scaling state dropped; loss scaler restarted)") !=
+        std::string::npos);
   const std::map<int64_t, double> whole = losses(ws.dir / "runs/r/metrics.jsonl");
   REQUIRE(whole.size() == 20);
 
@@ -160,10 +171,13 @@ TEST_CASE("precision.schedule switches at the boundary step, says so, and resume
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     CHECK(losses(ws.dir / "runs" / name / "metrics.jsonl") == whole);
-    if (stop == 8)
-      CHECK(resumed.output.find("precision: step 9 starts phase 2 of 2") != std::string::npos);
-    else
-      CHECK(count_of(resumed.output, "starts phase 2") == 1);
+    // The switch is recorded once, at the same step as in the run that went through: by the
+    // resumed invocation (the first stopped before step 9), at its start (stop 8) or in its loop.
+    const std::vector<nlohmann::json> split_switches = records_with(ws.dir / "runs" / name / "metrics.jsonl",
+                                                                    "precision_phase");
+    REQUIRE(split_switches.size() == 1);
+    CHECK(split_switches[0] == switches[0]);
+    CHECK(count_of(resumed.output, switch_message(split_switches[0])) == split_switches.size());
   }
 }
 
@@ -178,8 +192,14 @@ TEST_CASE("precision.schedule into FP8: its scaling state starts fresh at the bo
   const InProcessRun r = train_in_process(ws.dir, "run.yaml");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("precision: step 9 starts phase 2 of 2, bf16 -> fp8:delayed (FP8 layers made afresh; loss "
-                      "scaler restarted)") != std::string::npos);
+  const std::vector<nlohmann::json> switches = records_with(ws.dir / "runs/r/metrics.jsonl", "precision_phase");
+  REQUIRE(switches.size() == 1);
+  CHECK(switches[0]["step"] == 9);
+  CHECK(switches[0]["precision_phase"]["phase"] == 2);
+  CHECK(switches[0]["precision_phase"]["from"] == "bf16");
+  CHECK(switches[0]["precision_phase"]["to"] == "fp8:delayed");
+  CHECK(r.output.find(switch_message(switches[0]) + " (FP8 layers made afresh; loss scaler restarted)") !=
+        std::string::npos);
   const std::map<int64_t, double> whole = losses(ws.dir / "runs/r/metrics.jsonl");
   write_file(ws.dir / "bf16.yaml", kBase + "precision: {mode: bf16}\n");
   REQUIRE(train_in_process(ws.dir, "bf16.yaml", {"run.name=bf16"}).exit_code == 0);

@@ -27,6 +27,19 @@ std::vector<double> scales_after_resume(const fs::path& metrics) {
   return scales;
 }
 
+// The last resume record's "resume" object: the step and checkpoint a run's newest invocation resumed from.
+nlohmann::json last_resume(const fs::path& metrics) {
+  const std::vector<nlohmann::json> resumes = records_with(metrics, "resume");
+  REQUIRE(!resumes.empty());
+  return resumes.back()["resume"];
+}
+
+// The log's line of that resume, as far as its step.
+std::string resume_line(const nlohmann::json& resume) {
+  return "resumed from " + resume["from"].get<std::string>() + " after step " +
+         std::to_string(resume["step"].get<int64_t>());
+}
+
 }  // namespace
 
 TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and auto never returns to them", "[resume]") {
@@ -39,8 +52,18 @@ TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and au
                "--set checkpoint.resume=" + (ck / "step_00000002").string() + " --stop-at 3");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("set aside runs/r/checkpoints/step_00000003.superseded") != std::string::npos);
-  CHECK(r.output.find("set aside runs/r/checkpoints/step_00000004.superseded") != std::string::npos);
+  // The first run's checkpoints after the one resumed from (step 2's), as its records name them,
+  // are set aside.
+  std::vector<int64_t> superseded;
+  for (const auto& m : read_metrics(ws.run() / "metrics.jsonl")) {
+    if (m.contains("resume")) break;  // the first run's records end here
+    if (m.contains("checkpoint") && m["checkpoint"]["step"] > 2) {
+      superseded.push_back(m["checkpoint"]["step"].get<int64_t>());
+      CHECK(r.output.find("set aside " + m["checkpoint"]["path"].get<std::string>() + ".superseded") !=
+            std::string::npos);
+    }
+  }
+  CHECK(superseded == std::vector<int64_t>{3, 4});
   CHECK(read_file(ck / "step_00000004.superseded/weights.safetensors") == step4);  // kept, not deleted
   CHECK(fs::exists(ck / "step_00000003"));  // the new branch's
   CHECK_FALSE(fs::exists(ck / "step_00000004"));
@@ -54,7 +77,10 @@ TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and au
   const CommandResult again = ws.train("--set training.steps=4 --set checkpoint.resume=auto");
   INFO(again.output);
   REQUIRE(again.exit_code == 0);
-  CHECK(again.output.find("resumed from runs/r/checkpoints/step_00000003 after step 3") != std::string::npos);
+  const nlohmann::json resume = last_resume(ws.run() / "metrics.jsonl");
+  CHECK(resume["step"] == 3);  // the new branch's newest, not the set-aside step 4
+  CHECK(resume["from"] == "runs/r/checkpoints/step_00000003");
+  CHECK(again.output.find(resume_line(resume)) != std::string::npos);
 }
 
 TEST_CASE("the loss scaler continues across a resume, and restarts when its mode changes", "[resume]") {
@@ -101,7 +127,10 @@ TEST_CASE("a checkpoint whose spent hysteresis counter fell below 0 (as earlier 
   const CommandResult r = ws.train(fp16 + "--set checkpoint.resume=auto");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("resumed from runs/r/checkpoints/step_00000002 after step 2") != std::string::npos);
+  const nlohmann::json resume = last_resume(ws.run() / "metrics.jsonl");
+  CHECK(resume["step"] == 2);
+  CHECK(resume["from"] == "runs/r/checkpoints/step_00000002");
+  CHECK(r.output.find(resume_line(resume)) != std::string::npos);
 }
 
 TEST_CASE("FP8 delayed-scaling histories continue across a resume, and restart when their length changes", "[resume]") {

@@ -214,7 +214,11 @@ TEST_CASE("eval sample and inspect read a checkpoint", "[tools]") {
   const CommandResult ok = run_ptrain("inspect " + ck, t.dir);
   INFO(ok.output);
   CHECK(ok.exit_code == 0);
-  CHECK(ok.output.find("step 6") != std::string::npos);
+  const std::vector<nlohmann::json> saved = checkpoints_saved(t.dir / "runs/r/metrics.jsonl");
+  REQUIRE(!saved.empty());  // the last is the checkpoint inspected, the run's final one
+  CHECK((t.dir / saved.back()["path"].get<std::string>()).string() == t.checkpoint.string());
+  CHECK(ok.output.find("  step " + std::to_string(saved.back()["step"].get<int64_t>()) + ", tokens ") !=
+        std::string::npos);
   CHECK(ok.output.find("sha256 ok") != std::string::npos);
   CHECK(ok.output.find("qkvw") != std::string::npos);
   CHECK(ok.output.find("  valid") != std::string::npos);

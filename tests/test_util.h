@@ -97,6 +97,23 @@ inline std::map<int64_t, double> losses_by_step(const std::filesystem::path& met
   return out;
 }
 
+// The records of a run's metrics.jsonl that hold `key` ("guard", "resume", "precision_phase"...), in order.
+inline std::vector<nlohmann::json> records_with(const std::filesystem::path& metrics, const std::string& key) {
+  std::vector<nlohmann::json> out;
+  for (auto& m : read_metrics(metrics))
+    if (m.contains(key)) out.push_back(std::move(m));
+  return out;
+}
+
+// The {"step", "path"} of each checkpoint saved, in order, from a run's metrics.jsonl (a rollback's
+// record names its checkpoint too, as a string: it saved nothing and is left out).
+inline std::vector<nlohmann::json> checkpoints_saved(const std::filesystem::path& metrics) {
+  std::vector<nlohmann::json> out;
+  for (const auto& m : records_with(metrics, "checkpoint"))
+    if (m["checkpoint"].is_object()) out.push_back(m["checkpoint"]);
+  return out;
+}
+
 // Non-overlapping occurrences of `what` in `text`.
 inline size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -22,7 +22,6 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kOwnerFile = ".ptrain-owner";
-constexpr int64_t kMaxStateBytes = 64 << 20;
 
 // ZeRO-1: rank r's moments, e.g. "optimizer.rank00001-of-00002.safetensors".
 std::string moment_shard_file(int rank, int world) {
@@ -296,8 +295,12 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
         j["sha256"][kOptimizerFile] = write_safetensors((tmp_dir / kOptimizerFile).string(),
                                                         moment_copies(model, optimizer).views, {{"producer", "ptrain"}});
       }
+      const std::string state_text = j.dump(2) + "\n";
+      // What load_checkpoint would refuse is never written (the run plan bounds the histories).
+      PTRAIN_CHECK(static_cast<int64_t>(state_text.size()) <= kMaxStateBytes,
+                   "state.json of " + std::to_string(state_text.size()) + " bytes is over the read limit");
       OutputFile state_file((tmp_dir / kStateFile).string());
-      state_file.write(j.dump(2) + "\n");
+      state_file.write(state_text);
       state_file.finish(true);
       sync_directory(tmp_dir.string());
       fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt

@@ -35,6 +35,19 @@ struct LoadedCheckpoint {
   std::vector<MomentShard> shards;           // the moments in ZeRO-1 shards, in order
 };
 
+// The most bytes of a state.json load_checkpoint reads; save_checkpoint never writes more.
+constexpr int64_t kMaxStateBytes = 64 << 20;
+// An upper bound of the size of a state.json holding `fp8_tensors` delayed-scaling histories of
+// `history` values each (pretty-printed: a value a line, at most 48 bytes with its indent).
+inline int64_t state_bytes_bound(int64_t fp8_tensors, int64_t history) {
+  return (int64_t{64} << 10) + fp8_tensors * (256 + 48 * history);
+}
+// The longest history whose bound stays within kMaxStateBytes (0: not even one value).
+inline int64_t longest_history_within(int64_t fp8_tensors) {
+  const int64_t per_tensor = (kMaxStateBytes - (int64_t{64} << 10)) / fp8_tensors;
+  return per_tensor > 256 ? (per_tensor - 256) / 48 : 0;
+}
+
 // Writes the checkpoint of `step` under `dir`, updates `latest`, and removes all but the newest
 // `keep_last` checkpoints. Returns its path. Throws EnvironmentError on I/O failure, naming the
 // file; the earlier checkpoints and `latest` are then untouched. With a communicator every rank

@@ -84,7 +84,9 @@ void check_options(const PrepareOptions& o) {
   if (o.shard_tokens < 1 || o.shard_tokens > INT32_MAX)
     throw UserError("--shard-tokens is " + std::to_string(o.shard_tokens) +
                     ", expected 1..2147483647 (the shard header's int32 count)");
-  if (o.threads < 0) throw UserError("--threads is " + std::to_string(o.threads) + ", expected 0 (all) or more");
+  if (o.threads < 0 || o.threads > kMaxPrepareThreads)
+    throw UserError("--threads is " + std::to_string(o.threads) + ", expected 0 (all cores) to " +
+                    std::to_string(kMaxPrepareThreads));
   if (o.tokenizer == "bytes" && !o.separator.empty())
     throw UserError("--separator: the bytes tokenizer has no end-of-text token to mark documents with");
   if (o.tokenizer == "gpt2" && first_invalid_utf8(o.separator) != kValidUtf8)

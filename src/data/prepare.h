@@ -12,6 +12,9 @@
 
 namespace ptrain {
 
+// Tokenizing threads at most: each reads a block of its own (kReadBytes) at a time.
+constexpr int kMaxPrepareThreads = 1024;
+
 struct PrepareOptions {
   std::vector<std::string> inputs;  // files, and directories (their files, recursively, sorted)
   std::string out_dir;              // new, or an empty directory
@@ -20,7 +23,7 @@ struct PrepareOptions {
   double val_fraction = 0.1;        // the val split's share of tokens, when val_tokens is 0
   int64_t val_tokens = 0;
   int64_t shard_tokens = 100000000;  // llm.c's fineweb shards hold 100M tokens
-  int threads = 0;                   // 0: all the machine's
+  int threads = 0;                   // 0: all the machine's; at most kMaxPrepareThreads
   std::string separator;             // cuts files into documents; "": one document per file
   bool replace_invalid_utf8 = false;  // gpt2: U+FFFD for invalid sequences instead of an error
   bool progress = false;              // a progress line on stderr

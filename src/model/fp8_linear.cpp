@@ -138,6 +138,12 @@ std::string Fp8Linear::unrecordable() const {
   return "";
 }
 
+void Fp8Linear::abandon_step() {
+  settle();
+  for (Fp8TensorState* s : {&input_, &weight_, &grad_}) s->delayed.discard_current();
+  weight_cast_ = false;
+}
+
 void Fp8Linear::end_step() {
   settle();
   if (policy_.recipe == Fp8Recipe::delayed)

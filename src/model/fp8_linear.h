@@ -49,6 +49,9 @@ class Fp8Linear {
   void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout);
   // After each optimizer step: delayed scales move on, the weight is cast afresh next step.
   void end_step();
+  // A step given up before its update: what its casts recorded is forgotten, so the scaling
+  // state is the previous step's again (as its checkpoint holds it).
+  void abandon_step();
 
   // The three tensors' scaling states and telemetry, with the native casts' statistics read
   // from the device first (settle()). Call it again rather than keep the pointers across casts:

@@ -270,6 +270,12 @@ void Transformer::queue_fp8_settle() {
     if (f) f->queue_settle();
 }
 
+void Transformer::abandon_step() {
+  queue_fp8_settle();
+  for (auto& f : fp8_)
+    if (f) f->abandon_step();
+}
+
 void Transformer::end_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)

@@ -143,6 +143,9 @@ class Transformer {
   void zero_grad();
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
+  // The step in progress is given up before its update (a stop request between micro-batches):
+  // the FP8 scaling state forgets its casts, so it is the last completed step's again.
+  void abandon_step();
   // A precision schedule's switch: the FP8 linears of the old policy, their casts and scaling
   // state, are dropped, and `policy`'s made afresh (none without FP8). The policy must store
   // weights, activations and gradients as the model's did (bf16 <-> fp8): every other buffer

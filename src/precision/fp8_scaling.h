@@ -30,6 +30,8 @@ class DelayedScaling {
   float scale() const { return scale_; }            // 1 until the first end_step()
   void record(float amax);                          // slot 0 = max(slot 0, amax); NaN/inf recorded as-is
   void end_step();
+  // Forgets the current step's amax (slot 0 back to 0): a step abandoned before its update.
+  void discard_current() { history_[0] = 0.0f; }
   const std::vector<float>& history() const { return history_; }  // [0] = current step
   void restore(const std::vector<float>& history, float scale);
 

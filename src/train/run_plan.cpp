@@ -283,6 +283,19 @@ void plan_machine(RunPlan& plan) {
                     std::to_string(accumulation) + " accumulation steps per rank; expected at most " +
                     std::to_string(kMaxAccumulation) + " (raise training.micro_batch)");
   plan.spec = resolve_run(c, plan.world_size);
+  // Every FP8 linear keeps three delayed-scaling histories in state.json (four linears a block
+  // at most): a checkpoint ptrain could not read back is refused here, not found at resume.
+  for (const PrecisionSchedule::Phase& phase : plan.spec.precision.phases) {
+    const Fp8Policy& f8 = phase.policy.fp8;
+    if (!f8.enabled || f8.recipe != Fp8Recipe::delayed) continue;
+    const int64_t tensors = int64_t{12} * plan.spec.shape.n_layer;
+    if (state_bytes_bound(tensors, f8.amax_history) > kMaxStateBytes) {
+      throw UserError("precision.fp8.amax_history: " + std::to_string(f8.amax_history) + " values for each of " +
+                      std::to_string(tensors) + " FP8 tensors would make a checkpoint's state.json larger than the " +
+                      format_mib(kMaxStateBytes) + " ptrain reads back; expected at most " + std::to_string(longest_history_within(tensors)) +
+                      " for this model");
+    }
+  }
   // The CPU backend holds everything in host memory: a run that cannot fit would die later. A
   // first estimate in double cannot overflow, and bounds the exact one's int64 arithmetic.
   const bool on_cpu = c.run.device == DeviceRequest::cpu ||

@@ -8,8 +8,10 @@
 //                   by FACTOR (the gradients are the step's own)
 //             grad  the step's gradients are multiplied by FACTOR (the loss gradient's seed is;
 //                   inf overflows them, as an fp16 overflow would)
+//             signal  SIGINT is raised in the process after micro-batch FACTOR (from 1) of the
+//                   step: a Ctrl-C arriving exactly then
 //     STEP    the optimizer step, from 1
-//     FACTOR  a number, inf or nan
+//     FACTOR  a number, inf or nan (signal: a micro-batch, an integer from 1)
 //     TIMES   how often the fault fires when the step is trained again after a guard rollback
 //             (default 1: the replayed step is clean)
 //
@@ -34,10 +36,12 @@ class StepFaults {
   // fault's factor uses up one of its TIMES.
   double loss_factor(int64_t step) { return fire(Kind::loss, step); }
   double grad_factor(int64_t step) { return fire(Kind::grad, step); }
+  // Whether to raise SIGINT now, after micro-batch `micro` (from 1) of `step`.
+  bool signal_after(int64_t step, int micro);
   bool empty() const { return faults_.empty(); }
 
  private:
-  enum class Kind { loss, grad };
+  enum class Kind { loss, grad, signal };
   struct Fault {
     Kind kind;
     int64_t step;

@@ -4,6 +4,8 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <unistd.h>
+
 #include <csignal>
 #include <cmath>
 
@@ -21,19 +23,29 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// SIGINT/SIGTERM: the first asks the loop to finish its step, save and exit; the second
-// (the handler is then back to the default) ends the process at once. Checkpoints are written
-// atomically, so neither can leave a damaged one behind.
+// SIGINT/SIGTERM: the first asks the loop to stop after the current micro-batch, save the last
+// completed step and exit; the second (the handler is then back to the default) ends the process
+// at once. Checkpoints are written atomically, so neither can leave a damaged one behind.
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_acknowledge = 0;  // rank 0 says at once that the request arrived
 
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
+  if (g_acknowledge) {
+    // write(2) is async-signal-safe; the log's sinks are not.
+    static const char kAck[] =
+        "\nptrain: stop requested: stopping after the current micro-batch and saving the last completed step "
+        "(a second signal ends the run at once)\n";
+    const ssize_t written = ::write(STDERR_FILENO, kAck, sizeof kAck - 1);
+    (void)written;  // nothing to do about a closed stderr inside a handler
+  }
 }
 
 struct StopSignalScope {
-  StopSignalScope() {
+  explicit StopSignalScope(bool acknowledge) {
     g_stop_signal = 0;
+    g_acknowledge = acknowledge;
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
   }
@@ -124,15 +136,20 @@ TrainResult Trainer::run() {
   const int64_t eval_every = cfg_.training.eval_every;
   if (eval_every > 0 && first_step == 1) evaluate(0);
 
-  StopSignalScope signals;
+  StopSignalScope signals(comm_->rank() == 0);
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step <= steps; ++step) {
     NvtxRange step_range("step");
-    if (slot_at(step) != slot_) enter_slot(slot_at(step), step);
+    const bool new_slot = slot_at(step) != slot_;
+    if (new_slot) enter_slot(slot_at(step), step);
     const auto t0 = Clock::now();
     if (options_.profile) options_.profile->begin_step();
     const double lr = lr_schedule_.at(step - 1);
-    const StepOutcome outcome = train_step(step, lr);
+    const StepOutcome outcome = train_step(step, lr, !new_slot);
+    if (outcome.abandoned_after > 0) {
+      stop_mid_step(step, outcome.abandoned_after);
+      break;
+    }
     const double seconds = seconds_since(t0);
     if (options_.profile) options_.profile->end_step(seconds);
     report_.step({step, outcome.loss, outcome.grad_norm, lr, outcome.loss_scale, seconds, scaler_.skipped_steps(),
@@ -179,7 +196,7 @@ TrainResult Trainer::run() {
   return result_;
 }
 
-Trainer::StepOutcome Trainer::train_step(int64_t step, double lr) {
+Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_abandon) {
   const int B = spec_.batch.micro_batch, T = spec_.batch.seq_len, accum = spec_.batch.accumulation;
   StepFaults& faults = plan_.faults;
   model_.zero_grad();
@@ -212,6 +229,15 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, double lr) {
                                [&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
     else
       model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum);
+    if (faults.signal_after(step, micro + 1)) std::raise(SIGINT);
+    // A stop request ends the step here rather than after the remaining micro-batches (the
+    // last one's gradients are reduced as it runs, so from then on the step finishes).
+    if (may_abandon && micro + 1 < accum && stop_requested_by_any_rank()) {
+      model_.abandon_step();
+      out.signalled = true;
+      out.abandoned_after = micro + 1;
+      return out;
+    }
   }
   // The losses stay on the device until all micro-batches are queued: one wait, not one each.
   std::vector<double> loss_sums(static_cast<size_t>(accum));
@@ -265,6 +291,38 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, double lr) {
   }
   model_.end_step();
   return out;
+}
+
+// Every rank asks at the same micro-batch, so all of them abandon the same step or none.
+bool Trainer::stop_requested_by_any_rank() {
+  double requested = g_stop_signal != 0 ? 1.0 : 0.0;
+  if (comm_->world_size() > 1) comm_->all_reduce_sum(&requested, 1);
+  return requested > 0;
+}
+
+// A stop request in the middle of `step`: its micro-batches so far are dropped, and the state in
+// memory, that of the step before, is saved unless a checkpoint already holds it.
+void Trainer::stop_mid_step(int64_t step, int micro_batches_run) {
+  const int64_t completed = step - 1;
+  log_.metrics({{"stop", {{"reason", "signal"}, {"last_completed_step", completed}, {"abandoned_step", step},
+                          {"micro_batches_run", micro_batches_run}, {"of", spec_.batch.accumulation}}}});
+  std::string where;
+  if (completed == 0) {
+    where = "nothing was trained, so no checkpoint was written";
+  } else if (saved_step_ == completed) {
+    where = "its checkpoint " + result_.last_checkpoint + " holds it";
+  } else {
+    if (!save(completed, true))
+      throw EnvironmentError("stopped during step " + std::to_string(step) + " without a checkpoint of step " +
+                             std::to_string(completed) + " (the save failed)");
+    where = "checkpoint " + result_.last_checkpoint;
+  }
+  log_.info("stopped by signal during step " + std::to_string(step) + ", after micro-batch " +
+            std::to_string(micro_batches_run) + " of " + std::to_string(spec_.batch.accumulation) +
+            " (that step is dropped); the last completed step is " + std::to_string(completed) + ": " + where +
+            (completed > 0 ? "\nresume with: ptrain train CONFIG --set checkpoint.resume=auto (same run.name)"
+                           : std::string()));
+  result_.interrupted = true;
 }
 
 // The guard's stop: said in the log and metrics, then exit code 4 (nothing more is saved: the

@@ -97,9 +97,16 @@ class Trainer {
   struct StepOutcome {
     double loss = 0, grad_norm = 0, loss_scale = 1;
     bool signalled = false;  // a rank received SIGINT/SIGTERM
+    // A stop request between two micro-batches left the step unfinished after this many of them
+    // (0: the step ran to its end); nothing of it is kept.
+    int abandoned_after = 0;
     DivergenceGuard::Finding finding;
   };
-  StepOutcome train_step(int64_t step, double lr);
+  // `may_abandon`: a stop request may end the step between micro-batches (not in a step that
+  // began a precision phase, whose set-up the last completed step's checkpoint would not match).
+  StepOutcome train_step(int64_t step, double lr, bool may_abandon);
+  bool stop_requested_by_any_rank();
+  void stop_mid_step(int64_t step, int micro_batches_run);
   [[noreturn]] void stop_diverged(int64_t step, const std::string& why);
   bool overlaps_all_reduce() const;
   void reduce_fp8_amax();
@@ -131,6 +138,7 @@ class Trainer {
   std::optional<TrainingSamples> samples_;  // logging.sample_every's, on rank 0
   std::string device_choice_;  // which device run.device gave, and why (for the log)
   std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
+  int64_t saved_step_ = 0;     // the step whose checkpoint holds the state in memory (0: none)
   std::unique_ptr<Backend> backend_;
   AttentionChoice attention_;  // the path model.attention gave on this backend, and why
   RunReport report_;

@@ -34,6 +34,7 @@ nlohmann::json resume_keys(const Config& c) {
 int64_t Trainer::resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rollback* rolling_back) {
   const CheckpointState& st = ckpt.state;
   restore_tensors(ckpt, model_, optimizer_);
+  saved_step_ = st.step;
   if (!rolling_back) resumed_from_ = ckpt.path;
   guard_.restore(st.guard);
   if (rolling_back) guard_.set_rollback(*rolling_back);
@@ -117,6 +118,7 @@ bool Trainer::save(int64_t step, bool final_save) {
                            (final_save ? std::string("the final checkpoint") : "checkpoint.on_save_error: stop") +
                            "); earlier checkpoints are intact");
   }
+  saved_step_ = step;
   log_.metrics({{"checkpoint", {{"step", step}, {"path", result_.last_checkpoint}}}});
   log_.info("checkpoint step " + std::to_string(step) + " -> " + result_.last_checkpoint);
   return true;

@@ -2,7 +2,7 @@
 // its storage type (float, bf16, fp16), and its result is compared with the CPU backend's op on
 // the same values (inputs are drawn on the format's grid, so both see identical numbers).
 //
-// Rules the helpers enforce: every kernel runs under every thread order of thread_orders();
+// Rules the helpers enforce: every kernel runs under every thread order of simt::test_orders();
 // outputs are poisoned with NaN before each launch (poison()); NaN never passes expect_close;
 // tolerances depend on the format (README, "CUDA kernels, checked without a GPU").
 #pragma once
@@ -30,11 +30,6 @@ namespace ptrain::test {
 
 using kernels::bf16;
 using kernels::fp16;
-
-// Ascending, descending and two seeded random orders: a fixed order hides missing barriers.
-inline std::vector<simt::Options> thread_orders() {
-  return {{simt::Order::ascending, 0}, {simt::Order::descending, 0}, {simt::Order::random, 1}, {simt::Order::random, 2}};
-}
 
 // Odd sizes catch tail bugs that powers of two hide.
 inline const std::vector<int>& odd_sizes() {

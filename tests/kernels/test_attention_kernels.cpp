@@ -110,7 +110,7 @@ TEMPLATE_TEST_CASE("attention permutes move every element bit for bit", "[kernel
             }
           }
     for (size_t e = 0; e < n_qkv; ++e) ref_dqkv[e] = kernels::from_float<TestType>(kv_sums[e]);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << s.kv() << " HS=" << s.HS << " order "
                 << order.name());
@@ -145,7 +145,7 @@ TEMPLATE_TEST_CASE("softmax_causal_forward kernel matches a double-precision sof
     const std::vector<float> preatt = random_on_grid(n, 61, 3.0f, f);
     const std::vector<float> ref = causal_softmax_reference(preatt, scale, rows, s.T);
     const auto d_preatt = to_storage<TestType>(preatt);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("BNH=" << s.BNH << " T=" << s.T << " order " << order.name());
       auto att = poisoned<TestType>(n);
@@ -178,7 +178,7 @@ TEMPLATE_TEST_CASE("softmax_causal_backward kernel matches a double-precision lo
         ref[o + j] = static_cast<float>(static_cast<double>(scale) * att[o + j] * (datt[o + j] - dot));
     }
     const auto d_att = to_storage<TestType>(att), d_datt = to_storage<TestType>(datt);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("BNH=" << s.BNH << " T=" << s.T << " order " << order.name());
       auto dpreatt = poisoned<TestType>(n);
@@ -203,7 +203,7 @@ TEMPLATE_TEST_CASE("attention fallback forward matches the CPU backend", "[kerne
                            cpu.view(qkv, {s.B, s.T, W}), s.NH);
     const auto d_qkv = to_storage<TestType>(qkv);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << s.kv() << " HS=" << s.HS << " order "
                 << order.name());
@@ -242,7 +242,7 @@ TEMPLATE_TEST_CASE("attention fallback backward matches the CPU backend", "[kern
     const auto d_qkv = to_storage<TestType>(qkv), d_dout = to_storage<TestType>(dout),
                d_att = to_storage<TestType>(att);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " KV=" << s.kv() << " HS=" << s.HS << " order "
                 << order.name());
@@ -286,7 +286,7 @@ TEMPLATE_TEST_CASE("attention_decode kernel matches the CPU backend's decoding o
     cpu->attention_decode(cpu.view(ref, {C}, f), cpu.view(qkv, {s.T, W}), s.NH);
     const auto d_qkv = to_storage<TestType>(qkv);
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("T=" << s.T << " NH=" << s.NH << " KV=" << s.kv() << " HS=" << s.HS << " order " << order.name());
       auto out = poisoned<TestType>(static_cast<size_t>(C));

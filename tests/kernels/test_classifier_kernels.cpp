@@ -36,7 +36,7 @@ void check_fused_classifier(bool with_gradient) {
     cpu->classifier(cpu.view(ref_grad, {s.N, s.Vp}, f), cpu.view(ref_losses, {s.N}), cpu.tokens(targets, {s.N}), s.V,
                     dloss);
     const auto d_logits = to_storage<T>(logits);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " V=" << s.V << " Vp=" << s.Vp << " dloss=" << dloss << " order " << order.name());
       auto grad = d_logits;  // overwritten in place

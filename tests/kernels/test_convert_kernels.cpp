@@ -124,7 +124,7 @@ void check_convert() {
       cpu->copy(cpu.view(copied, {static_cast<int64_t>(n)}, f), cpu.view(held, {static_cast<int64_t>(n)}));
       expect_identical("CPU copy against round_to_format", copied, rounded);
       const std::vector<Dst> ref = to_storage<Dst>(copied);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO(format_name(format_of<Src>()) << " to " << format_name(format_of<Dst>()) << " rounded to "
                                            << format_name(f) << " " << describe(s, order));
@@ -186,7 +186,7 @@ void check_gemm_finish(bool with_bias) {
           ref[i] = kernels::from_float<Dst>(v);
         }
       const auto d_bias = to_storage<Bias>(bias);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO(format_name(format_of<Dst>()) << " output, "
                                            << (with_bias ? format_name(format_of<Bias>()) : "no") << " bias, rows="
@@ -233,7 +233,7 @@ TEMPLATE_TEST_CASE("fp8_dequantize kernel matches the CPU backend's fp8_cast out
       std::vector<fp8> codes = poisoned<fp8>(n + s.in_offset + 1);
       for (size_t i = 0; i < n; ++i) codes[s.in_offset + i] = fp8_bits(x[i] * kCastScale, f, /*saturate=*/true);
       const std::vector<TestType> ref = to_storage<TestType>(cpu_out);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO(format_name(f) << " " << describe(s, order));
         auto out = poisoned<TestType>(n + s.out_offset + 1);
@@ -274,7 +274,7 @@ TEMPLATE_TEST_CASE("fp8_dequantize_blocks kernel matches the CPU backend's fp8_c
         const std::vector<float>& scale_inv = blocks.scale_inv;
         const std::vector<fp8>& codes = blocks.codes;
         const std::vector<TestType> ref = to_storage<TestType>(cpu_out);
-        for (const auto& order : thread_orders()) {
+        for (const auto& order : simt::test_orders()) {
           simt::ScopedOptions use(order);
           INFO(format_name(f) << " blocks " << b.rows << "x" << b.cols << " rows=" << s.rows << " cols=" << s.cols
                               << " order " << order.name());
@@ -304,7 +304,7 @@ void check_double_sum(const std::vector<float>& x, const std::string& what) {
       const double ref = squares ? ref_squares : ref_sum;
       bool have_first = false;
       uint64_t first_bits = 0;
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO(what << " n=" << n << (squares ? " sum of squares" : " sum") << " max_partials=" << max_partials
                   << " order " << order.name());
@@ -385,7 +385,7 @@ TEST_CASE("double_sum kernel caps its grid at kReducePartials blocks", "[kernels
   const double ref = cpu->sum(cpu.view(v, {static_cast<int64_t>(n)}));
   bool have_first = false;
   uint64_t first_bits = 0;
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     INFO("order " << order.name());
     double out = std::numeric_limits<double>::quiet_NaN();

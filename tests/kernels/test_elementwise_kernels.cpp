@@ -53,7 +53,7 @@ TEMPLATE_TEST_CASE("gelu_forward kernel matches the CPU backend", "[kernels][ele
     std::vector<float> inp = random_on_grid(s.n, 1, 2.0f, f), ref(s.n);
     cpu->gelu_forward(cpu.view(ref, {n}, f), cpu.view(inp, {n}));
     const auto d_inp = at_offset<TestType>(inp, s.in_offset);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO(describe(s, order));
       auto out = poisoned<TestType>(s.n + s.out_offset);
@@ -75,7 +75,7 @@ TEMPLATE_TEST_CASE("gelu_backward kernel matches the CPU backend", "[kernels][el
     std::vector<float> ref = dinp0;
     cpu->gelu_backward(cpu.view(ref, {n}, f), cpu.view(inp, {n}), cpu.view(dout, {n}));
     const auto d_inp = at_offset<TestType>(inp, s.in_offset), d_dout = at_offset<TestType>(dout, s.in_offset);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO(describe(s, order));
       auto dinp = at_offset<TestType>(dinp0, s.out_offset);
@@ -94,7 +94,7 @@ TEMPLATE_TEST_CASE("add kernel matches the CPU backend", "[kernels][elementwise]
     std::vector<float> a = random_on_grid(s.n, 5, 1.0f, f), b = random_on_grid(s.n, 6, 1.0f, f), ref(s.n);
     cpu->add(cpu.view(ref, {n}, f), cpu.view(a, {n}), cpu.view(b, {n}));
     const auto d_a = at_offset<TestType>(a, s.in_offset), d_b = at_offset<TestType>(b, s.in_offset);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO(describe(s, order));
       auto out = poisoned<TestType>(s.n + s.out_offset);
@@ -117,7 +117,7 @@ TEMPLATE_TEST_CASE("bias_add kernel adds the bias to every row", "[kernels][elem
     for (size_t i = 0; i < n; ++i) broadcast[i] = bias[i % s.OC];
     cpu->add(cpu.view(ref, {s.N, s.OC}, f), cpu.view(out0, {s.N, s.OC}), cpu.view(broadcast, {s.N, s.OC}));
     const auto d_bias = to_storage<TestType>(bias);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " OC=" << s.OC << " order " << order.name());
       auto out = to_storage<TestType>(out0);
@@ -138,7 +138,7 @@ TEMPLATE_TEST_CASE("bias_backward kernels match the CPU backend", "[kernels][ele
     std::vector<float> ref = dbias0;
     cpu->bias_backward(cpu.view(ref, {s.OC}, f), cpu.view(dout, {s.N, s.OC}));
     const auto d_dout = to_storage<TestType>(dout);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " OC=" << s.OC << " order " << order.name());
       auto dbias = to_storage<TestType>(dbias0);

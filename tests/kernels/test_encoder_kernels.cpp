@@ -96,7 +96,7 @@ TEMPLATE_TEST_CASE("encoder_forward kernel matches the CPU backend", "[kernels][
                            cpu.view(wte, {R, s.C}), cpu.view(wpe, {s.Tn, s.C}));
     const auto d_wte = full_table<TestType>(wte, vocab.rows, s.V, s.C);
     const auto d_wpe = to_storage<TestType>(wpe);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("B=" << s.B << " T=" << s.Tn << " C=" << s.C << " V=" << s.V << " order " << order.name());
       auto out = poisoned<TestType>(n);
@@ -129,7 +129,7 @@ TEMPLATE_TEST_CASE("encoder_backward kernels match the CPU backend bit for bit",
     kernels::pack_buckets(kernels::bucket_tokens(tokens.data(), n_pos), n_pos, packed.data());
     const auto d_dout = to_storage<TestType>(dout);
     auto dwte = full_table<TestType>(dwte0, vocab.rows, s.V, s.C);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("B=" << s.B << " T=" << s.Tn << " C=" << s.C << " V=" << s.V << " order " << order.name());
       scatter_rows(dwte, dwte0, vocab.rows, s.C);  // the starting values again

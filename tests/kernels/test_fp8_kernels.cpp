@@ -80,7 +80,7 @@ void expect_same_counts(const kernels::Fp8Counts& got, const Fp8CastStats& ref) 
 template <typename T>
 void check_cast(const std::vector<T>& x, const Shape s, Format f, float scale, const CastReference& ref) {
   const size_t n = static_cast<size_t>(s.rows) * s.cols;
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     for (const bool transpose : {false, true})
       for (const int max_blocks : {kernels::kFp8MaxBlocks, 3}) {
@@ -146,7 +146,7 @@ TEMPLATE_TEST_CASE("amax kernel matches the CPU backend", "[kernels][fp8]", floa
       const float ref = cpu->amax(cpu.view(x, {static_cast<int64_t>(n)}));
       REQUIRE(std::isnan(ref) == with_nan);
       const auto d_x = to_storage<TestType>(x);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
           INFO("n=" << n << (with_nan ? " with NaN" : "") << " max_blocks=" << max_blocks << " order " << order.name());
@@ -167,7 +167,7 @@ TEST_CASE("current_scale_from_amax kernel matches ptrain::current_scale", "[kern
   for (const Format f : kFp8Formats)
     for (const float a : amaxes) {
       const float ref = current_scale(a, format_max(f));
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO(format_name(f) << " amax " << a << " order " << order.name());
         std::vector<float> scale = poisoned<float>(1), scale_inv = poisoned<float>(1);
@@ -226,7 +226,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks kernel matches the CPU backend's block c
         const std::vector<float>& ref_scale_inv = blocks.scale_inv;
         const std::vector<fp8>& ref_codes = blocks.codes;
         const auto d_x = to_storage<TestType>(x);
-        for (const auto& order : thread_orders()) {
+        for (const auto& order : simt::test_orders()) {
           simt::ScopedOptions use(order);
           for (const int max_blocks : {kernels::kFp8MaxBlocks, 3}) {
             INFO(format_name(f) << " blocks " << b.rows << "x" << b.cols << " rows=" << s.rows << " cols=" << s.cols
@@ -281,7 +281,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
       const Fp8CastStats stats = cpu->fp8_cast_blocks(cpu.view(stats_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}),
                                                       f, k.block.rows, k.block.cols);
       const auto d_x = to_storage<TestType>(x);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
           INFO("blocks " << k.block.rows << "x" << k.block.cols << " codes " << k.codes << " transposed " << k.transposed

@@ -23,7 +23,7 @@ TEMPLATE_TEST_CASE("layernorm_forward kernel matches the CPU backend", "[kernels
     cpu->layernorm_forward(cpu.view(ref_out, {s.N, s.C}, f), cpu.view(ref_mean, {s.N}), cpu.view(ref_rstd, {s.N}),
                            cpu.view(inp, {s.N, s.C}), cpu.view(w, {s.C}), cpu.view(b, {s.C}));
     const auto d_inp = to_storage<TestType>(inp), d_w = to_storage<TestType>(w), d_b = to_storage<TestType>(b);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " C=" << s.C << " order " << order.name());
       auto out = poisoned<TestType>(n);
@@ -55,7 +55,7 @@ TEMPLATE_TEST_CASE("layernorm_backward kernels match the CPU backend", "[kernels
                             cpu.view(dout, {s.N, s.C}), cpu.view(inp, {s.N, s.C}), cpu.view(w, {s.C}),
                             cpu.view(mean, {s.N}), cpu.view(rstd, {s.N}));
     const auto d_inp = to_storage<TestType>(inp), d_w = to_storage<TestType>(w), d_dout = to_storage<TestType>(dout);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " C=" << s.C << " order " << order.name());
       auto dinp = to_storage<TestType>(dinp0), dw = to_storage<TestType>(dw0), db = to_storage<TestType>(db0);

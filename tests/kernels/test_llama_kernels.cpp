@@ -23,7 +23,7 @@ TEMPLATE_TEST_CASE("rmsnorm_forward kernel matches the CPU backend", "[kernels][
     cpu->rmsnorm_forward(cpu.view(ref_out, {s.N, s.C}, f), cpu.view(ref_rstd, {s.N}), cpu.view(inp, {s.N, s.C}),
                          cpu.view(w, {s.C}), 1e-5f);
     const auto d_inp = to_storage<TestType>(inp), d_w = to_storage<TestType>(w);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " C=" << s.C << " order " << order.name());
       auto out = poisoned<TestType>(n);
@@ -51,7 +51,7 @@ TEMPLATE_TEST_CASE("rmsnorm_backward kernels match the CPU backend", "[kernels][
     cpu->rmsnorm_backward(cpu.view(ref_dinp, {s.N, s.C}, f), cpu.view(ref_dw, {s.C}, f), cpu.view(dout, {s.N, s.C}),
                           cpu.view(inp, {s.N, s.C}), cpu.view(w, {s.C}), cpu.view(rstd, {s.N}));
     const auto d_inp = to_storage<TestType>(inp), d_w = to_storage<TestType>(w), d_dout = to_storage<TestType>(dout);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << s.N << " C=" << s.C << " order " << order.name());
       auto dinp = to_storage<TestType>(dinp0), dw = to_storage<TestType>(dw0);
@@ -91,7 +91,7 @@ TEMPLATE_TEST_CASE("qk_norm kernels match the CPU backend", "[kernels][llama]", 
                           cpu.view(qw, {s.hs}), cpu.view(kw, {s.hs}), cpu.view(ref_rstd, {stats}), s.NH);
     const auto d_inp = to_storage<TestType>(inp), d_qw = to_storage<TestType>(qw), d_kw = to_storage<TestType>(kw),
                d_dout = to_storage<TestType>(dout);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("rows=" << s.rows << " NH=" << s.NH << " KV=" << s.KV << " hs=" << s.hs << " order " << order.name());
       auto out = poisoned<TestType>(n);
@@ -135,7 +135,7 @@ TEMPLATE_TEST_CASE("rope kernel turns q and k as the CPU backend does, and back"
       CpuReference cpu;
       const Tensor view = cpu.view(ref, {s.B, s.T, width}, f), t = cpu.view(table, {s.T, s.hs / 2, 2});
       inverse ? cpu->rope_backward(view, t, s.heads) : cpu->rope_forward(view, t, s.heads);
-      for (const auto& order : thread_orders()) {
+      for (const auto& order : simt::test_orders()) {
         simt::ScopedOptions use(order);
         INFO("B=" << s.B << " T=" << s.T << " heads " << s.heads << "/" << s.width_heads << " hs=" << s.hs
                   << (inverse ? " backward" : " forward") << " order " << order.name());
@@ -166,7 +166,7 @@ TEMPLATE_TEST_CASE("swiglu kernels match the CPU backend", "[kernels][llama]", f
     cpu->swiglu_forward(cpu.view(ref_out, {N, H}, f), cpu.view(gate_up, {N, 2 * H}));
     cpu->swiglu_backward(cpu.view(ref_dgate_up, {N, 2 * H}, f), cpu.view(dout, {N, H}), cpu.view(gate_up, {N, 2 * H}));
     const auto d_gate_up = to_storage<TestType>(gate_up), d_dout = to_storage<TestType>(dout);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("N=" << N << " H=" << H << " order " << order.name());
       auto out = poisoned<TestType>(n);

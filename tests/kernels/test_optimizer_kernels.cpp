@@ -35,7 +35,7 @@ TEMPLATE_TEST_CASE("adamw_update kernel matches the CPU backend's adamw", "[kern
     cpu->adamw(cpu.view(ref_master, {N}), cpu.view(grad, {N}, f), cpu.view(ref_m, {N}), cpu.view(ref_v, {N}), p,
                cpu.view(ref_copy, {N}, f));
     const auto d_grad = to_storage<TestType>(grad);
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       for (const bool with_copy : {true, false}) {
         INFO("n=" << n << " order " << order.name() << (with_copy ? " with" : " without") << " the copy");

@@ -134,7 +134,7 @@ TEST_CASE("simt: a correct kernel gives the same result under every thread order
   const std::vector<float> in = iota_floats(256);
   std::vector<float> expected(in.size());
   for (size_t i = 0; i < in.size(); ++i) expected[i] = in[i] + (i % 64 ? in[i - 1] : 0.0f);
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     INFO(order.name());
     CHECK(neighbour_sum<true>(in, 64) == expected);
@@ -152,7 +152,7 @@ TEST_CASE("simt: a missing barrier fails under some thread order", "[simt]") {
   }();
   int wrong_orders = 0;
   bool ascending_hides_it = false;
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     const std::vector<float> got = neighbour_sum<false>(in, 64);
     const bool wrong = relative_error(got, expected) != 0;  // NaN (unwritten shared memory) counts as wrong
@@ -191,7 +191,7 @@ TEST_CASE("simt: deadlock is reported instead of hanging", "[simt]") {
 
 TEST_CASE("simt: shuffles and votes follow CUDA's semantics", "[simt]") {
   for (int width : {32, 8}) {
-    for (const auto& order : thread_orders()) {
+    for (const auto& order : simt::test_orders()) {
       simt::ScopedOptions use(order);
       INFO("width " << width << ", " << order.name());
       std::vector<int> out(32 * 7, -1);
@@ -214,7 +214,7 @@ TEST_CASE("simt: shuffles and votes follow CUDA's semantics", "[simt]") {
 }
 
 TEST_CASE("simt: __syncwarp completes when every lane of its mask arrives", "[simt]") {
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     INFO(order.name());
     std::vector<float> out = poisoned<float>(32);
@@ -236,7 +236,7 @@ TEST_CASE("simt: grids, atomics and poisoned shared memory", "[simt]") {
 
 TEST_CASE("simt: static __shared__ memory is one array per block", "[simt]") {
   const std::vector<float> in = iota_floats(256);
-  for (const auto& order : thread_orders()) {
+  for (const auto& order : simt::test_orders()) {
     simt::ScopedOptions use(order);
     INFO(order.name());
     std::vector<float> out = poisoned<float>(256);

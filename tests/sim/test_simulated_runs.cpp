@@ -343,7 +343,16 @@ TEST_CASE("simulated device: a precision schedule switches in place, with no mor
                                                   "}, {mode: " + then + ", fp8: " + fp8 + "}]}");
       const std::string from = std::string(first) == "fp8" ? "fp8:current" : "bf16";
       const std::string to = std::string(then) == "fp8" ? "fp8:current" : "bf16";
-      CHECK(scheduled.first.find("precision: step 3 starts phase 2 of 2, " + from + " -> " + to) != std::string::npos);
+      const std::vector<nlohmann::json> switches =
+          records_with(tmp.dir / "scheduled" / "runs" / "r" / "metrics.jsonl", "precision_phase");
+      REQUIRE(switches.size() == 1);
+      const nlohmann::json& phase = switches[0]["precision_phase"];
+      CHECK(switches[0]["step"] == 3);
+      CHECK(phase["from"] == from);
+      CHECK(phase["to"] == to);
+      CHECK(scheduled.first.find("precision: step " + std::to_string(switches[0]["step"].get<int64_t>()) +
+                                 " starts phase " + std::to_string(phase["phase"].get<int64_t>()) + " of 2, " + from +
+                                 " -> " + to) != std::string::npos);
       CHECK(scheduled.first.find("fp8: 8 of 8 FP8 linear layers run native FP8 GEMMs") != std::string::npos);
       const auto& ops = scheduled.second;
       INFO(nlohmann::json(ops).dump());

@@ -283,6 +283,10 @@ void check_launch(dim3 grid, dim3 block, size_t shared, const char* kernel) {
 
 }  // namespace
 
+std::vector<Options> test_orders() {
+  return {{Order::ascending, 0}, {Order::descending, 0}, {Order::random, 1}, {Order::random, 2}};
+}
+
 std::string Options::name() const {
   switch (order) {
     case Order::ascending: return "ascending";

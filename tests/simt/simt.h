@@ -35,6 +35,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 #include <type_traits>
 
 // CUDA's host_defines.h makes these empty for a host compiler. Shared memory must be one object
@@ -59,6 +60,10 @@ struct Options {
   uint64_t seed = 0;  // for Order::random
   std::string name() const;
 };
+
+// The orders a test runs a kernel under: ascending, descending and two seeded random orders (a
+// fixed order hides a missing barrier).
+std::vector<Options> test_orders();
 
 // The options for launches from this OS thread; ScopedOptions restores the previous ones.
 void set_options(const Options& options);
