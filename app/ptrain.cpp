@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -35,9 +36,10 @@ namespace {
 
 constexpr int64_t kMaxWhole = INT64_MAX;
 
-// A whole-number flag's range, checked on the text as given: a sign, a fraction or a value
-// outside [lo, hi] is refused naming the flag and the range (an unsigned flag would take -3 as
-// 2^64 - 3, and CLI11's own range check prints a double's bounds).
+// A whole-number flag's range, checked on the text as given: a sign, a fraction, a leading zero
+// (CLI11 would read 010 as octal 8) or a value outside [lo, hi] is refused naming the flag and
+// the range (an unsigned flag would take -3 as 2^64 - 3, and CLI11's own range check prints a
+// double's bounds).
 CLI::Validator whole_number(int64_t lo, int64_t hi) {
   const std::string range = "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi);
   return CLI::Validator(
@@ -49,7 +51,10 @@ CLI::Validator whole_number(int64_t lo, int64_t hi) {
         } catch (const std::exception&) {
           used = 0;
         }
-        if (used == 0 || used != text.size() || value < lo || value > hi) return text + "; expected " + range;
+        const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-') &&
+                           !(text.size() > 1 && text[0] == '0');
+        if (!plain || used == 0 || used != text.size() || value < lo || value > hi)
+          return text + "; expected " + range;
         return std::string();
       },
       std::to_string(lo) + ".." + std::to_string(hi));

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include "bad_input.h"
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
 
 using namespace ptrain;
 using namespace ptrain::test;
@@ -201,6 +203,20 @@ TEST_CASE("export and compare check what they would write before they write", "[
                  {"data.val", "none_*.bin"});
 }
 
+TEST_CASE("a checkpoint directory whose latest is not a file is refused while planning, not at the first save",
+          "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  const std::filesystem::path latest = ws.run() / "checkpoints/latest";
+  std::filesystem::remove(latest);
+  std::filesystem::create_directories(latest / "inside");
+  const auto before = ws.snapshot();
+  expect_refused(ws, before, ws.train("--set training.steps=5 --set checkpoint.resume=auto"), 2,
+                 {"runs/r/checkpoints/latest\" is a directory", "move the directory away"});
+  expect_refused(ws, before, ws.train("--set training.steps=5 --set checkpoint.resume=auto --dry-run"), 2,
+                 {"runs/r/checkpoints/latest\" is a directory"});
+}
+
 TEST_CASE("flags out of their range are refused", "[hardening]") {
   BadInputWorkspace ws;
   REQUIRE(ws.train().exit_code == 0);
@@ -225,6 +241,8 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
       {"data synth --out synth --vocab 0", "--vocab: 0; " + whole + "2 to 65536"},
       {"data synth --out synth --tokens 1e6", "--tokens: 1e6; " + whole + "1"},
       {"data prepare --input run.yaml --out prepared --threads 100000", "--threads: 100000; " + whole + "0 to 1024"},
+      {"data prepare --input run.yaml --out prepared --threads 010", "--threads: 010; " + whole + "0 to 1024"},
+      {"data prepare --input run.yaml --out prepared --threads +4", "--threads: +4; " + whole + "0 to 1024"},
       {"data prepare --input run.yaml --out prepared --val-tokens 0", "--val-tokens: 0; " + whole + "1"},
       {"data prepare --input run.yaml --out prepared --shard-tokens 0", "--shard-tokens: 0; " + whole + "1"},
   };
@@ -242,7 +260,10 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   expect_refused(ws, before,
                  ws.train("--set run.name=s --set precision.mode=fp8 --set precision.fp8.amax_history=1024 "
                           "--set model.n_layer=1000"),
-                 2, {"precision.fp8.amax_history: 1024 values for each of 12000 FP8 tensors", "expected at most 111"});
+                 2,
+                 {"precision.fp8.amax_history: 1024 values for each of 12003 FP8 tensors",
+                  "expected at most " + std::to_string(longest_history_within(12003, GuardConfig{}.window)) +
+                      " for this model"});
 }
 
 TEST_CASE("null in a --set flag removes the key, then the config is validated", "[hardening]") {

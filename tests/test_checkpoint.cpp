@@ -378,21 +378,21 @@ TEST_CASE("a resumed run may change precision and logs it", "[checkpoint]") {
 TEST_CASE("a second SIGINT exits at once and damages nothing", "[checkpoint]") {
   Workspace ws;
   REQUIRE(ws.train("--set training.steps=2").exit_code == 0);  // an earlier checkpoint to protect
-  // Steps of 512 micro-batches take long enough that the second signal, sent 50 ms after the
-  // first (two at once could merge into one), arrives while the first is still finishing its step.
+  // Two Ctrl-Cs right behind each other, after micro-batch 40 of step 3, by construction: the
+  // first is acknowledged, the second ends the process before the first is acted on.
   const std::string out = shell(
-      ws, "'" PTRAIN_BINARY "' train run.yaml --set training.steps=100000 --set checkpoint.resume=auto "
-          "--set training.batch_tokens=65536 --set checkpoint.every=1 > out.txt 2>&1 & pid=$!; "
-          "while ! grep -q 'resumed from' out.txt 2>/dev/null; do sleep 0.01; done; sleep 0.05; "
-          "kill -INT $pid; sleep 0.05; kill -INT $pid; wait $pid; echo rc=$?");
+      ws, "PTRAIN_TEST_FAULT=signal:3:40,signal:3:40 '" PTRAIN_BINARY "' train run.yaml --set training.steps=100000 "
+          "--set checkpoint.resume=auto --set training.batch_tokens=65536 --set checkpoint.every=1 > out.txt 2>&1; "
+          "echo rc=$?");
   const std::string log = read_file(ws.dir / "out.txt");
   INFO(out << log);
   CHECK(out.find("rc=130") != std::string::npos);  // 128 + SIGINT: ended by the second signal
+  CHECK(count_of(log, "ptrain: stop requested") == 1);
   CHECK(log.find("stopped by signal") == std::string::npos);
   resume_one_step(ws);
 }
 
-TEST_CASE("SIGINT finishes the step saves a checkpoint and exits 0", "[checkpoint]") {
+TEST_CASE("SIGINT stops the run, saves its last completed step and exits 0", "[checkpoint]") {
   Workspace ws;
   // Long enough that the signal arrives mid-run; the script waits for the first step's metrics.
   const std::string script = "cd '" + ws.dir.string() + "' && ('" PTRAIN_BINARY
@@ -448,17 +448,19 @@ TEST_CASE("fp8 histories holding NaN or inf survive a checkpoint bit for bit", "
 TEST_CASE("the largest FP8 delayed-scaling state a config allows is a state.json ptrain reads back", "[checkpoint]") {
   // The bound the run plan holds configs to is above what save_checkpoint writes for full
   // histories of the widest values, and what it allows fits the read limit.
-  for (const int64_t tensors : {int64_t{12}, int64_t{12} * 96, int64_t{12} * 1024}) {
-    const int64_t most = longest_history_within(tensors);
-    INFO(tensors << " FP8 tensors, histories of " << most);
-    CHECK(state_bytes_bound(tensors, most) <= kMaxStateBytes);
-    CHECK(state_bytes_bound(tensors, most + 1) > kMaxStateBytes);
-  }
+  for (const int64_t tensors : {int64_t{15}, int64_t{12} * 96 + 3, int64_t{12} * 1024 + 3})
+    for (const int64_t window : {int64_t{2}, int64_t{65536}}) {
+      const int64_t most = longest_history_within(tensors, window);
+      INFO(tensors << " FP8 tensors, a guard window of " << window << ", histories of " << most);
+      CHECK(state_bytes_bound(tensors, most, window) <= kMaxStateBytes);
+      CHECK(state_bytes_bound(tensors, most + 1, window) > kMaxStateBytes);
+    }
   // state.json as save_checkpoint writes it, each history value the widest text it can take.
   CheckpointState state;
   state.step = 1;
   state.model = model_json(ModelConfig{});
+  state.guard.window.assign(65536, -1.2345678901234567e-300);
   for (int t = 0; t < 12; ++t)
     state.fp8.push_back({"h1023.mlp_down.grad", std::vector<float>(1024, -3.40282347e38f), -3.40282347e38f});
-  CHECK(static_cast<int64_t>(state_to_json(state).dump(2).size() + 1) <= state_bytes_bound(12, 1024));
+  CHECK(static_cast<int64_t>(state_to_json(state).dump(2).size() + 1) <= state_bytes_bound(12, 1024, 65536));
 }

@@ -24,7 +24,9 @@
 
 namespace fs = std::filesystem;
 using namespace ptrain;
+using ptrain::test::CommandResult;
 using ptrain::test::read_file;
+using ptrain::test::run_ptrain;
 using ptrain::test::TempDir;
 using ptrain::test::user_error;
 using ptrain::test::write_file;
@@ -195,6 +197,31 @@ TEST_CASE("data prepare: invalid UTF-8 is refused with file and offset, or repla
   CHECK(ids == expected);
 }
 
+TEST_CASE("data prepare: the staging directory a killed prepare left behind is named and removed by the next one",
+          "[prepare]") {
+  TempDir dir("prepare-leftover");
+  write_file(dir.dir / "t.txt", "some words here, and more words\n");
+  const fs::path out = dir.dir / "shards";
+  // What a prepare killed after tokenizing leaves: its hidden staging directory, nothing else.
+  fs::create_directories(out / ".prepare-partial");
+  write_file(out / ".prepare-partial/tokens.tmp", std::string(4096, 'x'));
+  const CommandResult r = run_ptrain("data prepare --input t.txt --out shards --tokenizer bytes", dir.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("removed shards/.prepare-partial, left by a data prepare that was interrupted") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(out / ".prepare-partial"));
+  CHECK(fs::exists(out / "shards_train_000000.bin"));
+  // Beside anything else it is not taken for a leftover: the directory is refused, untouched.
+  fs::create_directories(dir.dir / "mixed/.prepare-partial");
+  write_file(dir.dir / "mixed/notes.txt", "mine");
+  const CommandResult mixed = run_ptrain("data prepare --input t.txt --out mixed --tokenizer bytes", dir.dir);
+  INFO(mixed.output);
+  CHECK(mixed.exit_code == 2);
+  CHECK(mixed.output.find("it holds \".prepare-partial\", \"notes.txt\"") != std::string::npos);
+  CHECK(fs::exists(dir.dir / "mixed/.prepare-partial"));
+}
+
 TEST_CASE("data prepare: bad options and outputs are refused before anything is written", "[prepare]") {
   TempDir dir("prepare");
   write_file(dir.dir / "t.txt", std::string(1000, 'x') + " some words here\n");
@@ -205,7 +232,7 @@ TEST_CASE("data prepare: bad options and outputs are refused before anything is 
   };
   fs::create_directories(dir.dir / "full");
   write_file(dir.dir / "full/old_train_000000.bin", "old");
-  refused(options({in}, dir.dir / "full"), {"--out", "not empty"});
+  refused(options({in}, dir.dir / "full"), {"--out", "not empty (it holds \"old_train_000000.bin\")"});
   CHECK(read_file(dir.dir / "full/old_train_000000.bin") == "old");
   refused(options({(dir.dir / "missing.txt").string()}, dir.dir / "o"), {"missing.txt"});
   PrepareOptions o = options({in}, dir.dir / "o");

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
 #include <regex>
 
 #include "bad_input.h"
@@ -81,6 +82,36 @@ TEST_CASE("resuming from an earlier checkpoint sets the later ones aside, and au
   CHECK(resume["step"] == 3);  // the new branch's newest, not the set-aside step 4
   CHECK(resume["from"] == "runs/r/checkpoints/step_00000003");
   CHECK(again.output.find(resume_line(resume)) != std::string::npos);
+}
+
+TEST_CASE("a resume from an earlier checkpoint that fails before its first checkpoint leaves the later ones and "
+          "latest as they were",
+          "[resume]") {
+  BadInputWorkspace ws;
+  const std::string flags = "--set training.steps=4 --set checkpoint.every=1 --set checkpoint.keep_last=10 ";
+  REQUIRE(ws.train(flags).exit_code == 0);
+  const fs::path ck = ws.run() / "checkpoints";
+  // The checkpoint directory's every file and `latest` before the failing run.
+  const auto checkpoints_now = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(ck))
+      if (e.is_regular_file()) files[fs::relative(e.path(), ck).string()] = read_file(e.path());
+    return files;
+  };
+  const std::map<std::string, std::string> before = checkpoints_now();
+  REQUIRE(before.at("latest") == "step_00000004\n");
+  // Resumed from step 2, the run stops at step 3 (a non-finite loss, by construction), before any save.
+  const CommandResult failed =
+      ws.train(flags + "--set checkpoint.resume=" + (ck / "step_00000002").string(), "PTRAIN_TEST_FAULT=loss:3:nan");
+  INFO(failed.output);
+  REQUIRE(failed.exit_code == 4);
+  CHECK(checkpoints_now() == before);
+  CHECK(failed.output.find("set aside") == std::string::npos);
+  // resume: auto still finds the newest checkpoint, as before the failed run.
+  const CommandResult again = ws.train(flags + "--set training.steps=5 --set checkpoint.resume=auto");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(last_resume(ws.run() / "metrics.jsonl")["step"] == 4);
 }
 
 TEST_CASE("the loss scaler continues across a resume, and restarts when its mode changes", "[resume]") {

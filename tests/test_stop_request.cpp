@@ -124,6 +124,27 @@ TEST_CASE("a stop request: in the first step nothing is saved, after a saved ste
   CHECK(last.output.find("stopped by signal after step 7") != std::string::npos);
 }
 
+TEST_CASE("a stop in the first step after resuming another run's checkpoint saves that state in this run's own "
+          "directory",
+          "[stop]") {
+  TempDir ws("stop-elsewhere");
+  write_file(ws.dir / "run.yaml", kRun);
+  REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=a", "training.steps=5"}).exit_code == 0);
+  const InProcessRun b = train_in_process(
+      ws.dir, "run.yaml", {"run.name=b", "checkpoint.resume=runs/a/checkpoints/step_00000005"}, "signal:6:2");
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  const fs::path metrics = ws.dir / "runs/b/metrics.jsonl";
+  REQUIRE(stops_of(metrics).size() == 1);
+  CHECK(stops_of(metrics)[0]["last_completed_step"] == 5);
+  const std::vector<nlohmann::json> saved = checkpoints_saved(metrics);
+  REQUIRE(saved.size() == 1);
+  CHECK(saved[0]["step"] == 5);
+  CHECK(saved[0]["path"] == "runs/b/checkpoints/step_00000005");
+  CHECK(read_file(ws.dir / "runs/b/checkpoints/step_00000005/weights.safetensors") ==
+        read_file(ws.dir / "runs/a/checkpoints/step_00000005/weights.safetensors"));
+}
+
 TEST_CASE("ptrain train: the stop request is acknowledged on stderr when it arrives, before the run stops", "[stop][cli]") {
   TempDir ws("stop-cli");
   write_file(ws.dir / "run.yaml", kRun);

@@ -207,7 +207,7 @@ LoadedCheckpoint load_verified(const std::string& path) {
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Transformer& model, AdamW& optimizer,
-                            int keep_last, Communicator* comm) {
+                            int keep_last, Communicator* comm, const std::function<void()>& before_publish) {
   const bool main = !comm || comm->is_main();
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
   const fs::path root(dir);
@@ -296,13 +296,16 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
                                                         moment_copies(model, optimizer).views, {{"producer", "ptrain"}});
       }
       const std::string state_text = j.dump(2) + "\n";
-      // What load_checkpoint would refuse is never written (the run plan bounds the histories).
-      PTRAIN_CHECK(static_cast<int64_t>(state_text.size()) <= kMaxStateBytes,
-                   "state.json of " + std::to_string(state_text.size()) + " bytes is over the read limit");
+      // What load_checkpoint would refuse is never written (the run plan bounds what can grow);
+      // an error every rank hears of, so none waits for the others.
+      if (static_cast<int64_t>(state_text.size()) > kMaxStateBytes)
+        throw EnvironmentError("state.json would be " + std::to_string(state_text.size()) + " bytes, over the " +
+                               std::to_string(kMaxStateBytes) + " load_checkpoint reads");
       OutputFile state_file((tmp_dir / kStateFile).string());
       state_file.write(state_text);
       state_file.finish(true);
       sync_directory(tmp_dir.string());
+      if (before_publish) before_publish();
       fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier attempt
       rename_path(tmp_dir.string(), final_dir.string());
       sync_directory(root.string());
@@ -345,13 +348,22 @@ void point_latest_at(const std::string& dir, int64_t step) {
 
 std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints) {
   std::vector<std::string> moved;
-  for (const std::string& p : checkpoints) {
-    // A branch abandoned at the same step before keeps its name: the next free suffix.
-    std::string aside = p + ".superseded";
-    std::error_code ec;
-    for (int n = 2; fs::exists(aside, ec) || fs::is_symlink(aside, ec); ++n) aside = p + ".superseded." + std::to_string(n);
-    rename_path(p, aside);
-    moved.push_back(aside);
+  try {
+    for (const std::string& p : checkpoints) {
+      // A branch abandoned at the same step before keeps its name: the next free suffix.
+      std::string aside = p + ".superseded";
+      std::error_code ec;
+      for (int n = 2; fs::exists(aside, ec) || fs::is_symlink(aside, ec); ++n)
+        aside = p + ".superseded." + std::to_string(n);
+      rename_path(p, aside);
+      moved.push_back(aside);
+    }
+  } catch (...) {
+    for (size_t i = 0; i < moved.size(); ++i) {
+      std::error_code ec;
+      fs::rename(moved[i], checkpoints[i], ec);  // best effort: the error that stopped us is the one to report
+    }
+    throw;
   }
   return moved;
 }

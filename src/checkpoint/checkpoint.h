@@ -37,14 +37,16 @@ struct LoadedCheckpoint {
 
 // The most bytes of a state.json load_checkpoint reads; save_checkpoint never writes more.
 constexpr int64_t kMaxStateBytes = 64 << 20;
-// An upper bound of the size of a state.json holding `fp8_tensors` delayed-scaling histories of
-// `history` values each (pretty-printed: a value a line, at most 48 bytes with its indent).
-inline int64_t state_bytes_bound(int64_t fp8_tensors, int64_t history) {
-  return (int64_t{64} << 10) + fp8_tensors * (256 + 48 * history);
+// An upper bound of the size of a state.json holding `fp8_tensors` amax histories of `history`
+// values each and a guard window of `guard_window` losses (pretty-printed: a value a line, at
+// most 48 bytes with its indent; the rest of the state within 64 KiB).
+inline int64_t state_bytes_bound(int64_t fp8_tensors, int64_t history, int64_t guard_window) {
+  return (int64_t{64} << 10) + 48 * guard_window + fp8_tensors * (256 + 48 * history);
 }
 // The longest history whose bound stays within kMaxStateBytes (0: not even one value).
-inline int64_t longest_history_within(int64_t fp8_tensors) {
-  const int64_t per_tensor = (kMaxStateBytes - (int64_t{64} << 10)) / fp8_tensors;
+inline int64_t longest_history_within(int64_t fp8_tensors, int64_t guard_window) {
+  const int64_t room = kMaxStateBytes - state_bytes_bound(0, 0, guard_window);
+  const int64_t per_tensor = fp8_tensors > 0 ? room / fp8_tensors : room;
   return per_tensor > 256 ? (per_tensor - 256) / 48 : 0;
 }
 
@@ -54,8 +56,11 @@ inline int64_t longest_history_within(int64_t fp8_tensors) {
 // calls it: rank 0 writes the weights (gathered from the ZeRO-1 shards if need be) and
 // state.json, each rank writes its optimizer shard under ZeRO-1, and the checkpoint is renamed
 // into place only after every rank's part is on disk; if any rank fails, every rank throws.
+// `before_publish` (rank 0) runs once the checkpoint is complete on disk, just before it is renamed
+// into place: the point of no return for what a run changes only once it has a checkpoint.
 std::string save_checkpoint(const std::string& dir, const CheckpointState& state, Transformer& model, AdamW& optimizer,
-                            int keep_last, Communicator* comm = nullptr);
+                            int keep_last, Communicator* comm = nullptr,
+                            const std::function<void()>& before_publish = {});
 
 // Loads and verifies one checkpoint: `path` is its directory (or a `latest` file naming it).
 // Checked: state.json (checkpoint/state.h), every file's SHA-256 as recorded, every tensor of
@@ -73,6 +78,7 @@ std::optional<LoadedCheckpoint> find_latest_checkpoint(const std::string& dir,
 // The checkpoints under `dir` of steps after `step` (-1: all of them), and renaming checkpoints to
 // <name>.superseded (.superseded.2, ... if taken), so that a run resumed from an earlier
 // checkpoint never later resumes from the abandoned branch, nor overwrites it. Returns the new names.
+// All or none: when one rename fails, those made are undone before the error goes on.
 std::vector<std::string> checkpoints_after(const std::string& dir, int64_t step);
 std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& checkpoints);
 // A checkpoint's directory name under `dir` (step_NNNNNNNN), and pointing `latest` at it.

@@ -196,7 +196,7 @@ Schema make_schema(Config& c) {
              "back to the newest checkpoint before it and go on in bf16"),
       number("training.guard.spike_zscore", &t.guard.spike_zscore, at_least(0),
              "a loss this many standard deviations above the recent mean is a spike; 0 = spikes not watched"),
-      number("training.guard.window", &t.guard.window, at_least(2), "recent losses a spike is measured against"),
+      number("training.guard.window", &t.guard.window, between(2, 65536), "recent losses a spike is measured against"),
       number("training.guard.spike_steps", &t.guard.spike_steps, at_least(1),
              "consecutive spiking steps before the guard acts"),
       number("training.guard.max_skips", &t.guard.max_skips, at_least(1),

@@ -96,19 +96,33 @@ void check_options(const PrepareOptions& o) {
 }
 
 // The output directory must be new or empty: shards of an earlier run beside new ones would
-// be read together by a glob.
-void check_out_dir(const std::string& out_dir) {
+// be read together by a glob. The one thing it may hold is the staging directory of a prepare
+// that was killed (its guard never ran): true is returned, and the caller removes it.
+bool check_out_dir(const std::string& out_dir) {
   const PathKind kind = path_kind(out_dir, "--out");
   if (kind == PathKind::file || kind == PathKind::other)
     throw UserError("--out " + in_quotes(out_dir) + " exists and is not a directory; expected a new or empty directory");
+  bool leftover = false;
   if (kind == PathKind::directory) {
     std::error_code ec;
-    if (!fs::is_empty(out_dir, ec) || ec)
-      throw UserError("--out " + in_quotes(out_dir) +
-                      " is not empty; expected a new or empty directory (remove the old shards first)");
+    std::vector<std::string> names;
+    for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec))
+      names.push_back(it->path().filename().string());
+    if (ec) throw UserError("--out " + in_quotes(out_dir) + ": cannot list it (" + ec.message() + ")");
+    std::sort(names.begin(), names.end());
+    leftover = names.size() == 1 && names[0] == kStaging && path_kind((fs::path(out_dir) / kStaging).string(),
+                                                                       "--out") == PathKind::directory;
+    if (!names.empty() && !leftover) {
+      std::string shown;
+      for (size_t i = 0; i < names.size() && i < 3; ++i) shown += (i ? ", " : "") + in_quotes(names[i]);
+      throw UserError("--out " + in_quotes(out_dir) + " is not empty (it holds " + shown +
+                      (names.size() > 3 ? " and " + std::to_string(names.size() - 3) + " more" : std::string()) +
+                      "); expected a new or empty directory");
+    }
     check_writable_dir(out_dir, "--out");
   }
   check_creatable(out_dir, "--out", 64);
+  return leftover;
 }
 
 // One line on stderr, rewritten in place, at most every half second.
@@ -301,11 +315,17 @@ PrepareResult prepare_text(const PrepareOptions& o) {
   int64_t total_bytes = 0;
   for (const std::string& f : files) total_bytes += InputFile(f, "input " + in_quotes(f)).size();
   const std::string name = shard_base_name(o.out_dir);
-  check_out_dir(o.out_dir);
+  const bool leftover = check_out_dir(o.out_dir);
 
   const auto start = Clock::now();
   StagingGuard guard{fs::path(o.out_dir) / kStaging, fs::path(o.out_dir)};
   guard.made_out = path_kind(o.out_dir, "--out") == PathKind::missing;
+  if (leftover) {
+    std::error_code ec;
+    fs::remove_all(guard.staging, ec);
+    if (ec) throw EnvironmentError("cannot remove " + guard.staging.string() + ": " + ec.message());
+    std::fprintf(stderr, "removed %s, left by a data prepare that was interrupted\n", guard.staging.c_str());
+  }
   make_shard_dir(guard.staging.string());
   const std::string token_file = (guard.staging / "tokens.tmp").string();
   TokenWriter writer(o, tokenizer, token_file, total_bytes);

@@ -173,6 +173,13 @@ void locate_checkpoint_dir(RunPlan& plan) {
     throw UserError(what + ": " + in_quotes(plan.checkpoint_dir) + " exists and is not a directory; expected a directory "
                     "for checkpoints (or null for <run dir>/checkpoints)");
   check_creatable(plan.checkpoint_dir, what, kLongestInnerPath);
+  // `latest` is replaced at every save by renaming a new file over it, which replaces a file or
+  // a link (even a broken one) but not a directory: found now, not at the first save.
+  const fs::path latest = fs::path(plan.checkpoint_dir) / "latest";
+  std::error_code ec;
+  if (kind == PathKind::directory && fs::symlink_status(latest, ec).type() == fs::file_type::directory)
+    throw UserError(what + ": " + in_quotes(latest.string()) + " is a directory; expected the file ptrain writes there "
+                    "to name the newest checkpoint (move the directory away)");
   if (kind == PathKind::missing || !plan.checkpoint_dir_is_explicit) return;
   const std::string me = fs::weakly_canonical(plan.run_dir).string();
   std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
@@ -283,18 +290,19 @@ void plan_machine(RunPlan& plan) {
                     std::to_string(accumulation) + " accumulation steps per rank; expected at most " +
                     std::to_string(kMaxAccumulation) + " (raise training.micro_batch)");
   plan.spec = resolve_run(c, plan.world_size);
-  // Every FP8 linear keeps three delayed-scaling histories in state.json (four linears a block
-  // at most): a checkpoint ptrain could not read back is refused here, not found at resume.
+  // A checkpoint ptrain could not read back is refused here, not found at the first save: every
+  // FP8 linear keeps three amax histories in state.json (four linears a block and the LM head,
+  // whatever the recipe), and the guard its window of losses.
+  const int64_t guard_window = c.training.guard.window;
   for (const PrecisionSchedule::Phase& phase : plan.spec.precision.phases) {
     const Fp8Policy& f8 = phase.policy.fp8;
-    if (!f8.enabled || f8.recipe != Fp8Recipe::delayed) continue;
-    const int64_t tensors = int64_t{12} * plan.spec.shape.n_layer;
-    if (state_bytes_bound(tensors, f8.amax_history) > kMaxStateBytes) {
+    if (!f8.enabled) continue;
+    const int64_t tensors = int64_t{12} * plan.spec.shape.n_layer + 3;
+    if (state_bytes_bound(tensors, f8.amax_history, guard_window) > kMaxStateBytes)
       throw UserError("precision.fp8.amax_history: " + std::to_string(f8.amax_history) + " values for each of " +
                       std::to_string(tensors) + " FP8 tensors would make a checkpoint's state.json larger than the " +
-                      format_mib(kMaxStateBytes) + " ptrain reads back; expected at most " + std::to_string(longest_history_within(tensors)) +
-                      " for this model");
-    }
+                      format_mib(kMaxStateBytes) + " ptrain reads back; expected at most " +
+                      std::to_string(longest_history_within(tensors, guard_window)) + " for this model");
   }
   // The CPU backend holds everything in host memory: a run that cannot fit would die later. A
   // first estimate in double cannot overflow, and bounds the exact one's int64 arithmetic.
@@ -435,7 +443,9 @@ std::string describe_plan(const RunPlan& plan) {
          " (verified)");
   else if (c.checkpoint.resume_auto())
     line("resume: auto, no valid checkpoint found: training would start from step 0");
-  for (const auto& s : plan.superseded) line("would set aside " + s + " (after the checkpoint resumed from)");
+  for (const auto& s : plan.superseded)
+    line("would set aside " + s + " at the run's first checkpoint (" +
+         (plan.resume ? "after the checkpoint resumed from" : "not usable") + ")");
   if (plan.init_from) line("init_from: " + c.model.init_from + " (" + plan.init_from->source + ", verified)");
   if (plan.world_size > 1) line("ranks: " + std::to_string(plan.world_size));
   return out;

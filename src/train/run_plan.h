@@ -68,8 +68,8 @@ struct RunPlan {
   bool clear_checkpoint_dir = false;        // run.overwrite of a run whose explicit checkpoint.dir it owned
   DataPlan data;
   std::optional<LoadedCheckpoint> resume;
-  std::vector<std::string> superseded;  // checkpoints set aside when the run starts: those after the
-                                        // resumed one, or all unusable ones when auto starts afresh
+  std::vector<std::string> superseded;  // checkpoints the run's first checkpoint sets aside: those after
+                                        // the resumed one, or all unusable ones when auto starts afresh
   std::optional<InitWeights> init_from;
   int threads = 0;       // CPU threads: training.threads, at most the cores available (0 = all)
   int world_size = 1;    // ranks, from the launcher's environment

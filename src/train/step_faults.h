@@ -9,7 +9,8 @@
 //             grad  the step's gradients are multiplied by FACTOR (the loss gradient's seed is;
 //                   inf overflows them, as an fp16 overflow would)
 //             signal  SIGINT is raised in the process after micro-batch FACTOR (from 1) of the
-//                   step: a Ctrl-C arriving exactly then
+//                   step: a Ctrl-C arriving exactly then (two such items: a second Ctrl-C
+//                   right behind the first)
 //     STEP    the optimizer step, from 1
 //     FACTOR  a number, inf or nan (signal: a micro-batch, an integer from 1)
 //     TIMES   how often the fault fires when the step is trained again after a guard rollback

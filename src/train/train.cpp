@@ -15,7 +15,7 @@ namespace ptrain {
 namespace {
 
 // Rank 0's part of prepare_run.
-void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_aside) {
+void prepare_directories(const RunPlan& plan) {
   const fs::path run_dir = plan.run_dir;
   const bool fresh = plan.run_dir_action != RunDirAction::continue_run;
   std::error_code ec;
@@ -34,7 +34,6 @@ void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_asid
     if (plan.data.synthetic) generate_synthetic(*plan.data.synthetic, (run_dir / "data").string());
     // Last, so that a continued run's config.yaml is replaced only once everything else worked.
     write_file_atomic((run_dir / "config.yaml").string(), config_to_yaml(plan.config));
-    set_aside = set_aside_checkpoints(plan.superseded);
   } catch (...) {
     if (fresh) fs::remove_all(run_dir, ec);
     throw;
@@ -43,10 +42,9 @@ void prepare_directories(const RunPlan& plan, std::vector<std::string>& set_asid
 
 }  // namespace
 
-std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm) {
+void prepare_run(RunPlan& plan, Communicator& comm) {
   // Rank 0 makes the run directory (and the synthetic data); the others wait for it.
-  std::vector<std::string> set_aside;
-  if (comm.is_main()) prepare_directories(plan, set_aside);
+  if (comm.is_main()) prepare_directories(plan);
   comm.barrier();
   DataPlan& data = plan.data;
   if (data.synthetic) {  // generated just now by rank 0
@@ -55,7 +53,6 @@ std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm) {
     data.train.emplace(data.train_files, "data.train", vocab);
     data.val.emplace(data.val_files, "data.val", vocab);
   }
-  return set_aside;
 }
 
 AttentionChoice choose_attention(const RunPlan& plan, Backend& backend) {
@@ -117,15 +114,12 @@ TrainResult train(const Config& config, const TrainOptions& options) {
 }
 
 TrainResult run_planned(RunPlan& plan, TrainerDevices devices, const TrainOptions& options) {
-  const std::vector<std::string> set_aside = prepare_run(plan, *devices.comm);
+  prepare_run(plan, *devices.comm);
   const bool restarted_in_place = devices.comm->is_main() && !plan.resume && plan.config.checkpoint.resume_auto() &&
                                   fs::exists(fs::path(plan.run_dir) / "metrics.jsonl");
   Trainer trainer(plan, std::move(devices), options);
   for (const auto& w : plan.warnings) trainer.log_only(w);
   for (const auto& w : plan.resume_warnings) trainer.log_only(w);
-  for (const auto& p : set_aside)
-    trainer.warn("set aside " + p + (plan.resume ? ": it came after the checkpoint resumed from"
-                                                  : ": it is not usable, and training starts afresh"));
   if (restarted_in_place)
     trainer.warn("no valid checkpoint in " + plan.checkpoint_dir + ": training starts from step 0 in " + plan.run_dir);
   return trainer.run();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cmath>
 
@@ -30,6 +31,7 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 volatile std::sig_atomic_t g_acknowledge = 0;  // rank 0 says at once that the request arrived
 
 extern "C" void on_stop_signal(int sig) {
+  const int saved_errno = errno;  // the interrupted code may be about to read it
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
   if (g_acknowledge) {
@@ -40,6 +42,7 @@ extern "C" void on_stop_signal(int sig) {
     const ssize_t written = ::write(STDERR_FILENO, kAck, sizeof kAck - 1);
     (void)written;  // nothing to do about a closed stderr inside a handler
   }
+  errno = saved_errno;
 }
 
 struct StopSignalScope {
@@ -77,6 +80,7 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
       val_sampler_(opened(plan.data.val, "data.val"), "data.val", cfg_.training.eval_batches, spec_.batch.micro_batch,
                    spec_.batch.seq_len),
       device_choice_(std::move(devices.device_choice)),
+      to_set_aside_(plan.superseded),
       backend_(std::move(devices.backend)),
       attention_(std::move(devices.attention)),
       report_(log_, cfg_, spec_, *comm_, *backend_, plan.data.info),
@@ -145,7 +149,10 @@ TrainResult Trainer::run() {
     const auto t0 = Clock::now();
     if (options_.profile) options_.profile->begin_step();
     const double lr = lr_schedule_.at(step - 1);
-    const StepOutcome outcome = train_step(step, lr, !new_slot);
+    // Not in a step that begins a precision phase, nor in the first after a rollback: the
+    // checkpoint of the step before does not hold what the run has set up for them.
+    const bool after_rollback = guard_.rollback().count > 0 && step == guard_.rollback().to_step + 1;
+    const StepOutcome outcome = train_step(step, lr, !new_slot && !after_rollback);
     if (outcome.abandoned_after > 0) {
       stop_mid_step(step, outcome.abandoned_after);
       break;
@@ -229,7 +236,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_aband
                                [&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
     else
       model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum);
-    if (faults.signal_after(step, micro + 1)) std::raise(SIGINT);
+    while (faults.signal_after(step, micro + 1)) std::raise(SIGINT);
     // A stop request ends the step here rather than after the remaining micro-batches (the
     // last one's gradients are reduced as it runs, so from then on the step finishes).
     if (may_abandon && micro + 1 < accum && stop_requested_by_any_rank()) {
@@ -310,7 +317,7 @@ void Trainer::stop_mid_step(int64_t step, int micro_batches_run) {
   if (completed == 0) {
     where = "nothing was trained, so no checkpoint was written";
   } else if (saved_step_ == completed) {
-    where = "its checkpoint " + result_.last_checkpoint + " holds it";
+    where = "its checkpoint " + saved_checkpoint_ + " holds it";
   } else {
     if (!save(completed, true))
       throw EnvironmentError("stopped during step " + std::to_string(step) + " without a checkpoint of step " +

@@ -61,15 +61,17 @@ struct TrainerDevices {
 };
 
 // A checked plan carried out on `devices`: prepare_run, then a Trainer over them, which first
-// logs the plan's warnings and the checkpoints set aside. What train() does after its dry-run
+// logs the plan's warnings. What train() does after its dry-run
 // branch; tests call it in-process with faults put into the plan.
 TrainResult run_planned(RunPlan& plan, TrainerDevices devices, const TrainOptions& options);
 
 // Rank 0 makes (or replaces, or continues) the run directory and everything the plan puts there
 // before training (the synthetic corpus, config.yaml), then every rank opens a synthetic
-// corpus's shards. Returns the checkpoints set aside. A step that fails is the machine's
-// (exit 1); what this call created is removed again, so a corrected rerun is not refused.
-std::vector<std::string> prepare_run(RunPlan& plan, Communicator& comm);
+// corpus's shards. A step that fails is the machine's (exit 1); what this call created is removed
+// again, so a corrected rerun is not refused. The plan's superseded checkpoints stay where they
+// are: the first checkpoint this run publishes sets them aside (Trainer::save), so a run that
+// fails before it leaves them, and `latest`, as they were.
+void prepare_run(RunPlan& plan, Communicator& comm);
 
 // model.attention's path for the plan's model and batch on `backend`, and why.
 AttentionChoice choose_attention(const RunPlan& plan, Backend& backend);
@@ -102,8 +104,8 @@ class Trainer {
     int abandoned_after = 0;
     DivergenceGuard::Finding finding;
   };
-  // `may_abandon`: a stop request may end the step between micro-batches (not in a step that
-  // began a precision phase, whose set-up the last completed step's checkpoint would not match).
+  // `may_abandon`: a stop request may end the step between micro-batches (not in a step whose
+  // set-up, a new precision phase or a rollback's, the last completed step's checkpoint lacks).
   StepOutcome train_step(int64_t step, double lr, bool may_abandon);
   bool stop_requested_by_any_rank();
   void stop_mid_step(int64_t step, int micro_batches_run);
@@ -138,7 +140,11 @@ class Trainer {
   std::optional<TrainingSamples> samples_;  // logging.sample_every's, on rank 0
   std::string device_choice_;  // which device run.device gave, and why (for the log)
   std::string resumed_from_;   // the checkpoint this invocation resumed from, if any
-  int64_t saved_step_ = 0;     // the step whose checkpoint holds the state in memory (0: none)
+  // The checkpoint of this run's checkpoint directory that holds the state in memory, and its
+  // step (0: none).
+  int64_t saved_step_ = 0;
+  std::string saved_checkpoint_;
+  std::vector<std::string> to_set_aside_;  // the plan's superseded checkpoints, until the first save
   std::unique_ptr<Backend> backend_;
   AttentionChoice attention_;  // the path model.attention gave on this backend, and why
   RunReport report_;

@@ -34,7 +34,11 @@ nlohmann::json resume_keys(const Config& c) {
 int64_t Trainer::resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rollback* rolling_back) {
   const CheckpointState& st = ckpt.state;
   restore_tensors(ckpt, model_, optimizer_);
-  saved_step_ = st.step;
+  // A checkpoint resumed from elsewhere (checkpoint.resume: PATH) is not this run's to resume.
+  std::error_code ec;
+  const bool ours = fs::equivalent(fs::path(ckpt.path).parent_path(), checkpoint_dir_, ec);
+  saved_step_ = ours ? st.step : 0;
+  saved_checkpoint_ = ours ? ckpt.path : std::string();
   if (!rolling_back) resumed_from_ = ckpt.path;
   guard_.restore(st.guard);
   if (rolling_back) guard_.set_rollback(*rolling_back);
@@ -104,8 +108,17 @@ bool Trainer::save(int64_t step, bool final_save) {
   st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
   st.next_sample = step * spec_.batch.accumulation * comm_->world_size() * spec_.batch.micro_batch;
   try {
-    result_.last_checkpoint =
-        save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_, cfg_.checkpoint.keep_last, comm_.get());
+    // The later (or unusable) checkpoints go aside only once this one is complete: a run that
+    // fails before its first checkpoint leaves them, and `latest`, as they were.
+    const auto set_aside_superseded = [&] {
+      const bool resumed = !resumed_from_.empty();
+      for (const std::string& p : set_aside_checkpoints(to_set_aside_))
+        log_.warn("set aside " + p + (resumed ? ": it came after the checkpoint resumed from"
+                                              : ": it is not usable, and training started afresh"));
+      to_set_aside_.clear();
+    };
+    result_.last_checkpoint = save_checkpoint(checkpoint_dir_.string(), st, model_, optimizer_,
+                                              cfg_.checkpoint.keep_last, comm_.get(), set_aside_superseded);
   } catch (const EnvironmentError& e) {
     // The earlier checkpoints and `latest` are untouched; the training state is in memory.
     const std::string what = "checkpoint at step " + std::to_string(step) + " failed: " + e.what();
@@ -119,6 +132,7 @@ bool Trainer::save(int64_t step, bool final_save) {
                            "); earlier checkpoints are intact");
   }
   saved_step_ = step;
+  saved_checkpoint_ = result_.last_checkpoint;
   log_.metrics({{"checkpoint", {{"step", step}, {"path", result_.last_checkpoint}}}});
   log_.info("checkpoint step " + std::to_string(step) + " -> " + result_.last_checkpoint);
   return true;
