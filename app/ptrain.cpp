@@ -418,7 +418,7 @@ int run(int argc, char** argv) {
     ptrain::check_creatable(synth.out, "--out", 32);
     const ptrain::SyntheticInfo info = ptrain::generate_synthetic(
         {synth.vocab, synth.order, synth.branching, synth.tokens, static_cast<uint64_t>(synth.seed), synth.val_fraction},
-        synth.out);
+        synth.out, ptrain::SpecSource::flags);
     std::printf("wrote %lld train + %lld val tokens to %s\noracle loss: train %.6f, val %.6f (ln V = %.6f)\n",
                 static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens), synth.out.c_str(),
                 info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));

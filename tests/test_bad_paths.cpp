@@ -181,6 +181,49 @@ TEST_CASE("a run name that is not UTF-8 still logs and checkpoints", "[hardening
   CHECK(fs::exists(ws.dir / "runs/caf\xe9/checkpoints/latest"));
 }
 
+TEST_CASE("inputs that lie: control characters and NUL in names and paths, a vocabulary the model cannot hold",
+          "[hardening]") {
+  BadInputWorkspace ws;
+  // A newline in run.name would forge lines in log.txt; a NUL would cut a path short.
+  const std::string config = BadInputWorkspace::config();
+  const std::string after_run = config.substr(config.find('\n') + 1);
+  write_file(ws.dir / "newline.yaml", "run: {name: \"a\\nb\", out_dir: runs}\n" + after_run);
+  write_file(ws.dir / "nul.yaml", config + "logging: {sample_prompt: \"x\\0y\"}\n");
+  std::string nul_path = config;
+  nul_path.replace(nul_path.find("data/train_*.bin"), 16, "data/train_*.bin\\0.x");
+  write_file(ws.dir / "nul-path.yaml", nul_path);
+  const auto with_configs = ws.snapshot();
+  expect_refused(ws, with_configs, ws.ptrain("train newline.yaml"), 2, {"run.name", "control character"});
+  expect_refused(ws, with_configs, ws.ptrain("train newline.yaml --dry-run"), 2, {"run.name", "control character"});
+  expect_refused(ws, with_configs, ws.ptrain("train nul.yaml"), 2, {"logging.sample_prompt", "NUL byte"});
+  expect_refused(ws, with_configs, ws.ptrain("train nul-path.yaml"), 2, {"data.train", "NUL byte"});
+  // Shards without a tokenizer record, said to be GPT-2's, for a model of 64 outputs.
+  expect_refused(ws, with_configs, ws.train("--set data.tokenizer=gpt2"), 2,
+                 {"model.vocab_size is 64", "50257 ids of the gpt2 tokenizer"});
+}
+
+TEST_CASE("a FIFO where the CPU's measured sgemm rate is cached does not block a run", "[hardening]") {
+  BadInputWorkspace ws;
+  fs::create_directories(ws.dir / "cache");
+  REQUIRE(::mkfifo((ws.dir / "cache/cpu-peak.json").c_str(), 0644) == 0);
+  const CommandResult r = ws.train("", "PTRAIN_CACHE=cache timeout 120");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);  // 124 would be the hang
+  CHECK(r.output.find("done: 3 steps") != std::string::npos);
+}
+
+TEST_CASE("model.init_from with a resume is said to be unused, not silently ignored", "[hardening]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train().exit_code == 0);
+  REQUIRE(ws.ptrain("export --checkpoint runs/r/checkpoints/step_00000003 --format llmc --out model.bin").exit_code == 0);
+  const CommandResult r =
+      ws.train("--set training.steps=4 --set checkpoint.resume=auto --set model.init_from=model.bin");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("model.init_from: \"model.bin\" is not used: the run resumes from runs/r/checkpoints/"
+                      "step_00000003") != std::string::npos);
+}
+
 TEST_CASE("export and compare check what they would write before they write", "[hardening]") {
   BadInputWorkspace ws;
   REQUIRE(ws.train().exit_code == 0);

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -369,6 +370,19 @@ TEST_CASE("synthetic specs are validated", "[data]") {
   const std::string message = user_error([&] { generate_synthetic(spec, dir / "out"); });
   CHECK_THAT(message, Catch::Contains(key) && Catch::Contains("expected"));
   CHECK_FALSE(fs::exists(dir / "out"));
+  // ptrain data synth names its flags instead: --val-fraction, not data.synthetic.val_fraction.
+  std::string flag = "--" + key.substr(std::string("data.synthetic.").size());
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  const std::string from_flags = user_error([&] { generate_synthetic(spec, dir / "out", SpecSource::flags); });
+  CHECK_THAT(from_flags, Catch::Contains(flag + " is ") && !Catch::Contains("data.synthetic"));
+}
+
+TEST_CASE("a wrong synthetic vocabulary is blamed alone, not the branching measured against it", "[data]") {
+  SyntheticSpec spec;
+  spec.vocab = 0;
+  const std::vector<std::string> problems = synthetic_spec_problems(spec, SpecSource::flags);
+  REQUIRE(problems.size() == 1);
+  CHECK_THAT(problems[0], Catch::StartsWith("--vocab is 0"));
 }
 
 TEST_CASE("read_synthetic_info is empty without the file and rejects a malformed one", "[data]") {

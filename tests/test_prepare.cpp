@@ -8,12 +8,14 @@
 #include <sys/resource.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -195,6 +197,20 @@ TEST_CASE("data prepare: invalid UTF-8 is refused with file and offset, or repla
     expected.insert(expected.end(), part.begin(), part.end());
   }
   CHECK(ids == expected);
+}
+
+TEST_CASE("numbers in messages read back as the value given: --val-fraction 0.9999999 is not shown as 1",
+          "[prepare]") {
+  CHECK(number_text(0.1) == "0.1");
+  CHECK(number_text(0.9999999) == "0.9999999");
+  CHECK(number_text(1e-05) == "1e-05");
+  for (const double v : {0.9999999, 1.0 / 3.0, 2.5e-300, 123456789.125})
+    CHECK(std::strtod(number_text(v).c_str(), nullptr) == v);
+  TempDir dir("prepare-fraction");
+  write_file(dir.dir / "t.txt", "a few words\n");
+  PrepareOptions o = options({(dir.dir / "t.txt").string()}, dir.dir / "o", "bytes");
+  o.val_fraction = 0.9999999;
+  CHECK_THAT(user_error([&] { prepare_text(o); }), Catch::Contains("--val-fraction 0.9999999"));
 }
 
 TEST_CASE("data prepare: the staging directory a killed prepare left behind is named and removed by the next one",

@@ -180,5 +180,17 @@ TEST_CASE("ptrain train | head -1: a closed standard output does not stop the ru
   CHECK(losses_by_step(metrics).size() == 14);
 }
 
+TEST_CASE("ptrain sample | head -c 1: a closed standard output ends the generation quietly", "[stop][cli]") {
+  TempDir ws("stop-sample");
+  write_file(ws.dir / "run.yaml", kRun);
+  REQUIRE(run_ptrain("train run.yaml --set training.steps=2", ws.dir).exit_code == 0);
+  // A million tokens would take minutes: the first failed write must end it (timeout: 124).
+  const CommandResult piped = run_shell("cd '" + ws.dir.string() + "' && { timeout 120 '" + ptrain_binary() +
+                                        "' sample --checkpoint runs/r/checkpoints/step_00000002 --tokens 1000000; "
+                                        "echo $? > exit-code; } | head -c 1");
+  INFO(piped.output);
+  CHECK(read_file(ws.dir / "exit-code") == "0\n");
+}
+
 }  // namespace
 }  // namespace ptrain::test

@@ -393,6 +393,9 @@ std::string assign(const Field& f, const YAML::Node& node) {
           if (at == f.choices.end()) return describe(node) + " is not a valid choice";
           member.set(static_cast<size_t>(at - f.choices.begin()));
         } else if constexpr (std::is_same_v<T, std::string>) {
+          // A path or name holding NUL would be cut short by the system (another file read,
+          // a message cut off): no text key may hold one.
+          if (value.find('\0') != std::string::npos) return "a text with a NUL byte (\\0) in it";
           *member = value;
         } else if (quoted) {
           return describe(node) + " is a quoted string";
@@ -639,10 +642,17 @@ class Loader {
 
     // The run directory is <out_dir>/<name>: a name that is a path could land anywhere.
     const std::string& name = c.run.name;
+    // A control character (a newline) would also forge lines in log.txt, which names the run.
+    const bool control = std::any_of(name.begin(), name.end(), [](char ch) {
+      return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+    });
     if (usable({"run.name"}) &&
-        (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos))
-      problem(where({"run.name"}), "run.name", "\"" + name + "\" is not a plain directory name",
-              "a non-empty name without '/' (not . or ..); put the parent folder in run.out_dir");
+        (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos || control))
+      problem(where({"run.name"}), "run.name",
+              (control ? std::string("a name with a control character (a newline, a tab)")
+                       : "\"" + name + "\" is not a plain directory name"),
+              "a non-empty name without '/' or control characters (not . or ..); put the parent folder in "
+              "run.out_dir");
 
     if (usable({"data.train", "data.val"})) {
       const bool train = !c.data.train.empty(), val = !c.data.val.empty();

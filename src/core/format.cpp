@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace ptrain {
 
@@ -33,6 +34,15 @@ std::string format_thousands(double value) {
     out += digits[i];
   }
   return out;
+}
+
+std::string number_text(double v) {
+  char buf[64];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v || !std::isfinite(v)) break;
+  }
+  return buf;
 }
 
 std::string format_mib(int64_t bytes) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/input_file.h"
 #include "core/output_file.h"
 #include "core/paths.h"

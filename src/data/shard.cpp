@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstring>
 #include <filesystem>
-#include <sstream>
 #include <utility>
 
 #include "core/error.h"
@@ -92,12 +91,6 @@ void make_shard_dir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw EnvironmentError("cannot create directory \"" + dir + "\": " + ec.message());
-}
-
-std::string number_text(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
 }
 
 }  // namespace ptrain

@@ -17,9 +17,6 @@ constexpr int kShardHeaderInts = 256;
 // Creates `dir` and its parents for shards about to be written. Throws EnvironmentError on failure.
 void make_shard_dir(const std::string& dir);
 
-// A number as a person would write it in a message ("0.1", not std::to_string's "0.100000").
-std::string number_text(double x);
-
 // Writes a shard atomically (temporary file, fsync, rename). Throws EnvironmentError on I/O
 // failure, naming the file.
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);

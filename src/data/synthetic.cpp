@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
 #include "core/output_file.h"
@@ -21,17 +22,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A spec field as its source names it: data.synthetic.val_fraction or --val-fraction.
+std::string named(const char* field, SpecSource from) {
+  if (from == SpecSource::config) return std::string("data.synthetic.") + field;
+  std::string flag = std::string("--") + field;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 // Problems that make the source itself undefined (MarkovSource rejects these too).
-std::vector<std::string> source_problems(const SyntheticSpec& spec) {
+std::vector<std::string> source_problems(const SyntheticSpec& spec, SpecSource from) {
   std::vector<std::string> problems;
-  if (spec.vocab < 2 || spec.vocab > 65536)
-    problems.push_back("data.synthetic.vocab is " + std::to_string(spec.vocab) +
+  const bool vocab_ok = spec.vocab >= 2 && spec.vocab <= 65536;
+  if (!vocab_ok)
+    problems.push_back(named("vocab", from) + " is " + std::to_string(spec.vocab) +
                        ", expected 2..65536 (tokens are uint16)");
   if (spec.order < 1)
-    problems.push_back("data.synthetic.order is " + std::to_string(spec.order) + ", expected at least 1");
-  if (spec.branching < 1 || spec.branching > spec.vocab)
-    problems.push_back("data.synthetic.branching is " + std::to_string(spec.branching) +
-                       ", expected 1..data.synthetic.vocab (" + std::to_string(spec.vocab) + ")");
+    problems.push_back(named("order", from) + " is " + std::to_string(spec.order) + ", expected at least 1");
+  // Measured against a vocabulary that is itself wrong, branching would be blamed for it.
+  if (vocab_ok && (spec.branching < 1 || spec.branching > spec.vocab))
+    problems.push_back(named("branching", from) + " is " + std::to_string(spec.branching) + ", expected 1.." +
+                       named("vocab", from) + " (" + std::to_string(spec.vocab) + ")");
   return problems;
 }
 
@@ -41,23 +52,22 @@ int64_t train_split(const SyntheticSpec& spec) {
 
 }  // namespace
 
-std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec) {
-  std::vector<std::string> problems = source_problems(spec);
+std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec, SpecSource from) {
+  std::vector<std::string> problems = source_problems(spec, from);
   if (!(spec.val_fraction > 0 && spec.val_fraction < 1)) {
-    problems.push_back("data.synthetic.val_fraction is " + number_text(spec.val_fraction) +
+    problems.push_back(named("val_fraction", from) + " is " + number_text(spec.val_fraction) +
                        ", expected a fraction strictly between 0 and 1");
     return problems;
   }
   if (spec.tokens > INT32_MAX)
-    problems.push_back("data.synthetic.tokens is " + std::to_string(spec.tokens) +
+    problems.push_back(named("tokens", from) + " is " + std::to_string(spec.tokens) +
                        ", expected at most 2147483647 (one llm.c shard per split)");
   const int64_t train = train_split(spec);
   const int64_t val = spec.tokens - train;
   if (train <= spec.order || val <= spec.order)
-    problems.push_back("data.synthetic.tokens is " + std::to_string(spec.tokens) + ", which gives " +
-                       std::to_string(train) + " train and " + std::to_string(val) +
-                       " val tokens; expected more than data.synthetic.order (" +
-                       std::to_string(spec.order) + ") in each split");
+    problems.push_back(named("tokens", from) + " is " + std::to_string(spec.tokens) + ", which gives " +
+                       std::to_string(train) + " train and " + std::to_string(val) + " val tokens; expected more than " +
+                       named("order", from) + " (" + std::to_string(spec.order) + ") in each split");
   return problems;
 }
 
@@ -116,7 +126,7 @@ void write_info(const SyntheticInfo& info, const std::string& path) {
 }  // namespace
 
 MarkovSource::MarkovSource(const SyntheticSpec& spec) : spec_(spec) {
-  std::vector<std::string> problems = source_problems(spec);
+  std::vector<std::string> problems = source_problems(spec, SpecSource::config);
   if (!problems.empty()) throw UserErrors(problems);
 }
 
@@ -165,8 +175,8 @@ uint16_t MarkovSource::sample(const uint16_t* context, double u) const {
   return r.successors.back();  // u within rounding of 1
 }
 
-SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir) {
-  std::vector<std::string> problems = synthetic_spec_problems(spec);
+SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir, SpecSource from) {
+  std::vector<std::string> problems = synthetic_spec_problems(spec, from);
   if (!problems.empty()) throw UserErrors(problems);
   const MarkovSource source(spec);
   const int K = spec.order;

@@ -47,14 +47,19 @@ class MarkovSource {
   SyntheticSpec spec_;
 };
 
-// What is wrong with a corpus spec (the source, the size, the split), each naming its key; empty
-// when it can be generated.
-std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec);
+// Where a spec came from, for the names its problems give: the config's data.synthetic.* keys,
+// or `ptrain data synth`'s flags (--vocab, --val-fraction, ...).
+enum class SpecSource { config, flags };
+
+// What is wrong with a corpus spec (the source, the size, the split), each naming its key or
+// flag; empty when it can be generated.
+std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec, SpecSource from = SpecSource::config);
 
 // Generates the corpus (a stream started from a seeded random context) and writes
 // <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json. Throws
 // UserErrors for an impossible spec, EnvironmentError when a file cannot be written.
-SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir);
+SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir,
+                                 SpecSource from = SpecSource::config);
 
 // The shards generate_synthetic writes into `dir`.
 std::string synthetic_train_file(const std::string& dir);

@@ -101,6 +101,13 @@ std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const
                                        std::to_string(vocab_size) + " (set data.tokenizer to say so)";
     } else {
       note += "; taking them as " + resolved;
+      // Said by data.tokenizer alone: the model still needs an output for each of its ids.
+      const int ids = configured_choice == TokenizerChoice::bytes ? 256 : 50257;
+      if (!found && vocab_size < ids)
+        throw UserError("model.vocab_size is " + std::to_string(vocab_size) + ", below the " + std::to_string(ids) +
+                        " ids of the " + resolved + " tokenizer data.tokenizer names for shards without a " +
+                        kTokenizerRecord + "; expected model.vocab_size: " + std::to_string(ids) +
+                        " or more, or the tokenizer that made the shards");
     }
     warnings.push_back(note);
   }

@@ -97,7 +97,12 @@ CpuPeak cpu_sgemm_peak(PeakCache use) {
   peak.key = cpu_model_name() + " | " + std::to_string(threads) + " threads | " + openblas_get_corename();
   peak.cache_file = (std::filesystem::path(data_cache_dir()) / "cpu-peak.json").string();
   nlohmann::json cache = nlohmann::json::object();
-  {
+  // Only a regular file is read (a FIFO there would block the run forever), and at most 1 MiB;
+  // anything else counts as no cache, and the measurement's rename replaces it.
+  std::error_code ec;
+  const bool readable = std::filesystem::is_regular_file(peak.cache_file, ec) && !ec &&
+                        std::filesystem::file_size(peak.cache_file, ec) < (1u << 20) && !ec;
+  if (readable) {
     std::ifstream in(peak.cache_file);
     std::stringstream text;
     text << in.rdbuf();

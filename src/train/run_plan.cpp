@@ -66,7 +66,8 @@ void plan_samples(const Config& config, DataPlan& data, std::vector<std::string>
   const LoggingConfig& log = config.logging;
   const std::string& vocab = config.data.vocab;
   if (!vocab.empty() && data.tokenizer != "gpt2")
-    throw UserError("data.vocab: " + vocab + " is a GPT-2 vocabulary, but the shards' tokenizer is " +
+    throw UserError("data.vocab: " + in_quotes(vocab) + " is given, but only gpt2 shards take a vocabulary and "
+                    "these shards' tokenizer is " +
                     (data.tokenizer.empty() ? std::string("not known") : data.tokenizer) +
                     "; expected data.vocab only with gpt2 shards");
   if (log.sample_every == 0 && vocab.empty()) return;
@@ -239,7 +240,13 @@ void plan_resume(RunPlan& plan) {
 
 void plan_init_from(RunPlan& plan) {
   const Config& c = plan.config;
-  if (c.model.init_from.empty() || plan.resume) return;
+  if (c.model.init_from.empty()) return;
+  if (plan.resume) {
+    // The checkpoint's weights continue the run; init_from only ever starts one.
+    plan.warnings.push_back("model.init_from: " + in_quotes(c.model.init_from) + " is not used: the run resumes from " +
+                            plan.resume->path + ", whose weights it continues");
+    return;
+  }
   if (path_kind(c.model.init_from, "model.init_from") == PathKind::directory) {
     HfWeights hf = read_hf_directory(c.model.init_from, c.model, "model.init_from");
     std::string source = "Hugging Face " + std::string(choice_name(c.model.arch)) + " directory, " + std::to_string(hf.files.size()) +

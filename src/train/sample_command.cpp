@@ -1,8 +1,10 @@
 #include "train/sample_command.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <sstream>
 
@@ -35,6 +37,9 @@ std::vector<int32_t> encode_prompt(const std::string& prompt, const Tokenizer* t
   return ids;
 }
 
+// Standard output closed by its reader (`ptrain sample | head -1`): generating on is pointless.
+struct OutputClosed {};
+
 }  // namespace
 
 void sample(const SampleOptions& o) {
@@ -64,18 +69,26 @@ void sample(const SampleOptions& o) {
   bool first = true;
   int generated = 0;
   const auto start = std::chrono::steady_clock::now();
-  generate(*lm.model, tokens, g, rng, [&](int32_t next) {
-    ++generated;
-    if (text) {
-      // Bytes as they come: a character split across tokens is whole once its last byte is out.
-      const std::string piece = text->decode({next});
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-    } else {
-      std::printf("%s%d", first ? "" : " ", next);
-    }
-    first = false;
-    std::fflush(stdout);
-  });
+  try {
+    generate(*lm.model, tokens, g, rng, [&](int32_t next) {
+      ++generated;
+      if (text) {
+        // Bytes as they come: a character split across tokens is whole once its last byte is out.
+        const std::string piece = text->decode({next});
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+      } else {
+        std::printf("%s%d", first ? "" : " ", next);
+      }
+      first = false;
+      if (std::fflush(stdout) != 0) {
+        if (errno == EPIPE) throw OutputClosed{};
+        throw EnvironmentError(std::string("sample: writing the tokens to standard output failed: ") +
+                               std::strerror(errno));
+      }
+    });
+  } catch (const OutputClosed&) {
+    return;  // the reader has what it wanted
+  }
   std::printf("\n");
   if (o.timing) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

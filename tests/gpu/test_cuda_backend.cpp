@@ -623,7 +623,7 @@ TEST_CASE("gpu: ops stage operands of other dtypes and round outputs stored wide
 
 // ---------------------------------------------------------------------------- reductions
 
-TEST_CASE("gpu: sum sum_squares and amax match the CPU backend", "[gpu]") {
+TEST_CASE("gpu: sum, sum_squares and amax match the CPU backend", "[gpu]") {
   std::vector<int> sizes(std::begin(kSizes), std::end(kSizes));
   sizes.push_back(kB * kT * kC);
   sizes.push_back((1 << 20) + 3);
