@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -18,7 +19,7 @@
 #include "backend/device.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "core/paths.h"
+#include "core/format.h"
 #include "data/prepare.h"
 #include "data/synthetic.h"
 #include "dist/communicator.h"
@@ -29,6 +30,7 @@
 #include "train/eval_command.h"
 #include "train/export_command.h"
 #include "train/inspect_command.h"
+#include "train/output_policy.h"
 #include "train/sample_command.h"
 #include "train/trainer.h"
 
@@ -58,6 +60,22 @@ CLI::Validator whole_number(int64_t lo, int64_t hi) {
         return std::string();
       },
       std::to_string(lo) + ".." + std::to_string(hi));
+}
+
+// A real-number flag's range, checked on the text as given: not a number, not finite, or outside
+// [lo, hi] is refused naming the flag and the range (the value shown as typed, never as a
+// 309-digit expansion).
+CLI::Validator real_number(double lo, double hi) {
+  const std::string range = "a number from " + ptrain::number_text(lo) + " to " + ptrain::number_text(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < lo || value > hi)
+          return text + "; expected " + range;
+        return std::string();
+      },
+      ptrain::number_text(lo) + ".." + ptrain::number_text(hi));
 }
 
 constexpr int kExitBadInput = 2;
@@ -130,13 +148,16 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
   cmd->add_option("--steps", args.options.steps, "With a config: override training.steps")
       ->check(whole_number(1, kMaxWhole));
   cmd->add_option("--out", args.options.out_dir, "Report directory (default: <out_dir>/compare-<run.name>, or compare-report)");
+  cmd->add_flag("--force", args.options.force, "Replace the report of an earlier compare at --out");
   cmd->add_option("--reference", args.options.reference, "The mode the others are measured against (default: the first)");
   cmd->add_option("--tolerance", args.options.tolerance_pct,
                   "Largest |final val loss difference| in % of the reference's still within tolerance")
+      ->check(real_number(0, 1000))
       ->capture_default_str();
   args.target_option = cmd->add_option(
       "--target-loss", args.target_loss,
-      "Val loss that time-to-target measures to (default: the reference's final val loss)");
+      "Val loss that time-to-target measures to (default: the reference's final val loss)")
+      ->check(real_number(1e-6, 1e6));
   cmd->add_flag("--int8-eval", args.options.int8_eval,
                 "Also evaluate each run's final checkpoint with INT8 block-linear weights (eval --weights int8)");
   cmd->add_flag("--fail-on-regression", args.fail_on_regression, "Exit 3 when any mode is outside the tolerance");
@@ -156,6 +177,7 @@ struct CheckpointArgs {
   std::string format = "llmc";  // export
   ptrain::HfExportOptions exported;
   std::string dump_logits;  // eval
+  bool force_dump = false;  // eval --force
   std::string weights = "fp32";  // eval and sample: --weights
   ptrain::SampleOptions sample;
 };
@@ -168,7 +190,8 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   eval->add_option("--checkpoint", a.sample.checkpoint, "Checkpoint directory")->required();
   eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
   eval->add_option("--dump-logits", a.dump_logits,
-                   "Also write the first val window's tokens and logits (JSON) to this file");
+                   "Also write the first val window's tokens and logits (JSON) to this file (a new one)");
+  eval->add_flag("--force", a.force_dump, "Replace an earlier --dump-logits file");
   eval->add_option("--weights", a.weights,
                    "int8: also the val loss with the block linears' weights in INT8 (per output channel, "
                    "weight-only), and its difference to the fp32 masters'")
@@ -187,7 +210,9 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   sample->add_option("--tokens", a.sample.tokens, "Tokens to generate")
       ->check(whole_number(1, 1 << 20))
       ->capture_default_str();
-  sample->add_option("--temperature", a.sample.temperature, "Softmax temperature; 0 = greedy")->capture_default_str();
+  sample->add_option("--temperature", a.sample.temperature, "Softmax temperature; 0 = greedy")
+      ->check(real_number(0, 1000))
+      ->capture_default_str();
   sample->add_option("--top-k", a.sample.top_k, "Sample among the k most likely tokens; 0 = all")
       ->check(whole_number(0, INT32_MAX))
       ->capture_default_str();
@@ -226,7 +251,7 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
       ->capture_default_str();
   exp->add_option("--max-shard-size", a.exported.max_shard_size, "hf: the largest safetensors file (5GB, 200MB, bytes)")
       ->capture_default_str();
-  exp->add_flag("--force", a.exported.force, "hf: replace a non-empty --out directory");
+  exp->add_flag("--force", a.exported.force, "Replace an earlier export of the same format at --out");
   exp->add_option("--vocab", a.exported.vocabulary, "hf, gpt2 tokenizer: the vocabulary the shards were made with, if not the default");
 }
 
@@ -235,6 +260,7 @@ struct SynthArgs {
   int vocab = 256, order = 2, branching = 4;
   int64_t tokens = 1000000, seed = 1;
   double val_fraction = 0.1;
+  bool force = false;
 };
 
 void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& prepare, std::string& invalid_utf8) {
@@ -247,7 +273,8 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
       "with the source's parameters and the oracle loss of the val split: the floor no model can beat.\n"
       "Example:\n"
       "  ptrain data synth --out data/markov --vocab 256 --order 2 --tokens 2000000 --seed 7");
-  s->add_option("--out", synth.out, "Output directory")->required();
+  s->add_option("--out", synth.out, "Output directory: new or empty")->required();
+  s->add_flag("--force", synth.force, "Replace a corpus data synth wrote at --out earlier");
   s->add_option("--vocab", synth.vocab, "Vocabulary size V")->check(whole_number(2, 65536))->capture_default_str();
   s->add_option("--order", synth.order, "Context length K of the source")
       ->check(whole_number(1, INT32_MAX))
@@ -261,7 +288,9 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
   s->add_option("--seed", synth.seed, "Seed of the source and the sample")
       ->check(whole_number(0, kMaxWhole))
       ->capture_default_str();
-  s->add_option("--val-fraction", synth.val_fraction, "Share of tokens in the val split")->capture_default_str();
+  s->add_option("--val-fraction", synth.val_fraction, "Share of tokens in the val split")
+      ->check(real_number(0, 1))
+      ->capture_default_str();
 
   CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (GPT-2's BPE or bytes) into llm.c token shards");
   p->footer(
@@ -367,7 +396,7 @@ int run(int argc, char** argv) {
   if (app.got_subcommand("eval")) {
     const ptrain::WeightFormat weights = ptrain::parse_weight_format(ckpt.weights);
     ptrain::eval_checkpoint(ptrain::load_config(config_path, overrides), ckpt.sample.checkpoint, ckpt.dump_logits,
-                            weights);
+                            weights, ckpt.force_dump);
     return 0;
   }
   if (app.got_subcommand("sample")) {
@@ -388,9 +417,9 @@ int run(int argc, char** argv) {
       ptrain::export_hf(ckpt.exported);
     } else {
       const ptrain::HfExportOptions defaults;
-      if (ckpt.exported.force || ckpt.exported.max_shard_size != defaults.max_shard_size || !ckpt.exported.vocabulary.empty())
-        throw ptrain::UserError("--force, --max-shard-size and --vocab apply to --format hf; expected none of them with llmc");
-      ptrain::export_llmc(ckpt.exported.checkpoint, ckpt.exported.out, ckpt.exported.dtype);
+      if (ckpt.exported.max_shard_size != defaults.max_shard_size || !ckpt.exported.vocabulary.empty())
+        throw ptrain::UserError("--max-shard-size and --vocab apply to --format hf; expected neither with llmc");
+      ptrain::export_llmc(ckpt.exported.checkpoint, ckpt.exported.out, ckpt.exported.dtype, ckpt.exported.force);
     }
     return 0;
   }
@@ -415,7 +444,10 @@ int run(int argc, char** argv) {
   }
   CLI::App* data = app.get_subcommand("data");
   if (data->got_subcommand("synth")) {
-    ptrain::check_creatable(synth.out, "--out", 32);
+    ptrain::plan_output(synth.out, ptrain::OutputRule{"--out", true, "ptrain data synth", synth.force,
+                                                      [](const std::filesystem::path& p) {
+                                                        return ptrain::holds_only_synthetic_corpus(p.string());
+                                                      }});
     const ptrain::SyntheticInfo info = ptrain::generate_synthetic(
         {synth.vocab, synth.order, synth.branching, synth.tokens, static_cast<uint64_t>(synth.seed), synth.val_fraction},
         synth.out, ptrain::SpecSource::flags);
@@ -424,6 +456,7 @@ int run(int argc, char** argv) {
                 info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));
     return 0;
   }
+  ptrain::check_outside_owned_directories(prepare.out_dir, "--out");
   prepare.replace_invalid_utf8 = invalid_utf8 == "replace";
   prepare.progress = ::isatty(STDERR_FILENO) != 0;
   const ptrain::PrepareResult r = ptrain::prepare_text(prepare);

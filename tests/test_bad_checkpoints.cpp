@@ -27,6 +27,15 @@ struct CheckpointWorkspace : BadInputWorkspace {
   }
   nlohmann::json state() const { return nlohmann::json::parse(read_file(checkpoint / "state.json")); }
   void set_state(const nlohmann::json& j) const { write_file(checkpoint / "state.json", j.dump(2)); }
+  // A model section edited consistently: its fingerprint recomputed as ptrain computes it (the
+  // SHA-256 of the section's JSON, 16 hex digits), so that only the tensors disagree.
+  static nlohmann::json rehashed(nlohmann::json j) {
+    Sha256 h;
+    const std::string dumped = j["model"].dump();
+    h.update(dumped.data(), dumped.size());
+    j["model_hash"] = h.hex_digest().substr(0, 16);
+    return j;
+  }
   // Puts a NaN into the first value of `file` and records the file's new SHA-256, so that only
   // the NaN is wrong.
   void poison(const std::string& file) const {
@@ -64,7 +73,9 @@ TEST_CASE("state.json fields out of range are refused by every command that read
       {"/model/n_head", -2, "model.n_head"},
       {"/model/n_layer", int64_t{1} << 31, "model.n_layer"},  // was bad_alloc
       {"/model/n_layer", -1, "model.n_layer"},
-      {"/model/n_layer", 2, "ln1w"},                 // a valid shape the tensors do not have
+      {"/model/n_layer", 2, "model_hash"},           // the section edited: its fingerprint no longer matches
+      {"/model_hash", "0123456789abcdef", "model_hash"},
+      {"/model/n_kv_head", 2, "model.n_kv_head"},     // not a key of a gpt2 model's section (was read by some commands)
       {"/step", nlohmann::json::parse("9223372036854775808"), "field step"},  // resumed "after step -9223372036854775808"
       {"/step", 1e30, "field step"},
       {"/step", -4, "field step"},
@@ -84,6 +95,29 @@ TEST_CASE("state.json fields out of range are refused by every command that read
     const auto before = ws.snapshot();
     for (const std::string& command : ws.readers()) {
       INFO(c.pointer << " = " << c.value.dump() << " | ptrain " << command);
+      expect_refused(ws, before, ws.ptrain(command), 2, {c.names});
+    }
+  }
+}
+
+TEST_CASE("a state.json edited consistently is still checked against its tensors; keys twice are refused",
+          "[hardening]") {
+  CheckpointWorkspace ws;
+  const nlohmann::json good = ws.state();
+  // A valid shape the tensors do not have, with the fingerprint recomputed as ptrain computes it.
+  nlohmann::json j = good;
+  j["model"]["n_layer"] = 2;
+  j = CheckpointWorkspace::rehashed(j);
+  struct Case {
+    std::string text, names;
+  };
+  std::string twice = good.dump(2);
+  twice.insert(twice.find('{') + 1, "\n  \"step\": 1,");  // "step" twice: which value counts is the parser's whim
+  for (const Case& c : {Case{j.dump(2), "ln1w"}, Case{twice, "\"step\" twice"}}) {
+    write_file(ws.checkpoint / "state.json", c.text);
+    const auto before = ws.snapshot();
+    for (const std::string& command : ws.readers()) {
+      INFO(c.names << " | ptrain " << command);
       expect_refused(ws, before, ws.ptrain(command), 2, {c.names});
     }
   }
@@ -158,7 +192,7 @@ TEST_CASE("an explicit resume whose tensors do not fit changes nothing in the ru
   CheckpointWorkspace ws;
   nlohmann::json j = ws.state();
   j["model"]["n_embd"] = 32;
-  ws.set_state(j);
+  ws.set_state(CheckpointWorkspace::rehashed(j));
   const auto before = ws.snapshot();
   expect_refused(ws, before,
                  ws.train("--set checkpoint.resume=" + ws.checkpoint.string() + " --set model.n_embd=32 --set training.steps=5"),

@@ -48,6 +48,17 @@ TEST_CASE("the config may come from a pipe, but not from a device, a directory o
   write_file(ws.dir / "deep.yaml", "run: " + std::string(5000, '[') + std::string(5000, ']') + "\n");
   const auto with_deep = ws.snapshot();
   expect_refused(ws, with_deep, ws.ptrain("train deep.yaml"), 2, {"deep.yaml", "levels deep"});
+  // A binary file, or UTF-16 text, is named as such, not shown as text of another encoding.
+  std::string utf16;
+  for (char ch : BadInputWorkspace::config()) utf16 += std::string{ch, '\0'};
+  write_file(ws.dir / "utf16.yaml", "\xff\xfe" + utf16);
+  write_file(ws.dir / "binary.yaml", std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10) + "run: x\n");
+  write_file(ws.dir / "latin1.yaml", BadInputWorkspace::config() + "# caf\xe9\n");
+  const auto with_binary = ws.snapshot();
+  expect_refused(ws, with_binary, ws.ptrain("train utf16.yaml"), 2,
+                 {"utf16.yaml: the file has a byte that is not UTF-8 at byte 0", "expected a YAML text file in UTF-8"});
+  expect_refused(ws, with_binary, ws.ptrain("train binary.yaml"), 2, {"binary.yaml: the file has a NUL byte at byte 7"});
+  expect_refused(ws, with_binary, ws.ptrain("train latin1.yaml --dry-run"), 2, {"latin1.yaml", "not UTF-8"});
 }
 
 TEST_CASE("paths the machine would refuse are bad input, found while planning", "[hardening]") {

@@ -166,8 +166,13 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   CHECK(bf16_row.find(format_number("%.2fx", speedup)) != std::string::npos);
   CHECK(bf16_row.find(format_number("(step %.0f)", static_cast<double>(divergence_step))) != std::string::npos);
 
-  // A second compare finds both runs finished and trains nothing.
-  const CommandResult again = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);
+  // A second compare replaces the report only with --force, and then finds both runs finished
+  // and trains nothing.
+  const CommandResult refused = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("--out \"out\" exists and is not empty") && Catch::Contains("--force"));
+  CHECK(read_file(ws.dir / "out/report.md") == md);
+  const CommandResult again = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out --force", ws.dir);
   INFO(again.output);
   CHECK(again.exit_code == 0);
   CHECK(count_of(again.output, "reusing the finished run") == 2);
@@ -229,7 +234,7 @@ TEST_CASE("compare of run directories: well-formed charts with one curve per mod
   const std::string strict_md = read_file(ws.dir / "strict/report.md");
   CHECK(strict_md.find("Regressed beyond the 0% tolerance: bf16, fp8:delayed.") != std::string::npos);
   CHECK(count_of(strict_md, "| regressed |") == 2);
-  const CommandResult failing = run_ptrain("compare" + dirs + " --out strict --tolerance 0 --fail-on-regression", ws.dir);
+  const CommandResult failing = run_ptrain("compare" + dirs + " --out strict --tolerance 0 --fail-on-regression --force", ws.dir);
   INFO(failing.output);
   CHECK(failing.exit_code == 3);
   const CommandResult loose = run_ptrain("compare" + dirs + " --out loose --tolerance 50 --fail-on-regression", ws.dir);

@@ -255,7 +255,7 @@ TEST_CASE("values of the wrong type are rejected", "[config]") {
   CHECK(contains(fraction, "training.steps: 3.5 is not an integer"));
 
   const auto quoted = only_problem(std::string(kMinimal) + "optimizer: {lr: '0.1'}\n");
-  CHECK(contains(quoted, "optimizer.lr: \"0.1\" is a quoted string; expected a number > 0"));
+  CHECK(contains(quoted, "optimizer.lr: \"0.1\" is a quoted string; expected a number in (0, 100]"));
 
   const auto list = only_problem(std::string(kMinimal) + "run: {seed: [1]}\n");
   CHECK(contains(list, "run.seed: got a list; expected an integer"));
@@ -313,23 +313,25 @@ TEST_CASE("out-of-range values are rejected with the allowed range", "[config]")
       {"training.eval_every=-1", "an integer >= 0"},
       {"training.eval_batches=0", "an integer >= 1"},
       {"training.threads=-2", "an integer >= 0"},
-      {"optimizer.lr=0", "a number > 0"},
-      {"optimizer.lr=.inf", "a number > 0"},
+      {"optimizer.lr=0", "a number in (0, 100]"},
+      {"optimizer.lr=.inf", "a number in (0, 100]"},
+      {"optimizer.lr=1e3", "a number in (0, 100]"},  // a typo's exponent
       {"optimizer.beta1=1", "a number in [0, 1)"},
       {"optimizer.beta2=-0.1", "a number in [0, 1)"},
-      {"optimizer.eps=0", "a number > 0"},
-      {"optimizer.weight_decay=-1", "a number >= 0"},
+      {"optimizer.eps=0", "a number in (0, 1]"},
+      {"optimizer.weight_decay=-1", "a number in [0, 100]"},
       {"schedule.warmup_steps=-1", "an integer >= 0"},
       {"schedule.min_lr_ratio=1.5", "a number in [0, 1]"},
       {"schedule.wsd_decay_fraction=0", "a number in (0, 1]"},
       {"precision.fp8.margin=-1", "an integer in [0, 32]"},
       {"precision.fp8.amax_history=0", "an integer in [1, 1024]"},
-      {"precision.loss_scaling.init=0", "a number > 0"},
-      {"precision.loss_scaling.growth_factor=1", "a number > 1"},
+      {"precision.loss_scaling.init=0", "a number in (0, 1.8446744073709552e+19]"},
+      {"precision.loss_scaling.init=1e300", "a number in (0, 1.8446744073709552e+19]"},
+      {"precision.loss_scaling.growth_factor=1", "a number in (1, 1024]"},
       {"precision.loss_scaling.backoff_factor=1", "a number in (0, 1)"},
       {"precision.loss_scaling.growth_interval=0", "an integer >= 1"},
       {"precision.loss_scaling.hysteresis=0", "an integer >= 1"},
-      {"precision.loss_scaling.min_scale=0", "a number > 0"},
+      {"precision.loss_scaling.min_scale=0", "a number in (0, 1.8446744073709552e+19]"},
       {"checkpoint.every=-1", "an integer >= 0"},
       {"checkpoint.keep_last=0", "an integer >= 1"},
       {"logging.every=0", "an integer >= 1"},
@@ -461,7 +463,7 @@ TEST_CASE("llama's settings are checked, and refused with gpt2", "[config][llama
 
   const auto odd_head = only_problem(kMinimal, {"model.arch=llama", "model.n_embd=60", "model.n_head=4"});
   check_shape(odd_head, "--set model.n_embd=60", "model.n_embd");
-  CHECK(contains(odd_head, "15 is an odd head size"));
+  CHECK(contains(odd_head, "60 / model.n_head 4 = 15 is an odd head size"));
 
   // cuDNN's graph takes grouped K/V heads (whether a GPU's cuDNN runs it is decided at start-up).
   CHECK(problems_of(kMinimal, {"model.arch=llama", "model.n_kv_head=2", "model.attention=cudnn"}).empty());
@@ -628,4 +630,28 @@ TEST_CASE("every config shipped in configs/ is valid", "[config]") {
     ++checked;
   }
   CHECK(checked >= 10);
+}
+
+TEST_CASE("the nesting pre-check counts levels as YAML nests them, and refuses only deep ones", "[config]") {
+  // Valid configs that a count of spaces or of brackets anywhere would refuse.
+  const std::string pad140(140, ' '), pad150(150, ' ');
+  const std::string deep_indent = std::string(kMinimal) + "run:\n" + pad140 + "name: indented\n";
+  CHECK(parse_config(deep_indent, "cfg.yaml").run.name == "indented");
+  const std::string block_scalar = std::string(kMinimal) + "run:\n  name: >-\n" + pad150 + "folded\n";
+  CHECK(parse_config(block_scalar, "cfg.yaml").run.name == "folded");
+  const std::string brackets = std::string(kMinimal) + "run:\n  name: a" + std::string(40, '[') + "\n";
+  CHECK(parse_config(brackets, "cfg.yaml").run.name == "a" + std::string(40, '['));
+  const std::string quoted = std::string(kMinimal) + "run: {name: 'it''s " + std::string(40, '{') + "'}\n";
+  CHECK(parse_config(quoted, "cfg.yaml").run.name == "it's " + std::string(40, '{'));
+  // Deep ones are refused before yaml-cpp recurses into them.
+  const auto nesting = [](const std::string& yaml) {
+    const std::vector<std::string> p = problems_of(yaml);
+    return p.size() == 1 ? p[0] : std::string("(" + std::to_string(p.size()) + " problems)");
+  };
+  std::string lists = "run: x\nlist:\n";
+  for (int level = 0; level < 200; ++level) lists += std::string(static_cast<size_t>(level), ' ') + "-\n";
+  CHECK_THAT(nesting(lists), Catch::Contains("nested more than 128 levels deep"));
+  CHECK_THAT(nesting("run: " + std::string(40, '[') + std::string(40, ']') + "\n"),
+             Catch::Contains("nests [ ] or { } more than 32 levels deep"));
+  CHECK_THAT(nesting("run:\n  - " + std::string(200, '-') + "\n"), !Catch::Contains("levels deep"));
 }

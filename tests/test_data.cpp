@@ -110,7 +110,7 @@ TEST_CASE("bad shards are user errors naming the file and what was expected", "[
   SECTION("wrong magic") {
     write_raw_shard(path, 12345, 1, 4, 8);
     message = user_error([&] { TokenShard s(path); });
-    CHECK_THAT(message, Catch::Contains("magic 12345") && Catch::Contains("20240520"));
+    CHECK_THAT(message, Catch::Contains("does not begin with the magic number 20240520") && !Catch::Contains("12345"));
   }
   SECTION("wrong version") {
     write_raw_shard(path, kShardMagic, 2, 4, 8);
@@ -140,11 +140,22 @@ TEST_CASE("bad shards are user errors naming the file and what was expected", "[
   CHECK_THAT(message, Catch::Contains("\"" + path + "\"") && Catch::Contains("expected"));
 }
 
+TEST_CASE("a shard truncated while it is read names where it ends now", "[data]") {
+  TempDir dir;
+  const std::string path = dir / "train_000.bin";
+  write_shard(path, std::vector<uint16_t>(1000, 3));
+  const TokenShard shard(path);
+  std::filesystem::resize_file(path, 1024 + 100);  // 50 tokens left of 1000
+  std::vector<uint16_t> out(10);
+  const std::string message = user_error([&] { shard.read(900, 10, out.data()); });
+  CHECK_THAT(message, Catch::Contains("ends at byte 1124 although it was 3024 bytes when opened (reading byte 2824)"));
+}
+
 TEST_CASE("a bad shard in a stream is reported with its config key", "[data]") {
   TempDir dir;
   write_raw_shard(dir / "train_000.bin", 12345, 1, 0, 0);
   const std::string message = user_error([&] { TokenStream s(expand_shard_glob(dir / "train_*.bin", "data.train"), "data.train", 256); });
-  CHECK_THAT(message, Catch::StartsWith("data.train: shard \"" + (dir / "train_000.bin") + "\" has magic 12345"));
+  CHECK_THAT(message, Catch::StartsWith("data.train: shard \"" + (dir / "train_000.bin") + "\" does not begin with the magic number 20240520"));
 }
 
 TEST_CASE("expand_shard_glob sorts matches and names the key when nothing matches", "[data]") {

@@ -475,6 +475,72 @@ TEST_CASE("HF export: shards above --max-shard-size with an index, and import re
   const HfWeights back = read_hf_directory((t.dir / "hf").string(), t.config.model, "test");
   CHECK(back.files.size() == files.size());
   CHECK(back.params == t.weights());
+
+  // The index is the one truth of where each tensor is: a tensor found in another file than the
+  // index names, or named in a file that does not hold it, is refused by name.
+  const auto refused_index = [&](const std::function<void(json&)>& change, const std::vector<std::string>& words) {
+    fs::remove_all(t.dir / "bad");
+    fs::copy(t.dir / "hf", t.dir / "bad");
+    json edited = index;
+    change(edited);
+    write_file(t.dir / "bad/model.safetensors.index.json", edited.dump());
+    const CommandResult dry = t.ptrain("train run.yaml --set run.name=x --set model.init_from=bad --dry-run");
+    INFO(dry.output);
+    CHECK(dry.exit_code == 2);
+    for (const auto& w : words) CHECK_THAT(dry.output, Catch::Contains(w));
+  };
+  const std::string norm_file = index["weight_map"]["model.norm.weight"].get<std::string>();
+  const std::string other_file = *std::find_if(files.begin(), files.end(), [&](const std::string& f) { return f != norm_file; });
+  refused_index([&](json& j) { j["weight_map"]["model.norm.weight"] = other_file; },
+                {"model.norm.weight is here, but model.safetensors.index.json names " + other_file});
+  refused_index([&](json& j) { j["weight_map"]["model.layers.0.extra.weight"] = norm_file; },
+                {"weight_map puts tensor model.layers.0.extra.weight in " + norm_file + ", which does not hold it"});
+  refused_index([&](json& j) { j["weight_map"].erase("model.norm.weight"); },
+                {"model.norm.weight is not in model.safetensors.index.json's weight_map"});
+}
+
+TEST_CASE("HF import: links are followed inside the directory and into the HF cache's blobs, never elsewhere",
+          "[hf][hardening]") {
+  Trained t(kLlama);
+  REQUIRE(t.ptrain("export --checkpoint " + t.checkpoint.string() + " --format hf --out hf").exit_code == 0);
+  // Hugging Face's cache: snapshots/<revision>/<file> -> ../../blobs/<hash>.
+  const fs::path repo = t.dir / "cache/models--me--tiny";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots/abc123");
+  for (const char* name : {"config.json", "model.safetensors"}) {
+    fs::copy_file(t.dir / "hf" / name, repo / "blobs" / (std::string("blob-") + name));
+    fs::create_symlink(fs::path("../../blobs") / (std::string("blob-") + name), repo / "snapshots/abc123" / name);
+  }
+  const CommandResult cached =
+      t.ptrain("train run.yaml --set run.name=cached --set model.init_from=cache/models--me--tiny/snapshots/abc123 --dry-run");
+  INFO(cached.output);
+  CHECK(cached.exit_code == 0);
+
+  // A link out of the directory: refused, and nothing of the file it reaches is printed.
+  write_file(t.dir / "secret.txt", "SECRET-BYTES-0123456789");
+  fs::create_directories(t.dir / "planted");
+  fs::copy_file(t.dir / "hf/config.json", t.dir / "planted/config.json");
+  fs::create_symlink(t.dir / "secret.txt", t.dir / "planted/model.safetensors");
+  const CommandResult planted = t.ptrain("train run.yaml --set run.name=planted --set model.init_from=planted");
+  INFO(planted.output);
+  CHECK(planted.exit_code == 2);
+  CHECK_THAT(planted.output, Catch::Contains("model.safetensors\" is a symbolic link to a file outside"));
+  CHECK_THAT(planted.output, !Catch::Contains("SECRET") && !Catch::Contains("0123456789"));
+  CHECK_FALSE(fs::exists(t.dir / "runs/planted"));
+  // The same file reached without a link: it is read, found not to be safetensors, and no byte shown.
+  fs::remove(t.dir / "planted/model.safetensors");
+  fs::copy_file(t.dir / "secret.txt", t.dir / "planted/model.safetensors");
+  const CommandResult copied = t.ptrain("train run.yaml --set run.name=planted --set model.init_from=planted");
+  CHECK(copied.exit_code == 2);
+  CHECK_THAT(copied.output, Catch::Contains("not a valid safetensors file") && !Catch::Contains("SECRET"));
+  // A checkpoint's files obey the same rule.
+  const fs::path ck = t.dir / "ck-copy";
+  fs::copy(t.checkpoint, ck);
+  fs::rename(ck / "weights.safetensors", t.dir / "weights-elsewhere.safetensors");
+  fs::create_symlink(t.dir / "weights-elsewhere.safetensors", ck / "weights.safetensors");
+  const CommandResult linked_ck = t.ptrain("inspect " + ck.string());
+  CHECK(linked_ck.exit_code == 2);
+  CHECK_THAT(linked_ck.output, Catch::Contains("weights.safetensors\" is a symbolic link to a file outside"));
 }
 
 TEST_CASE("HF import: HF's own gpt2 names (no transformer. prefix, attn.bias masks, tied lm_head)", "[hf]") {
@@ -543,6 +609,9 @@ TEST_CASE("HF import: bad directories are refused with exit 2, naming the file a
           {"config.json", "model_type \"mistral\"", "model.arch"});
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["num_key_value_heads"] = 4; c["rope_theta"] = 10000.0; }); },
           {"config.json", "num_key_value_heads 4", "model.n_kv_head", "rope_theta", "model.rope_theta"});
+  // A null is transformers' default (num_attention_heads), and said as a null, not as the default.
+  refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["num_key_value_heads"] = nullptr; }); },
+          {"config.json", "num_key_value_heads null in config.json (transformers' default 4) vs 2 in model.n_kv_head"});
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["rope_scaling"] = {{"rope_type", "llama3"}}; }); },
           {"config.json", "rope_scaling"});
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c.erase("rope_theta"); c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500.0}}; }); },
@@ -552,7 +621,7 @@ TEST_CASE("HF import: bad directories are refused with exit 2, naming the file a
   refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["attention_bias"] = true; c["head_dim"] = 16; }); },
           {"attention_bias", "head_dim 16"});
   refused([&](const fs::path& d) { rewrite(d, [](auto& m) { m.erase("model.layers.1.mlp.up_proj.weight"); }); },
-          {"bad8", "model.layers.1.mlp.up_proj.weight", "missing"});
+          {"bad9", "model.layers.1.mlp.up_proj.weight", "missing"});
   refused([&](const fs::path& d) { rewrite(d, [&](auto& m) { m["model.layers.0.self_attn.q_norm.weight"] = m.at("model.norm.weight"); }); },
           {"model.safetensors", "unexpected tensor model.layers.0.self_attn.q_norm.weight"});
   refused([&](const fs::path& d) {
@@ -566,6 +635,20 @@ TEST_CASE("HF import: bad directories are refused with exit 2, naming the file a
   refused([&](const fs::path& d) {
     fs::remove(d / "model.safetensors");
   }, {"model.safetensors", "model.safetensors.index.json"});
+  // One dtype, the one config.json names: bytes labelled otherwise would be read as other numbers.
+  refused([&](const fs::path& d) { edit_config(d, [](json& c) { c["torch_dtype"] = "float16"; }); },
+          {"model.safetensors", "is labelled F32, but config.json's torch_dtype is float16"});
+  // BF16 bytes labelled F16 (the same size, other numbers): the header's length kept.
+  REQUIRE(t.ptrain("export --checkpoint " + t.checkpoint.string() + " --format hf --out hf-bf16 --dtype bf16").exit_code == 0);
+  std::string bytes = read_file(t.dir / "hf-bf16/model.safetensors");
+  const size_t at = bytes.find("\"BF16\"");
+  REQUIRE(at != std::string::npos);
+  bytes.replace(at, 6, "\"F16\" ");
+  write_file(t.dir / "hf-bf16/model.safetensors", bytes);
+  const CommandResult relabelled = t.ptrain("train run.yaml --set run.name=relabelled --set model.init_from=hf-bf16");
+  INFO(relabelled.output);
+  CHECK(relabelled.exit_code == 2);
+  CHECK_THAT(relabelled.output, Catch::Contains("is labelled F16, but config.json's torch_dtype is bfloat16"));
 }
 
 TEST_CASE("HF export refuses what it cannot write or must not touch, before writing", "[hf][hardening]") {
@@ -585,14 +668,14 @@ TEST_CASE("HF export refuses what it cannot write or must not touch, before writ
   refused("--out " + ck, {"--out", "checkpoint"});
   refused("--out " + ck + "/hf", {"--out", "checkpoint"});
   refused("--out runs/r/checkpoints/hf", {"--out", "checkpoint directory"});
-  refused("--out runs/r --force", {"--out", "holds the checkpoint"});
+  refused("--out runs/r --force", {"--out", "not an earlier output of ptrain export --format hf"});
   refused("--out run.yaml", {"--out", "not a directory"});
   refused("--out x --max-shard-size 5XB", {"--max-shard-size", "5XB"});
   CHECK(read_file(t.checkpoint / "weights.safetensors") == weights_before);
   CHECK_FALSE(fs::exists(t.dir / "x"));
 
   // --force replaces an earlier export whole, and nothing else.
-  refused("--out full --force", {"--out", "full", "not an earlier export"});
+  refused("--out full --force", {"--out", "full", "not an earlier output"});
   CHECK(read_file(t.dir / "full/notes.txt") == "mine");
   const CommandResult first = t.ptrain("export --checkpoint " + ck + " --format hf --out prev/");  // a trailing slash too
   INFO(first.output);

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

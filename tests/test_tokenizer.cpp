@@ -16,7 +16,7 @@
 #include "data/gpt2_encoder.h"
 #include "data/gpt2_pieces.h"
 #include "data/tokenizer.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 #include "test_util.h"
 #include "user_error.h"
 

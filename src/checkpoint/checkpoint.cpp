@@ -21,7 +21,6 @@ constexpr const char* kWeightsFile = "weights.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kLatestFile = "latest";
-constexpr const char* kOwnerFile = ".ptrain-owner";
 
 // ZeRO-1: rank r's moments, e.g. "optimizer.rank00001-of-00002.safetensors".
 std::string moment_shard_file(int rank, int world) {
@@ -143,6 +142,7 @@ LoadedCheckpoint load_verified(const std::string& path) {
   const fs::path dir = checkpoint_directory(path);
   if (path_kind((dir / kStateFile).string(), "state.json") == PathKind::missing)
     throw UserError(std::string("no ") + kStateFile + " (an incomplete save?)");
+  check_link_stays_inside(dir.string(), kStateFile, "checkpoint");
   const nlohmann::json j = parse_json(InputFile((dir / kStateFile).string(), kStateFile).read_all(kMaxStateBytes), kStateFile);
   CheckpointState state = state_from_json(j);
   if (!j.contains("sha256") || !j["sha256"].is_object())
@@ -159,6 +159,7 @@ LoadedCheckpoint load_verified(const std::string& path) {
       throw UserError("state.json lists \"" + file + "\", which is not a checkpoint file name");
     if (!expected.is_string()) throw UserError("state.json's sha256 of " + file + " is not a string");
     if (path_kind((dir / file).string(), file) == PathKind::missing) throw UserError(file + " is missing");
+    check_link_stays_inside(dir.string(), file, "checkpoint");
     files.emplace(file, SafetensorsFile::read_checked((dir / file).string(), expected.get<std::string>()));
   }
 
@@ -390,7 +391,7 @@ bool holds_checkpoints(const std::string& dir) {
 }
 
 std::optional<std::string> checkpoint_dir_owner(const std::string& dir) {
-  const std::string marker = (fs::path(dir) / kOwnerFile).string();
+  const std::string marker = (fs::path(dir) / kCheckpointOwnerFile).string();
   if (path_kind(marker, "checkpoint.dir") == PathKind::missing) return std::nullopt;
   std::string owner = InputFile(marker, "checkpoint.dir's owner file \"" + marker + "\"").read_all(1 << 16);
   while (!owner.empty() && owner.back() == '\n') owner.pop_back();
@@ -398,7 +399,7 @@ std::optional<std::string> checkpoint_dir_owner(const std::string& dir) {
 }
 
 void claim_checkpoint_dir(const std::string& dir, const std::string& run_dir) {
-  write_file_atomic((fs::path(dir) / kOwnerFile).string(), fs::weakly_canonical(run_dir).string() + "\n");
+  write_file_atomic((fs::path(dir) / kCheckpointOwnerFile).string(), fs::weakly_canonical(run_dir).string() + "\n");
 }
 
 void remove_checkpoints(const std::string& dir) {

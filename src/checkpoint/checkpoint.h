@@ -85,6 +85,8 @@ std::vector<std::string> set_aside_checkpoints(const std::vector<std::string>& c
 std::string checkpoint_name(int64_t step);
 void point_latest_at(const std::string& dir, int64_t step);
 
+// The file naming the run that owns an explicit checkpoint.dir.
+constexpr const char* kCheckpointOwnerFile = ".ptrain-owner";
 // Whether `dir` holds anything a save or a resume would touch (step_* directories, `latest`).
 bool holds_checkpoints(const std::string& dir);
 // The run directory recorded as `dir`'s owner, if any.

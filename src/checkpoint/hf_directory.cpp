@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 
-#include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
@@ -51,21 +51,6 @@ void write_text(const fs::path& path, const std::string& text) {
   out.finish(true);
 }
 
-bool is_empty_dir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_empty(p, ec) && !ec;
-}
-
-// What --force may replace: an earlier export (config.json and plain files, no directories),
-// never a tree that could hold a user's or a run's work.
-bool looks_like_export(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_regular_file(dir / "config.json", ec)) return false;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) return false;
-  return !ec;
-}
-
 // --out as one absolute path, without the trailing separator of "dir/" (or the "." of "dir/.").
 fs::path resolved(const std::string& out) {
   fs::path p = fs::absolute(out).lexically_normal();
@@ -74,6 +59,14 @@ fs::path resolved(const std::string& out) {
 }
 
 }  // namespace
+
+bool is_hf_export(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir / "config.json", ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) return false;
+  return !ec;
+}
 
 int64_t parse_shard_size(const std::string& text, const std::string& what) {
   size_t digits = 0;
@@ -90,40 +83,6 @@ int64_t parse_shard_size(const std::string& text, const std::string& what) {
     throw UserError(what + ": \"" + text + "\"; expected a positive size up to 1000GB such as 5GB, 200MB, 64KB or a "
                     "byte count");
   return value * scale;
-}
-
-void check_hf_destination(const std::string& out, const std::string& what, const std::string& protect, bool force) {
-  const fs::path target = resolved(out);
-  if (target == target.parent_path())
-    throw UserError(what + ": \"" + out + "\" is the filesystem's root; expected a directory to create");
-  const PathKind kind = path_kind(out, what);
-  if (kind == PathKind::file || kind == PathKind::other)
-    throw UserError(what + ": \"" + out + "\" exists and is not a directory; expected a directory to create");
-  std::error_code ec;
-  const fs::path source = fs::weakly_canonical(protect, ec);
-  const fs::path real = fs::weakly_canonical(target, ec);
-  for (fs::path p = source; !p.empty(); p = p.parent_path()) {
-    if (p == real)
-      throw UserError(what + ": \"" + out + "\" is or holds the checkpoint " + protect + "; expected another directory");
-    if (p == p.parent_path()) break;
-  }
-  // Nowhere inside a run's checkpoints: a step directory, or beside them where saves and
-  // keep_last would take it for one of theirs.
-  for (fs::path p = real; !p.empty(); p = p.parent_path()) {
-    if (path_kind((p / "state.json").string(), what) != PathKind::missing || (p != real && holds_checkpoints(p.string())))
-      throw UserError(what + ": \"" + out + "\" is in the checkpoint directory " + quoted(p) +
-                      "; expected a directory outside a run's checkpoints");
-    if (p == p.parent_path()) break;
-  }
-  if (kind == PathKind::directory && holds_checkpoints(real.string()))
-    throw UserError(what + ": \"" + out + "\" holds checkpoints; expected a directory outside a run's checkpoints");
-  if (kind == PathKind::directory && !is_empty_dir(real)) {
-    if (!force) throw UserError(what + ": \"" + out + "\" exists and is not empty; pass --force to replace it");
-    if (!looks_like_export(real))
-      throw UserError(what + ": \"" + out + "\" is not an earlier export (config.json and files, no directories); "
-                      "--force replaces only those, expected another --out");
-  }
-  check_creatable(real.parent_path().string(), what, real.filename().string().size() + 32);
 }
 
 std::vector<std::string> write_hf_directory(const std::string& out, const HfDirectoryContents& c) {
@@ -201,6 +160,7 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
   if (path_kind(config_path.string(), what) != PathKind::file)
     throw UserError(where + " has no config.json; expected a Hugging Face model directory (config.json and "
                     "model.safetensors)");
+  check_link_stays_inside(dir, "config.json", what);
   const nlohmann::json config =
       parse_json(InputFile(config_path.string(), quoted(config_path)).read_all(16 << 20), what + " " + quoted(config_path));
   const HfConfigCheck check = check_hf_config(config, model);
@@ -212,8 +172,21 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
 
   HfWeights out;
   out.ignored = check.ignored;
+  // The index, when there is one, is one truth about where each tensor lives: a tensor in
+  // another file than it names, or named but in no file, is refused, not looked for.
+  std::map<std::string, std::string> index_file_of;
+  // config.json's torch_dtype, when set, is what the tensors hold: a file labelled otherwise
+  // would be read as other numbers (BF16 bits taken for F16).
+  std::optional<StDtype> labelled;
+  if (config.is_object() && config.contains("torch_dtype") && config["torch_dtype"].is_string()) {
+    const std::string t = config["torch_dtype"].get<std::string>();
+    if (t == "float32") labelled = StDtype::f32;
+    else if (t == "bfloat16") labelled = StDtype::bf16;
+    else if (t == "float16") labelled = StDtype::f16;
+  }
   const fs::path index_path = root / kIndexFile;
   if (path_kind(index_path.string(), what) == PathKind::file) {
+    check_link_stays_inside(dir, kIndexFile, what);
     const nlohmann::json index = parse_json(InputFile(index_path.string(), quoted(index_path)).read_all(64 << 20),
                                             what + " " + quoted(index_path));
     const nlohmann::json map = index.is_object() ? index.value("weight_map", nlohmann::json()) : nlohmann::json();
@@ -226,6 +199,7 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
         throw UserError(what + " " + quoted(index_path) + ": tensor " + tensor + " maps to " + file.dump() +
                         "; expected a file name in the directory");
       files.insert(name);
+      index_file_of[tensor] = name;
     }
     out.files.assign(files.begin(), files.end());
   } else if (path_kind((root / kSingleFile).string(), what) == PathKind::file) {
@@ -246,8 +220,23 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
   std::vector<std::string> problems;
   for (const std::string& file : out.files) {
     const fs::path path = root / file;
+    check_link_stays_inside(dir, file, what);
     const SafetensorsFile st = SafetensorsFile::read(path.string(), /*any_float=*/true);
     for (const std::string& stored : st.names()) {
+      if (!index_file_of.empty()) {
+        const auto named = index_file_of.find(stored);
+        if (named == index_file_of.end()) {
+          problems.push_back(what + " " + quoted(path) + ": tensor " + stored + " is not in " + kIndexFile +
+                             "'s weight_map; expected the index to name every tensor");
+          continue;
+        }
+        if (named->second != file) {
+          problems.push_back(what + " " + quoted(path) + ": tensor " + stored + " is here, but " + kIndexFile +
+                             " names " + named->second + "; expected each tensor in the file its index names");
+          continue;
+        }
+        index_file_of.erase(named);
+      }
       // HF's own gpt2 files name the tensors without "transformer."; GPT2LMHeadModel's with it.
       const bool bare = gpt2 && stored.rfind("transformer.", 0) != 0 && stored != "lm_head.weight";
       const std::string name = bare ? "transformer." + stored : stored;
@@ -257,6 +246,12 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
       const int64_t count = shape_numel(st.shape(stored));
       if (gpt2 && (ends_with(".attn.bias") || ends_with(".attn.masked_bias"))) {
         out.skipped.push_back(stored);  // causal-mask buffers of older transformers, not weights
+        continue;
+      }
+      if (labelled && st.dtype(stored) != *labelled) {
+        problems.push_back(what + " " + quoted(path) + ": tensor " + stored + " is labelled " +
+                           st_dtype_name(st.dtype(stored)) + ", but config.json's torch_dtype is " +
+                           config["torch_dtype"].get<std::string>() + "; expected the dtype config.json names");
         continue;
       }
       if (gpt2 && name == "lm_head.weight") {
@@ -295,6 +290,9 @@ HfWeights read_hf_directory(const std::string& dir, const ModelConfig& model, co
       put_hf_values(spec, values.data(), out.params.data());
     }
   }
+  for (const auto& [tensor, file] : index_file_of)
+    problems.push_back(what + " " + quoted(index_path) + ": weight_map puts tensor " + tensor + " in " + file +
+                       ", which does not hold it; expected each named tensor in its file");
   for (const auto& s : specs)
     if (!found.count(s.name)) problems.push_back(where + ": tensor " + s.name + " is missing");
   if (!problems.empty()) throw UserErrors(problems);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,11 +22,9 @@ constexpr int64_t kHfMaxShardBytes = 5'000'000'000;  // save_pretrained's defaul
 // naming `what` otherwise.
 int64_t parse_shard_size(const std::string& text, const std::string& what);
 
-// What would refuse writing the directory `out` (`what` names the flag): a file or a checkpoint
-// directory (or a place inside a run's checkpoints), the source `protect` or a directory holding
-// it, a non-empty directory without `force`, a parent that cannot be created. Checked before
-// anything is read.
-void check_hf_destination(const std::string& out, const std::string& what, const std::string& protect, bool force);
+// What `export --format hf --force` may replace: an earlier export (config.json and plain
+// files, no directories or links), never a tree that could hold a user's or a run's work.
+bool is_hf_export(const std::filesystem::path& dir);
 
 struct HfDirectoryContents {
   std::vector<HfTensorSpec> specs;     // in order
@@ -35,7 +34,7 @@ struct HfDirectoryContents {
   std::map<std::string, std::string> text_files;  // config.json and the like, by file name
 };
 
-// Writes the directory (replacing `out` when it exists: check_hf_destination first) and returns
+// Writes the directory (replacing `out` when it exists: train/output_policy.h first) and returns
 // the safetensors file names written. EnvironmentError on I/O failure; `out` is then untouched.
 std::vector<std::string> write_hf_directory(const std::string& out, const HfDirectoryContents& contents);
 

@@ -113,7 +113,11 @@ class ConfigChecker {
                         const std::string& ours) {
     seen_.insert(key);
     const bool given = config_.contains(key) && !config_[key].is_null();  // null: transformers' default
-    compare(key, given ? config_[key] : fallback, expected, ours);
+    if (given) return compare(key, config_[key], expected, ours);
+    // Said as what the file holds (absent or null), not as if it held the default.
+    if (!same(fallback, expected))
+      out_.problems.push_back(key + " " + (config_.contains(key) ? "null" : "absent") + " in config.json (transformers' "
+                              "default " + json_text(fallback) + ") vs " + json_text(expected) + " in " + ours);
   }
   // `key`, if present, must be one of `allowed` (ptrain computes only that).
   void one_of(const std::string& key, const std::vector<nlohmann::json>& allowed, const std::string& why) {

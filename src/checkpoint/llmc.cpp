@@ -29,7 +29,7 @@ LlmcModel read_llmc(const std::string& path, const std::string& what) {
   if (size < static_cast<int64_t>(sizeof header)) throw bad("shorter than the 1024-byte header");
   in.read_at(0, header, sizeof header);
   if (header[0] != kLlmcMagic)
-    throw bad("magic " + std::to_string(header[0]) + ", expected " + std::to_string(kLlmcMagic));
+    throw bad("it does not begin with llm.c's magic number " + std::to_string(kLlmcMagic));
   LlmcModel m;
   m.version = header[1];
   if (m.version != 3 && m.version != 5)
@@ -81,6 +81,18 @@ std::vector<std::string> llmc_mismatches(const LlmcModel& file, const ModelConfi
   check("n_embd", file.n_embd, "model.n_embd", model.n_embd);
   check("padded_vocab_size", file.padded_vocab, "the padded model.vocab_size", model.padded_vocab());
   return out;
+}
+
+bool is_llmc_model_file(const std::string& path) {
+  try {
+    const InputFile in(path, "\"" + path + "\"");
+    int32_t head[2];
+    if (in.size() < kHeaderInts * 4) return false;
+    in.read_at(0, head, sizeof head);
+    return head[0] == kLlmcMagic && (head[1] == 3 || head[1] == 5);
+  } catch (const UserError&) {
+    return false;
+  }
 }
 
 void write_llmc(const std::string& path, const LlmcModel& m) {

@@ -24,6 +24,10 @@ struct LlmcModel {
 // Throws UserError naming the file (as `what`, e.g. "model.init_from") and the field.
 LlmcModel read_llmc(const std::string& path, const std::string& what);
 
+// Whether `path` begins as a model file ptrain writes: the magic, then version 3 or 5. Only the
+// header is read (the output rule's check of what `export --force` may replace).
+bool is_llmc_model_file(const std::string& path);
+
 // The header fields that disagree with a model config ("n_embd 768 in the file vs 128 in
 // model.n_embd"); empty when the file fits the config.
 std::vector<std::string> llmc_mismatches(const LlmcModel& file, const ModelConfig& model);

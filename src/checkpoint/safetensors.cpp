@@ -95,7 +95,7 @@ SafetensorsFile::SafetensorsFile(std::string bytes, std::string what, std::strin
   if (size < 8) throw bad("shorter than its 8-byte header length");
   uint64_t length = 0;
   for (int i = 0; i < 8; ++i) length |= uint64_t{static_cast<uint8_t>(bytes_[i])} << (8 * i);
-  if (length > size - 8) throw bad("header length " + std::to_string(length) + " exceeds the file size");
+  if (length > size - 8) throw bad("its first 8 bytes give no header length within its " + std::to_string(size) + " bytes");
   data_start_ = 8 + static_cast<size_t>(length);
   const size_t data_bytes = size - data_start_;
 

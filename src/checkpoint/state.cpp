@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "core/sha256.h"
 #include "core/bits.h"
@@ -211,6 +212,13 @@ CheckpointState state_from_json(const json& j) {
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) s.tokenizer = text(j, "", "tokenizer", {"bytes", "gpt2"});
   s.model = member(j, "", "model");
   model_from_json(s.model);  // checked here, so that no reader builds a model from a bad shape
+  // The fingerprint is of the section as written: a section edited afterwards no longer matches.
+  if (j.contains("model_hash")) {
+    const json& hash = j["model_hash"];
+    if (!hash.is_string() || hash.get<std::string>() != model_hash(s.model))
+      bad("model_hash", hash, "\"" + model_hash(s.model) + "\", the fingerprint of the model section (the section "
+          "or the hash was edited)");
+  }
   s.schedule = member(j, "", "schedule");
   if (!s.schedule.is_object()) bad("schedule", s.schedule, "an object");
   return s;
@@ -239,7 +247,22 @@ static double positive_number(const json& j, const char* key) {
   return v.get<double>();
 }
 
+// Only the keys model_json writes for the model's arch: one reading of the section for every
+// command (an unknown key would be dropped by some readers and compared by others).
+void refuse_unknown_model_keys(const json& j) {
+  if (!j.is_object()) bad("model", j, "an object");
+  const bool llama = j.contains("arch") && j["arch"] == "llama";
+  static const std::set<std::string> gpt2 = {"arch", "n_layer", "n_head", "n_embd", "seq_len", "vocab_size"};
+  static const std::set<std::string> llama_only = {"n_kv_head", "mlp_hidden", "rope_theta", "norm_eps",
+                                                   "tie_embeddings", "qk_norm"};
+  for (const auto& [key, value] : j.items())
+    if (!gpt2.count(key) && !(llama && llama_only.count(key)))
+      throw UserError("state.json field model." + key.substr(0, 64) + " is not a key of a " +
+                      std::string(llama ? "llama" : "gpt2") + " model's section; expected only the keys ptrain writes");
+}
+
 ModelConfig model_from_json(const json& j) {
+  refuse_unknown_model_keys(j);
   ModelConfig m;
   m.n_layer = static_cast<int>(integer(j, "model", "n_layer", 1, kMaxLayers));
   m.n_embd = static_cast<int>(integer(j, "model", "n_embd", 1, kMaxEmbd));

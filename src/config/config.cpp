@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/input_file.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 namespace {
@@ -140,14 +141,14 @@ Schema make_schema(Config& c) {
              "attention implementation on GPU"),
       flag("model.fused_gelu", &m.fused_gelu,
            "GPU: GELU in the epilogues of the GEMMs beside it (the CPU computes the same ops apart)"),
-      number("model.init_std", &m.init_std, above(0),
+      number("model.init_std", &m.init_std, between(0, 10, true),
              "std of the initial weights (residual projections: / sqrt(2 n_layer))"),
       choice("model.arch", &m.arch,
              "gpt2 (LayerNorm, learned positions, GELU, biases) or llama (RMSNorm, RoPE, SwiGLU, GQA, no biases)"),
       number("model.n_kv_head", &m.n_kv_head, between(0, kMaxEmbd),
              "llama: key/value heads (grouped-query attention; n_head a multiple of it); 0 = n_head"),
-      number("model.rope_theta", &m.rope_theta, above(0), "llama: RoPE base (Llama 3 uses 500000)"),
-      number("model.norm_eps", &m.norm_eps, above(0), "llama: RMSNorm epsilon"),
+      number("model.rope_theta", &m.rope_theta, between(0, 1e12, true), "llama: RoPE base (Llama 3 uses 500000)"),
+      number("model.norm_eps", &m.norm_eps, between(0, 1, true), "llama: RMSNorm epsilon"),
       number("model.mlp_hidden", &m.mlp_hidden, between(0, 4 * kMaxEmbd),
              "llama: SwiGLU width; 0 = 2/3 of 4 n_embd rounded up to mlp_multiple_of"),
       number("model.mlp_multiple_of", &m.mlp_multiple_of, between(1, kMaxEmbd),
@@ -204,11 +205,11 @@ Schema make_schema(Config& c) {
       number("training.guard.fallback_steps", &t.guard.fallback_steps, at_least(0),
              "rollback: steps trained in bf16 from the checkpoint on; 0 = the rest of the run"),
 
-      number("optimizer.lr", &o.lr, above(0), "peak learning rate"),
+      number("optimizer.lr", &o.lr, between(0, 100, true), "peak learning rate"),
       number("optimizer.beta1", &o.beta1, between(0, 1, false, true), "AdamW beta1"),
       number("optimizer.beta2", &o.beta2, between(0, 1, false, true), "AdamW beta2"),
-      number("optimizer.eps", &o.eps, above(0), "AdamW epsilon"),
-      number("optimizer.weight_decay", &o.weight_decay, at_least(0), "decoupled weight decay"),
+      number("optimizer.eps", &o.eps, between(0, 1, true), "AdamW epsilon"),
+      number("optimizer.weight_decay", &o.weight_decay, between(0, 100), "decoupled weight decay"),
 
       number("schedule.warmup_steps", &sc.warmup_steps, at_least(0), "linear warmup steps"),
       choice("schedule.decay", &sc.decay,
@@ -235,8 +236,8 @@ Schema make_schema(Config& c) {
              "block recipe: 1 x block_size tiles, block_size^2 weight blocks (128 only)"),
       choice("precision.loss_scaling.mode", &ls.mode,
              "auto = dynamic for fp16, off otherwise"),
-      number("precision.loss_scaling.init", &ls.init, above(0), "initial loss scale"),
-      number("precision.loss_scaling.growth_factor", &ls.growth_factor, above(1),
+      number("precision.loss_scaling.init", &ls.init, between(0, 0x1p64, true), "initial loss scale"),
+      number("precision.loss_scaling.growth_factor", &ls.growth_factor, between(1, 1024, true),
              "scale multiplier after growth_interval clean steps"),
       number("precision.loss_scaling.backoff_factor", &ls.backoff_factor, between(0, 1, true, true),
              "scale multiplier after an overflow"),
@@ -244,7 +245,7 @@ Schema make_schema(Config& c) {
              "clean steps before growing the scale"),
       number("precision.loss_scaling.hysteresis", &ls.hysteresis, at_least(1),
              "overflows tolerated before backing off"),
-      number("precision.loss_scaling.min_scale", &ls.min_scale, above(0), "lowest loss scale"),
+      number("precision.loss_scaling.min_scale", &ls.min_scale, between(0, 0x1p64, true), "lowest loss scale"),
 
       number("checkpoint.every", &ck.every, at_least(0), "steps between checkpoints; 0 = none"),
       number("checkpoint.keep_last", &ck.keep_last, at_least(1), "checkpoints kept on disk"),
@@ -458,51 +459,104 @@ std::string nearest_divisors(int64_t n, int64_t value) {
 
 // yaml-cpp parses nested collections by recursion without a limit, so a hostile file could
 // exhaust the stack. A config is at most a few levels deep: refuse deep nesting before parsing.
-// Flow collections are counted by their brackets (outside quotes and comments), block ones by
-// indentation and leading "- " / "? " indicators.
+// The depth is counted as YAML nests: block levels by the distinct indentation columns open (and
+// "- " / "? " indicators, each a level), flow collections by their brackets where they are
+// indicators, not inside quoted, plain or block scalars (a key indented 140 spaces, a block
+// scalar's text or 40 "[" inside a string are one level each, or none).
 constexpr int kMaxFlowDepth = 32;
 constexpr int kMaxBlockDepth = 128;
 
 std::string nesting_problem(const std::string& text) {
-  int flow = 0, line = 1;
-  bool line_start = true, in_single = false, in_double = false, comment = false;
-  int block = 0;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (ch == '\n') {
-      ++line;
-      line_start = true;
-      comment = false;
-      block = 0;
-      if (!in_single && !in_double) continue;
+  std::vector<size_t> columns;    // the block levels open, by indentation column
+  int flow = 0;                   // flow collections open (they may span lines)
+  char quote = 0;                 // the quoted scalar open, if any (it may span lines)
+  long scalar_parent = -1;        // inside a block scalar: its parent's indentation
+  std::istringstream in(text);
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    const auto where = [&] { return "line " + std::to_string(line_number); };
+    size_t i = line.find_first_not_of(" \t\r");
+    if (i == std::string::npos) continue;  // blank lines belong to whatever is open
+    if (scalar_parent >= 0) {
+      if (static_cast<long>(i) > scalar_parent) continue;  // the block scalar's text
+      scalar_parent = -1;
     }
-    if (comment) continue;
-    if (line_start && !in_single && !in_double) {
-      // Indentation, and sequence or complex-key indicators before the line's content.
-      if (ch == ' ' || ch == '\t' || ((ch == '-' || ch == '?') && i + 1 < text.size() && text[i + 1] == ' ')) {
-        if (++block > kMaxBlockDepth)
-          return "line " + std::to_string(line) + " is nested more than " + std::to_string(kMaxBlockDepth) +
+    long indent = static_cast<long>(i);
+    if (flow == 0 && quote == 0) {
+      if (line[i] == '#') continue;
+      // The line's indentation, then each "- " or "? " indicator, opens a level at its column.
+      for (;;) {
+        while (!columns.empty() && columns.back() > i) columns.pop_back();
+        if (columns.empty() || columns.back() < i) columns.push_back(i);
+        if (columns.size() > static_cast<size_t>(kMaxBlockDepth))
+          return where() + " is nested more than " + std::to_string(kMaxBlockDepth) +
                  " levels deep (indentation and list markers)";
+        const bool indicator = (line[i] == '-' || line[i] == '?') && (i + 1 == line.size() || line[i + 1] == ' ');
+        if (!indicator) break;
+        indent = static_cast<long>(i);
+        i = line.find_first_not_of(' ', i + 1);
+        if (i == std::string::npos) break;
+      }
+      if (i == std::string::npos) continue;
+    }
+    // The rest of the line: values, keys, flow indicators and comments.
+    bool value_start = quote == 0;  // where a value may begin: a bracket or quote here is an indicator
+    for (; i < line.size(); ++i) {
+      const char ch = line[i];
+      if (quote == '"') {
+        if (ch == '\\') ++i;
+        else if (ch == '"') quote = 0;
         continue;
       }
-      line_start = false;
-    }
-    if (in_double) {
-      if (ch == '\\') ++i;
-      else if (ch == '"') in_double = false;
-    } else if (in_single) {
-      if (ch == '\'') in_single = false;
-    } else if (ch == '"') {
-      in_double = true;
-    } else if (ch == '\'') {
-      in_single = true;
-    } else if (ch == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
-      comment = true;
-    } else if (ch == '[' || ch == '{') {
-      if (++flow > kMaxFlowDepth)
-        return "line " + std::to_string(line) + " nests [ ] or { } more than " + std::to_string(kMaxFlowDepth) + " levels deep";
-    } else if ((ch == ']' || ch == '}') && flow > 0) {
-      --flow;
+      if (quote == '\'') {
+        if (ch == '\'' && i + 1 < line.size() && line[i + 1] == '\'') ++i;  // '' is a quote inside
+        else if (ch == '\'') quote = 0;
+        continue;
+      }
+      if (ch == ' ' || ch == '\t') continue;
+      if (ch == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) break;  // a comment
+      if (value_start && (ch == '"' || ch == '\'')) {
+        quote = ch;
+        value_start = false;
+        continue;
+      }
+      if ((value_start || flow > 0) && (ch == '[' || ch == '{')) {
+        if (++flow > kMaxFlowDepth)
+          return where() + " nests [ ] or { } more than " + std::to_string(kMaxFlowDepth) + " levels deep";
+        value_start = true;
+        continue;
+      }
+      if (flow > 0 && (ch == ']' || ch == '}')) {
+        --flow;
+        continue;
+      }
+      if (flow > 0 && ch == ',') {
+        value_start = true;
+        continue;
+      }
+      if (ch == ':' && (i + 1 == line.size() || line[i + 1] == ' ' || line[i + 1] == '\t' || flow > 0)) {
+        value_start = true;
+        continue;
+      }
+      if (flow == 0 && value_start && (ch == '|' || ch == '>')) {
+        // A block scalar: its header (indentation and chomping indicators, a comment) ends the
+        // line, and the lines indented past this one are its text.
+        const size_t end = line.find_first_not_of("0123456789+-", i + 1);
+        if (end == std::string::npos || line[end] == ' ' || line[end] == '\t' || line[end] == '\r') {
+          scalar_parent = indent;
+          break;
+        }
+      }
+      // A plain scalar runs to ": ", " #" or, in a flow collection, to the next indicator.
+      value_start = false;
+      if (flow == 0) {
+        while (i + 1 < line.size() && !(line[i + 1] == ':' && (i + 2 == line.size() || line[i + 2] == ' ')) &&
+               !(line[i + 1] == '#' && line[i] == ' '))
+          ++i;
+      } else {
+        while (i + 1 < line.size() && std::string(",[]{}:#").find(line[i + 1]) == std::string::npos) ++i;
+      }
     }
   }
   return "";
@@ -581,6 +635,16 @@ class Loader {
   // Returns false when the text holds no config map at all (then nothing else can be checked).
   bool load_text(const std::string& yaml_text) {
     const Source source{origin_, true};
+    // UTF-8 text only: yaml-cpp would take a NUL-holding file for UTF-16 or UTF-32 and show its
+    // bytes as text of that encoding.
+    const size_t nul = yaml_text.find('\0');  // npos == kValidUtf8: the larger of any offset
+    const size_t invalid = std::min(nul, first_invalid_utf8(yaml_text));
+    if (invalid != kValidUtf8) {
+      problems_.push_back(origin_ + ": the file has " + (invalid == nul ? "a NUL byte" : "a byte that is not UTF-8") +
+                          " at byte " + std::to_string(invalid) + " (a binary file, or text in another encoding such as "
+                          "UTF-16); expected a YAML text file in UTF-8");
+      return false;
+    }
     YAML::Node root;
     std::string refused;
     try {
@@ -818,7 +882,8 @@ class Loader {
     const int hs = m.n_embd / m.n_head;
     if (hs % 2 != 0)
       problem(where({"model.n_embd", "model.n_head"}), "model.n_embd",
-              "/ model.n_head = " + std::to_string(hs) + " is an odd head size, and RoPE turns pairs of elements",
+              std::to_string(m.n_embd) + " / model.n_head " + std::to_string(m.n_head) + " = " + std::to_string(hs) +
+                  " is an odd head size, and RoPE turns pairs of elements",
               "an even head size");
     if (usable({"model.n_kv_head"}) && m.n_head % m.kv_heads() != 0)
       problem(where({"model.n_kv_head", "model.n_head"}), "model.n_kv_head",

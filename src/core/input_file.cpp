@@ -76,9 +76,14 @@ void InputFile::read_at(int64_t offset, void* dst, size_t bytes) const {
     const ssize_t n = ::pread(fd_, out, bytes, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw EnvironmentError(what_ + ": read failed: " + std::strerror(errno));
-    if (n == 0)
-      throw UserError(what_ + " ended at byte " + std::to_string(offset) + " although it was " +
-                      std::to_string(size_) + " bytes when opened; expected it not to change while ptrain reads it");
+    if (n == 0) {
+      // Where the file ends now, which is not where this read began when it shrank further.
+      struct stat now {};
+      const std::string end = ::fstat(fd_, &now) == 0 ? "ends at byte " + std::to_string(now.st_size)
+                                                      : "ended before byte " + std::to_string(offset);
+      throw UserError(what_ + " " + end + " although it was " + std::to_string(size_) + " bytes when opened (reading byte " +
+                      std::to_string(offset) + "); expected it not to change while ptrain reads it");
+    }
     out += n;
     offset += n;
     bytes -= static_cast<size_t>(n);

@@ -1,7 +1,8 @@
 // JSON that comes from disk (state.json, safetensors headers, synthetic.json, a run's metrics):
 // parsed with its nesting bounded first. nlohmann's parser does not recurse, but copying or
 // printing a value does, so a file nested a hundred thousand levels deep would overflow the
-// stack later. Throws UserError naming `what`.
+// stack later. An object with a key twice is refused too (which value counts would depend on the
+// parser). Throws UserError naming `what`; a parse error shows no bytes of the text.
 #pragma once
 
 #include <string>

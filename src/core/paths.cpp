@@ -118,4 +118,22 @@ void check_creatable(const std::string& path, const std::string& what, size_t ex
                   why + "); expected a location ptrain may write into");
 }
 
+void check_link_stays_inside(const std::string& dir, const std::string& name, const std::string& what) {
+  const fs::path file = fs::path(dir) / name;
+  std::error_code ec;
+  if (fs::symlink_status(file, ec).type() != fs::file_type::symlink) return;
+  const fs::path real_dir = fs::weakly_canonical(dir, ec);
+  const fs::path target = fs::weakly_canonical(file, ec);
+  const auto within = [](const fs::path& p, const fs::path& root) {
+    const fs::path rel = p.lexically_relative(root);
+    return !rel.empty() && *rel.begin() != "..";
+  };
+  if (!ec && within(target, real_dir)) return;
+  const fs::path revision_parent = real_dir.parent_path();
+  if (!ec && revision_parent.filename() == "snapshots" && within(target, revision_parent.parent_path() / "blobs")) return;
+  throw UserError(what + ": \"" + file.string() + "\" is a symbolic link to a file outside \"" + dir +
+                  "\"; expected the file itself, or a link within the directory (or, in Hugging Face's cache, into "
+                  "its blobs directory)");
+}
+
 }  // namespace ptrain

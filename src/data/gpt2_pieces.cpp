@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 

@@ -18,7 +18,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_record.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 

@@ -31,8 +31,8 @@ std::string errno_text() { return std::strerror(errno); }
 
 int64_t shard_token_count(const int32_t (&header)[kShardHeaderInts], int64_t file_bytes, const std::string& name) {
   if (header[0] != kShardMagic)
-    throw UserError(name + " has magic " + std::to_string(header[0]) + ", expected " + std::to_string(kShardMagic) +
-                    " (an llm.c token shard)");
+    throw UserError(name + " does not begin with the magic number " + std::to_string(kShardMagic) +
+                    "; expected an llm.c token shard");
   if (header[1] != kShardVersion)
     throw UserError(name + " has version " + std::to_string(header[1]) + ", expected " + std::to_string(kShardVersion) +
                     " (uint16 tokens)");

@@ -203,6 +203,18 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   return info;
 }
 
+bool holds_only_synthetic_corpus(const std::string& dir) {
+  std::error_code ec;
+  if (fs::symlink_status(fs::path(dir) / "synthetic.json", ec).type() != fs::file_type::regular) return false;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if ((name != "train_000000.bin" && name != "val_000000.bin" && name != "synthetic.json") ||
+        it->symlink_status(ec).type() != fs::file_type::regular)
+      return false;
+  }
+  return !ec;
+}
+
 std::string synthetic_train_file(const std::string& dir) { return (fs::path(dir) / "train_000000.bin").string(); }
 std::string synthetic_val_file(const std::string& dir) { return (fs::path(dir) / "val_000000.bin").string(); }
 

@@ -56,6 +56,10 @@ enum class SpecSource { config, flags };
 std::vector<std::string> synthetic_spec_problems(const SyntheticSpec& spec, SpecSource from = SpecSource::config);
 
 // Generates the corpus (a stream started from a seeded random context) and writes
+// Whether `dir` holds a corpus generate_synthetic wrote (synthetic.json) and nothing else: what
+// data synth --force may replace.
+bool holds_only_synthetic_corpus(const std::string& dir);
+
 // <out_dir>/train_000000.bin, <out_dir>/val_000000.bin and <out_dir>/synthetic.json. Throws
 // UserErrors for an impossible spec, EnvironmentError when a file cannot be written.
 SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& out_dir,

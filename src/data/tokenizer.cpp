@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/paths.h"
 #include "data/gpt2_encoder.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 

@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <string_view>
 #include <utility>
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/output_file.h"
 #include "metrics/run_log.h"
 #include "metrics/svg_chart.h"
 
@@ -385,7 +385,7 @@ std::vector<std::string> write_report(const Comparison& c, const std::string& ou
   namespace fs = std::filesystem;
   std::error_code error;
   fs::create_directories(out_dir, error);
-  if (error) throw UserError("cannot create the report directory " + out_dir + ": " + error.message());
+  if (error) throw EnvironmentError("cannot create the report directory " + out_dir + ": " + error.message());
 
   std::vector<std::pair<std::string, std::string>> files = {{"report.md", report_markdown(c)},
                                                              {"report.html", report_html(c)}};
@@ -394,10 +394,7 @@ std::vector<std::string> write_report(const Comparison& c, const std::string& ou
   std::vector<std::string> written;
   for (const auto& [name, content] : files) {
     const std::string path = (fs::path(out_dir) / name).string();
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << content;
-    out.close();
-    if (!out) throw UserError("cannot write " + path);
+    write_file_atomic(path, content);
     written.push_back(path);
   }
   return written;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/paths.h"
 #include "metrics/report.h"
 #include "metrics/run_log.h"
@@ -15,6 +16,7 @@
 #include "train/run_spec.h"
 #include "train/checkpoint_model.h"
 #include "train/eval_command.h"
+#include "train/output_policy.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -110,12 +112,28 @@ bool finished_run_of(const Config& c) {
 // What both forms of compare check before they train or write anything.
 void check_options(const CompareOptions& options) {
   if (!std::isfinite(options.tolerance_pct) || options.tolerance_pct < 0)
-    throw UserError("--tolerance: " + std::to_string(options.tolerance_pct) +
+    throw UserError("--tolerance: " + number_text(options.tolerance_pct) +
                     " is not a percentage; expected a finite number >= 0");
   if (options.target_loss && !(std::isfinite(*options.target_loss) && *options.target_loss > 0))
-    throw UserError("--target-loss: " + std::to_string(*options.target_loss) +
+    throw UserError("--target-loss: " + number_text(*options.target_loss) +
                     " is not a loss; expected a finite number > 0 (a validation loss, in nats)");
-  check_creatable(options.out_dir, "--out", 64);
+  // An earlier compare's directory is continued (its finished runs reused) while it has no
+  // report; its report is replaced only with --force.
+  const auto made_by_compare = [](const fs::path& dir) {
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      const fs::file_type type = it->symlink_status(ec).type();
+      const bool report = type == fs::file_type::regular && (name == "report.md" || name == "report.html" ||
+                                                              fs::path(name).extension() == ".svg");
+      if (!report && !(name == "runs" && type == fs::file_type::directory)) return false;
+    }
+    return !ec;
+  };
+  std::error_code ec;
+  const bool unfinished = fs::is_directory(options.out_dir, ec) && !fs::exists(fs::path(options.out_dir) / "report.md", ec) &&
+                          made_by_compare(options.out_dir);
+  plan_output(options.out_dir, OutputRule{"--out", true, "ptrain compare", options.force || unfinished, made_by_compare});
 }
 
 // The newest checkpoint of a run (`latest` in its checkpoint directory), which --int8-eval

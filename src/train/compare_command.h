@@ -19,6 +19,7 @@ struct CompareOptions {
   double tolerance_pct = 2.0;      // a mode regresses when its final (val) loss is this much worse or better
   std::optional<double> target_loss;  // time-to-target's val loss; absent: the reference's final val loss
   bool int8_eval = false;  // also each run's final checkpoint with INT8 weights (eval --weights int8)
+  bool force = false;      // replace an earlier compare's report at out_dir (train/output_policy.h)
 };
 
 // The run config of `base` in `mode`: precision.mode (and fp8 recipe) or precision.schedule set, run.name suffixed

@@ -4,10 +4,11 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/output_file.h"
-#include "core/paths.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "train/output_policy.h"
 
 namespace fs = std::filesystem;
 
@@ -15,13 +16,18 @@ namespace ptrain {
 
 namespace {
 
-// Refuses an output file path that names a directory or cannot be created, before any work.
-void check_output_file(const std::string& path, const std::string& what) {
-  const PathKind kind = path_kind(path, what);
-  if (kind == PathKind::directory || kind == PathKind::other)
-    throw UserError(what + ": \"" + path + "\" exists and is not a regular file; expected the path of the file to write");
-  check_creatable(fs::absolute(path).lexically_normal().parent_path().string(), what,
-                  fs::path(path).filename().string().size() + 8);
+// What --force may replace: a file that begins as the dump below does.
+bool is_logits_dump(const fs::path& path) {
+  try {
+    const InputFile in(path.string(), "--dump-logits");
+    const std::string head = "{\"checkpoint\":";
+    if (in.size() < static_cast<int64_t>(head.size())) return false;
+    std::string got(head.size(), '\0');
+    in.read_at(0, got.data(), got.size());
+    return got == head;
+  } catch (const UserError&) {
+    return false;
+  }
 }
 
 void dump_window_logits(const std::string& path, const LoadedCheckpoint& ckpt, const ModelConfig& m,
@@ -96,8 +102,10 @@ CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& 
 }
 
 void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
-                     WeightFormat weights) {
-  if (!dump_logits.empty()) check_output_file(dump_logits, "--dump-logits");
+                     WeightFormat weights, bool force) {
+  if (force && dump_logits.empty()) throw UserError("--force replaces an earlier --dump-logits file; expected --dump-logits");
+  if (!dump_logits.empty())
+    plan_output(dump_logits, OutputRule{"--dump-logits", false, "ptrain eval --dump-logits", force, is_logits_dump});
   const CheckpointLosses l = checkpoint_val_losses(config, checkpoint, weights);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),

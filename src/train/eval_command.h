@@ -26,8 +26,9 @@ CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& 
 // weights, the loss with the masters first, then with INT8 weights and the difference. With
 // `dump_logits`, also writes that file (JSON: the first validation window's tokens and the FP32
 // logits over the real vocabulary at each of its positions), for comparing with another
-// implementation of the model (scripts/hf_logits.py).
+// implementation of the model (scripts/hf_logits.py). The file follows train/output_policy.h:
+// `force` replaces only an earlier dump.
 void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits = "",
-                     WeightFormat weights = WeightFormat::fp32);
+                     WeightFormat weights = WeightFormat::fp32, bool force = false);
 
 }  // namespace ptrain

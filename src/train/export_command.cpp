@@ -12,22 +12,19 @@
 #include "data/gpt2_hf_files.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint_model.h"
+#include "train/output_policy.h"
 
 namespace fs = std::filesystem;
 
 namespace ptrain {
 
-void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype) {
+void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype, bool force) {
   if (dtype != "fp32" && dtype != "bf16") throw UserError("--dtype: \"" + dtype + "\"; expected fp32 or bf16");
   // The output is checked before the checkpoint is read: a bad --out writes nothing.
-  const PathKind out_kind = path_kind(out, "--out");
-  if (out_kind == PathKind::directory)
-    throw UserError("--out: \"" + out + "\" is a directory; expected the path of the model file to write");
-  if (out_kind == PathKind::other)
-    throw UserError("--out: \"" + out + "\" exists and is not a regular file (a device or FIFO); expected the path of "
-                    "the model file to write");
-  const fs::path parent = fs::absolute(out).lexically_normal().parent_path();
-  check_creatable(parent.string(), "--out", fs::path(out).filename().string().size() + 8);
+  OutputRule rule{"--out", false, "ptrain export --format llmc", force,
+                  [](const fs::path& p) { return is_llmc_model_file(p.string()); }};
+  rule.inner_bytes = 8;  // the temporary name beside it
+  plan_output(out, rule);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
   if (m.arch != Arch::gpt2)
@@ -55,7 +52,8 @@ void export_hf(const HfExportOptions& o) {
   HfDirectoryContents contents;
   contents.dtype = dtype;
   contents.max_shard_bytes = parse_shard_size(o.max_shard_size, "--max-shard-size");
-  check_hf_destination(o.out, "--out", o.checkpoint, o.force);
+  plan_output(o.out, OutputRule{"--out", true, "ptrain export --format hf", o.force,
+                                [](const fs::path& p) { return is_hf_export(p); }});
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
   try {

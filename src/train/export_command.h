@@ -5,14 +5,15 @@
 
 namespace ptrain {
 
-// `ptrain export --checkpoint DIR --format llmc --out FILE [--dtype fp32|bf16]`.
-void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype);
+// `ptrain export --checkpoint DIR --format llmc --out FILE [--dtype fp32|bf16] [--force]`.
+// --out follows train/output_policy.h: --force replaces only an earlier llm.c model file.
+void export_llmc(const std::string& checkpoint, const std::string& out, const std::string& dtype, bool force);
 
 struct HfExportOptions {
   std::string checkpoint, out;
   std::string dtype = "fp32";            // fp32 | bf16 | fp16
   std::string max_shard_size = "5GB";
-  bool force = false;                    // replace a non-empty --out
+  bool force = false;                    // replace an earlier export at --out (train/output_policy.h)
   std::string vocabulary;                // gpt2: the vocabulary the run's shards were made with
 };
 

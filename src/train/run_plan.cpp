@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
 #include "model/transformer.h"
+#include "train/output_policy.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -138,6 +139,12 @@ DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector
 // and only if ptrain made it (it holds the marker) or it is empty, so a typo can never delete
 // user files; it is continued by a resume only if ptrain made it.
 RunDirAction plan_run_dir(const Config& config, const std::string& run_dir, bool continuing) {
+  // Not inside a checkpoint or another run directory, which keep_last or run.overwrite delete whole.
+  for (const OwnedDirectory& owner : enclosing_owned_directories(run_dir, true))
+    if (owner.kind == "the checkpoint" || owner.kind == "the run directory")
+      throw UserError(std::string(kRunDirWhat) + ": " + in_quotes(run_dir) + " is inside " + owner.kind + " " +
+                      in_quotes(owner.dir.string()) + ", which could be deleted with it; expected a run.out_dir "
+                      "outside checkpoints and other runs");
   const PathKind kind = path_kind(run_dir, kRunDirWhat);
   if (kind == PathKind::missing) {
     check_creatable(run_dir, kRunDirWhat, kLongestInnerPath);
@@ -181,15 +188,30 @@ void locate_checkpoint_dir(RunPlan& plan) {
   if (kind == PathKind::directory && fs::symlink_status(latest, ec).type() == fs::file_type::directory)
     throw UserError(what + ": " + in_quotes(latest.string()) + " is a directory; expected the file ptrain writes there "
                     "to name the newest checkpoint (move the directory away)");
-  if (kind == PathKind::missing || !plan.checkpoint_dir_is_explicit) return;
-  const std::string me = fs::weakly_canonical(plan.run_dir).string();
-  std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
-  // Directories from before owners were recorded: one inside another run's directory is that run's.
-  const fs::path parent = fs::weakly_canonical(plan.checkpoint_dir).parent_path();
-  if (!owner && has_run_marker(parent.string())) owner = parent.string();
-  if (owner && *owner != me)
-    throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " belongs to the run in " + in_quotes(*owner) +
-                    "; expected a checkpoint directory of this run's own (or an empty one)");
+  if (!plan.checkpoint_dir_is_explicit) return;
+  const fs::path me = fs::weakly_canonical(plan.run_dir);
+  if (kind == PathKind::directory) {
+    std::optional<std::string> owner = checkpoint_dir_owner(plan.checkpoint_dir);
+    // Directories from before owners were recorded: one inside another run's directory is that run's.
+    const fs::path parent = fs::weakly_canonical(plan.checkpoint_dir).parent_path();
+    if (!owner && has_run_marker(parent.string())) owner = parent.string();
+    if (owner && *owner != me.string())
+      throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " belongs to the run in " +
+                      in_quotes(*owner) + "; expected a checkpoint directory of this run's own (or an empty one)");
+  }
+  // Nowhere inside a checkpoint, another run's checkpoints or the data (this run's directory is fine)...
+  for (const OwnedDirectory& above : enclosing_owned_directories(plan.checkpoint_dir, true))
+    if (above.kind != "the run directory" || above.dir != me)
+      throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " is inside " + above.kind + " " +
+                      in_quotes(above.dir.string()) + "; expected a directory outside checkpoints, other runs and "
+                      "the data");
+  if (kind == PathKind::missing) return;
+  // ...and when it exists, empty or a checkpoint directory: never a directory of other files.
+  const std::optional<std::string> found = owned_directory_kind(plan.checkpoint_dir);
+  if (found ? *found != "the checkpoint directory" : !is_empty_dir(plan.checkpoint_dir))
+    throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " is " +
+                    (found ? *found : std::string("a directory of other files")) +
+                    ", not a checkpoint directory; expected a new or empty directory, or this run's checkpoint directory");
 }
 
 // ...then, once the run directory's fate is known, what may happen to checkpoints already there.

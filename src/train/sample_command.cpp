@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/format.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "train/sampling.h"
@@ -45,7 +46,7 @@ struct OutputClosed {};
 void sample(const SampleOptions& o) {
   if (o.tokens < 1) throw UserError("--tokens: " + std::to_string(o.tokens) + "; expected at least 1");
   if (!std::isfinite(o.temperature) || o.temperature < 0)
-    throw UserError("--temperature: " + std::to_string(o.temperature) + "; expected a finite number, 0 (greedy) or more");
+    throw UserError("--temperature: " + number_text(o.temperature) + "; expected a finite number, 0 (greedy) or more");
   if (o.top_k < 0) throw UserError("--top-k: expected 0 (no limit) or more");
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);

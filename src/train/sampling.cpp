@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 
 namespace ptrain {
 

@@ -8,7 +8,7 @@
 #include "data/gpt2_encoder.h"
 #include "data/gpt2_pieces.h"
 #include "data/tokenizer.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 #include "fuzz_util.h"
 
 namespace {

@@ -132,7 +132,8 @@ constexpr const char* kBatch = "batch_tokens: 1024, micro_batch: 8";
 // printed.
 std::vector<double> train_losses(const fs::path& dir, const std::string& name, const std::string& device,
                                  const std::string& mode, const std::string& training_extra = "",
-                                 std::string* output = nullptr, const std::string& model_extra = "") {
+                                 std::string* output = nullptr, const std::string& model_extra = "",
+                                 int steps = 10) {
   const size_t colon = mode.find(':');
   // fp16's loss scale starts at 1024, which cannot overflow these gradients: at 65536 a step could
   // overflow on one backend and not on the other, and the runs would part there.
@@ -144,7 +145,7 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
       "run: {name: " + name + ", out_dir: runs, seed: 3, device: " + device + "}\n"
       "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256" + model_extra + "}\n"
       "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
-      "training: {steps: 10, " + std::string(kBatch) + ", eval_every: 0, eval_batches: 2" + training_extra +
+      "training: {steps: " + std::to_string(steps) + ", " + std::string(kBatch) + ", eval_every: 0, eval_batches: 2" + training_extra +
       "}\n"
       "optimizer: {lr: 3.0e-3}\n"
       "schedule: {warmup_steps: 0}\n"  // full lr from the first step, so the 10 losses move
@@ -158,7 +159,7 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
   std::vector<double> losses;
   for (const auto& m : read_metrics(dir / "runs" / name / "metrics.jsonl"))
     if (m.contains("loss") && m.contains("step")) losses.push_back(m["loss"].get<double>());
-  REQUIRE(losses.size() == 10);
+  REQUIRE(losses.size() == static_cast<size_t>(steps));
   return losses;
 }
 
@@ -219,18 +220,22 @@ TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[
   fs::remove_all(dir);
 }
 
+// Runs compared with each other for equality, not with the CPU: a few steps, each one's loss
+// depending on every step before it, show a difference as well as ten would.
+constexpr int kEqualitySteps = 5;
+
 TEST_CASE("gpu: two runs with the same seed give identical losses", "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-determinism");
   for (const char* mode : {"bf16", "fp8"}) {
     INFO("mode " << mode);
-    CHECK(train_losses(dir, std::string("a-") + mode, "cuda", mode) ==
-          train_losses(dir, std::string("b-") + mode, "cuda", mode));
+    CHECK(train_losses(dir, std::string("a-") + mode, "cuda", mode, "", nullptr, "", kEqualitySteps) ==
+          train_losses(dir, std::string("b-") + mode, "cuda", mode, "", nullptr, "", kEqualitySteps));
   }
   // Llama with grouped K/V heads on cuDNN's attention: its K/V gradient group sums must be
   // reproducible too.
   const std::string llama = ", arch: llama, n_kv_head: 2, mlp_hidden: 256, attention: cudnn";
-  CHECK(train_losses(dir, "a-llama", "cuda", "bf16", "", nullptr, llama) ==
-        train_losses(dir, "b-llama", "cuda", "bf16", "", nullptr, llama));
+  CHECK(train_losses(dir, "a-llama", "cuda", "bf16", "", nullptr, llama, kEqualitySteps) ==
+        train_losses(dir, "b-llama", "cuda", "bf16", "", nullptr, llama, kEqualitySteps));
   fs::remove_all(dir);
 }
 
@@ -241,23 +246,23 @@ TEST_CASE("gpu: micro-batches replayed as CUDA graphs train exactly as ops run o
     std::string tag = mode;
     std::replace(tag.begin(), tag.end(), ':', '-');
     std::string log;
-    const auto replayed = train_losses(dir, "graph-" + tag, "cuda", mode, ", cuda_graph: true", &log);
+    const auto replayed = train_losses(dir, "graph-" + tag, "cuda", mode, ", cuda_graph: true", &log, "", kEqualitySteps);
     INFO(log);
-    CHECK(replayed == train_losses(dir, "eager-" + tag, "cuda", mode));
+    CHECK(replayed == train_losses(dir, "eager-" + tag, "cuda", mode, "", nullptr, "", kEqualitySteps));
     // A layer cuBLASLt has no block-scaled GEMMs for emulates, and emulated layers are not
     // recorded: then only the losses are compared.
     if (log.find("the others emulate") != std::string::npos) continue;
     CHECK(log.find("replayed as one CUDA graph") != std::string::npos);  // recording was on,
     CHECK(log.find("run as called") == std::string::npos);               // never failed,
-    // and 10 steps of 2 micro-batches replayed all but each kind's first (run as called): one
+    // and the steps' 2 micro-batches each replayed all but each kind's first (run as called): one
     // kind, or two with FP8 (the first micro-batch of a step casts the weights). fp16's loss
     // scale may move, and each new scale makes a new kind.
     const int kinds = mode.rfind("fp8", 0) == 0 ? 2 : 1;
     if (mode == "fp16")
       CHECK(log.find("cuda graph: 0 of") == std::string::npos);
     else
-      CHECK(log.find("cuda graph: " + std::to_string(20 - kinds) + " of 20 micro-batches replayed") !=
-            std::string::npos);
+      CHECK(log.find("cuda graph: " + std::to_string(2 * kEqualitySteps - kinds) + " of " +
+                     std::to_string(2 * kEqualitySteps) + " micro-batches replayed") != std::string::npos);
   }
   fs::remove_all(dir);
 }

@@ -16,7 +16,7 @@
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "data/utf8.h"
+#include "core/utf8.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
