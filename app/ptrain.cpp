@@ -444,18 +444,19 @@ int run(int argc, char** argv) {
   }
   CLI::App* data = app.get_subcommand("data");
   if (data->got_subcommand("synth")) {
-    ptrain::plan_output(synth.out, ptrain::OutputRule{"--out", true, "ptrain data synth", synth.force,
-                                                      [](const std::filesystem::path& p) {
-                                                        return ptrain::holds_only_synthetic_corpus(p.string());
-                                                      }});
+    const std::string target = ptrain::plan_output(
+        synth.out, ptrain::OutputRule{"--out", true, "ptrain data synth", synth.force, [](const std::filesystem::path& p) {
+                                        return ptrain::holds_only_synthetic_corpus(p.string());
+                                      }});
     const ptrain::SyntheticInfo info = ptrain::generate_synthetic(
         {synth.vocab, synth.order, synth.branching, synth.tokens, static_cast<uint64_t>(synth.seed), synth.val_fraction},
-        synth.out, ptrain::SpecSource::flags);
+        target, ptrain::SpecSource::flags);
     std::printf("wrote %lld train + %lld val tokens to %s\noracle loss: train %.6f, val %.6f (ln V = %.6f)\n",
                 static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens), synth.out.c_str(),
                 info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));
     return 0;
   }
+  prepare.out_dir = ptrain::output_landing(prepare.out_dir);  // where the checks look is where it writes
   ptrain::check_outside_owned_directories(prepare.out_dir, "--out");
   prepare.replace_invalid_utf8 = invalid_utf8 == "replace";
   prepare.progress = ::isatty(STDERR_FILENO) != 0;

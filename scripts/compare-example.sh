@@ -35,8 +35,9 @@ case "$which" in
 esac
 work="build/compare-example-$which"
 out="docs/compare-$which"
-./build/ptrain compare "$config" --modes "$modes" --out "$work" --set run.device=cpu $extra
-shots="$work/screenshots"
+# --force: a second call replaces the report of the first (its runs are reused).
+./build/ptrain compare "$config" --modes "$modes" --out "$work" --set run.device=cpu --force $extra
+shots="build/compare-example-$which-screenshots"  # beside the compare directory, which holds only its own files
 rm -rf "$shots"
 [ "$which" = quickstart ] && ./tests/report_in_chromium.sh build/ptrain "$work" "$shots"
 rm -rf "$out"

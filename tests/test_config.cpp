@@ -651,7 +651,11 @@ TEST_CASE("the nesting pre-check counts levels as YAML nests them, and refuses o
   std::string lists = "run: x\nlist:\n";
   for (int level = 0; level < 200; ++level) lists += std::string(static_cast<size_t>(level), ' ') + "-\n";
   CHECK_THAT(nesting(lists), Catch::Contains("nested more than 128 levels deep"));
-  CHECK_THAT(nesting("run: " + std::string(40, '[') + std::string(40, ']') + "\n"),
-             Catch::Contains("nests [ ] or { } more than 32 levels deep"));
+  const std::string deep = std::string(40, '[') + std::string(40, ']');
+  for (const std::string& before : {"run: ", "run: &a ", "run: !!seq ", "run:\t", "--- ", "run:\n  - "}) {
+    INFO(before);
+    CHECK_THAT(nesting(before + deep + "\n"), Catch::Contains("nests [ ] or { } more than 32 levels deep"));
+  }
+  CHECK_THAT(nesting("run: \"" + std::string(300, '[') + "\"\n"), Catch::Contains("more than 256 levels deep"));
   CHECK_THAT(nesting("run:\n  - " + std::string(200, '-') + "\n"), !Catch::Contains("levels deep"));
 }

@@ -108,6 +108,24 @@ TEST_CASE("outputs are planned whole: a missing directory or a link is refused b
     expect_refused(ws, before, ws.ptrain("export --checkpoint " + ws.ck + " --out link.bin" + force), 2,
                    {"--out \"link.bin\" is a symbolic link"});
   }
+  // The place checked is the place written: ".." after a missing directory lands in runs/, a
+  // trailing "/" does not make a link a directory of its own.
+  fs::create_directory_symlink("mine", ws.dir / "mine-link");
+  const auto with_link = ws.snapshot();
+  for (const std::string& force : {"", " --force"}) {
+    expect_refused(ws, with_link, ws.ptrain("export --checkpoint " + ws.ck + " --format hf --out runs/typo/.." + force), 2,
+                   {"--out \"runs/typo/..\""});
+    expect_refused(ws, with_link, ws.ptrain("data synth --out runs/typo/.. --vocab 64 --tokens 4000" + force), 2,
+                   {"--out \"runs/typo/..\""});
+    expect_refused(ws, with_link, ws.ptrain("export --checkpoint " + ws.ck + " --format hf --out mine-link/" + force), 2,
+                   {"--out \"mine-link/\" is a symbolic link"});
+  }
+  // Files with common names are ptrain's only when ptrain wrote them: another tool's state.json
+  // and latest in a project directory do not make it a checkpoint.
+  fs::create_directories(ws.dir / "project");
+  write_file(ws.dir / "project/state.json", "{\"format\": \"another tool\"}");
+  write_file(ws.dir / "project/latest", "v2\n");
+  CHECK(ws.ptrain("export --checkpoint " + ws.ck + " --out project/model.bin").exit_code == 0);
   // A directory output's missing parents are made.
   CHECK(ws.ptrain("data synth --out new/deeper/synth --vocab 64 --tokens 4000").exit_code == 0);
   CHECK(fs::exists(ws.dir / "new/deeper/synth/synthetic.json"));

@@ -465,8 +465,17 @@ std::string nearest_divisors(int64_t n, int64_t value) {
 // scalar's text or 40 "[" inside a string are one level each, or none).
 constexpr int kMaxFlowDepth = 32;
 constexpr int kMaxBlockDepth = 128;
+constexpr int kMaxAnyBrackets = 256;  // the backstop: brackets nested anywhere, strings included
 
 std::string nesting_problem(const std::string& text) {
+  // A backstop no gap in the lexing below can get past: brackets nested this deep even counting
+  // those inside strings and comments is beyond any config.
+  int any = 0;
+  for (const char ch : text) {
+    if ((ch == '[' || ch == '{') && ++any > kMaxAnyBrackets)
+      return "nests [ ] or { } more than " + std::to_string(kMaxAnyBrackets) + " levels deep (strings included)";
+    if ((ch == ']' || ch == '}') && any > 0) --any;
+  }
   std::vector<size_t> columns;    // the block levels open, by indentation column
   int flow = 0;                   // flow collections open (they may span lines)
   char quote = 0;                 // the quoted scalar open, if any (it may span lines)
@@ -483,8 +492,15 @@ std::string nesting_problem(const std::string& text) {
       scalar_parent = -1;
     }
     long indent = static_cast<long>(i);
+    const auto separator = [&](size_t at) { return at >= line.size() || line[at] == ' ' || line[at] == '\t' || line[at] == '\r'; };
     if (flow == 0 && quote == 0) {
       if (line[i] == '#') continue;
+      // A document marker with content after it ("--- [a]"): the content starts a value.
+      if (i == 0 && (line.rfind("---", 0) == 0 || line.rfind("...", 0) == 0) && separator(3)) {
+        columns.clear();
+        i = line.find_first_not_of(" \t\r", 3);
+        if (i == std::string::npos) continue;
+      }
       // The line's indentation, then each "- " or "? " indicator, opens a level at its column.
       for (;;) {
         while (!columns.empty() && columns.back() > i) columns.pop_back();
@@ -492,10 +508,10 @@ std::string nesting_problem(const std::string& text) {
         if (columns.size() > static_cast<size_t>(kMaxBlockDepth))
           return where() + " is nested more than " + std::to_string(kMaxBlockDepth) +
                  " levels deep (indentation and list markers)";
-        const bool indicator = (line[i] == '-' || line[i] == '?') && (i + 1 == line.size() || line[i + 1] == ' ');
+        const bool indicator = (line[i] == '-' || line[i] == '?') && separator(i + 1);
         if (!indicator) break;
         indent = static_cast<long>(i);
-        i = line.find_first_not_of(' ', i + 1);
+        i = line.find_first_not_of(" \t\r", i + 1);
         if (i == std::string::npos) break;
       }
       if (i == std::string::npos) continue;
@@ -516,6 +532,10 @@ std::string nesting_problem(const std::string& text) {
       }
       if (ch == ' ' || ch == '\t') continue;
       if (ch == '#' && (i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t')) break;  // a comment
+      if (value_start && (ch == '&' || ch == '!')) {  // an anchor or tag: the value follows it
+        while (i + 1 < line.size() && !separator(i + 1)) ++i;
+        continue;
+      }
       if (value_start && (ch == '"' || ch == '\'')) {
         quote = ch;
         value_start = false;
@@ -551,7 +571,7 @@ std::string nesting_problem(const std::string& text) {
       // A plain scalar runs to ": ", " #" or, in a flow collection, to the next indicator.
       value_start = false;
       if (flow == 0) {
-        while (i + 1 < line.size() && !(line[i + 1] == ':' && (i + 2 == line.size() || line[i + 2] == ' ')) &&
+        while (i + 1 < line.size() && !(line[i + 1] == ':' && separator(i + 2)) &&
                !(line[i + 1] == '#' && line[i] == ' '))
           ++i;
       } else {

@@ -129,11 +129,13 @@ void check_link_stays_inside(const std::string& dir, const std::string& name, co
     return !rel.empty() && *rel.begin() != "..";
   };
   if (!ec && within(target, real_dir)) return;
-  const fs::path revision_parent = real_dir.parent_path();
-  if (!ec && revision_parent.filename() == "snapshots" && within(target, revision_parent.parent_path() / "blobs")) return;
+  // Hugging Face's cache: models--ORG--NAME/blobs/HASH, linked from its snapshots or from a
+  // directory huggingface_hub downloaded into with links.
+  const fs::path blobs = target.parent_path();
+  if (!ec && blobs.filename() == "blobs" && blobs.parent_path().filename().string().rfind("models--", 0) == 0) return;
   throw UserError(what + ": \"" + file.string() + "\" is a symbolic link to a file outside \"" + dir +
-                  "\"; expected the file itself, or a link within the directory (or, in Hugging Face's cache, into "
-                  "its blobs directory)");
+                  "\"; expected the file itself, or a link within the directory or into a Hugging Face cache's "
+                  "models--*/blobs");
 }
 
 }  // namespace ptrain

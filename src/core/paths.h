@@ -29,8 +29,8 @@ void check_writable_dir(const std::string& dir, const std::string& what);
 
 // A file ptrain reads from a directory it was given (a checkpoint's files, a Hugging Face model's
 // config and weights). A symbolic link there is followed only to a file inside that directory,
-// or, in Hugging Face's cache layout (<repo>/snapshots/<revision>/<file> -> ../../blobs/<hash>),
-// inside the same repository's blobs directory. Any other link is refused (UserError naming
+// or to a blob of Hugging Face's cache (models--ORG--NAME/blobs/<hash>, which its snapshots and
+// huggingface_hub's linked downloads point into). Any other link is refused (UserError naming
 // `what` and the link), so a planted link cannot make ptrain read, or print, a file elsewhere.
 void check_link_stays_inside(const std::string& dir, const std::string& name, const std::string& what);
 

@@ -109,8 +109,9 @@ bool finished_run_of(const Config& c) {
   }
 }
 
-// What both forms of compare check before they train or write anything.
-void check_options(const CompareOptions& options) {
+// What both forms of compare check before they train or write anything; returns the report
+// directory resolved (train/output_policy.h), where the report and the runs go.
+std::string check_options(const CompareOptions& options) {
   if (!std::isfinite(options.tolerance_pct) || options.tolerance_pct < 0)
     throw UserError("--tolerance: " + number_text(options.tolerance_pct) +
                     " is not a percentage; expected a finite number >= 0");
@@ -133,7 +134,8 @@ void check_options(const CompareOptions& options) {
   std::error_code ec;
   const bool unfinished = fs::is_directory(options.out_dir, ec) && !fs::exists(fs::path(options.out_dir) / "report.md", ec) &&
                           made_by_compare(options.out_dir);
-  plan_output(options.out_dir, OutputRule{"--out", true, "ptrain compare", options.force || unfinished, made_by_compare});
+  return plan_output(options.out_dir, OutputRule{"--out", true, "ptrain compare", options.force || unfinished,
+                                                 made_by_compare});
 }
 
 // The newest checkpoint of a run (`latest` in its checkpoint directory), which --int8-eval
@@ -172,9 +174,10 @@ Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
 
 }  // namespace
 
-Comparison compare_modes(const Config& base, const CompareOptions& options) {
-  if (options.modes.size() < 2) throw UserError("--modes: name at least two modes, e.g. --modes fp32,bf16");
-  check_options(options);
+Comparison compare_modes(const Config& base, const CompareOptions& given) {
+  if (given.modes.size() < 2) throw UserError("--modes: name at least two modes, e.g. --modes fp32,bf16");
+  CompareOptions options = given;
+  options.out_dir = check_options(given);
   // Every mode is resolved and its run planned (data, directories) before the first trains: a
   // mistake in the last mode must not cost the training of the others.
   std::vector<Config> configs;
@@ -186,7 +189,7 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
       throw UserError("--modes: \"" + mode + "\" is " + label + ", which is already among the modes; expected each mode once");
     labels.push_back(label);
   }
-  CompareOptions resolved = options;
+  CompareOptions resolved = options;  // the reference as a mode label
   if (!options.reference.empty()) {
     resolved.reference = mode_label(config_for_mode(base, options.reference, options));
     if (std::find(labels.begin(), labels.end(), resolved.reference) == labels.end())
@@ -221,9 +224,10 @@ Comparison compare_modes(const Config& base, const CompareOptions& options) {
   return finish(std::move(runs), resolved);
 }
 
-Comparison compare_run_dirs(const std::vector<std::string>& run_dirs, const CompareOptions& options) {
+Comparison compare_run_dirs(const std::vector<std::string>& run_dirs, const CompareOptions& given) {
   if (run_dirs.size() < 2) throw UserError("compare: give a config, or at least two run directories");
-  check_options(options);
+  CompareOptions options = given;
+  options.out_dir = check_options(given);
   std::vector<RunRecord> runs;
   for (const std::string& dir : run_dirs) runs.push_back(read_run(dir));
   return finish(std::move(runs), options);

@@ -45,7 +45,7 @@ void dump_window_logits(const std::string& path, const LoadedCheckpoint& ckpt, c
     j["logits"].push_back(std::vector<float>(logits.begin() + int64_t{t} * m.vocab_size,
                                              logits.begin() + int64_t{t + 1} * m.vocab_size));
   write_file_atomic(path, j.dump() + "\n");
-  std::printf("wrote %s: logits of %d positions x %d tokens\n", path.c_str(), T, m.vocab_size);
+  std::printf("wrote the logits of %d positions x %d tokens\n", T, m.vocab_size);
 }
 
 double val_loss(Transformer& model, const ValSampler& sampler, int B, int T) {
@@ -104,8 +104,10 @@ CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& 
 void eval_checkpoint(const Config& config, const std::string& checkpoint, const std::string& dump_logits,
                      WeightFormat weights, bool force) {
   if (force && dump_logits.empty()) throw UserError("--force replaces an earlier --dump-logits file; expected --dump-logits");
-  if (!dump_logits.empty())
-    plan_output(dump_logits, OutputRule{"--dump-logits", false, "ptrain eval --dump-logits", force, is_logits_dump});
+  const std::string dump_path =
+      dump_logits.empty()
+          ? ""
+          : plan_output(dump_logits, OutputRule{"--dump-logits", false, "ptrain eval --dump-logits", force, is_logits_dump});
   const CheckpointLosses l = checkpoint_val_losses(config, checkpoint, weights);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   std::printf("checkpoint %s (step %lld): val_loss %.6f over %d batches of %d x %d\n", checkpoint.c_str(),
@@ -118,7 +120,7 @@ void eval_checkpoint(const Config& config, const std::string& checkpoint, const 
     const ValData val(config);
     std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
     val.sampler.fill(0, inputs.data(), targets.data());
-    dump_window_logits(dump_logits, load_checkpoint_of_shape(checkpoint, config.model), config.model,
+    dump_window_logits(dump_path, load_checkpoint_of_shape(checkpoint, config.model), config.model,
                        std::vector<int32_t>(inputs.begin(), inputs.begin() + T));
   }
 }

@@ -24,7 +24,7 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   OutputRule rule{"--out", false, "ptrain export --format llmc", force,
                   [](const fs::path& p) { return is_llmc_model_file(p.string()); }};
   rule.inner_bytes = 8;  // the temporary name beside it
-  plan_output(out, rule);
+  const std::string target = plan_output(out, rule);
   const LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
   if (m.arch != Arch::gpt2)
@@ -39,7 +39,7 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
   file.n_embd = m.n_embd;
   file.padded_vocab = m.padded_vocab();
   file.params = flat_weights(ckpt, m);
-  write_llmc(out, file);
+  write_llmc(target, file);
   std::printf("wrote %s: llm.c model file version %d (%s), %zu parameters\n", out.c_str(), file.version, dtype.c_str(),
               file.params.size());
 }
@@ -52,7 +52,7 @@ void export_hf(const HfExportOptions& o) {
   HfDirectoryContents contents;
   contents.dtype = dtype;
   contents.max_shard_bytes = parse_shard_size(o.max_shard_size, "--max-shard-size");
-  plan_output(o.out, OutputRule{"--out", true, "ptrain export --format hf", o.force,
+  const std::string target = plan_output(o.out, OutputRule{"--out", true, "ptrain export --format hf", o.force,
                                 [](const fs::path& p) { return is_hf_export(p); }});
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
@@ -73,7 +73,7 @@ void export_hf(const HfExportOptions& o) {
   contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
   const std::vector<float> flat = flat_weights(ckpt, m);
   contents.flat = flat.data();
-  const std::vector<std::string> files = write_hf_directory(o.out, contents);
+  const std::vector<std::string> files = write_hf_directory(target, contents);
   std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
               m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
               files.size(), files.size() == 1 ? "" : "s", end_of_text >= 0 ? ", GPT-2 tokenizer files" : "");

@@ -1,7 +1,10 @@
 #include "train/output_policy.h"
 
+#include <algorithm>
+
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/paths.h"
 #include "data/tokenizer_record.h"
 #include "train/run_plan.h"
@@ -14,18 +17,54 @@ namespace {
 
 std::string quoted(const std::string& s) { return "\"" + s + "\""; }
 
+constexpr const char* kStateMark = "\"ptrain checkpoint 1\"";
+
 bool exists_here(const fs::path& dir, const char* name) {
   std::error_code ec;
   return fs::symlink_status(dir / name, ec).type() != fs::file_type::not_found && !ec;
 }
 
-// The path made absolute and resolved as far as it exists, without a trailing "/" or "/.".
+// Whether dir/name is a regular file (not a link) whose first bytes hold `mark`: the files with
+// common names (state.json, latest, synthetic.json) count as ptrain's only when ptrain wrote them.
+bool file_marked(const fs::path& dir, const char* name, const std::string& mark) {
+  std::error_code ec;
+  if (fs::symlink_status(dir / name, ec).type() != fs::file_type::regular) return false;
+  try {
+    const InputFile in((dir / name).string(), name);
+    std::string head(static_cast<size_t>(std::min<int64_t>(in.size(), 4096)), '\0');
+    in.read_at(0, head.data(), head.size());
+    return head.find(mark) != std::string::npos;
+  } catch (const UserError&) {
+    return false;
+  }
+}
+
+// step_NNNNNNNN directories, or a `latest` naming one: what saves and keep_last touch.
+bool holds_step_checkpoints(const fs::path& dir) {
+  if (file_marked(dir, "latest", "step_")) return true;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() == 13 && name.rfind("step_", 0) == 0 &&
+        name.find_first_not_of("0123456789", 5) == std::string::npos && file_marked(it->path(), "state.json", kStateMark))
+      return true;
+  }
+  return false;
+}
+
+// Absolute, without a trailing "/" or "/.".
+fs::path without_trailing(fs::path p) {
+  while ((p.filename().empty() || p.filename() == ".") && p.has_parent_path() && p != p.parent_path())
+    p = p.parent_path();
+  return p;
+}
+
+// The path made absolute and resolved as the system resolves it (links, and ".." after them).
 fs::path resolved(const std::string& path) {
   std::error_code ec;
   fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
   if (ec) p = fs::absolute(path).lexically_normal();
-  while (p.filename().empty() && p.has_parent_path() && p != p.parent_path()) p = p.parent_path();
-  return p;
+  return without_trailing(p);
 }
 
 bool is_empty_directory(const fs::path& dir) {
@@ -35,13 +74,19 @@ bool is_empty_directory(const fs::path& dir) {
 
 }  // namespace
 
+std::string output_landing(const std::string& path) {
+  const fs::path real = resolved(path);
+  return real == without_trailing(fs::absolute(path).lexically_normal()) ? path : real.string();
+}
+
 std::optional<std::string> owned_directory_kind(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return std::nullopt;
-  if (exists_here(dir, "state.json")) return "the checkpoint";
+  if (file_marked(dir, "state.json", kStateMark)) return "the checkpoint";
   if (exists_here(dir, kRunMarker)) return "the run directory";
-  if (exists_here(dir, kCheckpointOwnerFile) || holds_checkpoints(dir.string())) return "the checkpoint directory";
-  if (exists_here(dir, kTokenizerRecord) || exists_here(dir, "synthetic.json")) return "the data directory";
+  if (exists_here(dir, kCheckpointOwnerFile) || holds_step_checkpoints(dir)) return "the checkpoint directory";
+  if (exists_here(dir, kTokenizerRecord) || file_marked(dir, "synthetic.json", "\"source\": \"ptrain "))
+    return "the data directory";
   return std::nullopt;
 }
 
@@ -62,19 +107,23 @@ void check_outside_owned_directories(const std::string& path, const std::string&
                     ", which ptrain manages; expected a path outside ptrain's checkpoint, run and data directories");
 }
 
-bool plan_output(const std::string& path, const OutputRule& rule) {
+std::string plan_output(const std::string& path, const OutputRule& rule) {
   const std::string shown = rule.flag + " " + quoted(path);
   const char* expected_kind = rule.directory ? "directory" : "file";
   if (path.empty()) throw UserError(rule.flag + ": an empty path; expected the " + expected_kind + " to write");
+  // The last name as given, without the "/" or "/." that would make the system follow a link.
+  const fs::path last = without_trailing(path);
   std::error_code ec;
-  if (fs::symlink_status(path, ec).type() == fs::file_type::symlink)
+  if (fs::symlink_status(last, ec).type() == fs::file_type::symlink)
     throw UserError(shown + " is a symbolic link; expected a path that is not a link (ptrain does not write through "
                     "links, which could point into a checkpoint or another user's file)");
   const fs::path target = resolved(path);
   if (target == target.parent_path())
     throw UserError(shown + " is the filesystem's root; expected a " + std::string(expected_kind) + " to create");
-  check_outside_owned_directories(path, rule.flag);
-  const PathKind kind = path_kind(path, rule.flag);
+  // Everything below is of the resolved path, which the command then writes: "new/../x" or
+  // "link/.." name the same place to the checks and to the writer.
+  check_outside_owned_directories(target.string(), rule.flag);
+  const PathKind kind = path_kind(target.string(), rule.flag);
   if (kind == PathKind::other)
     throw UserError(shown + " is not a regular file or a directory (a device or FIFO); expected the "
                     "path of a " + std::string(expected_kind) + " to write");
@@ -101,7 +150,7 @@ bool plan_output(const std::string& path, const OutputRule& rule) {
                       "directory to exist");
     check_creatable(parent.string(), rule.flag, target.filename().string().size() + rule.inner_bytes);
   }
-  return kind != PathKind::missing;
+  return output_landing(path);
 }
 
 }  // namespace ptrain

@@ -28,8 +28,13 @@ struct OutputRule {
   size_t inner_bytes = 64;  // the longest name the command puts below or beside the path
 };
 
-// Refuses what the rule forbids; returns whether the path exists (and will be replaced).
-bool plan_output(const std::string& path, const OutputRule& rule);
+// Refuses what the rule forbids; returns output_landing(path), which the command must write: the
+// place the checks were made of.
+std::string plan_output(const std::string& path, const OutputRule& rule);
+
+// Where a write to `path` lands: `path` as given, unless links or ".." after a link or a missing
+// directory make the system land elsewhere than the name says; then that place, resolved.
+std::string output_landing(const std::string& path);
 
 // The part of the rule that `data prepare --out` (new or empty, src/data/prepare.h) shares.
 void check_outside_owned_directories(const std::string& path, const std::string& flag);
