@@ -89,13 +89,17 @@ TEST_CASE("a corpus of more shards than open files allowed is exit 1, saying whi
 TEST_CASE("a loss that is not finite at step 1 stops the run (the divergence guard, exit 4), saying why",
           "[hardening]") {
   BadInputWorkspace ws;
-  // Even with training.guard.action: skip: no skipped update can change the initial weights.
-  const CommandResult r = ws.train("--set model.init_std=1e38 --set training.guard.action=skip");
+  // Even with training.guard.action: skip: no skipped update can change the initial weights. The
+  // non-finite loss by construction (an init_std that would overflow is refused while planning).
+  const CommandResult r = ws.train("--set training.guard.action=skip", "PTRAIN_TEST_FAULT=loss:1:nan");
   INFO(r.output);
   CHECK(r.exit_code == 4);
   CHECK(r.output.find("the loss of step 1 is") != std::string::npos);
   CHECK(r.output.find("model.init_std") != std::string::npos);
   CHECK_FALSE(fs::exists(ws.run() / "checkpoints/latest"));
+  const CommandResult huge = ws.train("--set run.name=huge --set model.init_std=1e38");
+  CHECK(huge.exit_code == 2);
+  CHECK(huge.output.find("model.init_std: 1e38 is out of range") != std::string::npos);
 }
 
 TEST_CASE("a shard truncated while training reads it is an error naming it, not SIGBUS", "[hardening]") {
