@@ -84,20 +84,26 @@ constexpr int kExitRegressed = 3;  // ptrain compare --fail-on-regression
 constexpr int kExitDiverged = 4;   // training.guard stopped the run
 
 void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
-                       bool& dry_run, int64_t& stop_at) {
+                       bool& dry_run, int& planned_ranks, int64_t& stop_at) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML run config");
   cmd->footer(
       "Examples:\n"
       "  ptrain train configs/quickstart.yaml\n"
       "  ptrain train configs/quickstart.yaml --set training.steps=50 --set run.name=short\n"
       "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing\n"
+      "  ptrain train run.yaml --dry-run --ranks 8   # the plan per rank of 8 data-parallel ranks\n"
       "  ptrain train run.yaml --set checkpoint.resume=auto   # continue from the newest checkpoint\n"
       "Ctrl-C (SIGINT) or SIGTERM stops after the current micro-batch, saves the last completed\n"
       "step and exits 0; a second signal exits at once (earlier checkpoints stay valid).\n"
       "Exit codes: 0 done, 2 bad input, 4 stopped by the divergence guard (training.guard), 1 other.");
   cmd->add_option("config", config_path, "YAML run config")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
-  cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
+  CLI::Option* dry = cmd->add_flag("--dry-run", dry_run, "Validate, print the resolved config, parameters and memory, then exit");
+  cmd->add_option("--ranks", planned_ranks,
+                  "With --dry-run: plan this many data-parallel ranks (batch split, ZeRO shards, memory per rank) "
+                  "without mpirun")
+      ->check(whole_number(1, 65536))
+      ->needs(dry);
   cmd->add_option("--stop-at", stop_at,
                   "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)")
       ->check(whole_number(1, kMaxWhole));
@@ -357,8 +363,9 @@ int run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
   bool dry_run = false;
+  int planned_ranks = 0;
   int64_t stop_at = 0;
-  add_train_command(app, config_path, overrides, dry_run, stop_at);
+  add_train_command(app, config_path, overrides, dry_run, planned_ranks, stop_at);
   bool bench_profile = false;
   add_bench_command(app, config_path, overrides, bench_profile);
   CheckpointArgs ckpt;
@@ -390,7 +397,7 @@ int run(int argc, char** argv) {
 
   if (app.got_subcommand("train")) {
     const ptrain::Config config = ptrain::load_config(config_path, overrides);
-    ptrain::train(config, ptrain::TrainOptions{dry_run, stop_at});
+    ptrain::train(config, ptrain::TrainOptions{dry_run, planned_ranks, stop_at});
     return 0;
   }
   if (app.got_subcommand("eval")) {

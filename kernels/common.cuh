@@ -208,6 +208,31 @@ __device__ __forceinline__ void store_chunk(T* row, int i, int n, const float (&
   }
 }
 
+// load_chunk and store_chunk over V elements of a row stored as G, at least as wide as the
+// element type whose 16-byte chunks V counts (FP32 gradient sums beside bf16 activations): as
+// many of G's chunks as V covers.
+template <int V, typename G>
+__device__ __forceinline__ void load_span(float (&out)[V], const G* row, int i, int n) {
+  constexpr int kSize = Packed128<G>::size;
+  static_assert(V % kSize == 0, "load_span: G narrower than the chunk's element type");
+  for (int j = 0; j < V; j += kSize) {
+    float part[kSize];
+    load_chunk(part, row, i + j, n);
+    for (int k = 0; k < kSize; ++k) out[j + k] = part[k];
+  }
+}
+
+template <int V, typename G>
+__device__ __forceinline__ void store_span(G* row, int i, int n, const float (&in)[V]) {
+  constexpr int kSize = Packed128<G>::size;
+  static_assert(V % kSize == 0, "store_span: G narrower than the chunk's element type");
+  for (int j = 0; j < V; j += kSize) {
+    float part[kSize];
+    for (int k = 0; k < kSize; ++k) part[k] = in[j + k];
+    store_chunk(row, i + j, n, part);
+  }
+}
+
 // ---------------------------------------------------------------------------- reductions
 
 // Combining operations for the reductions. FloatMax ignores NaN (fmaxf), as the kernels'

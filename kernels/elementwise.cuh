@@ -129,14 +129,15 @@ __global__ void bias_backward_partial_kernel(float* partial, const T* dout, int 
   for (int k = 0; k < V && i + k < OC; ++k) out[i + k] = acc[k];
 }
 
-// dbias += the sum of the slices' partials, slices in order (as the CPU: old value + column sum).
-template <typename T>
-__global__ void bias_backward_sum_kernel(T* dbias, const float* partial, int slices, int OC) {
+// dbias (stored as G) += the sum of the slices' partials, slices in order (as the CPU: old value
+// + column sum).
+template <typename G>
+__global__ void bias_backward_sum_kernel(G* dbias, const float* partial, int slices, int OC) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= OC) return;
   float sum = 0.0f;
   for (int s = 0; s < slices; ++s) sum += partial[static_cast<size_t>(s) * OC + c];
-  dbias[c] = from_float<T>(to_float(dbias[c]) + sum);
+  dbias[c] = from_float<G>(to_float(dbias[c]) + sum);
 }
 
 // ---------------------------------------------------------------------------- launchers
@@ -190,9 +191,9 @@ inline size_t bias_backward_scratch_floats(int N, int OC) {
   return static_cast<size_t>(ceil_div(N, kBiasGradRows)) * static_cast<size_t>(OC);
 }
 
-// dbias(OC) += column sums of dout(N, OC).
-template <typename T>
-void bias_backward(T* dbias, float* scratch, const T* dout, int N, int OC, cudaStream_t stream) {
+// dbias(OC, stored as G) += column sums of dout(N, OC).
+template <typename T, typename G = T>
+void bias_backward(G* dbias, float* scratch, const T* dout, int N, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
   const int slices = ceil_div(N, kBiasGradRows);
   constexpr int kMaxSlices = 65535;  // the grid's y dimension
@@ -202,7 +203,7 @@ void bias_backward(T* dbias, float* scratch, const T* dout, int N, int OC, cudaS
   const int chunks = ceil_div(OC, Packed128<T>::size);
   PTRAIN_LAUNCH(bias_backward_partial_kernel<T>, dim3(ceil_div(chunks, kElementwiseThreads), slices),
                 kElementwiseThreads, 0, stream, scratch, dout, N, OC);
-  PTRAIN_LAUNCH(bias_backward_sum_kernel<T>, ceil_div(OC, kElementwiseThreads), kElementwiseThreads, 0, stream, dbias,
+  PTRAIN_LAUNCH(bias_backward_sum_kernel<G>, ceil_div(OC, kElementwiseThreads), kElementwiseThreads, 0, stream, dbias,
                 scratch, slices, OC);
 }
 

@@ -54,32 +54,34 @@ __global__ void encoder_forward_kernel(T* out, const int* tokens, const T* wte, 
   }
 }
 
-// dwpe(t, :) += dout(b, t, :) for b ascending, one thread per (t, chunk).
-template <typename T>
-__global__ void encoder_backward_wpe_kernel(T* dwpe, const T* dout, int B, int Tn, int C) {
+// dwpe(t, :) += dout(b, t, :) for b ascending, one thread per (t, chunk of dout's row); dwpe
+// stored as G.
+template <typename T, typename G>
+__global__ void encoder_backward_wpe_kernel(G* dwpe, const T* dout, int B, int Tn, int C) {
   constexpr int V = Packed128<T>::size;
   const size_t chunks = static_cast<size_t>(ceil_div(C, V));
   const size_t total = static_cast<size_t>(Tn) * chunks;
   for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int t = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
-    T* row = dwpe + static_cast<size_t>(t) * C;
+    G* row = dwpe + static_cast<size_t>(t) * C;
     float acc[V];
-    load_chunk(acc, row, i, C);
+    load_span(acc, row, i, C);
     for (int b = 0; b < B; ++b) {
       float d[V];
       load_chunk(d, dout + (static_cast<size_t>(b) * Tn + t) * C, i, C);
       for (int k = 0; k < V; ++k) acc[k] += d[k];
     }
-    store_chunk(row, i, C, acc);
+    store_span(row, i, C, acc);
   }
 }
 
 // dwte(id, :) += dout rows of the bucket's positions in ascending order, one thread per
 // (bucket, chunk). Buckets own distinct rows, so no two threads write the same element. The
 // bucket count is read from device memory (PackedBuckets), so that one launch serves any batch.
-template <typename T>
-__global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int* packed_buckets, int n, int C) {
+// dwte stored as G.
+template <typename T, typename G>
+__global__ void encoder_backward_wte_kernel(G* dwte, const T* dout, const int* packed_buckets, int n, int C) {
   constexpr int V = Packed128<T>::size;
   const PackedBucketsView b = PackedBucketsView::of(packed_buckets, n);
   const size_t chunks = static_cast<size_t>(ceil_div(C, V));
@@ -87,16 +89,16 @@ __global__ void encoder_backward_wte_kernel(T* dwte, const T* dout, const int* p
   for (size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int bucket = static_cast<int>(idx / chunks), i = static_cast<int>(idx % chunks) * V;
-    T* row = dwte + static_cast<size_t>(b.ids[bucket]) * C;
+    G* row = dwte + static_cast<size_t>(b.ids[bucket]) * C;
     float acc[V];
-    load_chunk(acc, row, i, C);
+    load_span(acc, row, i, C);
     const int end = b.starts[bucket + 1];
     for (int j = b.starts[bucket]; j < end; ++j) {
       float d[V];
       load_chunk(d, dout + static_cast<size_t>(b.positions[j]) * C, i, C);
       for (int k = 0; k < V; ++k) acc[k] += d[k];
     }
-    store_chunk(row, i, C, acc);
+    store_span(row, i, C, acc);
   }
 }
 
@@ -160,20 +162,23 @@ inline void pack_buckets(const TokenBuckets& b, int n, int* packed) {
   std::copy(b.positions.begin(), b.positions.end(), packed + 2 + 2 * static_cast<size_t>(n));
 }
 
-// Adds into dwte (V, C) and dwpe (Tn, C; null: none). packed_buckets: pack_buckets() of the step's tokens
+// Adds into dwte (V, C) and dwpe (Tn, C; null: none), both stored as G. packed_buckets: pack_buckets() of the step's tokens
 // (bucket_tokens(tokens, B * Tn)) copied to the device. The grid covers as many buckets as
 // there are positions, the most a batch can have; the kernel reads how many there are.
-template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int* packed_buckets, int B, int Tn, int C,
+template <typename T, typename G = T>
+void encoder_backward(G* dwte, G* dwpe, const T* dout, const int* packed_buckets, int B, int Tn, int C,
                       cudaStream_t stream) {
   const size_t chunks = static_cast<size_t>(ceil_div(C, Packed128<T>::size));
   const int n = B * Tn;
   const size_t wpe_work = static_cast<size_t>(Tn) * chunks, wte_work = static_cast<size_t>(n) * chunks;
+  // Names with a comma cannot be macro arguments.
+  auto encoder_backward_wpe_kernel_instance = encoder_backward_wpe_kernel<T, G>;
+  auto encoder_backward_wte_kernel_instance = encoder_backward_wte_kernel<T, G>;
   if (wpe_work > 0 && dwpe)
-    PTRAIN_LAUNCH(encoder_backward_wpe_kernel<T>, encoder_blocks(wpe_work), kEncoderThreads, 0, stream, dwpe, dout, B,
-                  Tn, C);
+    PTRAIN_LAUNCH(encoder_backward_wpe_kernel_instance, encoder_blocks(wpe_work), kEncoderThreads, 0, stream, dwpe,
+                  dout, B, Tn, C);
   if (wte_work > 0)
-    PTRAIN_LAUNCH(encoder_backward_wte_kernel<T>, encoder_blocks(wte_work), kEncoderThreads, 0, stream, dwte, dout,
+    PTRAIN_LAUNCH(encoder_backward_wte_kernel_instance, encoder_blocks(wte_work), kEncoderThreads, 0, stream, dwte, dout,
                   packed_buckets, n, C);
 }
 

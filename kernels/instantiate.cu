@@ -22,6 +22,16 @@ void instantiate_pair_launchers() {
   (void)&gemm_finish<T, U>;
 }
 
+// The backward launchers that add parameter gradients into FP32 sums beside T activations.
+template <typename T>
+void instantiate_fp32_gradient_launchers() {
+  (void)&encoder_backward<T, float>;
+  (void)&layernorm_backward<T, float>;
+  (void)&bias_backward<T, float>;
+  (void)&rmsnorm_backward<T, float>;
+  (void)&qk_norm_backward<T, float>;
+}
+
 template <typename T>
 void instantiate_launchers_for() {
   (void)&encoder_forward<T>;
@@ -59,6 +69,7 @@ void instantiate_launchers_for() {
   instantiate_pair_launchers<T, float>();
   instantiate_pair_launchers<T, bf16>();
   instantiate_pair_launchers<T, fp16>();
+  instantiate_fp32_gradient_launchers<T>();
 }
 
 template void instantiate_launchers_for<float>();

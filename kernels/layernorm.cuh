@@ -147,9 +147,10 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const T* dout,
   partial[(static_cast<size_t>(slice) * 2 + 1) * C + c] = sb;
 }
 
-// dweight += sum of the slices' weight partials, dbias likewise, slices in order.
-template <typename T>
-__global__ void layernorm_backward_params_kernel(T* dweight, T* dbias, const float* partial, int slices, int C) {
+// dweight += sum of the slices' weight partials, dbias likewise, slices in order. G: the
+// gradients' storage (FP32 main gradients, or the activations' type).
+template <typename G>
+__global__ void layernorm_backward_params_kernel(G* dweight, G* dbias, const float* partial, int slices, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sw = to_float(dweight[c]), sb = to_float(dbias[c]);
@@ -157,8 +158,8 @@ __global__ void layernorm_backward_params_kernel(T* dweight, T* dbias, const flo
     sw += partial[(static_cast<size_t>(s) * 2) * C + c];
     sb += partial[(static_cast<size_t>(s) * 2 + 1) * C + c];
   }
-  dweight[c] = from_float<T>(sw);
-  dbias[c] = from_float<T>(sb);
+  dweight[c] = from_float<G>(sw);
+  dbias[c] = from_float<G>(sb);
 }
 
 // ---------------------------------------------------------------------------- launchers
@@ -177,10 +178,10 @@ inline size_t layernorm_backward_scratch_floats(int N, int C) {
   return static_cast<size_t>(ceil_div(N, kLayerNormGradRows)) * 2 * static_cast<size_t>(C);
 }
 
-// Adds into dinp (N, C), dweight (C) and dbias (C). dinp must not alias dout: the weight and
-// bias gradients read dout after dinp has been updated.
-template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, float* scratch, const T* dout, const T* inp, const T* weight,
+// Adds into dinp (N, C), dweight (C) and dbias (C), the last two stored as G. dinp must not
+// alias dout: the weight and bias gradients read dout after dinp has been updated.
+template <typename T, typename G = T>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, float* scratch, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C, cudaStream_t stream) {
   const int rows = layernorm_rows_per_block<T>(C, 2);
   const size_t shared = sizeof(float) * 2 * rows * static_cast<size_t>(layernorm_cache_floats<T>(C));
@@ -191,7 +192,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, float* scratch, const T* 
   constexpr int kThreads = 128;
   PTRAIN_LAUNCH(layernorm_backward_partial_kernel<T>, dim3(ceil_div(C, kThreads), slices), kThreads, 0, stream, scratch,
                 dout, inp, mean, rstd, N, C);
-  PTRAIN_LAUNCH(layernorm_backward_params_kernel<T>, ceil_div(C, kThreads), kThreads, 0, stream, dweight, dbias, scratch,
+  PTRAIN_LAUNCH(layernorm_backward_params_kernel<G>, ceil_div(C, kThreads), kThreads, 0, stream, dweight, dbias, scratch,
                 slices, C);
 }
 

@@ -102,14 +102,14 @@ __global__ void rmsnorm_backward_partial_kernel(float* partial, const T* dout, c
   partial[static_cast<size_t>(slice) * C + c] = sum;
 }
 
-// dweight += the slices' partial sums, slices in order.
-template <typename T>
-__global__ void rmsnorm_backward_weight_kernel(T* dweight, const float* partial, int slices, int C) {
+// dweight (stored as G) += the slices' partial sums, slices in order.
+template <typename G>
+__global__ void rmsnorm_backward_weight_kernel(G* dweight, const float* partial, int slices, int C) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float sum = to_float(dweight[c]);
   for (int s = 0; s < slices; ++s) sum += partial[static_cast<size_t>(s) * C + c];
-  dweight[c] = from_float<T>(sum);
+  dweight[c] = from_float<G>(sum);
 }
 
 // QK-norm's v heads: columns [begin, width) of each of `rows` rows, copied (forward) or added
@@ -201,10 +201,10 @@ inline size_t rmsnorm_backward_scratch_floats(int N, int C) {
   return static_cast<size_t>(ceil_div(N, kRmsNormGradRows)) * static_cast<size_t>(C);
 }
 
-// Adds into dinp (N, C) and dweight (C). dinp must not alias dout: the weight gradient reads
-// dout after dinp has been updated.
-template <typename T>
-void rmsnorm_backward(T* dinp, T* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
+// Adds into dinp (N, C) and dweight (C, stored as G). dinp must not alias dout: the weight
+// gradient reads dout after dinp has been updated.
+template <typename T, typename G = T>
+void rmsnorm_backward(T* dinp, G* dweight, float* scratch, const T* dout, const T* inp, const T* weight,
                       const float* rstd, int N, int C, cudaStream_t stream, NormRows rows = {1, 0}) {
   if (N == 0) return;
   if (rows.stride == 0) rows.stride = static_cast<size_t>(C);
@@ -216,7 +216,7 @@ void rmsnorm_backward(T* dinp, T* dweight, float* scratch, const T* dout, const 
   constexpr int kThreads = 128;
   PTRAIN_LAUNCH(rmsnorm_backward_partial_kernel<T>, dim3(ceil_div(C, kThreads), slices), kThreads, 0, stream, scratch,
                 dout, inp, rstd, N, C, rows);
-  PTRAIN_LAUNCH(rmsnorm_backward_weight_kernel<T>, ceil_div(C, kThreads), kThreads, 0, stream, dweight, scratch, slices,
+  PTRAIN_LAUNCH(rmsnorm_backward_weight_kernel<G>, ceil_div(C, kThreads), kThreads, 0, stream, dweight, scratch, slices,
                 C);
 }
 
@@ -241,10 +241,10 @@ inline size_t qk_norm_backward_scratch_floats(int rows, int NH, int hs) {
   return rmsnorm_backward_scratch_floats(rows * NH, hs);
 }
 
-// Adds into dinp (rows, W), dq_weight and dk_weight (hs); v's gradient passes through. dinp must
-// not alias dout.
-template <typename T>
-void qk_norm_backward(T* dinp, T* dq_weight, T* dk_weight, float* scratch, const T* dout, const T* inp,
+// Adds into dinp (rows, W), dq_weight and dk_weight (hs, stored as G); v's gradient passes
+// through. dinp must not alias dout.
+template <typename T, typename G = T>
+void qk_norm_backward(T* dinp, G* dq_weight, G* dk_weight, float* scratch, const T* dout, const T* inp,
                       const T* q_weight, const T* k_weight, const float* rstd, int rows, int NH, int KV, int hs,
                       cudaStream_t stream) {
   if (rows == 0) return;

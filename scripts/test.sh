@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test through ctest, in phases:
-#   tests             every test but those on the simulated device, one at a time: each is
-#                     multi-threaded, and two at once on two cores would oversubscribe them
+#   tests             every test but those on the simulated device, nproc at once: most start
+#                     ptrain with one thread or wait on its processes, and the multi-threaded
+#                     ones give the same results at any thread count, so sharing the cores costs
+#                     them time, never a result
 #   sim tests         the simulated device's (label sim), nproc at once: each runs on one core
 #                     (the SIMT emulator runs one block at a time)
 #   second numerics   every test that runs the CPU backend again, with each CPU GEMM result
@@ -41,9 +43,9 @@ if [ $# -gt 0 ]; then
   in_build build ctest --output-on-failure --no-tests=error "$@"
   exit 0
 fi
-phase tests in_build build ctest --output-on-failure --no-tests=error -LE '^(sim|second-numerics)$'
+phase tests in_build build ctest --output-on-failure --no-tests=error -LE '^(sim|second-numerics)$' -j "$(nproc)"
 phase "sim tests" in_build build ctest --output-on-failure --no-tests=error -L '^sim$' -j "$(nproc)"
-phase "second numerics" in_build build ctest --output-on-failure --no-tests=error -L '^second-numerics$'
+phase "second numerics" in_build build ctest --output-on-failure --no-tests=error -L '^second-numerics$' -j "$(nproc)"
 
 # Chained: inside `phase`, set -e does not stop a function, and a stale build must not be tested.
 asan() {

@@ -121,6 +121,51 @@ TEST_CASE("a dry run of a GPU config plans the GPU's memory and says which GPUs 
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
 }
 
+// A Llama-3-8B-shaped model (GPT-2's vocabulary: 7.39B parameters) at 8192 positions, planned
+// for 1 and 8 ranks without mpirun. Megatron's distributed optimizer documents 16 bytes per
+// parameter for FP32 training and 18 for BF16 weights with FP32 gradients (AdamW's moments and
+// the FP32 master 12 of them, sharded over d ranks: 4 + 4 + 8/d and 6 + 12/d); the plan's
+// bytes per parameter without activations must come out at those figures.
+TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, for ZeRO-1's shards", "[cli]") {
+  const TempDir tmp("per-parameter");
+  write_file(tmp.dir / "8b.yaml",
+             "run: {name: l8b, out_dir: runs, device: cuda}\n"
+             "model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, mlp_hidden: 14336, "
+             "seq_len: 8192, vocab_size: 50257, rope_theta: 500000}\n"
+             "data: {synthetic: {tokens: 2000000}}\n"
+             "training: {steps: 10, micro_batch: 1, batch_tokens: 65536, recompute: block}\n");
+  struct Case {
+    const char* mode;
+    int ranks;
+    const char* without_activations;
+  };
+  for (const Case c : {Case{"fp32", 1, "weights 4.00 + FP32 grads 4.00 + AdamW state 8.00 = 16.00 without activations"},
+                       Case{"bf16", 1,
+                            "weights 2.00 + FP32 master 4.00 + FP32 grads 4.00 + AdamW state 8.00 = 18.00 without "
+                            "activations"},
+                       Case{"fp32", 8, "weights 4.00 + FP32 grads 4.00 + AdamW state 1.00 = 9.00 without activations"},
+                       Case{"bf16", 8,
+                            "weights 2.00 + FP32 master 0.50 + FP32 grads 4.00 + AdamW state 1.00 = 7.50 without "
+                            "activations"}}) {
+    const std::string args = std::string("train 8b.yaml --dry-run --ranks ") + std::to_string(c.ranks) +
+                             " --set precision.mode=" + c.mode + " --set distributed.zero_stage=" +
+                             (c.ranks > 1 ? "1" : "0");
+    const CommandResult r = run_ptrain(args, tmp.dir);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("bytes per parameter (7,391,678,464): " + std::string(c.without_activations)) !=
+          std::string::npos);
+    CHECK((r.output.find("ranks: 8") != std::string::npos) == (c.ranks == 8));
+  }
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+  // --ranks plans a dry run; it is not a way to train without a launcher.
+  expect_bad_input(run_ptrain("train 8b.yaml --ranks 8", tmp.dir), {"--ranks", "--dry-run"});
+  expect_bad_input(run_ptrain("train 8b.yaml --dry-run --ranks 0", tmp.dir), {"--ranks"});
+  // A batch 3 ranks cannot share is refused as under mpirun.
+  expect_bad_input(run_ptrain("train 8b.yaml --dry-run --ranks 3", tmp.dir), {"training.batch_tokens", "3 ranks"});
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
 TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {
   Workspace ws;
   SECTION("unknown key, with a suggestion") {

@@ -416,7 +416,8 @@ void remove_checkpoints(const std::string& dir) {
 }
 
 void load_weights(const SafetensorsFile& weights, Transformer& model) {
-  for (const ParamSpec& spec : model.specs()) read_into(weights, spec.name, model.backend(), model.master(spec.id));
+  for (const ParamSpec& spec : model.specs())
+    read_into(weights, spec.name, model.backend(), model.master_input(spec.id));
   model.sync_params_from_master();
 }
 

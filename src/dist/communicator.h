@@ -57,6 +57,7 @@ class Communicator {
   // t = the sum of t over ranks, rounded to t.format; bit-identical on every rank.
   virtual void all_reduce_sum(Tensor t) = 0;
   // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, rounded to out.format.
+  // out may be that shard of `in` itself (in place, as ZeRO-1 sums into its gradient shard).
   virtual void reduce_scatter_sum(Tensor out, Tensor in) = 0;
   // out (n elements) = every rank's shard_of(n) of it, concatenated; `in` is this rank's shard.
   virtual void all_gather(Tensor out, Tensor in) = 0;

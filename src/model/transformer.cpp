@@ -129,7 +129,7 @@ int64_t rope_table_bytes(const ModelShape& s, int T) {
 }
 
 Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
-         AttentionPath attention, bool fused_gelu, Recompute recompute)
+         AttentionPath attention, bool fused_gelu, Recompute recompute, MasterRange master_range)
     : shape_(shape),
       backend_(backend),
       dtype_(dtype),
@@ -139,7 +139,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
       attention_(attention),
       fused_gelu_(fused_gelu),
       recompute_(recompute),
-      formats_{policy.weights, policy.activations, policy.grads} {
+      formats_{policy.weights, policy.activations, policy.activation_grads} {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = param_count(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
@@ -148,16 +148,27 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     return Tensor(backend.allocate(static_cast<size_t>(n) * dtype_size(dt)), dt, {n}, backend.device()).with_format(f);
   };
   params_flat_ = flat(policy.weights);
-  grads_flat_ = flat(policy.grads);
+  // The main gradients: FP32 in every mode, the backward ops adding into them directly.
+  grads_flat_ = flat(Format::fp32);
   has_master_ = policy.has_master_weights();
-  if (has_master_) master_flat_ = flat(Format::fp32);
-  if (policy.grads != Format::fp32) accum_flat_ = flat(Format::fp32);
+  sharded_master_ = has_master_ && master_range.count >= 0;
+  if (sharded_master_) {
+    PTRAIN_CHECK(master_range.begin >= 0 && master_range.begin + master_range.count <= n,
+                 "the master weights' range lies outside the parameters");
+    master_begin_ = master_range.begin;
+    const DType dt = storage(Format::fp32);
+    const int64_t count = std::max<int64_t>(master_range.count, 1);  // a rank's shard may be empty
+    master_flat_ = Tensor(backend.allocate(static_cast<size_t>(count) * dtype_size(dt)), dt, {master_range.count},
+                          backend.device())
+                       .with_format(Format::fp32);
+  } else if (has_master_) {
+    master_flat_ = flat(Format::fp32);
+  }
   int64_t offset = 0;
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
     params_[spec.id] = params_flat_.range(offset, count).reshaped(spec.shape);
     grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
-    if (!accum_flat_.empty()) accum_[spec.id] = accum_flat_.range(offset, count).reshaped(spec.shape);
     offset += count;
   }
   if (shape.arch == Arch::llama) {
@@ -170,7 +181,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   }
 
   ActivationPlan plan =
-      plan_activations(a_, shape, B, T, policy.activations, policy.grads, attention, storage, recompute);
+      plan_activations(a_, shape, B, T, policy.activations, policy.activation_grads, attention, storage, recompute);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
@@ -205,7 +216,7 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
 }
 
 std::string Transformer::switch_fp8(const PrecisionPolicy& policy) {
-  PTRAIN_CHECK((std::array<Format, 3>{policy.weights, policy.activations, policy.grads}) == formats_,
+  PTRAIN_CHECK((std::array<Format, 3>{policy.weights, policy.activations, policy.activation_grads}) == formats_,
                "a precision switch keeps the formats of weights, activations and gradients");
   // The recordings replay the old layers' casts, and cached keys came from the old GEMMs.
   recordings_.clear();
@@ -219,28 +230,28 @@ Transformer::~Transformer() {
   if (!rope_table_.empty()) backend_.release(rope_table_.data);
   backend_.release(act_memory_);
   backend_.release(grads_flat_.data);
-  if (!accum_flat_.empty()) backend_.release(accum_flat_.data);
   backend_.release(params_flat_.data);
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
 
 Tensor Transformer::master(ParamId id) const {
-  if (master_flat_.empty()) return params_[id];
+  if (sharded_master_ || master_flat_.empty()) return params_[id];
   const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
                          static_cast<int64_t>(dtype_size(params_flat_.dtype));
   const Tensor& p = params_[id];
   return master_flat_.range(offset, p.numel()).reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
-void Transformer::release_master() {
-  if (master_flat_.empty()) return;
-  backend_.release(master_flat_.data);
-  master_flat_ = Tensor();
-}
-
 void Transformer::sync_params_from_master() {
   decoded_ = 0;  // the cached keys and values came from the old weights
-  if (!master_flat_.empty()) backend_.copy(params_flat_, master_flat_);
+  if (sharded_master_) {
+    // The same rounding as the unsharded copy below, from the values staged in the gradients.
+    backend_.copy(params_flat_, grads_flat_);
+    backend_.copy(master_flat_, grads_flat_.range(master_begin_, master_flat_.numel()));
+    backend_.zero(grads_flat_);
+  } else if (!master_flat_.empty()) {
+    backend_.copy(params_flat_, master_flat_);
+  }
 }
 
 Fp8Linear* Transformer::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
@@ -336,7 +347,7 @@ void Transformer::init(uint64_t seed, double std) {
       Rng rng(seed, static_cast<uint64_t>(i));
       for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
     }
-    backend_.upload(master(spec.id), host.data());
+    backend_.upload(master_input(spec.id), host.data());
   }
   // The master weights hold the values; the GEMMs' copy is them rounded to its format.
   sync_params_from_master();
@@ -651,18 +662,8 @@ std::vector<Tensor> Transformer::block_grads(int block) const {
 
 void Transformer::backward(const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
-  // With a callback, each block's gradients go into the FP32 sums as soon as they are written.
   const auto finish = [&](int block) {
-    if (!grads_done) return;
-    if (!accum_flat_.empty())
-      for (const ParamSpec& spec : specs_) {
-        if (is_block_param(spec.id) != (block >= 0)) continue;
-        const Tensor g = block >= 0 ? grads_[spec.id][block] : grads_[spec.id];
-        const Tensor sum = block >= 0 ? accum_[spec.id][block] : accum_[spec.id];
-        backend_.add(sum, sum, g);
-        backend_.zero(g);
-      }
-    grads_done(block);
+    if (grads_done) grads_done(block);
   };
   grads_ready_ = false;
   const int L = shape_.n_layer;
@@ -701,11 +702,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     finish(l);
   }
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);  // g[kWpe] is empty for llama
-  if (grads_done) return finish(-1);
-  if (!accum_flat_.empty()) {  // this micro-batch's gradients into the FP32 sums
-    be.add(accum_flat_, accum_flat_, grads_flat_);
-    be.zero(grads_flat_);
-  }
+  finish(-1);
 }
 
 void Transformer::gpt2_block_backward(int l) {
@@ -772,7 +769,6 @@ void Transformer::llama_block_backward(int l) {
   be.rmsnorm_backward(a_.dresidual, g[kNorm1w][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
 }
 
-// With an accumulator, backward() leaves the per-micro-batch gradients zeroed behind it.
-void Transformer::zero_grad() { backend_.zero(accum_flat_.empty() ? grads_flat_ : accum_flat_); }
+void Transformer::zero_grad() { backend_.zero(grads_flat_); }
 
 }  // namespace ptrain

@@ -75,6 +75,13 @@ struct GptActivations {
   Tensor dqkv_raw;                                // (B,T,W), QK-norm's input gradient
 };
 
+// The FP32 master weights a model keeps (with a policy that has them): all, or under ZeRO-1
+// one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
+// rest. A sharded model never holds the whole master block, not even while it starts.
+struct MasterRange {
+  int64_t begin = 0, count = -1;  // count < 0: all of them
+};
+
 class Transformer {
  public:
   // Allocates parameters, gradients and activations for micro-batch B x T on the backend, in
@@ -82,10 +89,10 @@ class Transformer {
   // `attention` is the path Backend::choose_attention picked (it decides what attention saves);
   // `fused_gelu` (model.fused_gelu) lets the backend fold the MLP's GELU into the GEMMs beside
   // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8; `recompute` is
-  // training.recompute's choice (Recompute).
+  // training.recompute's choice (Recompute); `master_range` the master weights kept (MasterRange).
   Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T,
       const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
-      bool fused_gelu = true, Recompute recompute = Recompute::none);
+      bool fused_gelu = true, Recompute recompute = Recompute::none, MasterRange master_range = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -166,24 +173,32 @@ class Transformer {
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Tensor param(ParamId id) const { return params_[id]; }  // empty for a tensor this architecture lacks
-  // The gradients the optimizer reads, summed over the micro-batches since zero_grad(). In
-  // reduced precision each micro-batch's gradients are rounded to the gradient format as the
-  // backward pass writes them and then added into an FP32 accumulator (Megatron's main_grad):
-  // many accumulation steps lose nothing to bf16 sums, and the sum over micro-batches is the
-  // same whether they ran on one rank or were all-reduced across several.
-  Tensor grad(ParamId id) const { return accum_flat_.empty() ? grads_[id] : accum_[id]; }
+  // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
+  // every mode (Megatron's main_grad), one parameter-sized buffer. The backward ops add each
+  // micro-batch's weight gradients into it directly (a GPU's weight-gradient GEMMs with FP32
+  // C/D and beta 1, Megatron's gradient accumulation fusion), so no narrower copy of a
+  // gradient is kept: only activation gradients take the policy's gradient format.
+  Tensor grad(ParamId id) const { return grads_[id]; }
   Tensor params_flat() const { return params_flat_; }
-  // What the optimizer updates: the FP32 master weights, or the parameters themselves in FP32.
-  Tensor master_flat() const { return master_flat_.empty() ? params_flat_ : master_flat_; }
+  // The weights as the optimizer and a checkpoint read them: the whole FP32 master weights, or
+  // the parameters themselves in FP32; with a sharded master, the GEMMs' copy (the FP32 values
+  // are in master_shard()).
+  Tensor master_flat() const { return sharded_master_ || master_flat_.empty() ? params_flat_ : master_flat_; }
   Tensor master(ParamId id) const;
-  // After the master weights were overwritten (resume): refresh the copy the GEMMs read.
+  // Where new weights are written (init, model.init_from, a checkpoint's): master() unsharded;
+  // with a sharded master, the gradient buffer, free between steps, stages the FP32 values.
+  // sync_params_from_master() then takes them.
+  Tensor master_input(ParamId id) const { return sharded_master_ ? grads_[id] : master(id); }
+  Tensor master_input_flat() const { return sharded_master_ ? grads_flat_ : master_flat(); }
+  // After new weights were written through master_input (or master() unsharded): refresh the
+  // copy the GEMMs read; with a sharded master also take this rank's range of the staged values
+  // and zero the gradient buffer that staged them. Not while a step's gradients are there.
   void sync_params_from_master();
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
-  // ZeRO-1: the optimizer took its shard of the master weights; the full copy is freed, and
-  // master()/master_flat() return the GEMMs' copy from now on.
-  void release_master();
-  Tensor grads_flat() const { return accum_flat_.empty() ? grads_flat_ : accum_flat_; }
+  // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.
+  Tensor master_shard() const { return sharded_master_ ? master_flat_ : Tensor(); }
+  Tensor grads_flat() const { return grads_flat_; }
   int64_t num_params() const { return params_flat_.numel(); }
   size_t activation_bytes() const { return act_bytes_; }
 
@@ -242,14 +257,14 @@ class Transformer {
   std::vector<ParamSpec> specs_;
   std::array<Tensor, kNumParams> params_, grads_;
   Tensor params_flat_, grads_flat_, master_flat_;
-  Tensor accum_flat_;                           // FP32 gradient accumulator (reduced-precision grads)
-  std::array<Tensor, kNumParams> accum_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
   bool fused_gelu_;
   Recompute recompute_;
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
+  bool sharded_master_ = false;  // master_flat_ holds master_begin_.. of the flat layout only
+  int64_t master_begin_ = 0;
   GptActivations a_;
   Tensor rope_table_;  // llama: (T, head_size/2, 2) FP32 cos and sin
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names

@@ -11,14 +11,18 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
     : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
   PTRAIN_CHECK(zero_stage == 0 || zero_stage == 1, "AdamW: zero_stage must be 0 or 1");
   world_ = comm ? comm->world_size() : 1;
-  const Tensor& p = model.master_flat();
-  shard_ = sharded() ? shard_of(p.numel(), comm->rank(), world_) : Shard{0, p.numel()};
-  m_ = allocate(shard_.count, p.dtype, Format::fp32);
-  v_ = allocate(shard_.count, p.dtype, Format::fp32);
-  if (sharded()) {
-    const Tensor& g = model.grads_flat();
-    grad_shard_ = allocate(shard_.count, g.dtype, g.format);
-  }
+  // The moments are stored as the FP32 gradients are (f32, or the CPU's compute dtype).
+  const Tensor& g = model.grads_flat();
+  shard_ = sharded() ? shard_of(g.numel(), comm->rank(), world_) : Shard{0, g.numel()};
+  PTRAIN_CHECK(!model.has_master_weights() || sharded() == !model.master_shard().empty(),
+               "AdamW: a model under ZeRO-1 keeps its shard of the master weights (AdamW::master_range), and only then");
+  PTRAIN_CHECK(model.master_shard().empty() || model.master_shard().numel() == shard_.count,
+               "AdamW: the model's master shard is not this rank's");
+  m_ = allocate(shard_.count, g.dtype, Format::fp32);
+  v_ = allocate(shard_.count, g.dtype, Format::fp32);
+  // ZeRO-1 sums the gradients into this rank's shard of the main-gradient buffer itself (an
+  // in-place reduce-scatter, as Megatron's distributed optimizer does): no second gradient block.
+  if (sharded()) grad_shard_ = model.grads_flat().range(shard_.begin, shard_.count);
 }
 
 AdamW::~AdamW() {
@@ -32,11 +36,10 @@ Tensor AdamW::allocate(int64_t n, DType dtype, Format format) {
   return t;
 }
 
-void AdamW::adopt_master() {
-  if (!sharded() || !model_.has_master_weights() || !master_shard_.empty()) return;
-  master_shard_ = allocate(shard_.count, DType::f32, Format::fp32);
-  backend_.copy(master_shard_, model_.master_flat().range(shard_.begin, shard_.count));
-  model_.release_master();
+MasterRange AdamW::master_range(int64_t num_params, int zero_stage, int rank, int world) {
+  if (zero_stage != 1 || world <= 1) return {};
+  const Shard s = shard_of(num_params, rank, world);
+  return {s.begin, s.count};
 }
 
 double AdamW::reduce_gradients(bool summed_in_backward) {
@@ -70,12 +73,10 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
 
   // The range [shard_.begin, + count) of the flat layout this rank updates, and its tensors.
   const Tensor params = model_.params_flat();
-  const Tensor master = !master_shard_.empty() ? master_shard_
-                        : sharded()            ? params.range(shard_.begin, shard_.count)
-                                               : model_.master_flat();
+  const Tensor master = !master_shard().empty() ? master_shard()
+                        : sharded()              ? params.range(shard_.begin, shard_.count)
+                                                 : model_.master_flat();
   const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
-  PTRAIN_CHECK(!(sharded() && model_.has_master_weights() && master_shard_.empty()),
-               "AdamW: with ZeRO-1 and master weights, call adopt_master() before the first step");
   const bool has_copy = model_.has_master_weights();  // the update also writes the GEMMs' copy
   // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
   int64_t offset = 0;

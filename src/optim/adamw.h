@@ -33,11 +33,6 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // ZeRO-1 with separate FP32 master weights: takes this rank's shard of the model's master
-  // weights (after they were initialised or loaded) and has the model free its full copy.
-  // Does nothing otherwise.
-  void adopt_master();
-
   // Sums the ranks' gradients (all-reduce, or reduce-scatter into this rank's shard) and returns
   // the global L2 norm of the summed gradients as stored (before clipping and unscaling); the
   // same on every rank. Call once per step, after the last backward pass. `summed_in_backward`:
@@ -56,10 +51,14 @@ class AdamW {
   Tensor second_moment() const { return v_; }
   Shard shard() const { return shard_; }
   bool sharded() const { return zero_stage_ == 1 && world_ > 1; }
-  // The FP32 master weights of this rank's shard when adopt_master() took them; else empty.
-  Tensor master_shard() const { return master_shard_; }
+  // ZeRO-1 with separate FP32 master weights: this rank's shard of them, which the model keeps
+  // (MasterRange, made with master_range()); else empty.
+  Tensor master_shard() const { return model_.master_shard(); }
   // Bytes this rank holds for the optimizer: moments, plus the master shard it owns.
-  size_t state_bytes() const { return m_.bytes() + v_.bytes() + (master_shard_.empty() ? 0 : master_shard_.bytes()); }
+  size_t state_bytes() const { return m_.bytes() + v_.bytes() + (master_shard().empty() ? 0 : master_shard().bytes()); }
+  // The range of the master weights a model must keep to be this optimizer's under ZeRO-1 with
+  // `world` ranks (all of them otherwise).
+  static MasterRange master_range(int64_t num_params, int zero_stage, int rank, int world);
 
  private:
   Tensor allocate(int64_t n, DType dtype, Format format);
@@ -72,8 +71,7 @@ class AdamW {
   int world_ = 1;
   Shard shard_;
   Tensor m_, v_;           // FP32, the shard's (or the whole) flat layout
-  Tensor master_shard_;    // ZeRO-1 with master weights: this rank's FP32 master weights
-  Tensor grad_shard_;      // ZeRO-1: this rank's shard of the summed gradients
+  Tensor grad_shard_;      // ZeRO-1: this rank's shard of the summed gradients, in the model's gradient buffer
   std::vector<void*> memory_;
   int64_t t_ = 0;
 };

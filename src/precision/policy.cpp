@@ -11,7 +11,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
   const Format low = config.mode == PrecisionMode::fp16   ? Format::fp16
                      : config.mode == PrecisionMode::fp32 ? Format::fp32
                                                           : Format::bf16;
-  p.weights = p.activations = p.grads = low;
+  p.weights = p.activations = p.activation_grads = low;
   if (config.mode == PrecisionMode::fp8) {
     const Fp8Config& f = config.fp8;
     p.fp8.enabled = true;

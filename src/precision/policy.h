@@ -2,12 +2,13 @@
 // layers run their GEMMs in FP8 and how they are scaled, and how the loss is scaled. The model
 // and trainer ask the policy instead of testing mode strings.
 //
-// | mode | master | weights | activations | grads | FP8 GEMMs            |
-// | fp32 | fp32   | fp32    | fp32        | fp32  | -                    |
-// | bf16 | fp32   | bf16    | bf16        | bf16  | -                    |
-// | fp16 | fp32   | fp16    | fp16        | fp16  | -                    |
-// | fp8  | fp32   | bf16    | bf16        | bf16  | the 4 block linears  |
-// Layernorm statistics, softmax/cross-entropy, reductions, accumulation and AdamW state stay FP32.
+// | mode | master | weights | activations | activation grads | FP8 GEMMs            |
+// | fp32 | fp32   | fp32    | fp32        | fp32             | -                    |
+// | bf16 | fp32   | bf16    | bf16        | bf16             | -                    |
+// | fp16 | fp32   | fp16    | fp16        | fp16             | -                    |
+// | fp8  | fp32   | bf16    | bf16        | bf16             | the 4 block linears  |
+// Parameter gradients (the main gradients), layernorm statistics, softmax/cross-entropy,
+// reductions, accumulation and AdamW state stay FP32.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,7 @@ struct PrecisionPolicy {
   PrecisionMode mode = PrecisionMode::fp32;
   Format weights = Format::fp32;      // the copy the GEMMs read
   Format activations = Format::fp32;
-  Format grads = Format::fp32;
+  Format activation_grads = Format::fp32;  // the backward pass's activations; parameter gradients are FP32
   Fp8Policy fp8;
   // Mode resolved from the config's "auto": dynamic for fp16, off otherwise.
   LossScalingConfig loss_scaling = [] {

@@ -62,32 +62,26 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world_size = spec.batch.world_size;
   const int64_t n = param_count(s);
   GpuMemoryPlan p;
+  p.parameters = n;
   p.cudnn_workspace_unknown = attention == AttentionPath::fused;
-  // Transformer: flat parameters, gradients, FP32 master weights and gradient sums where the formats
-  // are narrower, one block of activations, and the FP8 layers' cast copies.
+  // Transformer: flat parameters, the FP32 main gradients, FP32 master weights where the GEMMs'
+  // copy is narrower, one block of activations, and the FP8 layers' cast copies.
   p.params = block_of(n, policy.weights);
-  p.grads = block_of(n, policy.grads);
+  p.grads = block_of(n, Format::fp32);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
-  if (policy.grads != Format::fp32) p.grad_sums = block_of(n, Format::fp32);
-  p.activations = block(model_activation_bytes(s, B, T, policy.activations, policy.grads, attention, cuda_storage_dtype,
-                                             spec.recompute)) +
+  p.activations = block(model_activation_bytes(s, B, T, policy.activations, policy.activation_grads, attention,
+                                             cuda_storage_dtype, spec.recompute)) +
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases)
     p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T));
-  // AdamW: the moments of this rank's shard; with ZeRO-1 also the shard's gradients and FP32
-  // master weights, which replace the full master block before the first step.
+  // AdamW: the moments of this rank's shard. With ZeRO-1 the model keeps only the shard's FP32
+  // master weights, from the start (Transformer::MasterRange), and the gradients are summed into
+  // the shard's part of the gradient block itself.
   const bool sharded = zero_stage == 1 && world_size > 1;
   const int64_t shard = sharded ? (n + world_size - 1) / world_size : n;
   p.optimizer = 2 * block_of(shard, Format::fp32);
-  int64_t released_master = 0;
-  if (sharded) {
-    p.optimizer += block_of(shard, policy.grads);
-    if (policy.has_master_weights()) {
-      released_master = p.master;
-      p.master = block_of(shard, Format::fp32);
-    }
-  }
+  if (sharded && policy.has_master_weights()) p.master = block_of(shard, Format::fp32);
   // The backend's own blocks and the trainer's per-micro-batch loss sums.
   p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(spec.batch.accumulation * int64_t(sizeof(double)));
   // The ops' scratch, kept between calls (cuda_backend_impl.h, enum Slot), at its largest:
@@ -102,14 +96,7 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
   // The layernorm and bias gradients' partial sums: one row per 32 rows of the widest (the fc
   // layer's bias, 4C).
   scratch += block((rows + 31) / 32 * 4 * C * int64_t(sizeof(float)));
-  // Narrower gradients are converted to FP32 in a parameter-sized staging block when they are
-  // added into the FP32 gradient sums.
-  if (policy.grads != Format::fp32) scratch += block(n * int64_t(sizeof(float)));
-  // With ZeRO-1 the shard's operands of another dtype are staged too (at most FP32).
-  if (sharded) scratch += block(shard * int64_t(sizeof(float)));
-  // The scratch is first taken in the first step, after a released full master block is gone:
-  // the peak holds the larger of the two.
-  p.backend += std::max(scratch, released_master);
+  p.backend += scratch;
   return p;
 }
 
@@ -128,14 +115,30 @@ std::string GpuMemoryPlan::describe() const {
     if (bytes > 0) text += " + " + format_mib(bytes) + " " + what;
   };
   add(master, "FP32 master weights");
-  add(grads, "grads");
-  add(grad_sums, "FP32 gradient sums");
+  add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
   add(activations, "activations");
   add(fp8, "FP8 cast copies");
   add(backend, "backend workspace and scratch");
   if (cudnn_workspace_unknown) text += " + cuDNN's attention workspace (known on the GPU: a few MiB on small shapes)";
   return text;
+}
+
+std::string GpuMemoryPlan::describe_per_parameter() const {
+  const auto per = [&](int64_t bytes) { return format_number("%.2f", static_cast<double>(bytes) / parameters); };
+  std::string text = "bytes per parameter (" + format_thousands(static_cast<double>(parameters)) + "): weights " +
+                     per(params);
+  const auto add = [&](int64_t bytes, const char* what) {
+    if (bytes > 0) text += " + " + std::string(what) + " " + per(bytes);
+  };
+  add(master, "FP32 master");
+  add(grads, "FP32 grads");
+  add(optimizer, "AdamW state");
+  text += " = " + per(params + master + grads + optimizer) + " without activations";
+  add(activations, "activations");
+  add(fp8, "FP8 cast copies");
+  add(backend, "backend");
+  return text + " = " + per(total()) + " per rank";
 }
 
 std::string describe_gpu_fit(const GpuMemoryPlan& plan, const std::string& device_name, int64_t device_total) {

@@ -14,11 +14,15 @@
 namespace ptrain {
 
 struct GpuMemoryPlan {
-  int64_t params = 0, master = 0, grads = 0, grad_sums = 0, optimizer = 0, activations = 0, fp8 = 0;
+  int64_t parameters = 1;  // the model's, for bytes per parameter
+  int64_t params = 0, master = 0, grads = 0, optimizer = 0, activations = 0, fp8 = 0;
   int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
   bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU
-  int64_t total() const { return params + master + grads + grad_sums + optimizer + activations + fp8 + backend; }
+  int64_t total() const { return params + master + grads + optimizer + activations + fp8 + backend; }
   std::string describe() const;
+  // Each class in bytes per model parameter, the sum without activations (what Megatron's and
+  // ZeRO's papers count) and the total per rank.
+  std::string describe_per_parameter() const;
 };
 
 // The plan for one rank of spec's world size under distributed.zero_stage, attention taking `attention`.

@@ -295,7 +295,7 @@ void plan_init_from(RunPlan& plan) {
   plan.init_from = InitWeights{std::move(file.params), "llm.c model file, version " + std::to_string(file.version)};
 }
 
-void plan_machine(RunPlan& plan) {
+void plan_machine(RunPlan& plan, int planned_ranks) {
   const Config& c = plan.config;
   // More threads than cores only slows a run down (the results do not depend on the count).
   const int cores = omp_get_num_procs();
@@ -306,6 +306,12 @@ void plan_machine(RunPlan& plan) {
     plan.threads = cores;
   }
   plan.world_size = launcher_world_size();
+  if (planned_ranks > 0) {
+    if (plan.world_size > 1)
+      throw UserError("--ranks: " + std::to_string(planned_ranks) + " ranks planned inside a launch of " +
+                      std::to_string(plan.world_size) + "; expected --ranks without mpirun (one process plans them all)");
+    plan.world_size = planned_ranks;
+  }
   const int64_t B = c.training.micro_batch, T = c.training.effective_seq_len(c.model);
   const int64_t per_rank = B * T * plan.world_size;
   if (c.training.batch_tokens % per_rank != 0)
@@ -367,15 +373,15 @@ void plan_machine(RunPlan& plan) {
 
 std::string MemoryPlan::describe() const {
   return format_mib(total()) + " = " + format_mib(params) + " params + " +
-         (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) + " grads + " +
-         (grad_accumulator ? format_mib(grad_accumulator) + " FP32 gradient sums + " : std::string()) +
-         format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
+         (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
+         " FP32 grads + " + format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
          (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
 }
 
 MemoryPlan plan_memory(const RunSpec& spec) {
   const ModelShape& s = spec.shape;
-  // The phases store weights and gradients alike (bf16 or fp8's bf16): the first's.
+  // The phases store weights alike (bf16 or fp8's bf16): the first's. The CPU stores every
+  // format as floats.
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len;
   const int64_t n = param_count(s) * static_cast<int64_t>(sizeof(float));
@@ -387,19 +393,18 @@ MemoryPlan plan_memory(const RunSpec& spec) {
   return {n,
           policy.has_master_weights() ? n : 0,
           n,
-          policy.grads != Format::fp32 ? n : 0,
           2 * n,
           model_activation_bytes(s, B, T, sizeof(float), spec.recompute) + rope_table_bytes(s, T),
           widest_fp8};
 }
 
-RunPlan plan_run(const Config& config) {
+RunPlan plan_run(const Config& config, int planned_ranks) {
   RunPlan plan;
   plan.config = config;
   plan.run_dir = (fs::path(config.run.out_dir) / config.run.name).string();
   check_creatable(plan.run_dir, kRunDirWhat, kLongestInnerPath);  // the names, before paths below it are looked at
   plan.faults = StepFaults::from_environment();
-  plan_machine(plan);
+  plan_machine(plan, planned_ranks);
   // Which checkpoint to resume from decides whether the run directory is continued, so the
   // checkpoint directory is looked at first (read only).
   const bool auto_resume = config.checkpoint.resume_auto();
@@ -447,8 +452,9 @@ std::string describe_plan(const RunPlan& plan) {
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
   line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " +
-       format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", grads " +
-       format_name(policy.grads) + ", loss scaling " + choice_name(policy.loss_scaling.mode) + ")");
+       format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", their gradients " +
+       format_name(policy.activation_grads) + ", weight gradients fp32, loss scaling " +
+       choice_name(policy.loss_scaling.mode) + ")");
   line("memory estimate: " + plan_memory(plan.spec).describe() + " (micro-batch " + std::to_string(B) + " x " +
        std::to_string(T) + ")");
   if (plan.data.synthetic)

@@ -46,8 +46,8 @@ enum class RunDirAction {
 
 // What the CPU backend allocates for a run: every format is emulated in float storage.
 struct MemoryPlan {
-  int64_t params, master, grads, grad_accumulator, optimizer, activations, fp8;
-  int64_t total() const { return params + master + grads + grad_accumulator + optimizer + activations + fp8; }
+  int64_t params, master, grads, optimizer, activations, fp8;
+  int64_t total() const { return params + master + grads + optimizer + activations + fp8; }
   std::string describe() const;
 };
 MemoryPlan plan_memory(const RunSpec& spec);
@@ -72,7 +72,7 @@ struct RunPlan {
                                         // the resumed one, or all unusable ones when auto starts afresh
   std::optional<InitWeights> init_from;
   int threads = 0;       // CPU threads: training.threads, at most the cores available (0 = all)
-  int world_size = 1;    // ranks, from the launcher's environment
+  int world_size = 1;    // ranks, from the launcher's environment (or planned: train --dry-run --ranks)
   std::vector<std::string> warnings;         // shown at once, and logged once the log exists
   std::vector<std::string> resume_warnings;  // checkpoints resume: auto skipped (shown at once, logged)
   RunSpec spec;                              // the config resolved (after world_size is known)
@@ -80,8 +80,9 @@ struct RunPlan {
 };
 
 // Checks everything and returns the plan, or throws UserError(s) naming each problem (and
-// EnvironmentError for what the machine lacks). Reads, never writes.
-RunPlan plan_run(const Config& config);
+// EnvironmentError for what the machine lacks). Reads, never writes. planned_ranks > 0 plans
+// that many data-parallel ranks in one process (a dry run's --ranks) instead of the launcher's.
+RunPlan plan_run(const Config& config, int planned_ranks = 0);
 
 // What `--dry-run` prints after the resolved config: parameters, memory, data, directories,
 // checkpoint to resume from, what will be created or replaced.

@@ -65,7 +65,8 @@ AttentionChoice choose_attention(const RunPlan& plan, Backend& backend) {
 }
 
 TrainResult train(const Config& config, const TrainOptions& options) {
-  RunPlan plan = plan_run(config);
+  PTRAIN_CHECK(options.planned_ranks == 0 || options.dry_run, "--ranks plans a dry run only");
+  RunPlan plan = plan_run(config, options.planned_ranks);
   const bool main_rank = launcher_rank() == 0;
   {
     RunLog console = main_rank ? RunLog() : RunLog::silent();
@@ -102,7 +103,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
         const GpuMemoryPlan gpu = plan_gpu_memory(plan.spec, config.distributed.zero_stage, attention.path);
         const CudaProbe gpus = devices.backend ? probe_cuda() : probe;  // run.device: auto may have taken one
         const CudaDeviceInfo* here = gpus.devices.empty() ? nullptr : &gpus.devices.front();
-        log.info("GPU memory plan per rank: " + gpu.describe() + "\n" +
+        log.info("GPU memory plan per rank: " + gpu.describe() + "\n  " + gpu.describe_per_parameter() + "\n" +
                  describe_gpu_fit(gpu, here ? "this " + here->name : "", here ? int64_t(here->memory_bytes) : 0));
       }
       log.info("dry run: nothing written");

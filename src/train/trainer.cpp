@@ -85,7 +85,9 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
       attention_(std::move(devices.attention)),
       report_(log_, cfg_, spec_, *comm_, *backend_, plan.data.info),
       model_(spec_.shape, *backend_, DType::f32, spec_.batch.micro_batch, spec_.batch.seq_len, policy_,
-             attention_.path, cfg_.model.fused_gelu, spec_.recompute),
+             attention_.path, cfg_.model.fused_gelu, spec_.recompute,
+             AdamW::master_range(param_count(spec_.shape), cfg_.distributed.zero_stage, comm_->rank(),
+                                 comm_->world_size())),
       optimizer_(model_, *backend_, spec_.adamw, comm_.get(), cfg_.distributed.zero_stage),
       scaler_(policy_.loss_scaling),
       guard_(cfg_.training.guard),
@@ -114,7 +116,7 @@ TrainResult Trainer::run() {
   announce();
   model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
   if (plan_.init_from && !resume_from) {
-    backend_->upload(model_.master_flat(), plan_.init_from->params.data());
+    backend_->upload(model_.master_input_flat(), plan_.init_from->params.data());
     model_.sync_params_from_master();
     log_.info("initialised from " + cfg_.model.init_from + " (" + plan_.init_from->source + ")");
   }
@@ -128,7 +130,6 @@ TrainResult Trainer::run() {
     first_step = resume(*resume_from) + 1;
     resume_from.reset();
   }
-  optimizer_.adopt_master();  // ZeRO-1: from here on each rank keeps only its shard
   report_.announce_ranks(comm_->all_gather(static_cast<double>(optimizer_.state_bytes())),
                          !optimizer_.master_shard().empty());
   const int64_t steps = cfg_.training.steps;
@@ -166,7 +167,7 @@ TrainResult Trainer::run() {
       continue;
     }
     if (step % cfg_.logging.numerics_every == 0 || step == steps)
-      report_.numerics(step, policy_.grads, model_.fp8_tensors());
+      report_.numerics(step, policy_.activation_grads, model_.fp8_tensors());
     if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
     if (samples_ && step % cfg_.logging.sample_every == 0)
       log_.info("sample step " + std::to_string(step) + " (temperature " +

@@ -31,6 +31,7 @@ namespace ptrain {
 
 struct TrainOptions {
   bool dry_run = false;  // validate, print the plan, write nothing
+  int planned_ranks = 0;  // dry run: plan this many data-parallel ranks without a launcher (0: the launcher's)
   int64_t stop_at = 0;   // > 0: after this step, save a checkpoint and stop as if interrupted
   OpProfile* profile = nullptr;  // per-op times of each step (CPU backend; bench --profile)
 };

@@ -138,13 +138,19 @@ std::vector<double> slice(const std::vector<double>& v, size_t from) {
 
 // How closely a run whose global batch is split differently (over ranks or into micro-batches)
 // follows. The micro-batches' gradients are the same; they are summed in FP32 in every mode
-// (reduced-precision gradients are rounded per micro-batch, then added into FP32 sums), and the
-// ranks' sums are added in rank order, so only the association of FP32 additions can differ:
-// the last bits of a few gradients. The bar is 1e-6 relative on the loss, in every mode.
+// (each added into the FP32 gradient buffer as the backward pass computes it), and the ranks'
+// sums are added in rank order, so only the association of FP32 additions can differ:
+// the last bits of a few gradients: 1e-6 relative on the loss in fp32 (bf16's below).
 // A wrong data split moves the very first step's loss, which must match exactly; a wrong
 // gradient average shows in the gradient norm.
 constexpr double kLayoutLossTolerance = 1e-6;
 constexpr double kLayoutNormTolerance = 1e-5;
+// bf16's GEMMs read the master weights rounded to bf16: where an FP32 summation order moves a
+// master weight across a rounding boundary, its bf16 copy moves by one ulp (2^-8 relative). A few
+// such weights per step move the loss by parts in 10^5 (1.8e-5 measured after 8 steps) and the
+// norm by parts in 10^4; a wrong gradient average would move the norm by a factor.
+constexpr double kBf16LayoutLossTolerance = 2e-4;
+constexpr double kBf16LayoutNormTolerance = 4e-3;
 
 // The parameter count the run log states ("model: GPT-2 ... | 123,456 parameters"); -1 if absent.
 int64_t parameter_count(const std::string& log) {
@@ -220,17 +226,14 @@ TEST_CASE("2 ranks equal 1 rank on the same global batch", "[mpi]") {
       CHECK(b.loss[0] == a.loss[0]);
       const double loss_diff = max_relative_difference(b.loss, a.loss);
       const double norm_diff = max_relative_difference(b.grad_norm, a.grad_norm);
-      CHECK(loss_diff <= kLayoutLossTolerance);
-      CHECK(norm_diff <= kLayoutNormTolerance);
-      CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLayoutLossTolerance);
-      // bf16 rounds each micro-batch's gradients before the FP32 sums, which then add the same
-      // values in the same order however the batch is split: the losses are bit for bit the
-      // same, as the README says (the logged norm sums its squares per ZeRO shard, so only its
-      // last bits may move). fp32 accumulates a rank's micro-batches inside its GEMMs (beta = 1).
-      if (mode == "bf16") {
-        CHECK(b.loss == a.loss);
-        CHECK(b.val_loss == a.val_loss);
-      }
+      const bool bf16 = mode == "bf16";
+      const double loss_tolerance = bf16 ? kBf16LayoutLossTolerance : kLayoutLossTolerance;
+      CHECK(loss_diff <= loss_tolerance);
+      CHECK(norm_diff <= (bf16 ? kBf16LayoutNormTolerance : kLayoutNormTolerance));
+      CHECK(max_relative_difference(b.val_loss, a.val_loss) <= loss_tolerance);
+      // In every mode a rank adds its micro-batches' weight gradients into its FP32 buffer
+      // inside the GEMMs (beta = 1), and the ranks' sums are added after: the split changes the
+      // FP32 summation order, so later steps agree to the tolerance above, not bit for bit.
     }
 }
 
@@ -339,9 +342,9 @@ TEST_CASE("2-rank runs resume exactly", "[mpi]") {
     INFO("steps 6..10, 1 rank resumed | 2 ranks straight:\n" << side_by_side(t.loss, tail));
     REQUIRE(t.loss.size() == 5);
     // Step 6 runs the restored weights: exactly the straight run's. Later steps accumulate the
-    // two micro-batches on one rank (see kLayoutLossTolerance).
+    // two micro-batches on one rank (see kBf16LayoutLossTolerance: this run is bf16).
     CHECK(t.loss[0] == tail[0]);
-    CHECK(max_relative_difference(t.loss, tail) <= kLayoutLossTolerance);
+    CHECK(max_relative_difference(t.loss, tail) <= kBf16LayoutLossTolerance);
   }
   {
     INFO("resumed on 2 ranks under ZeRO-0: the shards joined, every rank holding all of them");
@@ -587,12 +590,15 @@ TEST_CASE("fp8 delayed scaling agrees across ranks", "[mpi]") {
   REQUIRE(b.loss.size() == 6);
   // Each rank's amaxes are max-reduced before the history moves on, so every rank's scales are
   // those of one rank that saw the whole batch; without that, each rank would scale by its own
-  // half, and from step 2 on the activations would be rounded to FP8 under other scales, a
-  // difference far above this tolerance (see kLayoutLossTolerance).
+  // half, and from step 2 on the activations would be rounded to FP8 under other scales: 2.1e-4
+  // on the loss and 1.2e-2 on the norm, measured with the reduction switched off. With it the
+  // runs differ only where the FP32 gradient sums' order moves a bf16 weight by an ulp (see
+  // kBf16LayoutLossTolerance; 0 measured here), which these bounds leave room for.
+  constexpr double kLossTolerance = 5e-5, kNormTolerance = 1e-3;
   CHECK(b.loss[0] == a.loss[0]);
-  CHECK(max_relative_difference(b.loss, a.loss) <= kLayoutLossTolerance);
-  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kLayoutNormTolerance);
-  CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLayoutLossTolerance);
+  CHECK(max_relative_difference(b.loss, a.loss) <= kLossTolerance);
+  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kNormTolerance);
+  CHECK(max_relative_difference(b.val_loss, a.val_loss) <= kLossTolerance);
 }
 
 }  // namespace

@@ -640,6 +640,71 @@ TEST_CASE("gpu: ops stage operands of other dtypes and round outputs stored wide
   }
 }
 
+// The model's weight gradients are FP32 (the main gradients) beside bf16 or fp16 activations:
+// every backward op adds into them as they are, with no staged copy rounded to the activations'
+// type, from gradients that already hold a sum (a later micro-batch). Widths off the 16-byte
+// chunk and rows of odd length take the kernels' partial-chunk paths.
+TEST_CASE("gpu: backward ops add into FP32 weight gradients beside 16-bit activations as the CPU backend does",
+          "[gpu]") {
+  const Format fp32 = Format::fp32;
+  const Tolerance sums = op_tolerance(fp32);
+  for (const Format f : {Format::bf16, Format::fp16})
+    for (const int n : kSizes) {
+      INFO(format_name(f) << " C=" << n);
+      const int rows = 37;
+      const size_t c = size_t(n), rc = size_t(rows) * c;
+      Twin inp({rows, n}, f, on_grid(rc, 81, 2.0f, f)), dout({rows, n}, f, on_grid(rc, 82, 1.0f, f));
+      Twin w({n}, f, on_grid(c, 83, 1.0f, f)), b({n}, f, on_grid(c, 84, 1.0f, f));
+      Twin out({rows, n}, f, zeros(rc)), mean({rows}, fp32, zeros(rows)), rstd({rows}, fp32, zeros(rows));
+      Twin dinp({rows, n}, f, zeros(rc));
+      Twin dw({n}, fp32, on_grid(c, 85, 0.5f, fp32), DType::f32), db({n}, fp32, on_grid(c, 86, 0.5f, fp32), DType::f32);
+      cpu().layernorm_forward(out.cpu_view(), mean.cpu_view(), rstd.cpu_view(), inp.cpu_view(), w.cpu_view(),
+                              b.cpu_view());
+      gpu().layernorm_forward(out.device_view(), mean.device_view(), rstd.device_view(), inp.device_view(),
+                              w.device_view(), b.device_view());
+      cpu().layernorm_backward(dinp.cpu_view(), dw.cpu_view(), db.cpu_view(), dout.cpu_view(), inp.cpu_view(),
+                               w.cpu_view(), mean.cpu_view(), rstd.cpu_view());
+      gpu().layernorm_backward(dinp.device_view(), dw.device_view(), db.device_view(), dout.device_view(),
+                               inp.device_view(), w.device_view(), mean.device_view(), rstd.device_view());
+      expect_close("layernorm_backward dweight (f32)", dw, sums);
+      expect_close("layernorm_backward dbias (f32)", db, sums);
+      // RMSNorm's weight gradient.
+      Twin rms({rows}, fp32, zeros(rows)), rdinp({rows, n}, f, zeros(rc));
+      Twin rdw({n}, fp32, on_grid(c, 87, 0.5f, fp32), DType::f32);
+      cpu().rmsnorm_forward(out.cpu_view(), rms.cpu_view(), inp.cpu_view(), w.cpu_view(), 1e-5f);
+      gpu().rmsnorm_forward(out.device_view(), rms.device_view(), inp.device_view(), w.device_view(), 1e-5f);
+      cpu().rmsnorm_backward(rdinp.cpu_view(), rdw.cpu_view(), dout.cpu_view(), inp.cpu_view(), w.cpu_view(),
+                             rms.cpu_view());
+      gpu().rmsnorm_backward(rdinp.device_view(), rdw.device_view(), dout.device_view(), inp.device_view(),
+                             w.device_view(), rms.device_view());
+      expect_close("rmsnorm_backward dweight (f32)", rdw, sums);
+      // A bias gradient, and a linear layer's weight and bias gradients (FP32 C/D, beta 1).
+      Twin dbias({n}, fp32, on_grid(c, 88, 0.5f, fp32), DType::f32);
+      cpu().bias_backward(dbias.cpu_view(), dout.cpu_view());
+      gpu().bias_backward(dbias.device_view(), dout.device_view());
+      expect_close("bias_backward (f32)", dbias, sums);
+      Twin weight({5, n}, f, on_grid(5 * c, 89, 1.0f, f)), lin_out({rows, 5}, f, on_grid(size_t(rows) * 5, 90, 1.0f, f));
+      Twin dweight({5, n}, fp32, on_grid(5 * c, 91, 0.5f, fp32), DType::f32);
+      Twin dlin_bias({5}, fp32, on_grid(5, 92, 0.5f, fp32), DType::f32);
+      cpu().matmul_backward(Tensor(), dweight.cpu_view(), dlin_bias.cpu_view(), lin_out.cpu_view(), inp.cpu_view(),
+                            weight.cpu_view());
+      gpu().matmul_backward(Tensor(), dweight.device_view(), dlin_bias.device_view(), lin_out.device_view(),
+                            inp.device_view(), weight.device_view());
+      expect_close("matmul_backward dweight (f32)", dweight, gemm_tolerance(fp32));
+      expect_close("matmul_backward dbias (f32)", dlin_bias, sums);
+      // The embeddings' gradients, rows scattered by token.
+      const int B = 2, T = 5, V = 11;
+      Tokens tokens({B, T}, random_tokens(size_t(B) * T, V, 93));
+      Twin edout({B, T, n}, f, on_grid(size_t(B) * T * c, 94, 1.0f, f));
+      Twin dwte({V, n}, fp32, on_grid(size_t(V) * c, 95, 0.5f, fp32), DType::f32);
+      Twin dwpe({T, n}, fp32, on_grid(size_t(T) * c, 96, 0.5f, fp32), DType::f32);
+      cpu().embedding_backward(dwte.cpu_view(), dwpe.cpu_view(), edout.cpu_view(), tokens.cpu_view());
+      gpu().embedding_backward(dwte.device_view(), dwpe.device_view(), edout.device_view(), tokens.device_view());
+      expect_close("embedding_backward dwte (f32)", dwte, sums);
+      expect_close("embedding_backward dwpe (f32)", dwpe, sums);
+    }
+}
+
 // ---------------------------------------------------------------------------- reductions
 
 TEST_CASE("gpu: sum, sum_squares and amax match the CPU backend", "[gpu]") {

@@ -1,8 +1,12 @@
 // Data-parallel training on two GPUs: the NCCL communicator (bootstrapped over MPI, one GPU per
 // rank) under mpirun, against one GPU on the same global batch. NCCL sums in its own order
-// (rings, trees), not the CPU communicator's rank order, so the comparison allows FP32 rounding
-// of the gradient sums; ZeRO-1 (reduce-scatter, all-gather) against ZeRO-0 (all-reduce
-// overlapped with the backward pass) likewise. Skipped with fewer than two GPUs.
+// (rings, trees), not the CPU communicator's rank order, and one GPU adds its micro-batches'
+// FP32 weight gradients one after another where two add per-GPU sums, so the comparison allows
+// the FP32 rounding of the gradient sums as bf16's weights show it (a master weight's changed
+// last bit can move its bf16 copy by one ulp: parts in 10^5 of the loss on the CPU, where the
+// same bound holds; see tests/dist/test_distributed.cpp); ZeRO-1 (reduce-scatter, all-gather)
+// against ZeRO-0 (all-reduce overlapped with the backward pass) likewise. Skipped with fewer
+// than two GPUs.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -49,8 +53,9 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 and ZeRO-1"
   const auto one = gpu_losses(dir, 1, "one", 0);
   const auto two = gpu_losses(dir, 2, "two", 0);
   const auto two_zero1 = gpu_losses(dir, 2, "two-zero1", 1);
-  expect_close(two, one, 1e-5);
-  expect_close(two_zero1, two, 1e-5);
+  // The CPU's 2-rank bf16 bound (kBf16LayoutLossTolerance in tests/dist/test_distributed.cpp).
+  expect_close(two, one, 2e-4);
+  expect_close(two_zero1, two, 2e-4);
   fs::remove_all(dir);
 }
 

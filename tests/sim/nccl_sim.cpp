@@ -14,8 +14,9 @@
 //    calls that carry them meet.
 //  - Buffers must be device memory (NCCL's argument check returns ncclInvalidArgument for a host
 //    pointer); ncclReduce reads recvbuff only on the root and ncclBroadcast sendbuff only on
-//    the root, so those may be null elsewhere. In-place operation (sendbuff == recvbuff, or the
-//    rank's slice of recvbuff for AllGather) is allowed.
+//    the root, so those may be null elsewhere. In-place operation (sendbuff == recvbuff, the
+//    rank's slice of recvbuff for AllGather, recvbuff the rank's slice of sendbuff for
+//    ReduceScatter) is allowed.
 //  - Counts: ncclReduceScatter's is the per-rank count (sendbuff holds count * nranks);
 //    ncclAllGather's the per-rank sendcount (recvbuff holds sendcount * nranks).
 //  - NCCL sums in the element type: each addition of a reduction rounds to it (a bf16 sum lands

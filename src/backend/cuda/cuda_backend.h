@@ -6,7 +6,8 @@
 // else (fp32, and the dequantised FP8 buffers of format e4m3/e5m2) as f32; f64 is refused
 // (storage_for). Ops accept operands of mixed float dtypes (e.g. f32 FP8 operands with a bf16
 // output): an operand whose dtype is not the one the op computes in is converted into scratch
-// first, an output is written through scratch and converted back, rounded to its format.
+// first, an output is written through scratch and converted back, rounded to its format; FP32
+// weight gradients beside 16-bit activations are added into as they are.
 //
 // Memory: one device arena, reserved by a single cudaMalloc when the backend is made, from
 // which allocate() hands out zeroed, 256-byte aligned blocks (first fit, freed blocks are

@@ -20,10 +20,11 @@
 //
 // Why this shape:
 //  - Mixed dtypes. The model hands the backend f32 FP8 buffers (dequantised values) next to bf16
-//    activations, f32 master weights next to bf16 gradients. Each op computes in one storage
-//    type (the kernels are templates over one T); an operand of another dtype is converted into
-//    a staging buffer first, and an output of another dtype is written to a staging buffer and
-//    converted back (Staged). The common, uniform case stages nothing.
+//    activations, and FP32 weight gradients next to bf16 activations. Each op computes in one
+//    storage type T; an operand of another dtype is converted into a staging buffer first, and
+//    an output of another dtype is written to a staging buffer and converted back (Staged). The
+//    one exception is an FP32 weight gradient: the backward kernels take its type G apart from T
+//    and add into it as it is (op_common.h, gradient_dtype). The common case stages nothing.
 //  - Rounding to Tensor::format. bf16 / f16 storage rounds once as the kernels write. A tensor
 //    stored wider than its format (f32 storage of bf16 values, the CPU backend's emulation) is
 //    rounded in place after the op, with the same NVIDIA conversions, so the bits are the CPU's.

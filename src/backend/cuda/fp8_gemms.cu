@@ -71,8 +71,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     return spec;
   }
 
-  // Whether cuBLASLt on this GPU runs the three GEMMs with these formats (bf16 outputs, as the
-  // model's FP8 layers write) on this layer's buffers; if not, *why says which it refused. Each is
+  // Whether cuBLASLt on this GPU runs the three GEMMs with these formats (bf16 outputs and the
+  // FP32 weight gradient, as the model's FP8 layers write) on this layer's buffers; if not, *why says which it refused. Each is
   // asked of the heuristic and then launched once, into a scratch output (the operands are still
   // zero): cuBLASLt can refuse at launch what its heuristic offered, and a refusal inside a step
   // would end the run, where one here leaves the layer to the emulation.
@@ -83,11 +83,11 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
       CudaBackend& be;
       void* p;
       ~Scratch() { be.release(p); }
-    } scratch{be_, be_.allocate(outputs * dtype_size(DType::bf16))};
+    } scratch{be_, be_.allocate(outputs * dtype_size(DType::f32))};
     const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
         {"forward", {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(scratch.p)}},
         {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(scratch.p)}},
-        {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), wgrad_args(scratch.p)}}};
+        {"wgrad", {wgrad_spec(rows_, C_, OC_, backward, forward, DType::f32, scaling_), wgrad_args(scratch.p)}}};
     for (const auto& [name, gemm] : gemms)
       if (const std::string problem = be_.matmul_->probe(gemm.first, gemm.second, be_.stream_); !problem.empty()) {
         *why = std::string("cuBLASLt on this GPU cannot run the ") + name + " GEMM: " + problem;
@@ -338,8 +338,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
 };
 
-// The model's FP8 operands are bf16 (or f32) in device memory and its outputs bf16, fp16 or
-// f32: cuBLASLt takes all of them. What can refuse is the shape (FP8 leading dimensions must
+// The model's FP8 operands are bf16 (or f32) in device memory, its outputs bf16, fp16 or f32 and
+// its weight gradients the FP32 main gradients: cuBLASLt takes all of them. What can refuse is the shape (FP8 leading dimensions must
 // be multiples of 16 bytes; block scaling wants multiples of 128) and, for block scaling, the
 // GPU and cuBLASLt version (Hopper, cuBLASLt >= 12.9): each GEMM the layer will run is
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
@@ -354,7 +354,7 @@ std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, i
   }
   for (const GemmSpec& spec : {CudaFp8Gemms::forward_spec(rows, C, OC, forward, forward, DType::bf16, scaling),
                                CudaFp8Gemms::dgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling),
-                               CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::bf16, scaling)})
+                               CudaFp8Gemms::wgrad_spec(rows, C, OC, backward, forward, DType::f32, scaling)})
     if (const std::string problem = gemm_spec_problem(spec); !problem.empty()) {
       *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
       return nullptr;

@@ -71,6 +71,19 @@ void with_float_type(DType t, const char* op, Fn&& fn) {
   }
 }
 
+// Parameter gradients. An op adds into FP32 gradients (the main gradients, Transformer::grad)
+// as they are, whatever dtype it computes in: no staged copy and no rounding to the activations'
+// type. Gradients of another dtype are staged to the op's dtype `dt` as any operand is.
+inline DType gradient_dtype(const Tensor& grad, DType dt) { return grad.dtype == DType::f32 ? DType::f32 : dt; }
+// Calls fn(Tag<G>{}) with G float for FP32 gradients (gradient_dtype), else T.
+template <typename T, typename Fn>
+void with_gradient_type(DType g, Fn&& fn) {
+  if (g == DType::f32)
+    fn(Tag<float>{});
+  else
+    fn(Tag<T>{});
+}
+
 // Names the element type of a with_float_type callback (and marks its tag as used).
 #define PTRAIN_ELEMENT_TYPE(T, tag)       \
   using T = typename decltype(tag)::type; \

@@ -55,12 +55,15 @@ void CudaBackend::embedding_backward(Tensor dwte, Tensor dwpe, Tensor dout, Tens
   PTRAIN_EXPECT(buckets.max_id < dwte.dim(0), op,
                 "token id " + std::to_string(buckets.max_id) + " is not below the " + std::to_string(dwte.dim(0)) +
                     " rows of the token embedding (vocabulary size)");
-  const DType dt = dout.dtype;
+  const DType dt = dout.dtype, gt = gradient_dtype(dwte, dt);
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor te = st.out(dwte, dt, true), pe = dwpe.empty() ? Tensor() : st.out(dwpe, dt, true);
-    kernels::encoder_backward<T>(te.as<T>(), pe.empty() ? nullptr : pe.as<T>(), dout.as<T>(), buckets.packed, static_cast<int>(B),
-                                 static_cast<int>(Tn), to_int(C, op, "C"), stream_);
+    const Tensor te = st.out(dwte, gt, true), pe = dwpe.empty() ? Tensor() : st.out(dwpe, gt, true);
+    with_gradient_type<T>(gt, [&](auto grad_tag) {
+      PTRAIN_ELEMENT_TYPE(G, grad_tag);
+      kernels::encoder_backward<T, G>(te.as<G>(), pe.empty() ? nullptr : pe.as<G>(), dout.as<T>(), buckets.packed,
+                                      static_cast<int>(B), static_cast<int>(Tn), to_int(C, op, "C"), stream_);
+    });
   });
 }
 
@@ -96,14 +99,17 @@ void CudaBackend::layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, 
   PTRAIN_EXPECT(dinp.data != dout.data, op, "dinp must not alias dout");
   if (N == 0) return;
   const int n = to_int(N, op, "rows"), c = to_int(C, op, "C");
-  const DType dt = inp.dtype;
+  const DType dt = inp.dtype, gt = gradient_dtype(dweight, dt);
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor di = st.out(dinp, dt, true), dw = st.out(dweight, dt, true), db = st.out(dbias, dt, true);
+    const Tensor di = st.out(dinp, dt, true), dw = st.out(dweight, gt, true), db = st.out(dbias, gt, true);
     const Tensor d = st.in(dout, dt), w = st.in(weight, dt);
     float* partial = scratch_floats(kPartials, kernels::layernorm_backward_scratch_floats(n, c));
-    kernels::layernorm_backward<T>(di.as<T>(), dw.as<T>(), db.as<T>(), partial, d.as<T>(), inp.as<T>(), w.as<T>(),
-                                   mean.as<float>(), rstd.as<float>(), n, c, stream_);
+    with_gradient_type<T>(gt, [&](auto grad_tag) {
+      PTRAIN_ELEMENT_TYPE(G, grad_tag);
+      kernels::layernorm_backward<T, G>(di.as<T>(), dw.as<G>(), db.as<G>(), partial, d.as<T>(), inp.as<T>(),
+                                        w.as<T>(), mean.as<float>(), rstd.as<float>(), n, c, stream_);
+    });
   });
 }
 

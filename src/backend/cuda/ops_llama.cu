@@ -46,14 +46,17 @@ void CudaBackend::rmsnorm_backward(Tensor dinp, Tensor dweight, Tensor dout, Ten
   PTRAIN_EXPECT(dinp.data != dout.data, op, "dinp must not alias dout");
   if (N == 0) return;
   const int n = to_int(N, op, "rows"), c = to_int(C, op, "C");
-  const DType dt = inp.dtype;
+  const DType dt = inp.dtype, gt = gradient_dtype(dweight, dt);
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor di = st.out(dinp, dt, true), dw = st.out(dweight, dt, true);
+    const Tensor di = st.out(dinp, dt, true), dw = st.out(dweight, gt, true);
     const Tensor d = st.in(dout, dt), w = st.in(weight, dt);
     float* partial = scratch_floats(kPartials, kernels::rmsnorm_backward_scratch_floats(n, c));
-    kernels::rmsnorm_backward<T>(di.as<T>(), dw.as<T>(), partial, d.as<T>(), inp.as<T>(), w.as<T>(),
-                                 rstd.as<float>(), n, c, stream_);
+    with_gradient_type<T>(gt, [&](auto grad_tag) {
+      PTRAIN_ELEMENT_TYPE(G, grad_tag);
+      kernels::rmsnorm_backward<T, G>(di.as<T>(), dw.as<G>(), partial, d.as<T>(), inp.as<T>(), w.as<T>(),
+                                      rstd.as<float>(), n, c, stream_);
+    });
   });
 }
 
@@ -92,14 +95,17 @@ void CudaBackend::qk_norm_backward(Tensor dinp, Tensor dq_weight, Tensor dk_weig
   if (N == 0) return;
   const int n = to_int(N, op, "rows"), nh = to_int(h.n_head, op, "n_head"), kv = to_int(h.n_kv_head, op, "n_kv_head"),
             hs = to_int(h.head_size, op, "head size");
-  const DType dt = inp.dtype;
+  const DType dt = inp.dtype, gt = gradient_dtype(dq_weight, dt);
   run_staged(op, dt, [&](Staged& st, auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    const Tensor di = st.out(dinp, dt, true), dqw = st.out(dq_weight, dt, true), dkw = st.out(dk_weight, dt, true);
+    const Tensor di = st.out(dinp, dt, true), dqw = st.out(dq_weight, gt, true), dkw = st.out(dk_weight, gt, true);
     const Tensor d = st.in(dout, dt), qw = st.in(q_weight, dt), kw = st.in(k_weight, dt);
     float* partial = scratch_floats(kPartials, kernels::qk_norm_backward_scratch_floats(n, nh, hs));
-    kernels::qk_norm_backward<T>(di.as<T>(), dqw.as<T>(), dkw.as<T>(), partial, d.as<T>(), inp.as<T>(), qw.as<T>(),
-                                 kw.as<T>(), rstd.as<float>(), n, nh, kv, hs, stream_);
+    with_gradient_type<T>(gt, [&](auto grad_tag) {
+      PTRAIN_ELEMENT_TYPE(G, grad_tag);
+      kernels::qk_norm_backward<T, G>(di.as<T>(), dqw.as<G>(), dkw.as<G>(), partial, d.as<T>(), inp.as<T>(),
+                                      qw.as<T>(), kw.as<T>(), rstd.as<float>(), n, nh, kv, hs, stream_);
+    });
   });
 }
 

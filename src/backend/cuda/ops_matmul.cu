@@ -215,17 +215,20 @@ bool CudaBackend::gelu_epilogue_fits(std::initializer_list<const Tensor*> operan
   return bias.empty() || (fits(bias) && reinterpret_cast<uintptr_t>(bias.data) % 16 == 0);
 }
 
-// dbias(OC) += column sums of dout(N, OC), in dout's dtype (kernels::bias_backward: partial
-// sums per 32 rows, then the slices in order).
+// dbias(OC) += column sums of dout(N, OC), read in dout's dtype (kernels::bias_backward: partial
+// sums per 32 rows, then the slices in order) and added into FP32 gradients as they are.
 void CudaBackend::bias_backward_into(Staged& st, const Tensor& dbias, const Tensor& dout, int64_t N, int64_t OC) {
   const char* op = "bias_backward";
   const int n = to_int(N, op, "rows"), oc = to_int(OC, op, "OC");
-  const DType dt = dout.dtype;
-  const Tensor db = st.out(dbias, dt, true);
+  const DType dt = dout.dtype, gt = gradient_dtype(dbias, dt);
+  const Tensor db = st.out(dbias, gt, true);
   float* partial = scratch_floats(kPartials, kernels::bias_backward_scratch_floats(n, oc));
   with_float_type(dt, op, [&](auto tag) {
     PTRAIN_ELEMENT_TYPE(T, tag);
-    kernels::bias_backward<T>(db.as<T>(), partial, dout.as<T>(), n, oc, stream_);
+    with_gradient_type<T>(gt, [&](auto grad_tag) {
+      PTRAIN_ELEMENT_TYPE(G, grad_tag);
+      kernels::bias_backward<T, G>(db.as<G>(), partial, dout.as<T>(), n, oc, stream_);
+    });
   });
 }
 
