@@ -208,7 +208,7 @@ print_plan() {
       ;;
     speed)
       echo "  each row: configs/bench-gpu/CONFIG.yaml --set ...; tokens/s, model TFLOP/s, MFU against the data"
-      echo "    sheet's dense peak, peak memory, the attention path and how many GEMMs ran native FP8"
+      echo "    sheet's dense peak, peak memory beside the dry run's plan, the attention path and how many GEMMs ran native FP8"
       ;;
     sanitize)
       echo "  memcheck --nvtx yes (arena blocks registered as NVTX regions, so a write past a block is seen) on"
@@ -562,12 +562,16 @@ run_first() {
 bench_field() {  # bench_field LOG KEY N: the Nth field from the end of the last line of LOG holding KEY
   awk -v key="$2" -v n="$3" 'index($0, key) { v = $(NF - n) } END { print v }' "$1"
 }
+memory_field() {  # memory_field LOG WORD: the field after WORD on bench's "peak device memory" line (peak, plan)
+  awk -v word="$2" '/peak device memory/ { for (i = 1; i < NF; ++i) if ($i == word) v = $(i + 1) } END { print v }' "$1"
+}
 
 run_speed() {
   echo
   echo "== benchmark rows (medians over steps 2-8; MFU against the data sheet's dense peak)"
   local table="$out/$stage-bench.txt" row label config expected sets s log left=""
-  printf '%-30s %10s %9s %7s %9s %-9s %s\n' row "tokens/s" "TFLOP/s" "MFU %" "peak GiB" attention "native fp8" >"$table"
+  printf '%-30s %10s %9s %7s %9s %9s %-9s %s\n' row "tokens/s" "TFLOP/s" "MFU %" "peak GiB" "plan GiB" attention \
+    "native fp8" >"$table"
   timed=true
   while IFS= read -r row; do
     label="${row%%|*}"
@@ -582,9 +586,9 @@ run_speed() {
     step "bench $label" "$expected" "$limit_bench" "$bin/ptrain" bench "configs/bench-gpu/$config.yaml" \
       --set "run.out_dir=$work/runs" "${sets[@]}"
     log="$step_log"
-    printf '%-30s %10s %9s %7s %9s %-9s %s\n' "$label" "$(bench_field "$log" 'tokens/s' 0)" \
+    printf '%-30s %10s %9s %7s %9s %9s %-9s %s\n' "$label" "$(bench_field "$log" 'tokens/s' 0)" \
       "$(bench_field "$log" 'model FLOP/s' 6)" "$(bench_field "$log" 'MFU, bf16 peak' 1)" \
-      "$(bench_field "$log" 'peak device memory' 1)" \
+      "$(memory_field "$log" memory)" "$(memory_field "$log" '(plan')" \
       "$(grep -m1 -o 'attention: [a-z]*' "$log" | cut -d' ' -f2)" \
       "$(grep -m1 -o 'fp8: [0-9]* of [0-9]*' "$log" | cut -d' ' -f2,4 | tr ' ' /)" >>"$table"
   done < <(stage_rows "$stage")

@@ -157,6 +157,14 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
           std::string::npos);
     CHECK((r.output.find("ranks: 8") != std::string::npos) == (c.ranks == 8));
   }
+  // On 8 ranks with ZeRO-1 the model fits an 80 GB H100 in bf16, and in FP8: its layers share
+  // the output gradient's codes, and under recomputed blocks their inputs' codes too.
+  for (const char* mode : {"bf16", "fp8"}) {
+    const CommandResult r = run_ptrain(std::string("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 "
+                                                   "--set precision.mode=") + mode, tmp.dir);
+    INFO(r.output);
+    CHECK(r.output.find("an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): fits") != std::string::npos);
+  }
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
   // --ranks plans a dry run; it is not a way to train without a launcher.
   expect_bad_input(run_ptrain("train 8b.yaml --ranks 8", tmp.dir), {"--ranks", "--dry-run"});

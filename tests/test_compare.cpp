@@ -166,6 +166,28 @@ TEST_CASE("compare trains each mode, and the report's numbers are those of the r
   CHECK(bf16_row.find(format_number("%.2fx", speedup)) != std::string::npos);
   CHECK(bf16_row.find(format_number("(step %.0f)", static_cast<double>(divergence_step))) != std::string::npos);
 
+  // Each mode's GPU memory is the plan `ptrain train --dry-run` prints for its run on a GPU,
+  // beside the host's measured peak, and the verdict names it.
+  CHECK(md.find("| peak host memory MiB | GPU plan MiB per rank | GPU plan B/param without activations |") !=
+        std::string::npos);
+  for (const auto& [mode, dir] : {std::pair{"fp32", fp32_dir}, std::pair{"bf16", bf16_dir}}) {
+    const CommandResult dry =
+        run_ptrain("train " + (dir / "config.yaml").string() + " --dry-run --set run.device=cuda", ws.dir);
+    INFO(dry.output);
+    REQUIRE(dry.exit_code == 0);
+    const size_t plan = dry.output.find("GPU memory plan per rank: ");
+    REQUIRE(plan != std::string::npos);
+    const std::string mib = dry.output.substr(plan + 26, dry.output.find(" MiB", plan) - plan - 26);
+    const size_t state_end = dry.output.find(" without activations", plan);
+    const std::string state = dry.output.substr(dry.output.rfind(' ', state_end - 1) + 1,
+                                                state_end - dry.output.rfind(' ', state_end - 1) - 1);
+    const size_t speed_row = md.find(std::string("| ") + mode + " |", md.find("## Speed and memory"));
+    const std::string row = md.substr(speed_row, md.find('\n', speed_row) - speed_row);
+    INFO(row);
+    CHECK(row.find("| " + mib + " | " + state + " |") != std::string::npos);
+  }
+  CHECK(md.find("its GPU memory plan is ") != std::string::npos);
+
   // A second compare replaces the report only with --force, and then finds both runs finished
   // and trains nothing.
   const CommandResult refused = run_ptrain("compare tiny.yaml --modes fp32,bf16 --out out", ws.dir);
@@ -307,9 +329,9 @@ TEST_CASE("compare's verdict paragraph states time to target, final val loss, me
   INFO(v);
   CHECK(v ==
         "fp8:current reached fp32's final val loss (2.0000) 2.40x sooner than fp32 (12.5 s of training against 30.0 s); "
-        "its final val loss is 0.50% higher; peak memory 20% lower; throughput 2.00x fp32's. "
+        "its final val loss is 0.50% higher; measured host resident memory 20% lower; throughput 2.00x fp32's. "
         "bf16 never reached fp32's final val loss (2.0000) in its 30 steps (its lowest val loss: 2.1000); "
-        "its final val loss is 5.00% higher; peak memory 10% higher; throughput 1.00x fp32's. "
+        "its final val loss is 5.00% higher; measured host resident memory 10% higher; throughput 1.00x fp32's. "
         "Regressed beyond the 2% tolerance: bf16. Times to target are interpolated between evaluations, every 10 steps.");
   // The report leads with it, and the table says "never" for bf16.
   const std::string md = report_markdown(c);
@@ -324,6 +346,16 @@ TEST_CASE("compare's verdict paragraph states time to target, final val loss, me
   CHECK(*own.results[1].time_to_target_s == 13.75);
   CHECK(verdict_paragraph(own).find("fp8:current reached the target val loss 1.8000 after 13.8 s of training, where "
                                     "fp32 never did") == 0);
+  // Given each mode's GPU plan, the verdict names what the mode saves on a GPU.
+  RunRecord planned_fp32 = made_up_run("fp32", {4.0, 3.0, 2.5, 2.0}, 1.0, 1000),
+            planned_bf16 = made_up_run("bf16", {4.0, 3.0, 2.5, 2.0}, 1.0, 1000);
+  planned_fp32.gpu_plan_mib = 400;
+  planned_fp32.gpu_plan_state_bytes_per_param = 16;
+  planned_bf16.gpu_plan_mib = 300;
+  planned_bf16.gpu_plan_state_bytes_per_param = 18;
+  CHECK_THAT(verdict_paragraph(compare_runs({planned_fp32, planned_bf16}, "fp32", 2.0)),
+             Catch::Contains("; its GPU memory plan is 25% lower (300.0 MiB per rank against 400.0; 18.00 bytes per "
+                             "parameter against 16.00 without activations); measured host resident memory the same;"));
   // The time chart marks the target and where each mode reached it.
   const std::string chart = loss_time_chart_svg(c);
   CHECK(count_of(chart, "class=\"target\"") == 1);

@@ -652,7 +652,7 @@ TEST_CASE("the nesting pre-check counts levels as YAML nests them, and refuses o
   for (int level = 0; level < 200; ++level) lists += std::string(static_cast<size_t>(level), ' ') + "-\n";
   CHECK_THAT(nesting(lists), Catch::Contains("nested more than 128 levels deep"));
   const std::string deep = std::string(40, '[') + std::string(40, ']');
-  for (const std::string& before : {"run: ", "run: &a ", "run: !!seq ", "run:\t", "--- ", "run:\n  - "}) {
+  for (const std::string before : {"run: ", "run: &a ", "run: !!seq ", "run:\t", "--- ", "run:\n  - "}) {
     INFO(before);
     CHECK_THAT(nesting(before + deep + "\n"), Catch::Contains("nests [ ] or { } more than 32 levels deep"));
   }

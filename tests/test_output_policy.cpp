@@ -39,7 +39,7 @@ TEST_CASE("commands that write a path they are given never overwrite what they d
       run + "/metrics.jsonl", "data/train_000000.bin", "synth/synthetic.json", "prepared/ptrain-tokenizer.json",
       "run.yaml", "mine/notes.txt"};
   for (const std::string& target : not_theirs) {
-    for (const std::string& force : {"", " --force"}) {
+    for (const std::string force : {"", " --force"}) {
       INFO(target << force);
       expect_refused(ws, before, ws.ptrain("export --checkpoint " + ws.ck + " --out " + target + force), 2, {"--out"});
       expect_refused(ws, before, ws.ptrain("eval run.yaml --checkpoint " + ws.ck + " --dump-logits " + target + force), 2,
@@ -49,7 +49,7 @@ TEST_CASE("commands that write a path they are given never overwrite what they d
   // Directories: a run, a checkpoint, a data directory, a user's directory, or a place inside one.
   const std::vector<std::string> dirs = {run, ws.ck, "data", "synth/more", "prepared", "mine", run + "/exported"};
   for (const std::string& target : dirs) {
-    for (const std::string& force : {"", " --force"}) {
+    for (const std::string force : {"", " --force"}) {
       INFO(target << force);
       expect_refused(ws, before, ws.ptrain("export --checkpoint " + ws.ck + " --format hf --out " + target + force), 2,
                      {"--out"});
@@ -99,7 +99,7 @@ TEST_CASE("outputs are planned whole: a missing directory or a link is refused b
   OutputWorkspace ws;
   fs::create_symlink("run.yaml", ws.dir / "link.bin");
   const auto before = ws.snapshot();
-  for (const std::string& force : {"", " --force"}) {
+  for (const std::string force : {"", " --force"}) {
     const CommandResult no_dir = ws.ptrain("eval run.yaml --checkpoint " + ws.ck + " --dump-logits nodir/l.json" + force);
     expect_refused(ws, before, no_dir, 2, {"--dump-logits \"nodir/l.json\"", "does not exist"});
     CHECK(no_dir.output.find("val_loss") == std::string::npos);  // refused before evaluating
@@ -112,7 +112,7 @@ TEST_CASE("outputs are planned whole: a missing directory or a link is refused b
   // trailing "/" does not make a link a directory of its own.
   fs::create_directory_symlink("mine", ws.dir / "mine-link");
   const auto with_link = ws.snapshot();
-  for (const std::string& force : {"", " --force"}) {
+  for (const std::string force : {"", " --force"}) {
     expect_refused(ws, with_link, ws.ptrain("export --checkpoint " + ws.ck + " --format hf --out runs/typo/.." + force), 2,
                    {"--out \"runs/typo/..\""});
     expect_refused(ws, with_link, ws.ptrain("data synth --out runs/typo/.. --vocab 64 --tokens 4000" + force), 2,
@@ -146,7 +146,7 @@ TEST_CASE("checkpoint.dir and run directories stay out of directories ptrain man
       {"--set run.out_dir=" + ws.ck, "is inside the checkpoint"},
   };
   for (const auto& [flags, words] : refused) {
-    for (const std::string& dry : {"", " --dry-run"}) {
+    for (const std::string dry : {"", " --dry-run"}) {
       INFO(flags << dry);
       expect_refused(ws, before, ws.train("--set run.name=other " + flags + dry), 2, {words});
     }

@@ -273,10 +273,13 @@ class Backend {
   // The native FP8 GEMMs of a linear layer from C to OC features over `rows` tokens, with
   // `scaling`, input and weight in the `forward` format and the output gradient in `backward`;
   // null, with the reason in *why, on a backend that emulates FP8 or for a shape (or scaling)
-  // its FP8 GEMMs cannot take.
+  // its FP8 GEMMs cannot take. The output gradient's codes may be shared with other layers: cast
+  // it right before backward(). `input_slot` >= 0 shares the input's codes with the other layers
+  // of that slot too: only for layers whose forward pass runs again right before their backward
+  // pass, with no layer of the slot in between (recomputed blocks); -1 keeps them the layer's own.
   virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                                   Format forward, Format backward, std::string* why) {
-    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward;
+                                                   Format forward, Format backward, int input_slot, std::string* why) {
+    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward, (void)input_slot;
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }

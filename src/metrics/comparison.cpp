@@ -124,6 +124,11 @@ static RunRecord read_run_files(const std::string& dir) {
   if (!summary.contains("precision") || !summary["precision"].is_string())
     throw UserError("run \"" + dir + "\": summary.json has no precision label; expected the files a ptrain run writes");
   r.mode = summary["precision"].get<std::string>();
+  const int64_t ranks = summary.value("ranks", int64_t{1});  // runs before it was recorded: 1
+  if (ranks < 1 || ranks > 65536)
+    throw UserError("run \"" + dir + "\": summary.json's ranks is " + std::to_string(ranks) +
+                    "; expected a whole number from 1 to 65536");
+  r.ranks = static_cast<int>(ranks);
   r.peak_memory_mib = summary.value("peak_memory_mib", 0.0);
   const double device = summary.value("peak_device_memory_mib", 0.0);
   if (device > 0) r.peak_device_memory_mib = device;
@@ -270,6 +275,8 @@ Comparison compare_runs(std::vector<RunRecord> runs, const std::string& referenc
     m.speedup = ref_speed > 0 ? m.tokens_per_s / ref_speed : 0;
     m.device_memory = r.peak_device_memory_mib.has_value();
     m.peak_memory_mib = m.device_memory ? *r.peak_device_memory_mib : r.peak_memory_mib;
+    m.gpu_plan_mib = r.gpu_plan_mib;
+    m.gpu_plan_state_bytes_per_param = r.gpu_plan_state_bytes_per_param;
     m.skipped_steps = r.skipped_steps;
     m.fp8_underflow = r.fp8_underflow;
     m.fp8_saturation = r.fp8_saturation;

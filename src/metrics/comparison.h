@@ -25,8 +25,13 @@ struct RunRecord {
   int64_t batch_tokens = 0;          // tokens per step
   std::vector<int64_t> val_steps;    // evaluations
   std::vector<double> val_loss;
+  int ranks = 1;                               // data-parallel ranks it trained on
   double peak_memory_mib = 0;                  // host resident memory (the CPU backend's)
   std::optional<double> peak_device_memory_mib;  // a GPU's arena peak
+  // What the mode holds on a GPU whichever device the run took: the CUDA backend's memory plan
+  // per rank for the run's shape, ranks and ZeRO stage (train/gpu_memory_plan.h), in MiB, and
+  // its weights, master, gradients and optimizer state in bytes per parameter. Set by compare.
+  std::optional<double> gpu_plan_mib, gpu_plan_state_bytes_per_param;
   int64_t skipped_steps = 0;                     // loss scaling's skipped (overflowed) steps
   std::optional<double> oracle_loss;             // synthetic data: the floor of the val loss
   // FP8 telemetry, worst over every tensor and report: fraction of non-zero inputs flushed to
@@ -51,6 +56,7 @@ struct ModeResult {
   double speedup = 1;                // tokens_per_s / the reference's
   double peak_memory_mib = 0;        // device peak on a GPU, else host peak
   bool device_memory = false;
+  std::optional<double> gpu_plan_mib, gpu_plan_state_bytes_per_param;  // as RunRecord's
   int64_t skipped_steps = 0;
   std::optional<double> fp8_underflow, fp8_saturation;
   double train_seconds = 0;  // the sum of the step times (evaluations and saves left out)

@@ -167,9 +167,17 @@ std::vector<std::string> quality_row(const Comparison& c, const ModeResult& r, c
   return cells;
 }
 
-std::vector<std::string> speed_header(const Comparison&) {
+// The measured peak's column: what the runs measured it of.
+std::string measured_memory_header(const Comparison& c) {
+  const std::string kind = memory_kind(c);
+  if (kind == "host resident memory") return "peak host memory MiB";
+  return kind == "device memory" ? "peak device memory MiB" : "peak memory MiB (device, else host)";
+}
+
+std::vector<std::string> speed_header(const Comparison& c) {
   return {"mode",     "training time", "time to target",  "tokens to target", "speedup to target",
-          "tokens/s", "speedup",       "peak memory MiB", "skipped steps",    "FP8 underflow / saturation"};
+          "tokens/s", "speedup",       measured_memory_header(c), "GPU plan MiB per rank",
+          "GPU plan B/param without activations", "skipped steps",    "FP8 underflow / saturation"};
 }
 
 std::vector<std::string> speed_row(const Comparison& c, const ModeResult& r, const RunRecord& run) {
@@ -189,6 +197,8 @@ std::vector<std::string> speed_row(const Comparison& c, const ModeResult& r, con
           thousands(r.tokens_per_s),
           num("%.2fx", r.speedup),
           num("%.1f", r.peak_memory_mib),
+          optional_num("%.1f", r.gpu_plan_mib),
+          optional_num("%.2f", r.gpu_plan_state_bytes_per_param),
           std::to_string(r.skipped_steps),
           fp8};
 }
@@ -221,7 +231,17 @@ std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
       {"speedup to target", "the reference's time to target divided by this mode's"},
       {"tokens/s, speedup", "median tokens per second over steps 2 to N (step 1 warms up), and its ratio to the "
                             "reference's"},
-      {"peak memory MiB", "the peak of " + memory_kind(c)},
+      {measured_memory_header(c), "the measured peak of " + memory_kind(c) +
+                                      (memory_kind(c) == "host resident memory"
+                                           ? " (the CPU backend stores the narrow formats in FP32, so this is not "
+                                             "what a mode saves on a GPU)"
+                                           : "")},
+      {"GPU plan MiB per rank", "what the CUDA backend's arena would hold per rank for this run's shape, ranks and "
+                                "ZeRO stage, planned as `ptrain train --dry-run` plans it (weights, FP32 master, "
+                                "FP32 gradients, AdamW state, activations, FP8 cast copies, backend scratch; "
+                                "cuDNN's attention workspace left out), whichever device the run took"},
+      {"GPU plan B/param without activations", "the plan's weights, FP32 master weights, FP32 gradients and AdamW "
+                                               "state per model parameter, as Megatron and ZeRO count them"},
       {"skipped steps", "steps skipped by loss scaling because the gradients overflowed"},
       {"FP8 underflow / saturation", "worst over every FP8 tensor: the share of non-zero values flushed to zero, "
                                      "and the share clipped to the format's largest value"},
@@ -281,8 +301,15 @@ std::string verdict_paragraph(const Comparison& c) {
       clauses.push_back(whose + "final val loss is " + relative_change(*r.val_diff_pct));
     else
       clauses.push_back(whose + "final training loss is " + relative_change(r.loss_diff_pct));
+    if (ref.gpu_plan_mib && r.gpu_plan_mib && *ref.gpu_plan_mib > 0)
+      clauses.push_back("its GPU memory plan is " +
+                        relative_change(100 * (*r.gpu_plan_mib - *ref.gpu_plan_mib) / *ref.gpu_plan_mib) + " (" +
+                        num("%.1f", *r.gpu_plan_mib) + " MiB per rank against " + num("%.1f", *ref.gpu_plan_mib) +
+                        "; " + num("%.2f", *r.gpu_plan_state_bytes_per_param) + " bytes per parameter against " +
+                        num("%.2f", *ref.gpu_plan_state_bytes_per_param) + " without activations)");
     if (ref.peak_memory_mib > 0 && r.peak_memory_mib > 0)
-      clauses.push_back("peak memory " + relative_change(100 * (r.peak_memory_mib - ref.peak_memory_mib) / ref.peak_memory_mib));
+      clauses.push_back("measured " + memory_kind(c) + " " +
+                        relative_change(100 * (r.peak_memory_mib - ref.peak_memory_mib) / ref.peak_memory_mib));
     clauses.push_back("throughput " + num("%.2fx", r.speedup) + " " + c.reference + "'s");
     std::string sentence;
     for (const std::string& clause : clauses) sentence += (sentence.empty() ? "" : "; ") + clause;

@@ -13,7 +13,7 @@ static Fp8TensorState make_state(const std::string& name, Format format, const F
 }
 
 Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-                     int64_t OC)
+                     int64_t OC, int input_slot)
     : policy_(policy),
       backend_(backend),
       weights_(C * OC),
@@ -26,7 +26,7 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
                     std::to_string(kNativeBlock) + " only";
   else
     gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
-                                    policy.forward, policy.backward, &why_emulated_);
+                                    policy.forward, policy.backward, input_slot, &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});

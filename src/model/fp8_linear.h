@@ -34,9 +34,11 @@ struct Fp8TensorState {
 
 class Fp8Linear {
  public:
-  // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs.
+  // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs. `input_slot`
+  // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
+  // (Backend::make_fp8_gemms), for a layer whose forward pass runs again before its backward.
   Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-            int64_t OC);
+            int64_t OC, int input_slot = -1);
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;

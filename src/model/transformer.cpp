@@ -143,26 +143,25 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = param_count(shape);
   auto storage = [&](Format f) { return backend.storage_for(f, dtype); };
-  auto flat = [&](Format f) {
+  // `count` elements in one block (at least one byte's worth: a rank's master shard may be empty).
+  auto flat = [&](Format f, int64_t count) {
     const DType dt = storage(f);
-    return Tensor(backend.allocate(static_cast<size_t>(n) * dtype_size(dt)), dt, {n}, backend.device()).with_format(f);
+    return Tensor(backend.allocate(static_cast<size_t>(std::max<int64_t>(count, 1)) * dtype_size(dt)), dt, {count},
+                  backend.device())
+        .with_format(f);
   };
-  params_flat_ = flat(policy.weights);
+  params_flat_ = flat(policy.weights, n);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly.
-  grads_flat_ = flat(Format::fp32);
+  grads_flat_ = flat(Format::fp32, n);
   has_master_ = policy.has_master_weights();
   sharded_master_ = has_master_ && master_range.count >= 0;
   if (sharded_master_) {
     PTRAIN_CHECK(master_range.begin >= 0 && master_range.begin + master_range.count <= n,
                  "the master weights' range lies outside the parameters");
     master_begin_ = master_range.begin;
-    const DType dt = storage(Format::fp32);
-    const int64_t count = std::max<int64_t>(master_range.count, 1);  // a rank's shard may be empty
-    master_flat_ = Tensor(backend.allocate(static_cast<size_t>(count) * dtype_size(dt)), dt, {master_range.count},
-                          backend.device())
-                       .with_format(Format::fp32);
+    master_flat_ = flat(Format::fp32, master_range.count);
   } else if (has_master_) {
-    master_flat_ = flat(Format::fp32);
+    master_flat_ = flat(Format::fp32, n);
   }
   int64_t offset = 0;
   for (const ParamSpec& spec : specs_) {
@@ -204,11 +203,16 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   const std::array<const char*, kLinearsPerBlock> linear_names =
       shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
                                  : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
+  // A recomputed block casts its linears' inputs again right before its backward pass (the last
+  // block, not recomputed, casts them last in the forward pass): the blocks can share them, one
+  // slot per linear of a block.
+  const bool recast = recompute_ == Recompute::block;
   for (int l = 0; l < shape_.n_layer; ++l)
     for (int k = 0; k < kLinearsPerBlock; ++k)
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
-                                                       backend_, rows, linear_shapes[k][0], linear_shapes[k][1])
+                                                       backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
+                                                       recast ? k : -1)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -662,9 +666,6 @@ std::vector<Tensor> Transformer::block_grads(int block) const {
 
 void Transformer::backward(const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
-  const auto finish = [&](int block) {
-    if (grads_done) grads_done(block);
-  };
   grads_ready_ = false;
   const int L = shape_.n_layer;
   const bool llama = shape_.arch == Arch::llama;
@@ -699,10 +700,10 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       llama_block_backward(l);
     else
       gpt2_block_backward(l);
-    finish(l);
+    if (grads_done) grads_done(l);
   }
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);  // g[kWpe] is empty for llama
-  finish(-1);
+  if (grads_done) grads_done(-1);
 }
 
 void Transformer::gpt2_block_backward(int l) {

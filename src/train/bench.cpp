@@ -7,11 +7,13 @@
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 #include "metrics/cpu_peak.h"
 #include "metrics/device_peak.h"
 #include "backend/op_profile.h"
 #include "metrics/run_log.h"
 #include "precision/policy.h"
+#include "train/gpu_memory_plan.h"
 #include "train/run_spec.h"
 #include "train/trainer.h"
 
@@ -58,7 +60,13 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
     std::printf("  MFU, precision mix     %10s  (peak %.1f TFLOP/s)\n",
                 format_utilisation(r.model_flops / result.mfu_peaks->mix).c_str(), result.mfu_peaks->mix / 1e12);
   }
-  std::printf("  peak device memory     %10.2f GiB\n", static_cast<double>(result.peak_device_bytes) / (1 << 30));
+  // Beside it, the dry run's plan for the same run, so that a GPU checks the plan as the
+  // simulated device does.
+  const GpuMemoryPlan plan = plan_gpu_memory(resolve_run(config, launcher_world_size()), config.distributed.zero_stage,
+                                             result.attention);
+  std::printf("  peak device memory     %10.2f GiB  (plan %.2f GiB%s)\n",
+              static_cast<double>(result.peak_device_bytes) / (1 << 30), static_cast<double>(plan.total()) / (1 << 30),
+              plan.cudnn_workspace_unknown ? " and cuDNN's workspace" : "");
 }
 
 void benchmark(const Config& config, bool profile) {

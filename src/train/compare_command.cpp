@@ -16,6 +16,7 @@
 #include "train/run_spec.h"
 #include "train/checkpoint_model.h"
 #include "train/eval_command.h"
+#include "train/gpu_memory_plan.h"
 #include "train/output_policy.h"
 #include "train/trainer.h"
 
@@ -161,8 +162,31 @@ void add_int8_eval(RunRecord& r) {
   r.int8_val_loss = l.int8;
 }
 
+// What the run's mode holds on a GPU, whatever device it trained on: on the CPU backend the
+// narrow formats live in FP32 storage, so only the CUDA backend's plan says what a mode saves.
+// Absent where the CUDA backend would refuse the config (model.attention: cudnn with FP32
+// activations).
+void add_gpu_plan(RunRecord& r) {
+  const Config config = load_config((fs::path(r.dir) / "config.yaml").string());
+  if (config.training.batch_tokens % (config.training.micro_batch * int64_t{config.training.effective_seq_len(config.model)} * r.ranks) != 0)
+    throw UserError("run \"" + r.dir + "\": training.batch_tokens (" + std::to_string(config.training.batch_tokens) +
+                    ") is not a whole number of micro-batches on its " + std::to_string(r.ranks) +
+                    " ranks (summary.json); expected the files a ptrain run writes");
+  const RunSpec spec = resolve_run(config, r.ranks);
+  AttentionPath attention;
+  try {
+    attention = expected_gpu_attention(spec, config.model.attention);
+  } catch (const UserError&) {
+    return;
+  }
+  const GpuMemoryPlan plan = plan_gpu_memory(spec, config.distributed.zero_stage, attention);
+  r.gpu_plan_mib = static_cast<double>(plan.total()) / (1024.0 * 1024.0);
+  r.gpu_plan_state_bytes_per_param = static_cast<double>(plan.model_state()) / static_cast<double>(plan.parameters);
+}
+
 Comparison finish(std::vector<RunRecord> runs, const CompareOptions& options) {
   const std::string reference = options.reference.empty() ? runs.front().mode : options.reference;
+  for (RunRecord& r : runs) add_gpu_plan(r);
   if (options.int8_eval) {
     compare_runs(runs, reference, options.tolerance_pct, options.target_loss);  // refuses bad runs before evaluating
     for (RunRecord& r : runs) add_int8_eval(r);

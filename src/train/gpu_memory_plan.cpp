@@ -1,6 +1,7 @@
 #include "train/gpu_memory_plan.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "backend/cuda/arena_sizing.h"
@@ -21,35 +22,51 @@ std::string gib(int64_t bytes) {
   return (bytes < 0 ? "-" : "") + gib_text(static_cast<size_t>(bytes < 0 ? -bytes : bytes));
 }
 
+// Blocks that FP8 layers share, by what they hold: the output gradient's by width, a recomputed
+// block's linear inputs by their slot in the block.
+using SharedFp8Blocks = std::map<std::pair<char, int64_t>, int64_t>;
+
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
-// codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one byte
-// an element, and their factors: one per tensor, or one per 1x128 tile each way for block
-// scaling (an upper bound for the weight's 128x128 blocks), and a few statistics blocks. A layer
-// cuBLASLt cannot take (dimensions off 16 elements, or blocks other than 128) emulates: FP32
-// copies in the model (Fp8Linear) and the backend's code, factor and FP32 product scratch.
-int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
+// codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one
+// byte an element, and their factors: one per tensor, or one per 1x128 tile each way for block
+// scaling (an upper bound for the weight's 128x128 blocks), and a few statistics blocks. The
+// grad's set is shared by the layers of its width, and with `input_slot` >= 0 the input's by
+// the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements,
+// or blocks other than 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's
+// code, factor and FP32 product scratch.
+int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
+                         SharedFp8Blocks& shared) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   const bool native = fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
                       (!blocks || policy.block == Fp8Linear::kNativeBlock);
   if (!native)
     return block(Fp8Linear::buffer_bytes(policy, rows, C, OC)) + block(rows * std::max(C, OC)) +
            block(rows * OC * int64_t(sizeof(float)));
-  int64_t bytes = 0;
-  for (const auto& [r, c] : {std::pair{rows, C}, std::pair{OC, C}, std::pair{rows, OC}}) {
-    bytes += 2 * block(r * c);
+  const auto operand = [&](int64_t r, int64_t c) {
     const int64_t factors = blocks ? r * ((c + 127) / 128) + ((r + 127) / 128) * c + 4 * std::max(r, c) : 1;
-    bytes += (blocks ? 2 : 1) * block(factors * int64_t(sizeof(float)));
-  }
-  return bytes + block(4 * 64) + block(int64_t(sizeof(float)));  // the cast statistics and the current amax
+    return 2 * block(r * c) + (blocks ? 2 : 1) * block(factors * int64_t(sizeof(float)));
+  };
+  shared[{'g', OC}] = operand(rows, OC);
+  int64_t own = operand(OC, C) + block(4 * 64) + block(int64_t(sizeof(float)));  // + the statistics, the current amax
+  if (input_slot >= 0)
+    shared[{'i', input_slot}] = operand(rows, C);
+  else
+    own += operand(rows, C);
+  return own;
 }
 
-int64_t fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows) {
+int64_t fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute) {
   if (!policy.fp8.enabled) return 0;
   int64_t bytes = 0;
+  SharedFp8Blocks shared;
+  const auto linears = block_linear_shapes(s);
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [in, out] : block_linear_shapes(s)) bytes += fp8_linear_bytes(policy.fp8, rows, in, out);
-  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
+      for (int k = 0; k < static_cast<int>(linears.size()); ++k)
+        bytes += fp8_linear_bytes(policy.fp8, rows, linears[k][0], linears[k][1],
+                                  recompute == Recompute::block ? k : -1, shared);
+  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, shared);
+  for (const auto& [what, shared_bytes] : shared) bytes += shared_bytes;
   return bytes;
 }
 
@@ -74,7 +91,7 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases)
-    p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T));
+    p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute));
   // AdamW: the moments of this rank's shard. With ZeRO-1 the model keeps only the shard's FP32
   // master weights, from the start (Transformer::MasterRange), and the gradients are summed into
   // the shard's part of the gradient block itself.
@@ -134,7 +151,7 @@ std::string GpuMemoryPlan::describe_per_parameter() const {
   add(master, "FP32 master");
   add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
-  text += " = " + per(params + master + grads + optimizer) + " without activations";
+  text += " = " + per(model_state()) + " without activations";
   add(activations, "activations");
   add(fp8, "FP8 cast copies");
   add(backend, "backend");

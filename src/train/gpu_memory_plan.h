@@ -19,9 +19,10 @@ struct GpuMemoryPlan {
   int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
   bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU
   int64_t total() const { return params + master + grads + optimizer + activations + fp8 + backend; }
+  // Weights, master, gradients and optimizer state: what Megatron's and ZeRO's papers count per parameter.
+  int64_t model_state() const { return params + master + grads + optimizer; }
   std::string describe() const;
-  // Each class in bytes per model parameter, the sum without activations (what Megatron's and
-  // ZeRO's papers count) and the total per rank.
+  // Each class in bytes per model parameter, the model state's sum and the total per rank.
   std::string describe_per_parameter() const;
 };
 

@@ -268,6 +268,7 @@ size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
                             {"final_val_loss", last_val_},
                             {"best_val_loss", best_val_ ? *best_val_ : NAN},
                             {"best_val_step", best_val_step_},
+                            {"ranks", comm_.world_size()},
                             {"peak_memory_mib", static_cast<double>(peak_rss_bytes()) / (1024.0 * 1024.0)},
                             {"peak_device_memory_mib", static_cast<double>(device_peak) / (1024.0 * 1024.0)},
                             {"precision", totals.precision},

@@ -197,6 +197,7 @@ TrainResult Trainer::run() {
   }
   result_.step_seconds = report_.step_seconds();
   result_.device = device_choice_;
+  result_.attention = attention_.path;
   result_.flops_per_token = spec_.flops_per_token;
   result_.mfu_peaks = report_.peaks();
   result_.tokens_per_step = cfg_.training.batch_tokens;

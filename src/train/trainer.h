@@ -45,6 +45,7 @@ struct TrainResult {
   std::string last_checkpoint;     // path of the newest checkpoint written, if any
   std::string device;              // the device run.device resolved to, and why
   size_t peak_device_bytes = 0;    // most device memory in use at once (GPU runs; 0 on the CPU)
+  AttentionPath attention = AttentionPath::fallback;  // the path model.attention took
   std::optional<MfuPeaks> mfu_peaks;  // what MFU was quoted against; absent for a GPU not in the table
 };
 

@@ -35,6 +35,7 @@ struct Axes {
   int zero_stage;
   int seq_len = 64;
   const char* arch = "gpt2";  // llama: grouped-query attention, 2 K/V heads under 4 query heads
+  const char* recompute = "none";  // training.recompute
 };
 
 // The parameter count the run's log gives ("| 437,760 parameters").
@@ -131,7 +132,7 @@ void check_run(const Axes& run) {
                  (std::string(run.arch) == "llama" ? ", arch: llama, n_kv_head: 2" : "") + "}\n"
                  "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
                  "training: {steps: 2, batch_tokens: " + std::to_string(8 * run.seq_len * run.ranks) +
-                 ", micro_batch: 4, eval_every: 0, eval_batches: 1, "
+                 ", micro_batch: 4, eval_every: 0, eval_batches: 1, recompute: " + run.recompute + ", "
                  "cuda_graph: " + (run.graphs ? "true" : "false") + "}\n"
                  "precision: " + precision + "\n"
                  "distributed: {zero_stage: " + std::to_string(run.zero_stage) + "}\n"
@@ -245,9 +246,9 @@ void check_run(const Axes& run) {
   CHECK(planned_mib - fixed_mib <= 1.03 * (peak_mib - fixed_mib));
 }
 
-// The runs: every value of every axis at least once, ZeRO-1's uneven shards, and Llama blocks. fp32 has
-// no fused attention; delayed-scaling FP8 is never recorded (its scales move on the host between
-// micro-batches).
+// The runs: every value of every axis at least once, ZeRO-1's uneven shards, Llama blocks and
+// each recompute setting. fp32 has no fused attention; delayed-scaling FP8 is never recorded (its
+// scales move on the host between micro-batches).
 const Axes kRuns[] = {
     {"fp32", "fp32", "auto", false, 1, 0},
     {"fp32-graphs", "fp32", "fallback", true, 1, 0},
@@ -268,6 +269,12 @@ const Axes kRuns[] = {
     {"llama-bf16-fused-gqa-graphs", "bf16", "cudnn", true, 1, 0, 64, "llama"},
     {"llama-fp8-current-fallback", "fp8:current", "fallback", false, 1, 0, 64, "llama"},
     {"llama-fp16-2-ranks-fused-zero1", "fp16", "cudnn", false, 2, 1, 64, "llama"},
+    // Recomputation: the activations it keeps are what the plan counts.
+    {"fp8-current-fused-recompute-block", "fp8:current", "cudnn", false, 1, 0, 64, "gpt2", "block"},
+    {"fp8-block-2-ranks-zero1-recompute-block", "fp8:block", "fallback", false, 2, 1, 64, "gpt2", "block"},
+    {"fp8-current-2-ranks-zero1-recompute-mlp", "fp8:current", "fallback", false, 2, 1, 64, "gpt2", "mlp"},
+    {"llama-bf16-fused-recompute-mlp", "bf16", "cudnn", false, 1, 0, 64, "llama", "mlp"},
+    {"llama-fp32-recompute-block", "fp32", "auto", false, 1, 0, 64, "llama", "block"},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator

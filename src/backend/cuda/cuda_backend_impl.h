@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -191,7 +192,7 @@ class CudaBackend final : public Backend {
 
   // fp8_gemms.cu
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                           Format forward, Format backward, std::string* why) override;
+                                           Format forward, Format backward, int input_slot, std::string* why) override;
 
  private:
   class CudaFp8Gemms;
@@ -327,6 +328,17 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudnnAttention> cudnn_;  // made by choose_attention when the fused path is considered
   std::array<ScratchBuffer, kSlotCount> scratch_{};
   std::unordered_map<const void*, DeviceBuckets> buckets_;
+  // FP8 operand codes shared by layers (fp8_gemms.cu): every layer's output gradient, one set
+  // per shape (a layer casts it and runs its two backward GEMMs on it at once), and the inputs
+  // of the layers in one input slot (their forward pass runs again right before their backward).
+  struct SharedFp8Operand {
+    void* codes = nullptr;
+    void* transposed = nullptr;
+    void* factors = nullptr;
+    void* factors_t = nullptr;
+    int users = 0;
+  };
+  std::map<std::array<int64_t, 5>, SharedFp8Operand> shared_fp8_operands_;  // by operand, slot, rows, cols, scaling
 };
 
 }  // namespace ptrain::cuda_impl

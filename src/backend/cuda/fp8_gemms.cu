@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "backend/cuda/kernel_formats.h"
@@ -20,7 +21,12 @@ namespace ptrain::cuda_impl {
 // One linear layer's FP8 operands in the arena: the codes of input (rows,C), weight (OC,C) and
 // grad (rows,OC), each with its transpose (cuBLASLt's FP8 GEMMs are TN only: dgrad reads W^T,
 // wgrad reads input^T and grad^T; matmul.h), and their dequantisation factors in device
-// memory for the scale pointers.
+// memory for the scale pointers. The weight's are the layer's own, cast once a step. The grad's
+// are shared by every layer of the same shape (CudaBackend::shared_fp8_operands_): backward()
+// reads what the cast just before it wrote, on one stream, so no layer needs them afterwards.
+// The input's are the layer's own (kept from the forward pass for the wgrad GEMM), or, for the
+// layers of one input slot, shared: a model that runs each such layer's forward pass again right
+// before its backward pass (training.recompute: block) casts the input again there.
 //  - Per-tensor scaling: one cast-transpose pass per operand; one factor 1/scale each.
 //  - Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128 blocks (codes and
 //    transpose share the blocks, each with its factors in its GEMM's layout); input and grad
@@ -28,19 +34,16 @@ namespace ptrain::cuda_impl {
 //    for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
 class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
  public:
-  CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling)
-      : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling) {
+  CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling, int input_slot)
+      : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling), input_slot_(input_slot) {
     const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
     try {
       for (int i = 0; i < 3; ++i) {
         const Operand which = static_cast<Operand>(i);
-        codes_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
-        transposed_[i] = static_cast<fp8*>(be_.allocate(static_cast<size_t>(sizes[i])));
-        factors_[i] =
-            static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
-        if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
-          factors_t_[i] =
-              static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
+        if (const auto key = shared_key(which))
+          acquire_shared(which, *key, static_cast<size_t>(sizes[i]));
+        else
+          allocate_operand(which, static_cast<size_t>(sizes[i]));
       }
       stats_ = static_cast<DeviceScalars*>(be_.allocate(sizeof(DeviceScalars) * (kDiscard + 1)));
       current_amax_ = static_cast<float*>(be_.allocate(sizeof(float)));
@@ -308,7 +311,56 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
                       : kernels::BlockScaleLayout{1, static_cast<int>(rows)};
   }
 
+  // Where operand `which` is shared, and with whom: the grad with every layer of its shape,
+  // the input with the layers of its slot; none for the weight or an input without a slot.
+  std::optional<std::array<int64_t, 5>> shared_key(Operand which) const {
+    if (which == kWeight || (which == kInput && input_slot_ < 0)) return std::nullopt;
+    const auto [rows, cols] = shape_of(which);
+    return std::array<int64_t, 5>{which, which == kInput ? input_slot_ : -1, rows, cols, static_cast<int64_t>(scaling_)};
+  }
+
+  // Operand `which`'s codes, transpose and factors: the shared set, made by its first user.
+  void acquire_shared(Operand which, const std::array<int64_t, 5>& key, size_t bytes) {
+    CudaBackend::SharedFp8Operand& shared = be_.shared_fp8_operands_[key];
+    if (shared.users == 0) {
+      allocate_operand(which, bytes);
+      shared = {codes_[which], transposed_[which], factors_[which], factors_t_[which], 0};
+    } else {
+      codes_[which] = static_cast<fp8*>(shared.codes);
+      transposed_[which] = static_cast<fp8*>(shared.transposed);
+      factors_[which] = static_cast<float*>(shared.factors);
+      factors_t_[which] = static_cast<float*>(shared.factors_t);
+    }
+    ++shared.users;
+    holds_shared_[which] = true;
+  }
+
+  void allocate_operand(Operand which, size_t bytes) {
+    codes_[which] = static_cast<fp8*>(be_.allocate(bytes));
+    transposed_[which] = static_cast<fp8*>(be_.allocate(bytes));
+    factors_[which] = static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
+    if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
+      factors_t_[which] =
+          static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
+  }
+
+  // Leaves a shared set to its other users, or (the last user, or a first one that failed while
+  // making it) lets release() free it with the layer's own blocks.
+  void release_shared(Operand which) noexcept {
+    const std::optional<std::array<int64_t, 5>> key = shared_key(which);
+    const auto it = key ? be_.shared_fp8_operands_.find(*key) : be_.shared_fp8_operands_.end();
+    if (it == be_.shared_fp8_operands_.end()) return;
+    if (holds_shared_[which] && --it->second.users > 0) {
+      codes_[which] = transposed_[which] = nullptr;
+      factors_[which] = factors_t_[which] = nullptr;
+    } else if (it->second.users == 0) {
+      be_.shared_fp8_operands_.erase(it);
+    }
+    holds_shared_[which] = false;
+  }
+
   void release() noexcept {
+    for (const Operand which : {kInput, kGrad}) release_shared(which);
     for (fp8*& p : codes_) free_quietly(p);
     for (fp8*& p : transposed_) free_quietly(p);
     for (float*& p : factors_) free_quietly(p);
@@ -336,6 +388,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   PinnedStaging stats_read_;        // where take_stats() reads the operands' slots to
   bool read_queued_ = false;        // a read into stats_read_ is queued and not taken yet
   float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
+  int input_slot_;                         // -1: the input's codes are the layer's own
+  std::array<bool, 3> holds_shared_{};     // counted among the users of the operand's shared set
 };
 
 // The model's FP8 operands are bf16 (or f32) in device memory, its outputs bf16, fp16 or f32 and
@@ -344,7 +398,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 // GPU and cuBLASLt version (Hopper, cuBLASLt >= 12.9): each GEMM the layer will run is
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
 std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                                      Format forward, Format backward, std::string* why) {
+                                                      Format forward, Format backward, int input_slot,
+                                                      std::string* why) {
   // The recipes' shape rule first (the one the config and the memory plan apply), then cuBLASLt's
   // own rules for each GEMM as ptrain knows them.
   const Fp8Recipe rule = scaling == Fp8Gemms::Scaling::blocks ? Fp8Recipe::block : Fp8Recipe::current;
@@ -359,7 +414,7 @@ std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, i
       *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
       return nullptr;
     }
-  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling);
+  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling, input_slot);
   if (!gemms->runs_here(forward, backward, why)) return nullptr;
   return gemms;
 }
