@@ -449,6 +449,25 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
   CHECK(arch.output.find("model.arch: \"gpt2\" in runs/a, \"llama\" in runs/llama") != std::string::npos);
   CHECK(!fs::exists(ws.dir / "report"));
 
+  // A summary.json whose ranks are not a rank count (the GPU plan is per rank), or do not share
+  // the batch, is named.
+  REQUIRE(run_ptrain("train a.yaml --set run.name=c", ws.dir).exit_code == 0);
+  const std::string summary = read_file(ws.dir / "runs/c/summary.json");
+  for (const auto& [ranks, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"2.5", "summary.json's ranks is 2.5; expected a whole number from 1 to 65536"},
+           {"0", "summary.json's ranks is 0; expected a whole number from 1 to 65536"},
+           {"3", "not a whole number of micro-batches on its 3 ranks"}}) {
+    nlohmann::json edited = nlohmann::json::parse(summary);
+    edited["ranks"] = nlohmann::json::parse(ranks);
+    write_file(ws.dir / "runs/c/summary.json", edited.dump());
+    const CommandResult bad = run_ptrain("compare runs/a runs/c --out report", ws.dir);
+    INFO(bad.output);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find("run \"runs/c\"") != std::string::npos);
+    CHECK(bad.output.find(expected) != std::string::npos);
+    CHECK(!fs::exists(ws.dir / "report"));
+  }
+
   const CommandResult unfinished = run_ptrain("compare runs/a runs/missing", ws.dir);
   CHECK(unfinished.exit_code == 2);
   CHECK(unfinished.output.find("runs/missing") != std::string::npos);

@@ -124,11 +124,12 @@ static RunRecord read_run_files(const std::string& dir) {
   if (!summary.contains("precision") || !summary["precision"].is_string())
     throw UserError("run \"" + dir + "\": summary.json has no precision label; expected the files a ptrain run writes");
   r.mode = summary["precision"].get<std::string>();
-  const int64_t ranks = summary.value("ranks", int64_t{1});  // runs before it was recorded: 1
-  if (ranks < 1 || ranks > 65536)
-    throw UserError("run \"" + dir + "\": summary.json's ranks is " + std::to_string(ranks) +
+  // Runs from before summary.json recorded it trained on one rank as far as compare knows.
+  const nlohmann::json ranks = summary.value("ranks", nlohmann::json(1));
+  if (!ranks.is_number_integer() || ranks.get<int64_t>() < 1 || ranks.get<int64_t>() > 65536)
+    throw UserError("run \"" + dir + "\": summary.json's ranks is " + ranks.dump() +
                     "; expected a whole number from 1 to 65536");
-  r.ranks = static_cast<int>(ranks);
+  r.ranks = ranks.get<int>();
   r.peak_memory_mib = summary.value("peak_memory_mib", 0.0);
   const double device = summary.value("peak_device_memory_mib", 0.0);
   if (device > 0) r.peak_device_memory_mib = device;

@@ -69,6 +69,9 @@ std::string target_phrase(const Comparison& c) {
 }
 
 // "0.04% higher", "1.2% lower", "the same".
+// The data-parallel ranks a run trained on (its GPU plan is per rank), when more than one.
+std::string ranks_note(const RunRecord& r) { return r.ranks > 1 ? " (" + std::to_string(r.ranks) + " ranks)" : ""; }
+
 std::string relative_change(double pct) {
   if (!std::isfinite(pct)) return num("%g", pct) + "% different";
   if (std::fabs(pct) < 0.005) return "the same";
@@ -237,9 +240,11 @@ std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
                                              "what a mode saves on a GPU)"
                                            : "")},
       {"GPU plan MiB per rank", "what the CUDA backend's arena would hold per rank for this run's shape, ranks and "
-                                "ZeRO stage, planned as `ptrain train --dry-run` plans it (weights, FP32 master, "
-                                "FP32 gradients, AdamW state, activations, FP8 cast copies, backend scratch; "
-                                "cuDNN's attention workspace left out), whichever device the run took"},
+                                "ZeRO stage (the ranks are in the list of runs below), planned as `ptrain train "
+                                "--dry-run` plans it (weights, FP32 master, FP32 gradients, AdamW state, "
+                                "activations, FP8 cast copies, backend scratch; cuDNN's attention workspace left "
+                                "out), whichever device the run took; — where the CUDA backend would refuse the "
+                                "config (model.attention: cudnn with FP32 activations)"},
       {"GPU plan B/param without activations", "the plan's weights, FP32 master weights, FP32 gradients and AdamW "
                                                "state per model parameter, as Megatron and ZeRO count them"},
       {"skipped steps", "steps skipped by loss scaling because the gradients overflowed"},
@@ -363,7 +368,7 @@ std::string report_markdown(const Comparison& c) {
   out += "## How to read this\n\n";
   for (const auto& [term, meaning] : glossary(c)) out += "- **" + md_escape(term) + "**: " + md_escape(meaning) + "\n";
   out += "\n## Runs\n\n";
-  for (const RunRecord& r : c.runs) out += "- " + md_escape(r.mode) + ": " + md_escape(r.dir) + "\n";
+  for (const RunRecord& r : c.runs) out += "- " + md_escape(r.mode) + ": " + md_escape(r.dir) + ranks_note(r) + "\n";
   return out;
 }
 
@@ -404,7 +409,7 @@ std::string report_html(const Comparison& c) {
     out += "<li><b>" + xml_escape(term) + "</b>: " + xml_escape(meaning) + "</li>\n";
   out += "</ul>\n<h2>Runs</h2>\n<ul>\n";
   for (const RunRecord& r : c.runs)
-    out += "<li>" + xml_escape(r.mode) + ": <code>" + xml_escape(r.dir) + "</code></li>\n";
+    out += "<li>" + xml_escape(r.mode) + ": <code>" + xml_escape(r.dir) + "</code>" + xml_escape(ranks_note(r)) + "</li>\n";
   return out + "</ul>\n</body>\n</html>\n";
 }
 

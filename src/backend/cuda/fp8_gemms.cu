@@ -75,10 +75,11 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   }
 
   // Whether cuBLASLt on this GPU runs the three GEMMs with these formats (bf16 outputs and the
-  // FP32 weight gradient, as the model's FP8 layers write) on this layer's buffers; if not, *why says which it refused. Each is
-  // asked of the heuristic and then launched once, into a scratch output (the operands are still
-  // zero): cuBLASLt can refuse at launch what its heuristic offered, and a refusal inside a step
-  // would end the run, where one here leaves the layer to the emulation.
+  // FP32 weight gradient, as the model's FP8 layers write) on this layer's buffers; if not, *why
+  // says which it refused. Each is asked of the heuristic and then launched once, into a scratch
+  // output (the operands hold whatever the arena or a layer sharing them left there; the result
+  // is thrown away): cuBLASLt can refuse at launch what its heuristic offered, and a refusal
+  // inside a step would end the run, where one here leaves the layer to the emulation.
   bool runs_here(Format forward, Format backward, std::string* why) {
     why->clear();
     const size_t outputs = static_cast<size_t>(std::max({rows_ * OC_, rows_ * C_, OC_ * C_}));
