@@ -240,7 +240,7 @@ std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
                                              "what a mode saves on a GPU)"
                                            : "")},
       {"GPU plan MiB per rank", "what the CUDA backend's arena would hold per rank for this run's shape, ranks and "
-                                "ZeRO stage (the ranks are in the list of runs below), planned as `ptrain train "
+                                "ZeRO stage (one rank unless the list of runs below says more), planned as `ptrain train "
                                 "--dry-run` plans it (weights, FP32 master, FP32 gradients, AdamW state, "
                                 "activations, FP8 cast copies, backend scratch; cuDNN's attention workspace left "
                                 "out), whichever device the run took; — where the CUDA backend would refuse the "
