@@ -68,10 +68,10 @@ std::string target_phrase(const Comparison& c) {
   return c.target_given ? "the target val loss " + value : c.reference + "'s final val loss (" + value + ")";
 }
 
-// "0.04% higher", "1.2% lower", "the same".
 // The data-parallel ranks a run trained on (its GPU plan is per rank), when more than one.
 std::string ranks_note(const RunRecord& r) { return r.ranks > 1 ? " (" + std::to_string(r.ranks) + " ranks)" : ""; }
 
+// "0.04% higher", "1.2% lower", "the same".
 std::string relative_change(double pct) {
   if (!std::isfinite(pct)) return num("%g", pct) + "% different";
   if (std::fabs(pct) < 0.005) return "the same";
