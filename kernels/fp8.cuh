@@ -1,6 +1,6 @@
 // FP8 casts and scaling factors: the per-tensor cast (optionally writing, in the same pass, the
-// transpose that the weight-gradient GEMM reads), amax for current scaling, 1x128 / 128x128
-// block quantisation. (Delayed scaling's state is updated on the host, from the amaxes the casts
+// transpose that the weight-gradient GEMM reads), the transpose of codes already cast, amax for
+// current scaling, 1x128 / 128x128 block quantisation. (Delayed scaling's state is updated on the host, from the amaxes the casts
 // record: model/fp8_linear.h.)
 //
 // Why this shape: codes come from float_to_fp8, the same NVIDIA conversion the CPU backend's
@@ -36,7 +36,8 @@ struct BlockScaleLayout {
 };
 
 // What a block quantisation writes: the (rows, cols) codes and/or their (cols, rows) transpose,
-// each with its factors in its own layout. A null pointer skips that output.
+// each with its factors in its own layout. A null pointer skips that output; the transpose's
+// factors may be written without its codes.
 struct Fp8BlockCodes {
   fp8* codes = nullptr;
   float* scale_inv = nullptr;
@@ -84,6 +85,38 @@ __device__ __forceinline__ void store_codes(fp8* p, const Fp8Vec<V>& codes, int 
 #endif
   } else {
     for (int k = 0; k < count; ++k) p[k] = codes.v[k];
+  }
+}
+
+// Reads codes [0, count) at p (the rest 0): one load when the chunk is whole and aligned.
+template <int V>
+__device__ __forceinline__ Fp8Vec<V> load_codes(const fp8* p, int count) {
+  Fp8Vec<V> codes{};
+  if (count == V && reinterpret_cast<uintptr_t>(p) % V == 0) {
+#ifdef __CUDACC__
+    codes = *reinterpret_cast<const Fp8Vec<V>*>(p);
+#else
+    std::memcpy(&codes, p, V);
+#endif
+  } else {
+    for (int k = 0; k < count; ++k) codes.v[k] = p[k];
+  }
+  return codes;
+}
+
+// Writes the parked kFp8Tile x kFp8Tile tile at (r0, c0) of a (rows, cols) tensor into its
+// (cols, rows) transpose: each thread gathers 8 codes of a tile column and writes them as one
+// 8-byte store of a transpose row. The caller's barrier must precede it and follow it.
+__device__ __forceinline__ void store_tile_transposed(const fp8* tile, fp8* out_t, int r0, int c0, int rows, int cols) {
+  constexpr int kOut = 8, kWriteChunks = kFp8Tile / kOut;
+  for (int idx = threadIdx.x; idx < kFp8Tile * kWriteChunks; idx += blockDim.x) {
+    const int cj = idx / kWriteChunks, rr = (idx % kWriteChunks) * kOut;  // tile column, first tile row
+    const int c = c0 + cj, r = r0 + rr;
+    if (c >= cols || r >= rows) continue;
+    const int count = rows - r < kOut ? rows - r : kOut;
+    Fp8Vec<kOut> codes{};
+    for (int k = 0; k < count; ++k) codes.v[k] = tile[(rr + k) * kFp8TilePitch + cj];
+    store_codes(out_t + static_cast<size_t>(c) * rows + r, codes, count);
   }
 }
 
@@ -166,17 +199,17 @@ __global__ void fp8_cast_kernel(fp8* out, float* amax, Fp8Counts* counts, const 
 
 // Cast writing both (rows, cols) codes and their (cols, rows) transpose. A block takes 64 x 64
 // tiles in turn. Each thread reads 16-byte chunks of the tile's rows (coalesced), writes their
-// codes (one 4- or 8-byte store) and parks them in shared memory; after a barrier each thread
-// gathers 8 codes of a tile column and writes them as one 8-byte store of a transpose row. Rows
-// of the parked tile are padded to kFp8TilePitch bytes to spread the column reads over banks.
+// codes (one 4- or 8-byte store) and parks them in shared memory; after a barrier the tile goes
+// out transposed (store_tile_transposed). Rows of the parked tile are padded to kFp8TilePitch
+// bytes to spread the column reads over banks.
 template <typename T>
 __global__ void fp8_cast_transpose_kernel(fp8* out, fp8* out_t, float* amax, Fp8Counts* counts, const T* in, int rows,
                                           int cols, const float* scale, __nv_fp8_interpretation_t format) {
   PTRAIN_DYNAMIC_SHARED(unsigned, shared);
   unsigned* scratch = shared;                                         // kFp8TallyWords
   fp8* tile = reinterpret_cast<fp8*>(shared + kFp8TallyWords);        // kFp8Tile x kFp8TilePitch codes
-  constexpr int V = Packed128<T>::size, kOut = 8;                     // elements read, codes written per thread
-  constexpr int kReadChunks = kFp8Tile / V, kWriteChunks = kFp8Tile / kOut;
+  constexpr int V = Packed128<T>::size;                               // elements read per thread
+  constexpr int kReadChunks = kFp8Tile / V;
   const int tile_cols = ceil_div(cols, kFp8Tile);
   const int tiles = ceil_div(rows, kFp8Tile) * tile_cols;
   const float s = *scale;
@@ -198,18 +231,37 @@ __global__ void fp8_cast_transpose_kernel(fp8* out, fp8* out_t, float* amax, Fp8
       store_codes(out + static_cast<size_t>(r) * cols + c, codes, count);
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kFp8Tile * kWriteChunks; idx += blockDim.x) {
-      const int cj = idx / kWriteChunks, rr = (idx % kWriteChunks) * kOut;  // tile column, first tile row
-      const int c = c0 + cj, r = r0 + rr;
-      if (c >= cols || r >= rows) continue;
-      const int count = rows - r < kOut ? rows - r : kOut;
-      Fp8Vec<kOut> codes{};
-      for (int k = 0; k < count; ++k) codes.v[k] = tile[(rr + k) * kFp8TilePitch + cj];
-      store_codes(out_t + static_cast<size_t>(c) * rows + r, codes, count);
-    }
+    store_tile_transposed(tile, out_t, r0, c0, rows, cols);
     __syncthreads();  // the next tile overwrites this one
   }
   tally.commit(scratch, amax, counts);
+}
+
+// The (cols, rows) transpose of (rows, cols) codes, byte for byte: the weight's transpose for
+// the dgrad GEMM, made from its codes when the GEMM runs rather than kept beside them. A block
+// takes 64 x 64 tiles in turn, reading tile rows 16 codes at a time (coalesced) into shared
+// memory, then writing them out transposed.
+template <int = 0>
+__global__ void fp8_transpose_kernel(fp8* out_t, const fp8* in, int rows, int cols) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, shared);
+  fp8* tile = reinterpret_cast<fp8*>(shared);  // kFp8Tile x kFp8TilePitch codes
+  constexpr int kIn = 16, kReadChunks = kFp8Tile / kIn;
+  const int tile_cols = ceil_div(cols, kFp8Tile);
+  const int tiles = ceil_div(rows, kFp8Tile) * tile_cols;
+  for (int t = blockIdx.x; t < tiles; t += static_cast<int>(gridDim.x)) {  // uniform over the block
+    const int r0 = (t / tile_cols) * kFp8Tile, c0 = (t % tile_cols) * kFp8Tile;
+    for (int idx = threadIdx.x; idx < kFp8Tile * kReadChunks; idx += blockDim.x) {
+      const int j = idx / kReadChunks, cc = (idx % kReadChunks) * kIn;  // tile row, first tile column
+      const int r = r0 + j, c = c0 + cc;
+      if (r >= rows || c >= cols) continue;
+      const int count = cols - c < kIn ? cols - c : kIn;
+      const Fp8Vec<kIn> codes = load_codes<kIn>(in + static_cast<size_t>(r) * cols + c, count);
+      for (int k = 0; k < count; ++k) tile[j * kFp8TilePitch + cc + k] = codes.v[k];
+    }
+    __syncthreads();
+    store_tile_transposed(tile, out_t, r0, c0, rows, cols);
+    __syncthreads();  // the next tile overwrites this one
+  }
 }
 
 // *amax = max(*amax, max |x|), NaN if any x is NaN.
@@ -381,6 +433,15 @@ void fp8_cast(fp8* out, fp8* out_transposed, float* amax, Fp8Counts* counts, con
                 out_transposed, amax, counts, in, rows, cols, scale, format);
 }
 
+// out_t (cols, rows) = the transpose of the (rows, cols) codes `in`; the two must not overlap.
+inline void fp8_transpose(fp8* out_t, const fp8* in, int rows, int cols, cudaStream_t stream,
+                          int max_blocks = kFp8MaxBlocks) {
+  if (rows <= 0 || cols <= 0) return;
+  const size_t tiles = static_cast<size_t>(ceil_div(rows, kFp8Tile)) * static_cast<size_t>(ceil_div(cols, kFp8Tile));
+  PTRAIN_LAUNCH(fp8_transpose_kernel<0>, fp8_grid(tiles, 1, max_blocks), kFp8Threads, kFp8Tile * kFp8TilePitch, stream,
+                out_t, in, rows, cols);
+}
+
 // *amax = max(*amax, max |in|) over n elements (NaN if any is NaN): the first read of current
 // scaling. Zero *amax first.
 template <typename T>
@@ -414,7 +475,9 @@ void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* 
                          int block_rows, int block_cols, __nv_fp8_interpretation_t format, cudaStream_t stream,
                          int max_blocks = kFp8MaxBlocks) {
   if (block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_quantize_blocks: block shape must be positive");
-  if ((!dst.codes && !dst.codes_t) || (!dst.codes != !dst.scale_inv) || (!dst.codes_t != !dst.scale_inv_t))
+  // The transpose's factors may come without its codes: those are made later from the codes
+  // (fp8_transpose), as the weight's are.
+  if ((!dst.codes && !dst.codes_t) || (!dst.codes != !dst.scale_inv) || (dst.codes_t && !dst.scale_inv_t))
     throw std::invalid_argument("fp8_quantize_blocks_into: each output needs both its codes and its factors");
   if (rows <= 0 || cols <= 0) return;
   const size_t shared = kFp8TallyWords * sizeof(unsigned);

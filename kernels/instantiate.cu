@@ -79,6 +79,7 @@ template void instantiate_launchers_for<fp16>();
 // Launchers without a storage type.
 void instantiate_untyped_launchers() {
   (void)&current_scale_from_amax;
+  (void)&fp8_transpose;
 }
 
 }  // namespace ptrain::kernels

@@ -157,13 +157,25 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
           std::string::npos);
     CHECK((r.output.find("ranks: 8") != std::string::npos) == (c.ranks == 8));
   }
-  // On 8 ranks with ZeRO-1 the model fits an 80 GB H100 in bf16, and in FP8: its layers share
-  // the output gradient's codes, and under recomputed blocks their inputs' codes too.
+  // FP8 keeps a byte per parameter of weight codes beside the bf16 weights (the transposes the
+  // dgrad GEMMs read are made per layer, into shared blocks): at most 1 byte per parameter
+  // more than bf16 in all, the LM head staying bf16.
+  {
+    const CommandResult r = run_ptrain("train 8b.yaml --dry-run --ranks 1 --set precision.mode=fp8", tmp.dir);
+    INFO(r.output);
+    CHECK(r.output.find("bytes per parameter (7,391,678,464): weights 2.00 + FP32 master 4.00 + FP32 grads 4.00 + "
+                        "AdamW state 8.00 + FP8 weight codes 0.94 = 18.94 without activations") != std::string::npos);
+  }
+  // On 8 ranks with ZeRO-1 the model fits an 80 GB H100 in bf16 and in FP8 with at least 10% of
+  // the arena free.
   for (const char* mode : {"bf16", "fp8"}) {
     const CommandResult r = run_ptrain(std::string("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 "
                                                    "--set precision.mode=") + mode, tmp.dir);
     INFO(r.output);
-    CHECK(r.output.find("an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): fits") != std::string::npos);
+    const std::string fits = "an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): fits, ";
+    const size_t at = r.output.find(fits);
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stoi(r.output.substr(at + fits.size())) <= 90);  // "N% of the arena"
   }
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
   // --ranks plans a dry run; it is not a way to train without a launcher.
@@ -172,6 +184,39 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
   // A batch 3 ranks cannot share is refused as under mpirun.
   expect_bad_input(run_ptrain("train 8b.yaml --dry-run --ranks 3", tmp.dir), {"training.batch_tokens", "3 ranks"});
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
+// The CPU run's memory estimate follows ZeRO-1 as the GPU plan does: a rank keeps AdamW's
+// moments and the FP32 master weights of its shard only.
+TEST_CASE("the CPU memory estimate counts ZeRO-1's shards of the optimizer state and master weights", "[cli]") {
+  const TempDir tmp("cpu-zero1-estimate");
+  write_file(tmp.dir / "cpu.yaml",
+             "run: {name: c, out_dir: runs, device: cpu}\n"
+             "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
+             "data: {synthetic: {vocab: 256, tokens: 100000}}\n"
+             "training: {steps: 10, batch_tokens: 2048, micro_batch: 8, eval_batches: 1}\n"
+             "precision: {mode: bf16}\n");
+  // "<total> MiB = <a> MiB params + <b> MiB FP32 master weights + ... + <c> MiB AdamW state"
+  const auto estimate = [&](const char* zero) {
+    const CommandResult r =
+        run_ptrain(std::string("train cpu.yaml --dry-run --ranks 4 --set distributed.zero_stage=") + zero, tmp.dir);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const size_t at = r.output.find("memory estimate: ");
+    REQUIRE(at != std::string::npos);
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    const auto mib_before = [&](const std::string& what) {
+      const size_t end = line.find(" MiB " + what);
+      REQUIRE(end != std::string::npos);
+      const size_t start = line.rfind(' ', end - 1) + 1;
+      return std::stod(line.substr(start, end - start));
+    };
+    return std::pair{mib_before("FP32 master weights"), mib_before("AdamW state")};
+  };
+  const auto [master0, adam0] = estimate("0");
+  const auto [master1, adam1] = estimate("1");
+  CHECK(master1 == Approx(master0 / 4).margin(0.1));  // printed to 0.1 MiB
+  CHECK(adam1 == Approx(adam0 / 4).margin(0.1));
 }
 
 TEST_CASE("config errors exit 2 and create no run directory", "[cli]") {

@@ -74,7 +74,8 @@ struct AdamWParams {
 
 // Native FP8 GEMMs of one linear layer (a GPU with FP8 tensor cores): the backend casts each
 // operand to FP8 codes and keeps what the GEMMs read (the codes, their transpose, the
-// dequantisation factors); the three GEMMs then read the codes directly, with FP32
+// dequantisation factors; the weight's transpose is made from its codes when the dgrad GEMM
+// needs it); the three GEMMs then read the codes directly, with FP32
 // accumulation. The CPU has none: it emulates with fp8_cast (dequantised values) and matmul.
 class Fp8Gemms {
  public:

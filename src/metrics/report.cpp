@@ -241,12 +241,13 @@ std::vector<std::pair<std::string, std::string>> glossary(const Comparison& c) {
                                            : "")},
       {"GPU plan MiB per rank", "what the CUDA backend's arena would hold per rank for this run's shape, ranks and "
                                 "ZeRO stage (one rank unless the list of runs below says more), planned as `ptrain train "
-                                "--dry-run` plans it (weights, FP32 master, FP32 gradients, AdamW state, "
-                                "activations, FP8 cast copies, backend scratch; cuDNN's attention workspace left "
-                                "out), whichever device the run took; — where the CUDA backend would refuse the "
+                                "--dry-run` plans it (weights, FP8 weight codes, FP32 master, FP32 gradients, "
+                                "AdamW state, activations, FP8 operand codes, backend scratch; cuDNN's attention "
+                                "workspace left out), whichever device the run took; — where the CUDA backend would refuse the "
                                 "config (model.attention: cudnn with FP32 activations)"},
-      {"GPU plan B/param without activations", "the plan's weights, FP32 master weights, FP32 gradients and AdamW "
-                                               "state per model parameter, as Megatron and ZeRO count them"},
+      {"GPU plan B/param without activations", "the plan's weights (with their FP8 codes), FP32 master weights, "
+                                               "FP32 gradients and AdamW state per model parameter, as Megatron and "
+                                               "ZeRO count them"},
       {"skipped steps", "steps skipped by loss scaling because the gradients overflowed"},
       {"FP8 underflow / saturation", "worst over every FP8 tensor: the share of non-zero values flushed to zero, "
                                      "and the share clipped to the format's largest value"},

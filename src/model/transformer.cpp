@@ -65,14 +65,16 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
     add(&a.att, {L, (int64_t{B} * NH * T + 3) / 4 * 4}, fp32);
   else
     add(&a.att, {L, B, NH, T, T}, act);
-  add(&a.attproj, {L, B, T, C}, act);
+  // The projections' outputs go into the residual stream at once and no backward pass reads
+  // them: one layer's room in every mode.
+  add(&a.attproj, {1, B, T, C}, act);
   add(&a.residual2, {L, B, T, C}, act);
   add(&a.ln2, {L, B, T, C}, act);
   if (!llama) add(&a.ln2_mean, {L, B, T}, fp32);
   add(&a.ln2_rstd, {L, B, T}, fp32);
   add(&a.fch, {Lm, B, T, fc_width}, act);
   add(&a.fch_gelu, {Lm, B, T, fc_out}, act);
-  add(&a.fcproj, {L, B, T, C}, act);
+  add(&a.fcproj, {1, B, T, C}, act);
   add(&a.residual3, {s.n_layer, B, T, C}, act);  // the blocks' outputs: always kept
   add(&a.lnf, {B, T, C}, act);
   if (!llama) add(&a.lnf_mean, {B, T}, fp32);
@@ -604,8 +606,8 @@ void Transformer::gpt2_block_forward(int l, int position, bool training) {
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const int b = block_slot(l);
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
-  const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
-  const Tensor fch_gelu = at(a_.fch_gelu[mlp_slot(l)]), fcproj = at(a_.fcproj[b]);
+  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
+  const Tensor fch_gelu = at(a_.fch_gelu[mlp_slot(l)]), fcproj = at(a_.fcproj[0]);
   be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], params_[kNorm1b][l]);
   linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
   attention_forward(l, position);
@@ -627,8 +629,8 @@ void Transformer::llama_block_forward(int l, int position, bool training) {
   const float eps = shape_.norm_eps;
   const int b = block_slot(l);
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
-  const Tensor attproj = at(a_.attproj[b]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
-  const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[b]);
+  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
+  const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[0]);
   be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], eps);
   if (shape_.qk_norm) {
     // A decoded row's statistics go in the first slots: decoding never runs a backward pass.

@@ -60,11 +60,11 @@ struct GptActivations {
   Tensor qkv_raw, qk_rstd;           // llama with QK-norm: qkv before it (L,B,T,W); (L,B*T*(NH+KV)) FP32
   Tensor atty;                       // (L,B,T,C)
   Tensor att;                        // (L,B,NH,T,T) probabilities, or FP32 log-sum-exps (fused; saved_attention)
-  Tensor attproj;                    // (L,B,T,C)
+  Tensor attproj;                    // (1,B,T,C): added into the residual at once, never read backward
   Tensor residual2;                  // (L,B,T,C)
   Tensor ln2, ln2_mean, ln2_rstd;    // (L,B,T,C), (L,B,T)
   Tensor fch, fch_gelu;              // (L,B,T,4C); llama (L,B,T,2F), (L,B,T,F)
-  Tensor fcproj;                     // (L,B,T,C)
+  Tensor fcproj;                     // (1,B,T,C), as attproj
   Tensor residual3;                  // (L,B,T,C)
   Tensor lnf, lnf_mean, lnf_rstd;    // (B,T,C), (B,T)
   Tensor logits;                     // (B,T,Vp), gradient in place after forward

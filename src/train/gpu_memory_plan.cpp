@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "backend/cuda/arena_sizing.h"
@@ -22,51 +23,66 @@ std::string gib(int64_t bytes) {
   return (bytes < 0 ? "-" : "") + gib_text(static_cast<size_t>(bytes < 0 ? -bytes : bytes));
 }
 
+// An FP8 model's blocks: the weights' own codes (kept the whole step, one per parameter) and
+// the operands' (inputs, output gradients, the weights' transposes), most of them shared.
+struct Fp8Bytes {
+  int64_t weights = 0, operands = 0;
+  int64_t total() const { return weights + operands; }
+};
+
 // Blocks that FP8 layers share, by what they hold: the output gradient's by width, a recomputed
-// block's linear inputs by their slot in the block.
-using SharedFp8Blocks = std::map<std::pair<char, int64_t>, int64_t>;
+// block's linear inputs by their slot in the block, the weight's transpose by its shape.
+using SharedFp8Blocks = std::map<std::tuple<char, int64_t, int64_t>, int64_t>;
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
-// codes of input (rows, C), weight (OC, C) and grad (rows, OC), each with its transpose, one
-// byte an element, and their factors: one per tensor, or one per 1x128 tile each way for block
-// scaling (an upper bound for the weight's 128x128 blocks), and a few statistics blocks. The
-// grad's set is shared by the layers of its width, and with `input_slot` >= 0 the input's by
-// the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements,
-// or blocks other than 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's
-// code, factor and FP32 product scratch.
-int64_t fp8_linear_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
-                         SharedFp8Blocks& shared) {
+// codes of input (rows, C), weight (OC, C) and grad (rows, OC), one byte an element, with the
+// transposes of input and grad, and their factors: one per tensor, or one per 1x128 tile each
+// way for block scaling (an upper bound for the weight's 128x128 blocks), and a few statistics
+// blocks. The weight's transpose is shared by the layers of its shape, the grad's set by the
+// layers of its width, the input's codes by the layers of its width, and with `input_slot` >= 0
+// the input's whole set by the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
+// 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's code, factor and FP32
+// product scratch.
+void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
+                    SharedFp8Blocks& shared, Fp8Bytes& bytes) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   const bool native = fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
                       (!blocks || policy.block == Fp8Linear::kNativeBlock);
-  if (!native)
-    return block(Fp8Linear::buffer_bytes(policy, rows, C, OC)) + block(rows * std::max(C, OC)) +
-           block(rows * OC * int64_t(sizeof(float)));
-  const auto operand = [&](int64_t r, int64_t c) {
-    const int64_t factors = blocks ? r * ((c + 127) / 128) + ((r + 127) / 128) * c + 4 * std::max(r, c) : 1;
-    return 2 * block(r * c) + (blocks ? 2 : 1) * block(factors * int64_t(sizeof(float)));
+  const int64_t f32 = sizeof(float);
+  if (!native) {  // Fp8Linear's dequantised copies: the weight, then input and grad (twice for blocks)
+    bytes.weights += block(OC * C * f32);
+    bytes.operands += (blocks ? 2 : 1) * (block(rows * C * f32) + block(rows * OC * f32)) +
+                      block(rows * std::max(C, OC)) + block(rows * OC * f32);
+    return;
+  }
+  const auto factors = [&](int64_t r, int64_t c) {
+    const int64_t count = blocks ? r * ((c + 127) / 128) + ((r + 127) / 128) * c + 4 * std::max(r, c) : 1;
+    return (blocks ? 2 : 1) * block(count * f32);
   };
-  shared[{'g', OC}] = operand(rows, OC);
-  int64_t own = operand(OC, C) + block(4 * 64) + block(int64_t(sizeof(float)));  // + the statistics, the current amax
-  if (input_slot >= 0)
-    shared[{'i', input_slot}] = operand(rows, C);
-  else
-    own += operand(rows, C);
-  return own;
+  const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c); };
+  shared[{'g', OC, 0}] = operand(rows, OC);
+  shared[{'w', OC, C}] = block(OC * C);
+  bytes.weights += block(OC * C) + factors(OC, C) + block(4 * 64) + block(f32);  // + the statistics, the current amax
+  if (input_slot >= 0) {
+    shared[{'i', input_slot, 0}] = operand(rows, C);
+  } else {  // the transpose and factors kept for wgrad; the codes shared
+    shared[{'i', -1, C}] = block(rows * C);
+    bytes.operands += block(rows * C) + factors(rows, C);
+  }
 }
 
-int64_t fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute) {
-  if (!policy.fp8.enabled) return 0;
-  int64_t bytes = 0;
+Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute) {
+  Fp8Bytes bytes;
+  if (!policy.fp8.enabled) return bytes;
   SharedFp8Blocks shared;
   const auto linears = block_linear_shapes(s);
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
-        bytes += fp8_linear_bytes(policy.fp8, rows, linears[k][0], linears[k][1],
-                                  recompute == Recompute::block ? k : -1, shared);
-  if (!policy.fp8.bf16_lm_head) bytes += fp8_linear_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, shared);
-  for (const auto& [what, shared_bytes] : shared) bytes += shared_bytes;
+        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], recompute == Recompute::block ? k : -1, shared,
+                       bytes);
+  if (!policy.fp8.bf16_lm_head) add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, shared, bytes);
+  for (const auto& [what, shared_bytes] : shared) bytes.operands += shared_bytes;
   return bytes;
 }
 
@@ -82,7 +98,7 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
   p.parameters = n;
   p.cudnn_workspace_unknown = attention == AttentionPath::fused;
   // Transformer: flat parameters, the FP32 main gradients, FP32 master weights where the GEMMs'
-  // copy is narrower, one block of activations, and the FP8 layers' cast copies.
+  // copy is narrower, one block of activations, and the FP8 layers' codes.
   p.params = block_of(n, policy.weights);
   p.grads = block_of(n, Format::fp32);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
@@ -90,8 +106,13 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
                                              cuda_storage_dtype, spec.recompute)) +
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
-  for (const auto& phase : spec.precision.phases)
-    p.fp8 = std::max(p.fp8, fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute));
+  for (const auto& phase : spec.precision.phases) {
+    const Fp8Bytes fp8 = fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute);
+    if (fp8.total() > p.fp8_weights + p.fp8_operands) {
+      p.fp8_weights = fp8.weights;
+      p.fp8_operands = fp8.operands;
+    }
+  }
   // AdamW: the moments of this rank's shard. With ZeRO-1 the model keeps only the shard's FP32
   // master weights, from the start (Transformer::MasterRange), and the gradients are summed into
   // the shard's part of the gradient block itself.
@@ -134,8 +155,9 @@ std::string GpuMemoryPlan::describe() const {
   add(master, "FP32 master weights");
   add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
+  add(fp8_weights, "FP8 weight codes");
   add(activations, "activations");
-  add(fp8, "FP8 cast copies");
+  add(fp8_operands, "FP8 operand codes");
   add(backend, "backend workspace and scratch");
   if (cudnn_workspace_unknown) text += " + cuDNN's attention workspace (known on the GPU: a few MiB on small shapes)";
   return text;
@@ -151,9 +173,10 @@ std::string GpuMemoryPlan::describe_per_parameter() const {
   add(master, "FP32 master");
   add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
+  add(fp8_weights, "FP8 weight codes");
   text += " = " + per(model_state()) + " without activations";
   add(activations, "activations");
-  add(fp8, "FP8 cast copies");
+  add(fp8_operands, "FP8 operand codes");
   add(backend, "backend");
   return text + " = " + per(total()) + " per rank";
 }

@@ -15,12 +15,16 @@ namespace ptrain {
 
 struct GpuMemoryPlan {
   int64_t parameters = 1;  // the model's, for bytes per parameter
-  int64_t params = 0, master = 0, grads = 0, optimizer = 0, activations = 0, fp8 = 0;
+  int64_t params = 0, master = 0, grads = 0, optimizer = 0, activations = 0;
+  // FP8 layers' codes: the weights' own (kept through the step, about a byte per parameter)
+  // and the operands' (inputs, output gradients and the weights' transposes, mostly shared).
+  int64_t fp8_weights = 0, fp8_operands = 0;
   int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
   bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU
-  int64_t total() const { return params + master + grads + optimizer + activations + fp8 + backend; }
-  // Weights, master, gradients and optimizer state: what Megatron's and ZeRO's papers count per parameter.
-  int64_t model_state() const { return params + master + grads + optimizer; }
+  int64_t total() const { return model_state() + activations + fp8_operands + backend; }
+  // Weights (with their FP8 codes), master, gradients and optimizer state: what Megatron's and
+  // ZeRO's papers count per parameter.
+  int64_t model_state() const { return params + master + grads + optimizer + fp8_weights; }
   std::string describe() const;
   // Each class in bytes per model parameter, the model state's sum and the total per rank.
   std::string describe_per_parameter() const;

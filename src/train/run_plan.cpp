@@ -360,7 +360,7 @@ void plan_machine(RunPlan& plan, int planned_ranks) {
                     " of memory; this machine has " + format_mib(static_cast<int64_t>(have)) +
                     "; expected a smaller model or micro-batch");
   if (on_cpu) {
-    const MemoryPlan memory = plan_memory(plan.spec);
+    const MemoryPlan memory = plan_memory(plan.spec, plan.config.distributed.zero_stage);
     const double need = static_cast<double>(memory.total()) + corpus;
     if (have > 0 && need > have)
       throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(need)) + " of memory (" +
@@ -378,22 +378,25 @@ std::string MemoryPlan::describe() const {
          (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
 }
 
-MemoryPlan plan_memory(const RunSpec& spec) {
+MemoryPlan plan_memory(const RunSpec& spec, int zero_stage) {
   const ModelShape& s = spec.shape;
   // The phases store weights alike (bf16 or fp8's bf16): the first's. The CPU stores every
   // format as floats.
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
-  const int B = spec.batch.micro_batch, T = spec.batch.seq_len;
+  const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world = spec.batch.world_size;
   const int64_t n = param_count(s) * static_cast<int64_t>(sizeof(float));
+  // ZeRO-1: AdamW's moments and the FP32 master weights of this rank's shard only (AdamW).
+  const int64_t shard =
+      zero_stage == 1 && world > 1 ? (param_count(s) + world - 1) / world * static_cast<int64_t>(sizeof(float)) : n;
   // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
   // phase has, so that every phase fits where the first did.
   int64_t widest_fp8 = 0;
   for (const auto& phase : spec.precision.phases)
     widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
   return {n,
-          policy.has_master_weights() ? n : 0,
+          policy.has_master_weights() ? shard : 0,
           n,
-          2 * n,
+          2 * shard,
           model_activation_bytes(s, B, T, sizeof(float), spec.recompute) + rope_table_bytes(s, T),
           widest_fp8};
 }
@@ -455,7 +458,7 @@ std::string describe_plan(const RunPlan& plan) {
        format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", their gradients " +
        format_name(policy.activation_grads) + ", weight gradients fp32, loss scaling " +
        choice_name(policy.loss_scaling.mode) + ")");
-  line("memory estimate: " + plan_memory(plan.spec).describe() + " (micro-batch " + std::to_string(B) + " x " +
+  line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed.zero_stage).describe() + " (micro-batch " + std::to_string(B) + " x " +
        std::to_string(T) + ")");
   if (plan.data.synthetic)
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +

@@ -50,7 +50,8 @@ struct MemoryPlan {
   int64_t total() const { return params + master + grads + optimizer + activations + fp8; }
   std::string describe() const;
 };
-MemoryPlan plan_memory(const RunSpec& spec);
+// The CPU backend's memory for one rank of spec's world size under distributed.zero_stage.
+MemoryPlan plan_memory(const RunSpec& spec, int zero_stage);
 
 // The weights model.init_from starts from, in ptrain's flat parameter order, and what they were
 // read from (for the log: "llm.c model file, version 3", "Hugging Face llama directory, ...").

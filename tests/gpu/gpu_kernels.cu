@@ -119,4 +119,11 @@ Fp8CastResult fp8_cast(Storage s, const std::vector<float>& in, int rows, int co
   });
 }
 
+std::vector<uint8_t> fp8_transpose(const std::vector<uint8_t>& codes, int rows, int cols) {
+  DeviceArray<kernels::fp8> in(codes.size()), out(codes.size());
+  in.upload(codes);
+  kernels::fp8_transpose(out.ptr, in.ptr, rows, cols, nullptr);
+  return out.download();
+}
+
 }  // namespace ptrain::gpu_test

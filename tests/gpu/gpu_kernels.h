@@ -29,5 +29,7 @@ struct Fp8CastResult {
   uint64_t nonzero = 0, underflow = 0, saturated = 0;
 };
 Fp8CastResult fp8_cast(Storage s, const std::vector<float>& in, int rows, int cols, float scale, bool e4m3);
+// kernels::fp8_transpose: the (cols, rows) transpose of (rows, cols) codes.
+std::vector<uint8_t> fp8_transpose(const std::vector<uint8_t>& codes, int rows, int cols);
 
 }  // namespace ptrain::gpu_test

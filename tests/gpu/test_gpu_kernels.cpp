@@ -104,5 +104,21 @@ TEST_CASE("gpu: fp8_cast on the device equals the CPU emulation bit for bit", "[
     }
 }
 
+// The weight's transpose for the dgrad GEMM is made from its codes on the device: whole
+// aligned rows take the 16-byte loads, ragged ones byte by byte.
+TEST_CASE("gpu: fp8_transpose on the device transposes codes byte for byte", "[gpu]") {
+  for (const auto& [rows, cols] : {std::pair{128, 256}, std::pair{129, 130}}) {
+    INFO(rows << " x " << cols);
+    std::vector<uint8_t> codes(size_t(rows) * cols);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 37 + i / 251) % 255);
+    const std::vector<uint8_t> got = gpu_test::fp8_transpose(codes, rows, cols);
+    REQUIRE(got.size() == codes.size());
+    size_t mismatches = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) mismatches += got[size_t(c) * rows + r] != codes[size_t(r) * cols + c];
+    CHECK(mismatches == 0);
+  }
+}
+
 }  // namespace
 }  // namespace ptrain::test

@@ -118,6 +118,30 @@ TEMPLATE_TEST_CASE("fp8_cast kernel matches the CPU backend's cast bit for bit",
     }
 }
 
+// The weight's transpose is made from its codes when the dgrad GEMM needs it: every byte must
+// land at its transposed place, on ragged tiles and unaligned rows too, and nothing else written.
+TEST_CASE("fp8_transpose kernel transposes codes byte for byte", "[kernels][fp8]") {
+  const std::vector<Shape> shapes{{1, 1}, {1, 17}, {17, 1}, {7, 19}, {65, 63}, {64, 128}, {129, 130}, {3, 769}};
+  for (const Shape s : shapes) {
+    const size_t n = static_cast<size_t>(s.rows) * s.cols;
+    std::vector<fp8> codes(n);
+    // Every byte value but the poison's 0xFF, so that a code left unwritten shows.
+    for (size_t i = 0; i < n; ++i) codes[i] = static_cast<fp8>((i * 37 + i / 251) % 255);
+    for (const auto& order : simt::test_orders()) {
+      simt::ScopedOptions use(order);
+      for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
+        INFO("rows=" << s.rows << " cols=" << s.cols << " max_blocks=" << max_blocks << " order " << order.name());
+        auto out = poisoned<fp8>(n + 16);  // 16 bytes past the end must stay poisoned
+        const std::vector<fp8> tail(out.end() - 16, out.end());
+        kernels::fp8_transpose(out.data(), codes.data(), s.rows, s.cols, nullptr, max_blocks);
+        expect_identical("transposed codes", std::vector<fp8>(out.begin(), out.begin() + static_cast<long>(n)),
+                         transposed(codes, s.rows, s.cols));
+        expect_identical("bytes past the transpose", std::vector<fp8>(out.end() - 16, out.end()), tail);
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("fp8_cast kernel reports a NaN amax and saturates infinity", "[kernels][fp8]", float, bf16, fp16) {
   constexpr Format storage = format_of<TestType>();
   const Shape s{7, 19};
@@ -263,11 +287,16 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
   constexpr Format f = Format::e4m3;
   // Ragged everywhere; then two whole block rows with ragged columns (16-byte transposed stores).
   const std::vector<Shape> shapes{{1, 1}, {7, 19}, {129, 257}, {256, 160}};
+  // transposed_factors_only: the weight's cast, whose transposed codes fp8_transpose makes later.
   struct Case {
     Shape block;
-    bool codes, transposed;
+    bool codes, transposed, transposed_factors_only;
   };
-  const Case cases[] = {{{1, 128}, true, false}, {{128, 128}, true, true}, {{128, 1}, false, true}, {{128, 1}, true, true}};
+  const Case cases[] = {{{1, 128}, true, false, false},
+                        {{128, 128}, true, true, false},
+                        {{128, 128}, true, false, true},
+                        {{128, 1}, false, true, false},
+                        {{128, 1}, true, true, false}};
   for (const Case& k : cases)
     for (const Shape s : shapes) {
       const size_t n = static_cast<size_t>(s.rows) * s.cols;
@@ -285,6 +314,7 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
         simt::ScopedOptions use(order);
         for (const int max_blocks : {kernels::kFp8MaxBlocks, 2}) {
           INFO("blocks " << k.block.rows << "x" << k.block.cols << " codes " << k.codes << " transposed " << k.transposed
+                         << " transposed factors only " << k.transposed_factors_only
                          << " rows=" << s.rows << " cols=" << s.cols << " max_blocks=" << max_blocks << " order "
                          << order.name());
           auto codes = poisoned<fp8>(n), codes_t = poisoned<fp8>(n);
@@ -295,8 +325,8 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
             dst.scale_inv = scale_inv.data();
             dst.layout = layout;
           }
-          if (k.transposed) {
-            dst.codes_t = codes_t.data();
+          if (k.transposed || k.transposed_factors_only) {
+            dst.codes_t = k.transposed ? codes_t.data() : nullptr;
             dst.scale_inv_t = scale_inv_t.data();
             dst.layout_t = layout_t;
           }
@@ -323,6 +353,10 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
               for (int c = 0; c < s.cols; ++c)
                 want_t[static_cast<size_t>(c) * s.rows + r] = ref.codes[static_cast<size_t>(r) * s.cols + c];
             expect_identical("transposed codes", codes_t, want_t);
+            expect_identical("transposed factors", scale_inv_t, expected_factors(layout_t));
+          }
+          if (k.transposed_factors_only) {
+            expect_identical("transposed codes left alone", codes_t, poisoned<fp8>(n));
             expect_identical("transposed factors", scale_inv_t, expected_factors(layout_t));
           }
           expect_same_amax("amax", got_amax, stats.amax);

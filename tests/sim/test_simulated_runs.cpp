@@ -182,6 +182,8 @@ void check_run(const Axes& run) {
             0);
       CHECK(ran(ops, blocks ? "cublasLtMatmul e4m3 x e4m3, tensor scales" : "cublasLtMatmul e4m3 x e4m3, block scales") ==
             0);
+      // The weights' transposes are made for the dgrad GEMMs, not kept beside their codes.
+      CHECK(ran_prefix(ops, "fp8_transpose_kernel") > 0);
     } else {
       CHECK(r.output.find("native FP8 GEMMs") == std::string::npos);
       CHECK(ran_prefix(ops, "cublasLtMatmul e4m3") + ran_prefix(ops, "cublasLtMatmul e5m2") == 0);

@@ -328,9 +328,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CudnnAttention> cudnn_;  // made by choose_attention when the fused path is considered
   std::array<ScratchBuffer, kSlotCount> scratch_{};
   std::unordered_map<const void*, DeviceBuckets> buckets_;
-  // FP8 operand codes shared by layers (fp8_gemms.cu): every layer's output gradient, one set
-  // per shape (a layer casts it and runs its two backward GEMMs on it at once), and the inputs
-  // of the layers in one input slot (their forward pass runs again right before their backward).
+  // FP8 operand blocks shared by layers (fp8_gemms.cu, CudaFp8Gemms::shared_parts): every
+  // layer's output gradient, one set per shape (a layer casts it and runs its two backward GEMMs
+  // on it at once); the inputs of the layers in one input slot (their forward pass runs again
+  // right before their backward); the other inputs' codes, which only the forward GEMM reads,
+  // one per shape; and the weight's transpose, one per shape (made from the layer's codes for
+  // its dgrad GEMM). The fields a set does not share are null.
   struct SharedFp8Operand {
     void* codes = nullptr;
     void* transposed = nullptr;

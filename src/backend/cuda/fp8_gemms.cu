@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <optional>
 #include <utility>
 
 #include "backend/cuda/kernel_formats.h"
@@ -21,30 +20,32 @@ namespace ptrain::cuda_impl {
 // One linear layer's FP8 operands in the arena: the codes of input (rows,C), weight (OC,C) and
 // grad (rows,OC), each with its transpose (cuBLASLt's FP8 GEMMs are TN only: dgrad reads W^T,
 // wgrad reads input^T and grad^T; matmul.h), and their dequantisation factors in device
-// memory for the scale pointers. The weight's are the layer's own, cast once a step. The grad's
-// are shared by every layer of the same shape (CudaBackend::shared_fp8_operands_): backward()
-// reads what the cast just before it wrote, on one stream, so no layer needs them afterwards.
-// The input's are the layer's own (kept from the forward pass for the wgrad GEMM), or, for the
-// layers of one input slot, shared: a model that runs each such layer's forward pass again right
-// before its backward pass (training.recompute: block) casts the input again there.
-//  - Per-tensor scaling: one cast-transpose pass per operand; one factor 1/scale each.
-//  - Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128 blocks (codes and
-//    transpose share the blocks, each with its factors in its GEMM's layout); input and grad
-//    twice, 1x128 tiles for the forward and dgrad GEMMs and 128x1 tiles, written transposed,
-//    for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
+// memory for the scale pointers. Blocks that no layer needs after its own call are shared
+// (CudaBackend::shared_fp8_operands_), every user writing them right before reading them on
+// the one stream:
+//  - the weight's codes and factors are the layer's own, cast once a step; its transpose is
+//    made from the codes by each backward() (a byte transpose, so the GEMM reads the same
+//    codes), into a block shared by the layers of its shape. So a model keeps one byte per
+//    parameter of FP8 weights, as TransformerEngine's weight cache does on one layout.
+//  - the grad's are shared by every layer of the same shape: backward() reads what the cast
+//    just before it wrote.
+//  - the input's transpose and factors are the layer's own (kept from the forward pass for the
+//    wgrad GEMM) and its codes, which only the forward GEMM reads, shared by the layers of its
+//    shape; or, for the layers of one input slot, all of them are shared: a model that runs
+//    each such layer's forward pass again right before its backward pass
+//    (training.recompute: block) casts the input again.
+// Per-tensor scaling: one cast pass per operand (input and grad cast with their transposes);
+// one factor 1/scale each. Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128
+// blocks (codes and transpose share the blocks; the cast writes the factors in both GEMMs'
+// layouts); input and grad twice, 1x128 tiles for the forward and dgrad GEMMs and 128x1 tiles,
+// written transposed, for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
 class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
  public:
   CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling, int input_slot)
       : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling), input_slot_(input_slot) {
     const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
     try {
-      for (int i = 0; i < 3; ++i) {
-        const Operand which = static_cast<Operand>(i);
-        if (const auto key = shared_key(which))
-          acquire_shared(which, *key, static_cast<size_t>(sizes[i]));
-        else
-          allocate_operand(which, static_cast<size_t>(sizes[i]));
-      }
+      for (int i = 0; i < 3; ++i) acquire_operand(static_cast<Operand>(i), static_cast<size_t>(sizes[i]));
       stats_ = static_cast<DeviceScalars*>(be_.allocate(sizeof(DeviceScalars) * (kDiscard + 1)));
       current_amax_ = static_cast<float*>(be_.allocate(sizeof(float)));
     } catch (...) {
@@ -132,11 +133,10 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     const int r = shape.first, c = shape.second;  // named, not bound: lambdas capture them (C++17)
     constexpr int kB = 128;
     kernels::Fp8BlockCodes dst;
-    if (which == kWeight && block_rows == kB && block_cols == kB) {  // codes and transpose, one pass
+    if (which == kWeight && block_rows == kB && block_cols == kB) {  // the transpose's codes: backward()
       dst.codes = codes_[which];
       dst.scale_inv = factors(which, false);
       dst.layout = factor_layout(which, false);
-      dst.codes_t = transposed_[which];
       dst.scale_inv_t = factors(which, true);
       dst.layout_t = factor_layout(which, true);
     } else if (which != kWeight && block_rows == 1 && block_cols == kB) {
@@ -223,6 +223,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     Staged st(be_);
     if (!dinp.empty()) {  // dinp(rows,C) += grad(rows,OC) W(OC,C)
       const Tensor o = st.out(dinp, dinp.dtype, true);
+      kernels::fp8_transpose(transposed_[kWeight], codes_[kWeight], to_int(OC_, op, "rows"), to_int(C_, op, "columns"),
+                             be_.stream_);
       be_.matmul_->run(dgrad_spec(rows_, C_, OC_, formats_[kGrad], formats_[kWeight], dinp.dtype, scaling_),
                        dgrad_args(o.data), be_.stream_);
     }
@@ -262,14 +264,16 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   // (A device address: never dereferenced here, only offset to its fields.)
   DeviceScalars* stats_slot(Operand which, bool record) const { return stats_ + (record ? which : kDiscard); }
 
-  // The per-tensor cast with the scale in slot.scale: codes and transpose in one pass.
+  // The per-tensor cast with the scale in slot.scale: codes, and for input and grad their
+  // transpose in the same pass (the weight's is made by backward()).
   void cast_codes(const char* op, Operand which, const Tensor& in, Format format, std::pair<int, int> shape,
                   DeviceScalars* slot) {
     const int r = shape.first, c = shape.second;
+    fp8* transpose = which == kWeight ? nullptr : transposed_[which];
     with_float_type(in.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      kernels::fp8_cast<T>(codes_[which], transposed_[which], &slot->amax, &slot->counts, in.as<T>(), r, c,
-                           &slot->scale, fp8_interpretation(format), be_.stream_);
+      kernels::fp8_cast<T>(codes_[which], transpose, &slot->amax, &slot->counts, in.as<T>(), r, c, &slot->scale,
+                           fp8_interpretation(format), be_.stream_);
     });
   }
 
@@ -312,48 +316,68 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
                       : kernels::BlockScaleLayout{1, static_cast<int>(rows)};
   }
 
-  // Where operand `which` is shared, and with whom: the grad with every layer of its shape,
-  // the input with the layers of its slot; none for the weight or an input without a slot.
-  std::optional<std::array<int64_t, 5>> shared_key(Operand which) const {
-    if (which == kWeight || (which == kInput && input_slot_ < 0)) return std::nullopt;
+  // What of an operand's blocks its layer shares, and with whom (shared_key): the grad's all
+  // of them, with every layer of its shape; an input in a slot all of them, with the layers of
+  // the slot; any other input its codes (only the forward GEMM reads them, right after the
+  // cast; wgrad reads the transpose, kept), with the layers of its shape; the weight its
+  // transpose, made by backward(), with the layers of its shape.
+  struct SharedParts {
+    bool codes, transposed, factors;
+  };
+  SharedParts shared_parts(Operand which) const {
+    if (which == kWeight) return {false, true, false};
+    if (which == kInput && input_slot_ < 0) return {true, false, false};
+    return {true, true, true};
+  }
+  std::array<int64_t, 5> shared_key(Operand which) const {
     const auto [rows, cols] = shape_of(which);
-    return std::array<int64_t, 5>{which, which == kInput ? input_slot_ : -1, rows, cols, static_cast<int64_t>(scaling_)};
+    return {which, which == kInput ? input_slot_ : -1, rows, cols, static_cast<int64_t>(scaling_)};
   }
 
-  // Operand `which`'s codes, transpose and factors: the shared set, made by its first user.
-  void acquire_shared(Operand which, const std::array<int64_t, 5>& key, size_t bytes) {
-    CudaBackend::SharedFp8Operand& shared = be_.shared_fp8_operands_[key];
-    if (shared.users == 0) {
-      allocate_operand(which, bytes);
-      shared = {codes_[which], transposed_[which], factors_[which], factors_t_[which], 0};
+  // Operand `which`'s blocks: the shared ones made by their first user (or taken from it), the
+  // rest the layer's own.
+  void acquire_operand(Operand which, size_t bytes) {
+    const SharedParts parts = shared_parts(which);
+    CudaBackend::SharedFp8Operand& shared = be_.shared_fp8_operands_[shared_key(which)];
+    const bool first = shared.users == 0;
+    if (first || !parts.codes) codes_[which] = static_cast<fp8*>(be_.allocate(bytes));
+    if (first || !parts.transposed) transposed_[which] = static_cast<fp8*>(be_.allocate(bytes));
+    if (first || !parts.factors) {
+      factors_[which] =
+          static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
+      if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
+        factors_t_[which] =
+            static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
+    }
+    if (first) {
+      if (parts.codes) shared.codes = codes_[which];
+      if (parts.transposed) shared.transposed = transposed_[which];
+      if (parts.factors) {
+        shared.factors = factors_[which];
+        shared.factors_t = factors_t_[which];
+      }
     } else {
-      codes_[which] = static_cast<fp8*>(shared.codes);
-      transposed_[which] = static_cast<fp8*>(shared.transposed);
-      factors_[which] = static_cast<float*>(shared.factors);
-      factors_t_[which] = static_cast<float*>(shared.factors_t);
+      if (parts.codes) codes_[which] = static_cast<fp8*>(shared.codes);
+      if (parts.transposed) transposed_[which] = static_cast<fp8*>(shared.transposed);
+      if (parts.factors) {
+        factors_[which] = static_cast<float*>(shared.factors);
+        factors_t_[which] = static_cast<float*>(shared.factors_t);
+      }
     }
     ++shared.users;
     holds_shared_[which] = true;
   }
 
-  void allocate_operand(Operand which, size_t bytes) {
-    codes_[which] = static_cast<fp8*>(be_.allocate(bytes));
-    transposed_[which] = static_cast<fp8*>(be_.allocate(bytes));
-    factors_[which] = static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, false))));
-    if (scaling_ == Scaling::blocks)  // per tensor, codes and transpose share their one factor
-      factors_t_[which] =
-          static_cast<float*>(be_.allocate(sizeof(float) * static_cast<size_t>(factor_count(which, true))));
-  }
-
   // Leaves a shared set to its other users, or (the last user, or a first one that failed while
   // making it) lets release() free it with the layer's own blocks.
   void release_shared(Operand which) noexcept {
-    const std::optional<std::array<int64_t, 5>> key = shared_key(which);
-    const auto it = key ? be_.shared_fp8_operands_.find(*key) : be_.shared_fp8_operands_.end();
+    const auto it = be_.shared_fp8_operands_.find(shared_key(which));
     if (it == be_.shared_fp8_operands_.end()) return;
     if (holds_shared_[which] && --it->second.users > 0) {
-      codes_[which] = transposed_[which] = nullptr;
-      factors_[which] = factors_t_[which] = nullptr;
+      const SharedParts parts = shared_parts(which);
+      if (parts.codes) codes_[which] = nullptr;
+      if (parts.transposed) transposed_[which] = nullptr;
+      if (parts.factors) factors_[which] = factors_t_[which] = nullptr;
     } else if (it->second.users == 0) {
       be_.shared_fp8_operands_.erase(it);
     }
@@ -361,7 +385,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   }
 
   void release() noexcept {
-    for (const Operand which : {kInput, kGrad}) release_shared(which);
+    for (const Operand which : {kInput, kWeight, kGrad}) release_shared(which);
     for (fp8*& p : codes_) free_quietly(p);
     for (fp8*& p : transposed_) free_quietly(p);
     for (float*& p : factors_) free_quietly(p);
