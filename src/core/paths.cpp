@@ -45,6 +45,11 @@ UserError name_too_long(const std::string& what, const std::string& name, size_t
 
 }  // namespace
 
+bool is_empty_directory(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_empty(dir, ec) && !ec;
+}
+
 PathKind path_kind(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0)

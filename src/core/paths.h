@@ -17,6 +17,9 @@ enum class PathKind { missing, directory, file, other };  // file: a regular fil
 // examined: a symbolic-link loop, a name too long, a component that is not a directory.
 PathKind path_kind(const std::string& path, const std::string& what);
 
+// `dir` is a directory with no entries (false when it cannot be read, or is not one).
+bool is_empty_directory(const std::string& dir);
+
 // `path` is a writable directory or can be created as one, with `extra` more bytes of names
 // below it (the files ptrain puts inside): each new component within the filesystem's name
 // limit, the whole within PATH_MAX, the nearest existing ancestor a writable directory on a

@@ -67,11 +67,6 @@ fs::path resolved(const std::string& path) {
   return without_trailing(p);
 }
 
-bool is_empty_directory(const fs::path& dir) {
-  std::error_code ec;
-  return fs::is_empty(dir, ec) && !ec;
-}
-
 }  // namespace
 
 std::string output_landing(const std::string& path) {
@@ -131,7 +126,7 @@ std::string plan_output(const std::string& path, const OutputRule& rule) {
     throw UserError(shown + " is a directory; expected the path of a file to write");
   if (kind == PathKind::file && rule.directory)
     throw UserError(shown + " exists and is not a directory; expected the path of a directory to write");
-  bool replacing = kind != PathKind::missing && !(rule.directory && is_empty_directory(target));
+  bool replacing = kind != PathKind::missing && !(rule.directory && is_empty_directory(target.string()));
   if (replacing) {
     const std::string what_is_there = rule.directory ? "exists and is not empty" : "exists";
     if (!rule.force)

@@ -34,11 +34,6 @@ constexpr int64_t kMaxAccumulation = 1 << 20;
 
 std::string in_quotes(const std::string& s) { return "\"" + s + "\""; }
 
-bool is_empty_dir(const std::string& dir) {
-  std::error_code ec;
-  return fs::is_empty(dir, ec) && !ec;
-}
-
 bool has_run_marker(const std::string& dir) { return path_kind((fs::path(dir) / kRunMarker).string(), kRunDirWhat) != PathKind::missing; }
 
 // The synthetic corpus is generated inside the run directory, so its split sizes are checked
@@ -158,7 +153,7 @@ RunDirAction plan_run_dir(const Config& config, const std::string& run_dir, bool
   if (!config.run.overwrite)
     throw UserError("run directory " + run_dir +
                     " already exists; expected a new run.name, or run.overwrite: true to replace it");
-  if (!has_run_marker(run_dir) && !is_empty_dir(run_dir))
+  if (!has_run_marker(run_dir) && !is_empty_directory(run_dir))
     throw UserError("run.overwrite: " + run_dir + " was not made by ptrain (no " + std::string(kRunMarker) +
                     " marker); refusing to delete it; expected a ptrain run directory or a new run.name");
   // Replacing deletes the directory from its parent: that must be writable too.
@@ -208,7 +203,7 @@ void locate_checkpoint_dir(RunPlan& plan) {
   if (kind == PathKind::missing) return;
   // ...and when it exists, empty or a checkpoint directory: never a directory of other files.
   const std::optional<std::string> found = owned_directory_kind(plan.checkpoint_dir);
-  if (found ? *found != "the checkpoint directory" : !is_empty_dir(plan.checkpoint_dir))
+  if (found ? *found != "the checkpoint directory" : !is_empty_directory(plan.checkpoint_dir))
     throw UserError("checkpoint.dir: " + in_quotes(plan.checkpoint_dir) + " is " +
                     (found ? *found : std::string("a directory of other files")) +
                     ", not a checkpoint directory; expected a new or empty directory, or this run's checkpoint directory");
