@@ -1,7 +1,7 @@
 // FP8 casts and scaling factors: the per-tensor cast (optionally writing, in the same pass, the
 // transpose that the weight-gradient GEMM reads), the transpose of codes already cast, amax for
-// current scaling, 1x128 / 128x128 block quantisation. (Delayed scaling's state is updated on the host, from the amaxes the casts
-// record: model/fp8_linear.h.)
+// current scaling, 1x128 / 128x128 block quantisation. (Delayed scaling's state is updated on
+// the host, from the amaxes the casts record: model/fp8_linear.h.)
 //
 // Why this shape: codes come from float_to_fp8, the same NVIDIA conversion the CPU backend's
 // emulation calls, and scales repeat ptrain::current_scale / scale_from_amax operation for

@@ -141,6 +141,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   c.checkpoint.keep_last = 9;
   c.checkpoint.dir = "ckpt";
   c.logging = {5, 1, 7, 33, "Call me: \"Ishmael\"\n", 0.25};
+  c.distributed.grad_reduce_dtype = GradReduceDtype::bf16;
 
   const std::string yaml = ptrain::config_to_yaml(c);
   INFO(yaml);
@@ -167,6 +168,7 @@ TEST_CASE("config_to_yaml round trips every field exactly", "[config]") {
   CHECK(back.precision.loss_scaling.min_scale == 1e-300);
   CHECK(back.checkpoint.dir == "ckpt");
   CHECK(back.logging.numerics_every == 1);
+  CHECK(back.distributed.grad_reduce_dtype == GradReduceDtype::bf16);
 }
 
 TEST_CASE("config_to_yaml writes nulls and omits absent data", "[config]") {
@@ -286,6 +288,7 @@ TEST_CASE("enum values must be among the choices", "[config]") {
       {"precision.fp8.format=e5m2", "one of hybrid, e4m3"},
       {"precision.fp8.amax_algo=mean", "one of max, most_recent"},
       {"precision.loss_scaling.mode=on", "one of auto, off, static, dynamic"},
+      {"distributed.grad_reduce_dtype=fp16", "one of fp32, bf16"},
   };
   for (const auto& [flag, expected] : cases) {
     const std::string key = flag.substr(0, flag.find('='));

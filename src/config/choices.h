@@ -25,6 +25,7 @@ enum class Fp8Format { hybrid, e4m3 };                    // precision.fp8.forma
 enum class AmaxAlgo { max, most_recent };                 // precision.fp8.amax_algo
 enum class LossScalingMode { auto_, off, static_, dynamic };  // precision.loss_scaling.mode
 enum class OnSaveError { stop, continue_ };               // checkpoint.on_save_error
+enum class GradReduceDtype { fp32, bf16 };                // distributed.grad_reduce_dtype
 
 // Each enum's names as the config writes them, in the order of its values.
 template <typename E>
@@ -48,6 +49,7 @@ PTRAIN_CHOICE_NAMES(Fp8Format, "hybrid", "e4m3");
 PTRAIN_CHOICE_NAMES(AmaxAlgo, "max", "most_recent");
 PTRAIN_CHOICE_NAMES(LossScalingMode, "auto", "off", "static", "dynamic");
 PTRAIN_CHOICE_NAMES(OnSaveError, "stop", "continue");
+PTRAIN_CHOICE_NAMES(GradReduceDtype, "fp32", "bf16");
 #undef PTRAIN_CHOICE_NAMES
 
 // In JSON (metrics.jsonl, state.json, summaries) a choice is its name, as the config writes it,
@@ -72,6 +74,7 @@ PTRAIN_CHOICE_JSON(Fp8Format)
 PTRAIN_CHOICE_JSON(AmaxAlgo)
 PTRAIN_CHOICE_JSON(LossScalingMode)
 PTRAIN_CHOICE_JSON(OnSaveError)
+PTRAIN_CHOICE_JSON(GradReduceDtype)
 #undef PTRAIN_CHOICE_JSON
 
 // "fp8", "most_recent", ...: the name the config uses for the value.

@@ -268,6 +268,9 @@ Schema make_schema(Config& c) {
       // Valid ZeRO stages; 0 and 1 are implemented (checked in validate()).
       number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),
              "ZeRO optimizer sharding stage"),
+      choice("distributed.grad_reduce_dtype", &c.distributed.grad_reduce_dtype,
+             "what the gradients travel between ranks as: fp32, or bf16 (half the bytes: each rank's rounded to "
+             "bf16, summed in bf16)"),
   };
   schema.presence = {{"data.synthetic", &d.synthetic_enabled}};
   return schema;

@@ -187,6 +187,7 @@ struct LoggingConfig {
 
 struct DistributedConfig {
   int zero_stage = 0;
+  GradReduceDtype grad_reduce_dtype = GradReduceDtype::fp32;  // what gradients travel between ranks as
 };
 
 struct Config {

@@ -54,9 +54,10 @@ class Communicator {
   virtual void gather_shards(float* full, const float* shard, int64_t n) = 0;
 
   // ---- tensors in the backend's memory (float dtypes), in place or by shards
-  // t = the sum of t over ranks, rounded to t.format; bit-identical on every rank.
+  // t = the sum of t over ranks, bit-identical on every rank. A bf16/fp16 tensor is summed in
+  // its format, each addition rounded to it (as NCCL reduces such a tensor).
   virtual void all_reduce_sum(Tensor t) = 0;
-  // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, rounded to out.format.
+  // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, summed as above.
   // out may be that shard of `in` itself (in place, as ZeRO-1 sums into its gradient shard).
   virtual void reduce_scatter_sum(Tensor out, Tensor in) = 0;
   // out (n elements) = every rank's shard_of(n) of it, concatenated; `in` is this rank's shard.

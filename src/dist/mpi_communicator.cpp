@@ -143,8 +143,7 @@ class MpiCommunicator final : public Communicator {
       const int64_t n = t.numel();
       const Shard mine = shard_of(n, rank_, world_);
       std::vector<T> sum(static_cast<size_t>(mine.count));
-      reduce_scatter(t.as<T>(), n, sum.data());
-      round_to(sum.data(), mine.count, t.format);
+      reduce_scatter(t.as<T>(), n, sum.data(), t.format);
       gather(t.as<T>(), sum.data(), n);
     });
   }
@@ -157,8 +156,7 @@ class MpiCommunicator final : public Communicator {
                  "reduce_scatter_sum: out must be this rank's shard of in, of the same dtype");
     dispatch(in, [&](auto zero) {
       using T = decltype(zero);
-      reduce_scatter(in.as<T>(), n, out.as<T>());
-      round_to(out.as<T>(), out.numel(), out.format);
+      reduce_scatter(in.as<T>(), n, out.as<T>(), out.format);
     });
   }
 
@@ -188,9 +186,11 @@ class MpiCommunicator final : public Communicator {
     return l;
   }
 
-  // out (this rank's shard) = sum over ranks r = 0, 1, ... of rank r's copy of that shard.
+  // out (this rank's shard) = sum over ranks r = 0, 1, ... of rank r's copy of that shard. The
+  // CPU backend stores bf16/fp16 values as f32: their sum is rounded to the format after each
+  // addition, as NCCL reduces a tensor of that type (and the simulated NCCL, in rank order).
   template <typename T>
-  void reduce_scatter(const T* in, int64_t n, T* out) {
+  void reduce_scatter(const T* in, int64_t n, T* out, Format format) {
     const Layout l = layout(n);
     const int mine = l.counts[static_cast<size_t>(rank_)];
     std::vector<int> recv_counts(static_cast<size_t>(world_), mine), recv_displs(static_cast<size_t>(world_));
@@ -198,9 +198,13 @@ class MpiCommunicator final : public Communicator {
     std::vector<T> copies(static_cast<size_t>(mine) * static_cast<size_t>(world_));
     MPI_Alltoallv(in, l.counts.data(), l.displs.data(), mpi_type<T>(), copies.data(), recv_counts.data(),
                   recv_displs.data(), mpi_type<T>(), MPI_COMM_WORLD);
+    const bool narrow = std::is_same_v<T, float> && format != Format::fp32;
     for (int i = 0; i < mine; ++i) {
       T s = copies[static_cast<size_t>(i)];
-      for (int r = 1; r < world_; ++r) s += copies[static_cast<size_t>(r) * static_cast<size_t>(mine) + i];
+      for (int r = 1; r < world_; ++r) {
+        s += copies[static_cast<size_t>(r) * static_cast<size_t>(mine) + i];
+        if (narrow) s = static_cast<T>(round_to_format(static_cast<float>(s), format, false));
+      }
       out[i] = s;
     }
   }
@@ -212,15 +216,6 @@ class MpiCommunicator final : public Communicator {
     const bool in_place = shard == out + l.displs[static_cast<size_t>(rank_)];
     MPI_Allgatherv(in_place ? MPI_IN_PLACE : shard, l.counts[static_cast<size_t>(rank_)], mpi_type<T>(), out,
                    l.counts.data(), l.displs.data(), mpi_type<T>(), MPI_COMM_WORLD);
-  }
-
-  // The CPU backend stores bf16/fp16 values as f32: a sum of them is rounded back to the format.
-  template <typename T>
-  static void round_to(T* x, int64_t n, Format format) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (format == Format::fp32) return;
-      for (int64_t i = 0; i < n; ++i) x[i] = round_to_format(x[i], format, false);
-    }
   }
 
   template <typename Fn>

@@ -1,13 +1,18 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 
 namespace ptrain {
 
-AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage)
+AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage,
+             GradReduceDtype wire)
     : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
   PTRAIN_CHECK(zero_stage == 0 || zero_stage == 1, "AdamW: zero_stage must be 0 or 1");
   world_ = comm ? comm->world_size() : 1;
@@ -23,6 +28,33 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
   // ZeRO-1 sums the gradients into this rank's shard of the main-gradient buffer itself (an
   // in-place reduce-scatter, as Megatron's distributed optimizer does): no second gradient block.
   if (sharded()) grad_shard_ = model.grads_flat().range(shard_.begin, shard_.count);
+  const WireStaging staging = wire_staging(g.numel(), zero_stage, world_, wire);
+  const DType bf16 = backend.storage_for(Format::bf16, g.dtype);
+  if (staging.send > 0) wire_send_ = allocate(staging.send, bf16, Format::bf16);
+  if (staging.receive > 0) wire_receive_ = allocate(staging.receive, bf16, Format::bf16);
+}
+
+int64_t AdamW::wire_chunk() {
+  constexpr const char* kVariable = "PTRAIN_GRAD_EXCHANGE_CHUNK";
+  const char* text = std::getenv(kVariable);
+  if (!text || !*text) return kWireChunk;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text, &end, 10);
+  if (*end != '\0' || errno != 0 || v < 1 || !std::isdigit(static_cast<unsigned char>(text[0])))
+    throw UserError(std::string(kVariable) + ": \"" + text + "\" is not a chunk size; expected a positive integer "
+                    "(elements), or unset");
+  return v;
+}
+
+AdamW::WireStaging AdamW::wire_staging(int64_t n, int zero_stage, int world, GradReduceDtype wire) {
+  if (wire != GradReduceDtype::bf16 || world <= 1 || n == 0) return {};
+  const int64_t chunk = wire_chunk();
+  if (zero_stage != 1) return {std::min(n, chunk), 0};
+  // Each rank's piece of a chunk is the same length (a shorter shard's padded with zeros), so
+  // the communicator's reduce-scatter of the chunk hands each rank its own piece.
+  const int64_t piece = std::min((n + world - 1) / world, std::max<int64_t>(chunk / world, 1));
+  return {piece * world, piece};
 }
 
 AdamW::~AdamW() {
@@ -44,12 +76,18 @@ MasterRange AdamW::master_range(int64_t num_params, int zero_stage, int rank, in
 
 double AdamW::reduce_gradients(bool summed_in_backward) {
   const Tensor grads = model_.grads_flat();
+  PTRAIN_CHECK(!(summed_in_backward && exchanges_bf16()), "AdamW: a bf16 gradient exchange is not summed in backward");
   if (sharded()) {
-    comm_->reduce_scatter_sum(grad_shard_, grads);
+    if (exchanges_bf16())
+      reduce_in_bf16();
+    else
+      comm_->reduce_scatter_sum(grad_shard_, grads);
     return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grad_shard_)));
   }
   if (world_ == 1) return std::sqrt(backend_.sum_squares(grads));
-  if (summed_in_backward)
+  if (exchanges_bf16())
+    reduce_in_bf16();
+  else if (summed_in_backward)
     comm_->wait();
   else
     comm_->all_reduce_sum(grads);
@@ -57,6 +95,37 @@ double AdamW::reduce_gradients(bool summed_in_backward) {
   // does: both stages clip by the same norm, and a GPU syncs once.
   const Shard s = shard_of(grads.numel(), comm_->rank(), world_);
   return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grads.range(s.begin, s.count))));
+}
+
+void AdamW::reduce_in_bf16() {
+  const Tensor grads = model_.grads_flat();
+  const int64_t n = grads.numel();
+  if (!sharded()) {  // all-reduce, a chunk at a time
+    for (int64_t at = 0; at < n; at += wire_send_.numel()) {
+      const int64_t len = std::min(wire_send_.numel(), n - at);
+      const Tensor wire = wire_send_.range(0, len);
+      backend_.copy(wire, grads.range(at, len));
+      comm_->all_reduce_sum(wire);
+      backend_.copy(grads.range(at, len), wire);
+    }
+    return;
+  }
+  // Reduce-scatter: chunk k holds piece k of every rank's shard, rank by rank, so that the
+  // communicator's shard r of the chunk is piece k of shard r.
+  const int64_t piece = wire_receive_.numel(), longest = shard_of(n, 0, world_).count;
+  for (int64_t at = 0; at < longest; at += piece) {
+    const int64_t len = std::min(piece, longest - at);
+    const Tensor chunk = wire_send_.range(0, len * world_);
+    backend_.zero(chunk);  // a shorter shard's piece is padded with zeros
+    for (int r = 0; r < world_; ++r) {
+      const Shard s = shard_of(n, r, world_);
+      const int64_t count = std::min(len, s.count - at);
+      if (count > 0) backend_.copy(chunk.range(r * len, count), grads.range(s.begin + at, count));
+    }
+    comm_->reduce_scatter_sum(wire_receive_.range(0, len), chunk);
+    const int64_t mine = std::min(len, shard_.count - at);
+    if (mine > 0) backend_.copy(grad_shard_.range(at, mine), wire_receive_.range(0, mine));
+  }
 }
 
 void AdamW::step(double lr, double grad_norm, double loss_scale) {

@@ -7,11 +7,19 @@
 // owns one contiguous shard of the flat parameters (dist/communicator.h shard_of): gradients are
 // reduce-scattered, the rank keeps moments and FP32 master weights for its shard only, updates
 // it, and the updated copies are all-gathered. Both compute the same numbers.
+//
+// distributed.grad_reduce_dtype: bf16 halves the gradient exchange's bytes: a chunk at a time
+// (wire_chunk() elements), each rank's FP32 sums are rounded to bf16 into a staging block, the
+// communicator sums the bf16 copies in bf16 (NCCL rounds after each addition of its reduction;
+// the MPI communicator adds in rank order, rounding each addition the same way), and the sums
+// are widened back into the FP32 buffer. A gradient element is then rounded once per rank and
+// once per addition: up to 2^-9 relative each, against FP32's exact-to-2^-24 sums.
 #pragma once
 
 #include <vector>
 
 #include "backend/backend.h"
+#include "config/choices.h"
 #include "dist/communicator.h"
 #include "model/transformer.h"
 
@@ -28,7 +36,8 @@ struct AdamWConfig {
 class AdamW {
  public:
   // `comm` (null: one process) must outlive the optimizer; zero_stage is 0 or 1.
-  AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0);
+  AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0,
+        GradReduceDtype wire = GradReduceDtype::fp32);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -60,8 +69,23 @@ class AdamW {
   // `world` ranks (all of them otherwise).
   static MasterRange master_range(int64_t num_params, int zero_stage, int rank, int world);
 
+  // Elements of the gradient a bf16 exchange stages at once, over all ranks: 64 MiB of bf16,
+  // few enough NCCL calls for an 8B model's gradients (a few hundred a step).
+  static constexpr int64_t kWireChunk = int64_t{1} << 25;
+  // kWireChunk, or $PTRAIN_GRAD_EXCHANGE_CHUNK (elements, for tests: many chunks of a small
+  // model); a value that is not a positive integer is a UserError naming the variable.
+  static int64_t wire_chunk();
+  // The staging blocks' element counts for n parameters on `world` ranks (none on one rank or
+  // with an FP32 exchange): the chunk every rank sends, and with ZeRO-1 the piece it receives.
+  struct WireStaging {
+    int64_t send = 0, receive = 0;
+  };
+  static WireStaging wire_staging(int64_t n, int zero_stage, int world, GradReduceDtype wire);
+  bool exchanges_bf16() const { return !wire_send_.empty(); }
+
  private:
   Tensor allocate(int64_t n, DType dtype, Format format);
+  void reduce_in_bf16();
 
   Transformer& model_;
   Backend& backend_;
@@ -72,6 +96,7 @@ class AdamW {
   Shard shard_;
   Tensor m_, v_;           // FP32, the shard's (or the whole) flat layout
   Tensor grad_shard_;      // ZeRO-1: this rank's shard of the summed gradients, in the model's gradient buffer
+  Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece
   std::vector<void*> memory_;
   int64_t t_ = 0;
 };

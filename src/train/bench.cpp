@@ -62,7 +62,7 @@ static void benchmark_gpu(const Config& config, const CudaDeviceInfo& device) {
   }
   // Beside it, the dry run's plan for the same run, so that a GPU checks the plan as the
   // simulated device does.
-  const GpuMemoryPlan plan = plan_gpu_memory(resolve_run(config, launcher_world_size()), config.distributed.zero_stage,
+  const GpuMemoryPlan plan = plan_gpu_memory(resolve_run(config, launcher_world_size()), config.distributed,
                                              result.attention);
   std::printf("  peak device memory     %10.2f GiB  (plan %.2f GiB%s)\n",
               static_cast<double>(result.peak_device_bytes) / (1 << 30), static_cast<double>(plan.total()) / (1 << 30),

@@ -179,7 +179,7 @@ void add_gpu_plan(RunRecord& r) {
   } catch (const UserError&) {
     return;
   }
-  const GpuMemoryPlan plan = plan_gpu_memory(spec, config.distributed.zero_stage, attention);
+  const GpuMemoryPlan plan = plan_gpu_memory(spec, config.distributed, attention);
   r.gpu_plan_mib = static_cast<double>(plan.total()) / (1024.0 * 1024.0);
   r.gpu_plan_state_bytes_per_param = static_cast<double>(plan.model_state()) / static_cast<double>(plan.parameters);
 }

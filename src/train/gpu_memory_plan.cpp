@@ -10,6 +10,7 @@
 #include "core/format.h"
 #include "metrics/run_log.h"
 #include "model/transformer.h"
+#include "optim/adamw.h"
 #include "precision/policy.h"
 
 namespace ptrain {
@@ -88,7 +89,8 @@ Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t r
 
 }  // namespace
 
-GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath attention) {
+GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& distributed, AttentionPath attention) {
+  const int zero_stage = distributed.zero_stage;
   const ModelShape& s = spec.shape;
   // The phases store weights, activations and gradients alike (bf16 or fp8's bf16): the first's.
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
@@ -120,8 +122,11 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath
   const int64_t shard = sharded ? (n + world_size - 1) / world_size : n;
   p.optimizer = 2 * block_of(shard, Format::fp32);
   if (sharded && policy.has_master_weights()) p.master = block_of(shard, Format::fp32);
-  // The backend's own blocks and the trainer's per-micro-batch loss sums.
-  p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(spec.batch.accumulation * int64_t(sizeof(double)));
+  // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
+  // exchange's staging blocks.
+  const AdamW::WireStaging wire = AdamW::wire_staging(n, zero_stage, world_size, distributed.grad_reduce_dtype);
+  p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(spec.batch.accumulation * int64_t(sizeof(double))) +
+              block_of(wire.send, Format::bf16) + block_of(wire.receive, Format::bf16);
   // The ops' scratch, kept between calls (cuda_backend_impl.h, enum Slot), at its largest:
   const int64_t rows = int64_t{B} * T, C = s.n_embd, act = dtype_size(cuda_storage_dtype(policy.activations));
   int64_t scratch = 0;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "config/config.h"
 #include "train/run_spec.h"
 
 namespace ptrain {
@@ -30,8 +31,9 @@ struct GpuMemoryPlan {
   std::string describe_per_parameter() const;
 };
 
-// The plan for one rank of spec's world size under distributed.zero_stage, attention taking `attention`.
-GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, int zero_stage, AttentionPath attention);
+// The plan for one rank of spec's world size under `distributed` (the ZeRO stage, the gradient
+// exchange's format), attention taking `attention`.
+GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& distributed, AttentionPath attention);
 
 // The attention path a CUDA run would take when no device is here to ask cuDNN: fused for bf16
 // or fp16 activations unless model.attention (`want`) is fallback.

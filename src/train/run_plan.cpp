@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "metrics/run_log.h"
 #include "model/transformer.h"
+#include "optim/adamw.h"
 #include "train/output_policy.h"
 #include "train/trainer.h"
 
@@ -402,6 +403,7 @@ RunPlan plan_run(const Config& config, int planned_ranks) {
   plan.run_dir = (fs::path(config.run.out_dir) / config.run.name).string();
   check_creatable(plan.run_dir, kRunDirWhat, kLongestInnerPath);  // the names, before paths below it are looked at
   plan.faults = StepFaults::from_environment();
+  if (config.distributed.grad_reduce_dtype == GradReduceDtype::bf16) (void)AdamW::wire_chunk();  // its variable, now
   plan_machine(plan, planned_ranks);
   // Which checkpoint to resume from decides whether the run directory is continued, so the
   // checkpoint directory is looked at first (read only).
@@ -453,8 +455,8 @@ std::string describe_plan(const RunPlan& plan) {
        format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", their gradients " +
        format_name(policy.activation_grads) + ", weight gradients fp32, loss scaling " +
        choice_name(policy.loss_scaling.mode) + ")");
-  line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed.zero_stage).describe() + " (micro-batch " + std::to_string(B) + " x " +
-       std::to_string(T) + ")");
+  line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed.zero_stage).describe() + " (micro-batch " +
+       std::to_string(B) + " x " + std::to_string(T) + ")");
   if (plan.data.synthetic)
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +
          " tokens, generated into " + (fs::path(plan.run_dir) / "data").string());

@@ -81,7 +81,10 @@ void RunReport::announce_peaks(int64_t native_fp8_weights) {
 
 void RunReport::announce_ranks(const std::vector<double>& state_bytes, bool master_shard) {
   if (comm_.world_size() == 1) return;
-  log_.info("data parallel: " + comm_.description() + " | ZeRO stage " + std::to_string(cfg_.distributed.zero_stage));
+  const bool bf16_wire = cfg_.distributed.grad_reduce_dtype == GradReduceDtype::bf16;
+  log_.info("data parallel: " + comm_.description() + " | ZeRO stage " + std::to_string(cfg_.distributed.zero_stage) +
+            " | gradients reduced in " +
+            (bf16_wire ? "bf16 (each rank's rounded, and each addition)" : "fp32"));
   std::string line = "optimizer state per rank (AdamW moments" +
                      std::string(master_shard ? " + FP32 master shard" : "") + "):";
   for (size_t r = 0; r < state_bytes.size(); ++r)
@@ -90,6 +93,7 @@ void RunReport::announce_ranks(const std::vector<double>& state_bytes, bool mast
   log_.info(line);
   log_.metrics({{"ranks", comm_.world_size()},
                 {"zero_stage", cfg_.distributed.zero_stage},
+                {"grad_reduce_dtype", cfg_.distributed.grad_reduce_dtype},
                 {"optimizer_state_bytes_per_rank", state_bytes}});
 }
 

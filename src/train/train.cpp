@@ -100,7 +100,7 @@ TrainResult train(const Config& config, const TrainOptions& options) {
       log.info(config_to_yaml(config));
       log.info(describe_plan(plan) + devices.device_choice + "\nattention: " + attention.reason);
       if (!devices.backend || devices.backend->device() == Device::cuda) {
-        const GpuMemoryPlan gpu = plan_gpu_memory(plan.spec, config.distributed.zero_stage, attention.path);
+        const GpuMemoryPlan gpu = plan_gpu_memory(plan.spec, config.distributed, attention.path);
         const CudaProbe gpus = devices.backend ? probe_cuda() : probe;  // run.device: auto may have taken one
         const CudaDeviceInfo* here = gpus.devices.empty() ? nullptr : &gpus.devices.front();
         log.info("GPU memory plan per rank: " + gpu.describe() + "\n  " + gpu.describe_per_parameter() + "\n" +

@@ -88,7 +88,8 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
              attention_.path, cfg_.model.fused_gelu, spec_.recompute,
              AdamW::master_range(param_count(spec_.shape), cfg_.distributed.zero_stage, comm_->rank(),
                                  comm_->world_size())),
-      optimizer_(model_, *backend_, spec_.adamw, comm_.get(), cfg_.distributed.zero_stage),
+      optimizer_(model_, *backend_, spec_.adamw, comm_.get(), cfg_.distributed.zero_stage,
+                 cfg_.distributed.grad_reduce_dtype),
       scaler_(policy_.loss_scaling),
       guard_(cfg_.training.guard),
       lr_schedule_(spec_.lr),
@@ -349,8 +350,9 @@ void Trainer::stop_diverged(int64_t step, const std::string& why) {
 }
 
 // Whether each block's gradient all-reduce starts during the last micro-batch's backward pass.
+// A bf16 exchange stages the gradients a chunk at a time after the backward pass.
 bool Trainer::overlaps_all_reduce() const {
-  return comm_->world_size() > 1 && comm_->overlaps_compute() && !optimizer_.sharded();
+  return comm_->world_size() > 1 && comm_->overlaps_compute() && !optimizer_.sharded() && !optimizer_.exchanges_bf16();
 }
 
 // Delayed FP8 scaling: the amax each rank saw this step, max-reduced across ranks before the

@@ -36,6 +36,7 @@ struct Axes {
   int seq_len = 64;
   const char* arch = "gpt2";  // llama: grouped-query attention, 2 K/V heads under 4 query heads
   const char* recompute = "none";  // training.recompute
+  const char* grad_reduce = "fp32";  // distributed.grad_reduce_dtype
 };
 
 // The parameter count the run's log gives ("| 437,760 parameters").
@@ -135,7 +136,8 @@ void check_run(const Axes& run) {
                  ", micro_batch: 4, eval_every: 0, eval_batches: 1, recompute: " + run.recompute + ", "
                  "cuda_graph: " + (run.graphs ? "true" : "false") + "}\n"
                  "precision: " + precision + "\n"
-                 "distributed: {zero_stage: " + std::to_string(run.zero_stage) + "}\n"
+                 "distributed: {zero_stage: " + std::to_string(run.zero_stage) + ", grad_reduce_dtype: " +
+                 run.grad_reduce + "}\n"
                  "checkpoint: {save_final: false}\n");
   const std::string env = "PTRAIN_SIM_REPORT='" + report.string() + "' PTRAIN_SIM_DEVICES=" + std::to_string(run.ranks);
   const fs::path library_log = dir / "library.jsonl";
@@ -200,15 +202,17 @@ void check_run(const Axes& run) {
     if (run.ranks > 1) {
       // ZeRO-0 sums gradients with all-reduces; ZeRO-1 reduce-scatters them and all-gathers the
       // updated weights, or, when the parameters do not split evenly, reduces and broadcasts
-      // each rank's shard.
+      // each rank's shard. A bf16 exchange reduce-scatters chunks of equal pieces either way.
       CHECK(r.output.find("data parallel: NCCL") != std::string::npos);
+      const bool bf16_exchange = std::string(run.grad_reduce) == "bf16";
+      CHECK(r.output.find(std::string("gradients reduced in ") + run.grad_reduce) != std::string::npos);
       const bool even = logged_parameters(r.output) % run.ranks == 0;
       if (run.zero_stage == 0) {
         CHECK(ran(ops, "ncclAllReduce") > 0);
       } else {
-        CHECK((ran(ops, "ncclReduceScatter") > 0) == even);
+        CHECK((ran(ops, "ncclReduceScatter") > 0) == (even || bf16_exchange));
         CHECK((ran(ops, "ncclAllGather") > 0) == even);
-        CHECK((ran(ops, "ncclReduce") > 0) == !even);
+        CHECK((ran(ops, "ncclReduce") > 0) == (!even && !bf16_exchange));
         CHECK((ran(ops, "ncclBroadcast") > 0) == !even);
       }
     } else {
@@ -277,6 +281,11 @@ const Axes kRuns[] = {
     {"fp8-current-2-ranks-zero1-recompute-mlp", "fp8:current", "fallback", false, 2, 1, 64, "gpt2", "mlp"},
     {"llama-bf16-fused-recompute-mlp", "bf16", "cudnn", false, 1, 0, 64, "llama", "mlp"},
     {"llama-fp32-recompute-block", "fp32", "auto", false, 1, 0, 64, "llama", "block"},
+    // Gradients exchanged in bf16: the staging blocks are what the plan counts, the ZeRO-0 sums
+    // come after the backward pass, and uneven ZeRO-1 shards pad their pieces.
+    {"bf16-2-ranks-fused-graphs-bf16-exchange", "bf16", "cudnn", true, 2, 0, 64, "gpt2", "none", "bf16"},
+    {"fp8-current-3-ranks-zero1-uneven-bf16-exchange", "fp8:current", "fallback", false, 3, 1, 32, "gpt2", "none",
+     "bf16"},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
