@@ -343,7 +343,7 @@ __global__ void fp8_quantize_blocks_kernel(Fp8BlockCodes dst, float* amax, Fp8Co
         Fp8Vec<V> codes{};
         for (int k = 0; k < count; ++k) codes.v[k] = tally.cast(x[k], scale, format);
         if (dst.codes) store_codes(dst.codes + row + i, codes, count);
-        if (dst.codes_t)  // byte by byte down a transposed column: the weight's, cast once per step
+        if (dst.codes_t)  // byte by byte down a transposed column
           for (int k = 0; k < count; ++k) dst.codes_t[static_cast<size_t>(c0 + i + k) * rows + r] = codes.v[k];
       }
     }

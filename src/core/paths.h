@@ -17,7 +17,8 @@ enum class PathKind { missing, directory, file, other };  // file: a regular fil
 // examined: a symbolic-link loop, a name too long, a component that is not a directory.
 PathKind path_kind(const std::string& path, const std::string& what);
 
-// `dir` is a directory with no entries (false when it cannot be read, or is not one).
+// `dir` has no entries (false when it cannot be read; an empty regular file counts as empty,
+// so callers look at what the path is first).
 bool is_empty_directory(const std::string& dir);
 
 // `path` is a writable directory or can be created as one, with `extra` more bytes of names

@@ -17,8 +17,9 @@ namespace ptrain {
 struct GpuMemoryPlan {
   int64_t parameters = 1;  // the model's, for bytes per parameter
   int64_t params = 0, master = 0, grads = 0, optimizer = 0, activations = 0;
-  // FP8 layers' codes: the weights' own (kept through the step, about a byte per parameter)
-  // and the operands' (inputs, output gradients and the weights' transposes, mostly shared).
+  // FP8 layers' codes: the weights' own (kept through the step, about a byte per parameter; a
+  // layer that emulates keeps an FP32 dequantised copy instead) and the operands' (inputs,
+  // output gradients and the weights' transposes, mostly shared).
   int64_t fp8_weights = 0, fp8_operands = 0;
   int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
   bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU

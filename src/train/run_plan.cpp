@@ -356,7 +356,7 @@ void plan_machine(RunPlan& plan, int planned_ranks) {
                     " of memory; this machine has " + format_mib(static_cast<int64_t>(have)) +
                     "; expected a smaller model or micro-batch");
   if (on_cpu) {
-    const MemoryPlan memory = plan_memory(plan.spec, plan.config.distributed.zero_stage);
+    const MemoryPlan memory = plan_memory(plan.spec, plan.config.distributed);
     const double need = static_cast<double>(memory.total()) + corpus;
     if (have > 0 && need > have)
       throw UserError("model: the run needs about " + format_mib(static_cast<int64_t>(need)) + " of memory (" +
@@ -371,10 +371,12 @@ std::string MemoryPlan::describe() const {
   return format_mib(total()) + " = " + format_mib(params) + " params + " +
          (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
          " FP32 grads + " + format_mib(optimizer) + " AdamW state + " + format_mib(activations) + " activations" +
-         (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string());
+         (fp8 ? " + " + format_mib(fp8) + " FP8 cast copies" : std::string()) +
+         (exchange ? " + " + format_mib(exchange) + " bf16 gradient exchange staging" : std::string());
 }
 
-MemoryPlan plan_memory(const RunSpec& spec, int zero_stage) {
+MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed) {
+  const int zero_stage = distributed.zero_stage;
   const ModelShape& s = spec.shape;
   // The phases store weights alike (bf16 or fp8's bf16): the first's. The CPU stores every
   // format as floats.
@@ -389,12 +391,15 @@ MemoryPlan plan_memory(const RunSpec& spec, int zero_stage) {
   int64_t widest_fp8 = 0;
   for (const auto& phase : spec.precision.phases)
     widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
+  const AdamW::WireStaging wire =
+      AdamW::wire_staging(param_count(s), zero_stage, world, distributed.grad_reduce_dtype);
   return {n,
           policy.has_master_weights() ? shard : 0,
           n,
           2 * shard,
           model_activation_bytes(s, B, T, sizeof(float), spec.recompute) + rope_table_bytes(s, T),
-          widest_fp8};
+          widest_fp8,
+          (wire.send + wire.receive) * static_cast<int64_t>(sizeof(float))};
 }
 
 RunPlan plan_run(const Config& config, int planned_ranks) {
@@ -455,7 +460,7 @@ std::string describe_plan(const RunPlan& plan) {
        format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", their gradients " +
        format_name(policy.activation_grads) + ", weight gradients fp32, loss scaling " +
        choice_name(policy.loss_scaling.mode) + ")");
-  line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed.zero_stage).describe() + " (micro-batch " +
+  line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed).describe() + " (micro-batch " +
        std::to_string(B) + " x " + std::to_string(T) + ")");
   if (plan.data.synthetic)
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +

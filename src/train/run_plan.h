@@ -47,11 +47,13 @@ enum class RunDirAction {
 // What the CPU backend allocates for a run: every format is emulated in float storage.
 struct MemoryPlan {
   int64_t params, master, grads, optimizer, activations, fp8;
-  int64_t total() const { return params + master + grads + optimizer + activations + fp8; }
+  int64_t exchange = 0;  // a bf16 gradient exchange's staging blocks
+  int64_t total() const { return params + master + grads + optimizer + activations + fp8 + exchange; }
   std::string describe() const;
 };
-// The CPU backend's memory for one rank of spec's world size under distributed.zero_stage.
-MemoryPlan plan_memory(const RunSpec& spec, int zero_stage);
+// The CPU backend's memory for one rank of spec's world size under `distributed` (the ZeRO
+// stage, the gradient exchange's format).
+MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed);
 
 // The weights model.init_from starts from, in ptrain's flat parameter order, and what they were
 // read from (for the log: "llm.c model file, version 3", "Hugging Face llama directory, ...").

@@ -41,7 +41,7 @@ void RunReport::announce_run(int64_t num_params, const TokenStream& train, const
               std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
               " | oracle val loss " + format_number("%.4f", synthetic_->oracle_loss_val) + " (the floor), ln(V) " +
               format_number("%.4f", std::log(shape.vocab)));
-  log_.info("memory: " + plan_memory(spec_, cfg_.distributed.zero_stage).describe() +
+  log_.info("memory: " + plan_memory(spec_, cfg_.distributed).describe() +
             (spec_.recompute == Recompute::none
                  ? ""
                  : " (training.recompute: " + std::string(choice_name(spec_.recompute)) + ")"));

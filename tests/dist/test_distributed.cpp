@@ -307,7 +307,7 @@ TEST_CASE("ZeRO-1 equals ZeRO-0 and halves per-rank optimizer memory", "[mpi]") 
 // on MPI: the same sums whether ZeRO-0 all-reduces them or ZeRO-1 reduce-scatters them (in
 // chunks of equal pieces, padded where 3 ranks split the parameters unevenly). Against the FP32
 // exchange, step 1 trains the same weights on the same data, and its gradient norm moves by no
-// more than bf16's rounding: 2^-9 relative per rounding, one per rank and one per addition.
+// more than bf16's rounding: 2^-8 relative per rounding, one per rank and one per addition.
 TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf16's rounding of FP32's", "[mpi]") {
   Workspace ws("bf16-exchange");
   for (const int ranks : {2, 3}) {
@@ -355,7 +355,8 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf
     INFO("gradient norms, FP32 exchange | bf16:\n" << side_by_side(reference.grad_norm, b.grad_norm));
     REQUIRE(reference.loss.size() == 8);
     CHECK(b.loss[0] == reference.loss[0]);
-    CHECK(std::fabs(b.grad_norm[0] - reference.grad_norm[0]) <= 2 * ranks * std::ldexp(1.0, -9) * reference.grad_norm[0]);
+    CHECK(std::fabs(b.grad_norm[0] - reference.grad_norm[0]) <=
+          (2 * ranks - 1) * std::ldexp(1.0, -8) * reference.grad_norm[0]);
   }
 }
 
