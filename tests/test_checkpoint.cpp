@@ -118,6 +118,9 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
                "--set precision.loss_scaling.hysteresis=2 --set precision.loss_scaling.growth_interval=2"},
       // A history of 4 is full at the stop after step 4.
       {"fp8", "--set precision.mode=fp8 --set precision.fp8.recipe=delayed --set precision.fp8.amax_history=4"},
+      // The block linears' FP8 codes cast again from the resumed FP32 master.
+      {"fp8-primary", "--set precision.mode=fp8 --set precision.fp8.recipe=current "
+                      "--set precision.fp8.primary_weights=true"},
       // Llama, one K/V head, its own tensor names in the checkpoint files (QK-norm's weights
       // among them).
       {"llama-bf16", "--set model.arch=llama --set model.n_kv_head=1 --set model.mlp_hidden=48 "

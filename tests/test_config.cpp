@@ -488,6 +488,40 @@ TEST_CASE("llama's settings are checked, and refused with gpt2", "[config][llama
   CHECK(contains(kv, "n_kv_head * head_size = 64 is not a multiple of 128"));
 }
 
+// Primary FP8 weights keep no bf16 copy of the block linears' weights: whatever would run one
+// of them in bf16, or would need another rank's master to cast it, is refused by name.
+TEST_CASE("precision.fp8.primary_weights: refused where a block would run in bf16 or ZeRO-1 shards the master",
+          "[config]") {
+  const std::vector<std::string> fp8 = {"precision.mode=fp8", "precision.fp8.primary_weights=true"};
+  CHECK(problems_of(kMinimal, fp8).empty());
+  CHECK(parse_config(kMinimal, "cfg.yaml", fp8).precision.fp8.primary_weights);
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), fp8.begin(), fp8.end());
+    return only_problem(kMinimal, more);
+  };
+  struct Case {
+    std::vector<std::string> overrides;
+    const char* prefix;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{{"precision.mode=bf16"}, "--set precision.mode=bf16", "true with precision.mode bf16"},
+        Case{{"precision.fp8.bf16_first_last=true"}, "--set precision.fp8.bf16_first_last=true",
+             "whose bf16 blocks would have no bf16 weights"},
+        Case{{"training.guard.action=skip", "checkpoint.every=5", "training.guard.action=rollback"},
+             "--set training.guard.action=rollback", "rollback, which goes on in bf16"},
+        Case{{"distributed.zero_stage=1"}, "--set distributed.zero_stage=1", "ranks would exchange FP8 codes"}}) {
+    const std::string message = with(c.overrides);
+    check_shape(message, c.prefix, "precision.fp8.primary_weights");
+    CHECK(contains(message, c.says));
+  }
+  // A schedule's switches remake the FP8 layers, even between two FP8 recipes.
+  const std::string schedule = "precision.schedule=[{until_step: 5, mode: fp8, fp8: {recipe: current}}, {mode: fp8}]";
+  const std::string message = only_problem(kMinimal, {"precision.fp8.primary_weights=true", schedule});
+  check_shape(message, "--set " + schedule, "precision.fp8.primary_weights");
+  CHECK(contains(message, "true with precision.schedule"));
+}
+
 TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[config]") {
   for (const char* mode : {"fp32", "bf16", "fp16", "fp8"}) {
     CAPTURE(mode);

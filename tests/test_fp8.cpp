@@ -215,3 +215,46 @@ TEST_CASE("the policy decides which layers run in fp8 and in which formats", "[f
 
   for (const auto& [name, format] : fp8_names({"e4m3"})) CHECK(format == Format::e4m3);
 }
+
+// precision.fp8.primary_weights: the block linears keep no copy in the weight format (their
+// param() is the FP32 master), and their FP8 casts read the master itself. Shown by a weight bf16
+// cannot hold made the largest of h0's qkv: the cast's amax is that FP32 value with primary
+// weights, its bf16 rounding without.
+TEST_CASE("primary FP8 weights keep no bf16 copy of the block linears, whose casts read the FP32 master", "[fp8]") {
+  const ModelShape shape{2, 2, 32, 16, 64, 128};
+  const int B = 2, T = 16;
+  const float odd = 0.5f + 0x1p-20f;  // bf16 keeps 8 significant bits: it rounds this to 0.5
+  std::vector<int32_t> tokens(B * T);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7 + 3) % 64);
+  const auto weight_amax = [&](bool primary) {
+    PrecisionConfig pc;
+    pc.mode = PrecisionMode::fp8;
+    pc.fp8.primary_weights = primary;
+    const PrecisionPolicy policy = PrecisionPolicy::from_config(pc);
+    Transformer model(shape, cpu_backend(), DType::f32, B, T, policy);
+    const auto linears = block_linear_shapes(shape);
+    int64_t linear_weights = 0;
+    for (const auto& [C, OC] : linears) linear_weights += C * OC * shape.n_layer;
+    CHECK(primary_fp8_weight_count(shape, policy) == (primary ? linear_weights : 0));
+    CHECK(model.params_flat().numel() == model.num_params() - (primary ? linear_weights : 0));
+    for (const ParamSpec& spec : model.specs()) {
+      INFO(spec.name);
+      const bool linear = spec.id == kQkvw || spec.id == kAttnOutw || spec.id == kMlpUpw || spec.id == kMlpDownw;
+      CHECK(model.weight_copy(spec.id).empty() == (primary && linear));
+      CHECK((model.param(spec.id).data == model.master(spec.id).data) == (primary && linear));
+    }
+    model.init(1);
+    std::vector<float> qkv(static_cast<size_t>(model.master(kQkvw).numel()));
+    cpu_backend().download(qkv.data(), model.master(kQkvw));
+    qkv[0] = odd;  // h0's (the stacked tensor's first layer), above the init's 0.02 * a few
+    cpu_backend().upload(model.master(kQkvw), qkv.data());
+    model.sync_params_from_master();
+    model.forward(tokens.data(), tokens.data(), 1.0f / (B * T));
+    for (const Fp8TensorState* t : model.fp8_tensors())
+      if (t->name == "h0.qkv.weight") return t->stats.amax;
+    FAIL("no h0.qkv.weight");
+    return 0.0f;
+  };
+  CHECK(weight_amax(true) == odd);
+  CHECK(weight_amax(false) == 0.5f);
+}

@@ -97,16 +97,24 @@ TEST_CASE("activation recomputation gives the same loss and gradients bit for bi
   std::vector<double> losses;
   std::vector<std::vector<float>> grads;
   std::vector<size_t> bytes;
-  for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block}) {
-    Transformer model(shape, *backend, DType::f32, B, T, policy, AttentionPath::fallback, true, recompute);
-    model.init(5);
-    model.zero_grad();
-    losses.push_back(model.forward(inputs.data(), targets.data(), 1.0f / (B * T)));
-    model.backward();
-    const Tensor g = model.grads_flat();
-    grads.emplace_back(g.as<float>(), g.as<float>() + g.numel());
-    bytes.push_back(model.activation_bytes());
-  }
+  // FP8 throughout the run: the inputs its layers read backward as codes take one layer's room
+  // too (below what each recompute setting keeps, but under a recomputed block, which already
+  // keeps one layer of them), and every layer's backward pass reads the right ones.
+  const bool fp8 = std::string(mode) == "fp8";
+  for (const bool fp8_throughout : fp8 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+    for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block}) {
+      Transformer model(shape, *backend, DType::f32, B, T, policy, AttentionPath::fallback, true, recompute, {},
+                        fp8_throughout);
+      model.init(5);
+      model.zero_grad();
+      losses.push_back(model.forward(inputs.data(), targets.data(), 1.0f / (B * T)));
+      model.backward();
+      const Tensor g = model.grads_flat();
+      grads.emplace_back(g.as<float>(), g.as<float>() + g.numel());
+      bytes.push_back(model.activation_bytes());
+      CHECK(bytes.back() == static_cast<size_t>(model_activation_bytes(shape, B, T, sizeof(float), recompute,
+                                                                       fp8_throughout)));
+    }
   CHECK(norm(grads[0]) > 0);
   for (size_t i = 1; i < losses.size(); ++i) {
     CAPTURE(i);
@@ -115,6 +123,11 @@ TEST_CASE("activation recomputation gives the same loss and gradients bit for bi
   }
   CHECK(bytes[1] < bytes[0]);
   CHECK(bytes[2] < bytes[1]);
+  if (fp8) {
+    CHECK(bytes[3] < bytes[0]);
+    CHECK(bytes[4] < bytes[1]);
+    CHECK(bytes[5] == bytes[2]);
+  }
   CHECK(model_activation_bytes(shape, B, T, sizeof(float), Recompute::block) < model_activation_bytes(shape, B, T, sizeof(float)));
 }
 

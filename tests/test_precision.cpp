@@ -67,6 +67,9 @@ TEST_CASE("every reduced precision ends within 2 percent of fp32", "[precision]"
       {"fp8-delayed", {"precision.mode=fp8", "precision.fp8.recipe=delayed"}},
       {"fp8-current", {"precision.mode=fp8", "precision.fp8.recipe=current"}},
       {"fp8-block", {"precision.mode=fp8", "precision.fp8.recipe=block"}},
+      // The block linears' weights as FP8 codes only, cast from the FP32 master.
+      {"fp8-current-primary",
+       {"precision.mode=fp8", "precision.fp8.recipe=current", "precision.fp8.primary_weights=true"}},
   };
   for (const auto& [name, overrides] : modes) {
     const Run run = train_run(dir, name, overrides, model);

@@ -232,6 +232,8 @@ Schema make_schema(Config& c) {
       flag("precision.fp8.bf16_first_last", &f8.bf16_first_last,
            "keep the first and last blocks in BF16"),
       flag("precision.fp8.bf16_lm_head", &f8.bf16_lm_head, "keep the LM head in BF16"),
+      flag("precision.fp8.primary_weights", &f8.primary_weights,
+           "the block linears' working weights kept only as FP8 codes, cast from the FP32 master"),
       number("precision.fp8.block_size", &f8.block_size, at_least(1),
              "block recipe: 1 x block_size tiles, block_size^2 weight blocks (128 only)"),
       choice("precision.loss_scaling.mode", &ls.mode,
@@ -841,6 +843,7 @@ class Loader {
               std::to_string(f8.block_size) + " is not a supported block size", "128 (1x128 tiles, 128x128 weight blocks)");
 
     check_rollback(c);
+    check_primary_weights(c);
 
     // ZeRO stages 2 and 3 (sharded gradients, sharded parameters) are not implemented.
     if (c.distributed.zero_stage > 1)
@@ -870,6 +873,39 @@ class Loader {
               "rollback with distributed.zero_stage 1, whose ranks do not keep the whole master weights a rollback "
               "reloads (not implemented)",
               "stop or skip, or distributed.zero_stage 0");
+  }
+
+  // precision.fp8.primary_weights: the block linears keep no bf16 copy of their weights, their
+  // FP8 codes are cast from the FP32 master. So every block must run in FP8 for the whole run
+  // (a bf16 block, phase or fallback would have no weights to read), and each rank must hold the
+  // whole master (ZeRO-1's ranks would have to exchange the codes: not implemented).
+  void check_primary_weights(const Config& c) {
+    const PrecisionConfig& p = c.precision;
+    bool asked = p.fp8.primary_weights;
+    for (const PrecisionPhase& phase : p.schedule) asked = asked || phase.fp8.primary_weights;
+    if (!asked || !usable({"precision.fp8.primary_weights"})) return;
+    const std::string key = "precision.fp8.primary_weights";
+    if (!p.schedule.empty() && !rejected(kScheduleKey))
+      problem(where({kScheduleKey, key}), key,
+              "true with precision.schedule, whose switches remake the FP8 layers (a bf16 phase would have no bf16 "
+              "weights to read)",
+              "false, or no precision.schedule");
+    else if (usable({"precision.mode"}) && p.mode != PrecisionMode::fp8)
+      problem(where({"precision.mode", key}), key,
+              std::string("true with precision.mode ") + choice_name(p.mode) + ", which casts no weight to FP8",
+              "false, or precision.mode fp8");
+    if (usable({"precision.fp8.bf16_first_last"}) && p.fp8.bf16_first_last)
+      problem(where({"precision.fp8.bf16_first_last", key}), key,
+              "true with precision.fp8.bf16_first_last, whose bf16 blocks would have no bf16 weights",
+              "false, or precision.fp8.bf16_first_last false");
+    if (usable({"training.guard.action"}) && c.training.guard.action == GuardAction::rollback)
+      problem(where({"training.guard.action", key}), key,
+              "true with training.guard.action rollback, which goes on in bf16 and would have no bf16 weights",
+              "false, or training.guard.action stop or skip");
+    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage == 1)
+      problem(where({"distributed.zero_stage", key}), key,
+              "true with distributed.zero_stage 1, whose ranks would exchange FP8 codes (not implemented)",
+              "false, or distributed.zero_stage 0");
   }
 
   // The FP8 recipe whose alignment rules the GEMMs must meet: block (128) when any FP8 phase

@@ -34,11 +34,15 @@ struct ActivationPlan {
 // losses stay FP32, as in every mixed-precision recipe. `storage` maps a format to the backend's
 // storage dtype. Llama's RMSNorms save no mean; its MLP buffers are the SwiGLU's (gate and up
 // side by side in fch, the product in fch_gelu).
-// Recomputed activations keep one layer's room, which every layer's forward pass overwrites.
+// Recomputed activations keep one layer's room, which every layer's forward pass overwrites. So
+// do, with `fp8_throughout`, the linear inputs that FP8 layers read backward as their codes
+// only: ln1, and unless the MLP is recomputed from it, ln2 and the MLP's hidden activations.
 template <typename Storage>
 ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, int T, Format act, Format grad,
-                                AttentionPath attention, Storage storage, Recompute recompute) {
+                                AttentionPath attention, Storage storage, Recompute recompute, bool fp8_throughout) {
   const int64_t L = recompute == Recompute::block ? 1 : s.n_layer, Lm = recompute == Recompute::none ? L : 1;
+  const int64_t L_ln1 = fp8_throughout ? 1 : L, L_ln2 = fp8_throughout && recompute == Recompute::none ? 1 : L,
+                L_hidden = fp8_throughout ? 1 : Lm;
   const int64_t C = s.n_embd, NH = s.n_head, W = s.qkv_width();
   const bool llama = s.arch == Arch::llama;
   const int64_t fc_width = llama ? 2 * int64_t{s.mlp_width()} : 4 * C, fc_out = llama ? s.mlp_width() : 4 * C;
@@ -51,7 +55,7 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
   add_tokens(&a.tokens);
   add_tokens(&a.targets);
   add(&a.encoded, {B, T, C}, act);
-  add(&a.ln1, {L, B, T, C}, act);
+  add(&a.ln1, {L_ln1, B, T, C}, act);
   if (!llama) add(&a.ln1_mean, {L, B, T}, fp32);
   add(&a.ln1_rstd, {L, B, T}, fp32);
   add(&a.qkv, {L, B, T, W}, act);
@@ -69,11 +73,11 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
   // them: one layer's room in every mode.
   add(&a.attproj, {1, B, T, C}, act);
   add(&a.residual2, {L, B, T, C}, act);
-  add(&a.ln2, {L, B, T, C}, act);
+  add(&a.ln2, {L_ln2, B, T, C}, act);
   if (!llama) add(&a.ln2_mean, {L, B, T}, fp32);
   add(&a.ln2_rstd, {L, B, T}, fp32);
   add(&a.fch, {Lm, B, T, fc_width}, act);
-  add(&a.fch_gelu, {Lm, B, T, fc_out}, act);
+  add(&a.fch_gelu, {L_hidden, B, T, fc_out}, act);
   add(&a.fcproj, {1, B, T, C}, act);
   add(&a.residual3, {s.n_layer, B, T, C}, act);  // the blocks' outputs: always kept
   add(&a.lnf, {B, T, C}, act);
@@ -92,18 +96,19 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
 }
 }  // namespace
 
-int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute) {
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute,
+                               bool fp8_throughout) {
   GptActivations unused;
   const DType dt = elem == 8 ? DType::f64 : DType::f32;
   return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, AttentionPath::fallback,
-                          [dt](Format) { return dt; }, recompute)
+                          [dt](Format) { return dt; }, recompute, fp8_throughout)
       .bytes();
 }
 
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
-                             const std::function<DType(Format)>& storage, Recompute recompute) {
+                               const std::function<DType(Format)>& storage, Recompute recompute, bool fp8_throughout) {
   GptActivations unused;
-  return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute).bytes();
+  return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute, fp8_throughout).bytes();
 }
 
 std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const ModelShape& s) {
@@ -126,12 +131,19 @@ int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy,
   return bytes;
 }
 
+int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& policy) {
+  if (!policy.fp8.enabled || !policy.fp8.primary_weights) return 0;
+  int64_t n = 0;
+  for (const auto& [C, OC] : block_linear_shapes(s)) n += C * OC;
+  return n * s.n_layer;
+}
+
 int64_t rope_table_bytes(const ModelShape& s, int T) {
   return s.arch == Arch::llama ? int64_t{T} * (s.head_size() / 2) * 2 * static_cast<int64_t>(sizeof(float)) : 0;
 }
 
 Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T, const PrecisionPolicy& policy,
-         AttentionPath attention, bool fused_gelu, Recompute recompute, MasterRange master_range)
+         AttentionPath attention, bool fused_gelu, Recompute recompute, MasterRange master_range, bool fp8_throughout)
     : shape_(shape),
       backend_(backend),
       dtype_(dtype),
@@ -141,6 +153,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
       attention_(attention),
       fused_gelu_(fused_gelu),
       recompute_(recompute),
+      fp8_throughout_(fp8_throughout),
       formats_{policy.weights, policy.activations, policy.activation_grads} {
   PTRAIN_CHECK(T <= shape.max_seq_len, "sequence longer than the model's context");
   const int64_t n = param_count(shape);
@@ -152,11 +165,17 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
                   backend.device())
         .with_format(f);
   };
-  params_flat_ = flat(policy.weights, n);
+  // Primary FP8 weights: the block linears' FP8 codes are cast from the FP32 master, so they
+  // keep no copy in the weight format; every block must then be FP8, and the master whole.
+  const int64_t primary = primary_fp8_weight_count(shape, policy);
+  primary_fp8_ = primary > 0;
+  params_flat_ = flat(policy.weights, n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly.
   grads_flat_ = flat(Format::fp32, n);
   has_master_ = policy.has_master_weights();
   sharded_master_ = has_master_ && master_range.count >= 0;
+  PTRAIN_CHECK(!primary_fp8_ || (has_master_ && !sharded_master_ && !policy.fp8.bf16_first_last),
+               "primary FP8 weights need every block in FP8 and the whole FP32 master on each rank");
   if (sharded_master_) {
     PTRAIN_CHECK(master_range.begin >= 0 && master_range.begin + master_range.count <= n,
                  "the master weights' range lies outside the parameters");
@@ -165,10 +184,16 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   } else if (has_master_) {
     master_flat_ = flat(Format::fp32, n);
   }
-  int64_t offset = 0;
+  int64_t offset = 0, copy_offset = 0;
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
-    params_[spec.id] = params_flat_.range(offset, count).reshaped(spec.shape);
+    offsets_[spec.id] = offset;
+    if (primary_fp8(spec.id)) {
+      params_[spec.id] = master_flat_.range(offset, count).reshaped(spec.shape);
+    } else {
+      params_[spec.id] = params_flat_.range(copy_offset, count).reshaped(spec.shape);
+      copy_offset += count;
+    }
     grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
     offset += count;
   }
@@ -181,8 +206,10 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     backend.upload(rope_table_, table.data());
   }
 
-  ActivationPlan plan =
-      plan_activations(a_, shape, B, T, policy.activations, policy.activation_grads, attention, storage, recompute);
+  PTRAIN_CHECK(!fp8_throughout || (policy.fp8.enabled && !policy.fp8.bf16_first_last),
+               "FP8 throughout the run, but this policy runs blocks in bf16");
+  ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.activation_grads, attention,
+                                         storage, recompute, fp8_throughout);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
@@ -224,6 +251,9 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
 std::string Transformer::switch_fp8(const PrecisionPolicy& policy) {
   PTRAIN_CHECK((std::array<Format, 3>{policy.weights, policy.activations, policy.activation_grads}) == formats_,
                "a precision switch keeps the formats of weights, activations and gradients");
+  PTRAIN_CHECK(!primary_fp8_, "a precision switch needs the weights' copies, which primary FP8 weights do not keep");
+  PTRAIN_CHECK(!fp8_throughout_ || (policy.fp8.enabled && !policy.fp8.bf16_first_last),
+               "the model keeps its linears' inputs as FP8 codes only: a switch cannot run a block in bf16");
   // The recordings replay the old layers' casts, and cached keys came from the old GEMMs.
   recordings_.clear();
   decoded_ = 0;
@@ -242,10 +272,9 @@ Transformer::~Transformer() {
 
 Tensor Transformer::master(ParamId id) const {
   if (sharded_master_ || master_flat_.empty()) return params_[id];
-  const int64_t offset = (static_cast<const char*>(params_[id].data) - params_flat_.as<char>()) /
-                         static_cast<int64_t>(dtype_size(params_flat_.dtype));
   const Tensor& p = params_[id];
-  return master_flat_.range(offset, p.numel()).reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
+  return master_flat_.range(offsets_[id], p.numel())
+      .reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
 void Transformer::sync_params_from_master() {
@@ -255,8 +284,11 @@ void Transformer::sync_params_from_master() {
     backend_.copy(params_flat_, grads_flat_);
     backend_.copy(master_flat_, grads_flat_.range(master_begin_, master_flat_.numel()));
     backend_.zero(grads_flat_);
-  } else if (!master_flat_.empty()) {
+  } else if (!primary_fp8_ && !master_flat_.empty()) {
     backend_.copy(params_flat_, master_flat_);
+  } else if (primary_fp8_) {  // the copies of the other tensors; the FP8 layers cast the master anew
+    for (const ParamSpec& spec : specs_)
+      if (!primary_fp8(spec.id)) backend_.copy(params_[spec.id], master(spec.id));
   }
 }
 
@@ -327,6 +359,7 @@ std::string Transformer::fp8_gemm_summary() const {
   if (total == 0) return "";
   std::string line = std::to_string(native) + " of " + std::to_string(total) + " FP8 linear layers run native FP8 GEMMs";
   if (native < total) line += "; the others emulate (" + why + ")";
+  if (primary_fp8_) line += "; the block linears' weights are FP8 codes only, cast from the FP32 master (primary)";
   return line;
 }
 
@@ -589,7 +622,7 @@ void Transformer::block_forward(int l, int position, bool training) {
 void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const int m = mlp_slot(l);
-  const Tensor ln2 = at(a_.ln2[block_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[m]);
+  const Tensor ln2 = at(a_.ln2[ln2_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[hidden_slot(l)]);
   if (shape_.arch == Arch::llama) {
     linear_forward(fp8_linear(l, kFc), fch, ln2, params_[kMlpUpw][l], Tensor(), training);
     backend_.swiglu_forward(hidden, fch);
@@ -605,9 +638,9 @@ void Transformer::gpt2_block_forward(int l, int position, bool training) {
   Backend& be = backend_;
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const int b = block_slot(l);
-  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
-  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
-  const Tensor fch_gelu = at(a_.fch_gelu[mlp_slot(l)]), fcproj = at(a_.fcproj[0]);
+  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[ln1_slot(l)]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
+  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[ln2_slot(l)]);
+  const Tensor fch_gelu = at(a_.fch_gelu[hidden_slot(l)]), fcproj = at(a_.fcproj[0]);
   be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], params_[kNorm1b][l]);
   linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
   attention_forward(l, position);
@@ -628,9 +661,9 @@ void Transformer::llama_block_forward(int l, int position, bool training) {
   const auto at = [&](Tensor t) { return rows_at(t, position); };
   const float eps = shape_.norm_eps;
   const int b = block_slot(l);
-  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[b]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
-  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[b]);
-  const Tensor swiglu = at(a_.fch_gelu[mlp_slot(l)]), down = at(a_.fcproj[0]);
+  const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[ln1_slot(l)]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
+  const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[ln2_slot(l)]);
+  const Tensor swiglu = at(a_.fch_gelu[hidden_slot(l)]), down = at(a_.fcproj[0]);
   be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], eps);
   if (shape_.qk_norm) {
     // A decoded row's statistics go in the first slots: decoding never runs a backward pass.
@@ -716,15 +749,15 @@ void Transformer::gpt2_block_backward(int l) {
   // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
   if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
     be.zero(a_.dfch_gelu);
-    linear_backward(fcproj, a_.dfch_gelu, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[m], p[kMlpDownw][l]);
+    linear_backward(fcproj, a_.dfch_gelu, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l]);
     be.zero(a_.dfch);
     be.gelu_backward(a_.dfch, a_.fch[m], a_.dfch_gelu);
   } else {
-    be.matmul_gelu_backward(a_.dfch, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[m], p[kMlpDownw][l],
+    be.matmul_gelu_backward(a_.dfch, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l],
                             a_.fch[m], a_.dfch_gelu);
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], g[kMlpUpb][l], a_.dfch, a_.ln2[b], p[kMlpUpw][l]);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], g[kMlpUpb][l], a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
   be.layernorm_backward(a_.dresidual, g[kNorm2w][l], g[kNorm2b][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_mean[b],
                         a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
@@ -734,7 +767,7 @@ void Transformer::gpt2_block_backward(int l) {
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[b], p[kQkvw][l]);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
   be.layernorm_backward(a_.dresidual, g[kNorm1w][l], g[kNorm1b][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_mean[b],
                         a_.ln1_rstd[b]);
 }
@@ -746,12 +779,12 @@ void Transformer::llama_block_backward(int l) {
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
   be.zero(a_.dfch_gelu);
-  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kMlpDownw][l], Tensor(), a_.dresidual, a_.fch_gelu[m],
+  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kMlpDownw][l], Tensor(), a_.dresidual, a_.fch_gelu[hidden_slot(l)],
                   p[kMlpDownw][l]);
   be.zero(a_.dfch);
   be.swiglu_backward(a_.dfch, a_.dfch_gelu, a_.fch[m]);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], Tensor(), a_.dfch, a_.ln2[b], p[kMlpUpw][l]);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], Tensor(), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
   be.rmsnorm_backward(a_.dresidual, g[kNorm2w][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + o_proj(attention(rope(qkv(rmsnorm(residual))))).
   be.zero(a_.datty);
@@ -768,7 +801,7 @@ void Transformer::llama_block_backward(int l) {
     dqkv = a_.dqkv_raw;
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), dqkv, a_.ln1[b], p[kQkvw][l]);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
   be.rmsnorm_backward(a_.dresidual, g[kNorm1w][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
 }
 

@@ -30,12 +30,19 @@ namespace ptrain {
 // forward from its input first (Recompute, config/choices.h). The recomputed values are the same
 // bits as the first pass's, so losses and gradients do not change.
 
+// With every block's linears in FP8 for the whole run (`fp8_throughout`: every precision phase,
+// no bf16 blocks, no bf16 fallback), the inputs those layers read backward only as their FP8 codes
+// (ln1, ln2, the MLP's hidden activations) are kept for one layer at a time, as
+// TransformerEngine saves an FP8 linear's input in FP8 and not beside a bf16 copy.
+
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
-int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none);
+int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none,
+                               bool fp8_throughout = false);
 // The same for a backend that stores format f as storage(f), activations and their gradients
 // in `act` and `grad`, attention by `attention`: the size of the one block Transformer allocates.
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
-                             const std::function<DType(Format)>& storage, Recompute recompute = Recompute::none);
+                               const std::function<DType(Format)>& storage, Recompute recompute = Recompute::none,
+                               bool fp8_throughout = false);
 
 // The linear layers of a block, in order. FP8 telemetry calls them qkv, attproj, fc, fcproj
 // (GPT-2) or qkv, o_proj, gate_up, down (llama).
@@ -47,6 +54,10 @@ std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const M
 int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T);
 // Bytes of the RoPE angle table a llama model keeps for sequence length T (0 for GPT-2).
 int64_t rope_table_bytes(const ModelShape& s, int T);
+// The parameters that keep no copy in the policy's weight format: with
+// precision.fp8.primary_weights the block linears' weights, whose FP8 codes are cast from the
+// FP32 master (0 otherwise).
+int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& policy);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
@@ -89,10 +100,13 @@ class Transformer {
   // `attention` is the path Backend::choose_attention picked (it decides what attention saves);
   // `fused_gelu` (model.fused_gelu) lets the backend fold the MLP's GELU into the GEMMs beside
   // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8; `recompute` is
-  // training.recompute's choice (Recompute); `master_range` the master weights kept (MasterRange).
+  // training.recompute's choice (Recompute); `master_range` the master weights kept (MasterRange);
+  // `fp8_throughout` that every block runs FP8 for the whole run (model_activation_bytes), so
+  // that switch_fp8 never runs one in bf16.
   Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T,
       const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
-      bool fused_gelu = true, Recompute recompute = Recompute::none, MasterRange master_range = {});
+      bool fused_gelu = true, Recompute recompute = Recompute::none, MasterRange master_range = {},
+      bool fp8_throughout = false);
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -162,7 +176,7 @@ class Transformer {
   // The FP8-cast tensors (empty unless the policy runs FP8 GEMMs).
   std::vector<Fp8TensorState*> fp8_tensors();
   // For the run log: how many FP8 linears run native FP8 GEMMs, and why the others emulate;
-  // empty without FP8.
+  // with primary FP8 weights, says so; empty without FP8.
   std::string fp8_gemm_summary() const;
   // The weights whose GEMMs run native FP8 (an emulated FP8 linear runs at the other GEMMs'
   // rate): times 6 FLOPs per token, the FP8 part of the training FLOPs for MFU's mixed peak.
@@ -172,13 +186,21 @@ class Transformer {
   DType dtype() const { return dtype_; }
   Backend& backend() const { return backend_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
-  Tensor param(ParamId id) const { return params_[id]; }  // empty for a tensor this architecture lacks
+  // The weights the GEMMs read: the copy in the policy's weight format, or with primary FP8
+  // weights (precision.fp8.primary_weights) for the block linears the FP32 master their FP8
+  // codes are cast from. Empty for a tensor this architecture lacks.
+  Tensor param(ParamId id) const { return params_[id]; }
+  // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
+  // apart from the master, else empty (FP32 training, primary FP8 weights).
+  Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
   // every mode (Megatron's main_grad), one parameter-sized buffer. The backward ops add each
   // micro-batch's weight gradients into it directly (a GPU's weight-gradient GEMMs with FP32
   // C/D and beta 1, Megatron's gradient accumulation fusion), so no narrower copy of a
   // gradient is kept: only activation gradients take the policy's gradient format.
   Tensor grad(ParamId id) const { return grads_[id]; }
+  // The copies in the policy's weight format, in the flat layout (all parameters unless
+  // primary FP8 weights keep none of the block linears').
   Tensor params_flat() const { return params_flat_; }
   // The weights as the optimizer and a checkpoint read them: the whole FP32 master weights, or
   // the parameters themselves in FP32; with a sharded master, the GEMMs' copy (the FP32 values
@@ -199,11 +221,15 @@ class Transformer {
   // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.
   Tensor master_shard() const { return sharded_master_ ? master_flat_ : Tensor(); }
   Tensor grads_flat() const { return grads_flat_; }
-  int64_t num_params() const { return params_flat_.numel(); }
+  int64_t num_params() const { return grads_flat_.numel(); }
   size_t activation_bytes() const { return act_bytes_; }
 
  private:
 
+  // Whether tensor id's working weights are primary FP8 weights (param() is the master).
+  bool primary_fp8(ParamId id) const {
+    return primary_fp8_ && (id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw);
+  }
   Tensor residual_in(int layer) const;
   Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
   void load_batch(const int32_t* inputs, const int32_t* targets);
@@ -219,6 +245,14 @@ class Transformer {
   // Which stored layer of a per-layer activation holds layer l's: l, or 0 when recomputed.
   int block_slot(int layer) const { return recompute_ == Recompute::block ? 0 : layer; }
   int mlp_slot(int layer) const { return recompute_ == Recompute::none ? layer : 0; }
+  // Which stored layer holds layer l's ln1, ln2 and MLP hidden activations: 0 when FP8 layers
+  // read them backward as codes only (fp8_throughout_; ln2 per layer when the MLP is recomputed
+  // from it).
+  int ln1_slot(int layer) const { return fp8_throughout_ ? 0 : block_slot(layer); }
+  int ln2_slot(int layer) const {
+    return fp8_throughout_ && recompute_ == Recompute::none ? 0 : block_slot(layer);
+  }
+  int hidden_slot(int layer) const { return fp8_throughout_ ? 0 : mlp_slot(layer); }
   void gpt2_block_backward(int layer);
   void llama_block_backward(int layer);
   // t (B,T,...) whole (position < 0), or position `position` of sequence 0 as a (1,1,width) row.
@@ -256,13 +290,16 @@ class Transformer {
   int B_, T_;
   std::vector<ParamSpec> specs_;
   std::array<Tensor, kNumParams> params_, grads_;
+  std::array<int64_t, kNumParams> offsets_{};  // each tensor's place in the flat layout
   Tensor params_flat_, grads_flat_, master_flat_;
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
   bool fused_gelu_;
   Recompute recompute_;
+  bool fp8_throughout_;  // every block FP8 for the whole run: see ln1_slot
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
+  bool primary_fp8_ = false;  // precision.fp8.primary_weights
   bool sharded_master_ = false;  // master_flat_ holds master_begin_.. of the flat layout only
   int64_t master_begin_ = 0;
   GptActivations a_;

@@ -146,17 +146,18 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
                         : sharded()              ? params.range(shard_.begin, shard_.count)
                                                  : model_.master_flat();
   const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
-  const bool has_copy = model_.has_master_weights();  // the update also writes the GEMMs' copy
   // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
+  // The update also writes the GEMMs' copy where one is kept apart from the master.
   int64_t offset = 0;
   for (const ParamSpec& spec : model_.specs()) {
-    const int64_t n = model_.param(spec.id).numel();
+    const int64_t n = shape_numel(spec.shape);
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
+      const Tensor copy = model_.weight_copy(spec.id);
       p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
-                     p, has_copy ? params.range(lo, len) : Tensor());
+                     p, copy.empty() ? Tensor() : copy.range(lo - offset, len));
     }
     offset += n;
   }

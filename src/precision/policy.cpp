@@ -23,6 +23,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
     p.fp8.amax_algo = f.amax_algo;
     p.fp8.bf16_first_last = f.bf16_first_last;
     p.fp8.bf16_lm_head = f.bf16_lm_head;
+    p.fp8.primary_weights = f.primary_weights;
     p.fp8.block = f.block_size;
   }
   p.loss_scaling = config.loss_scaling;

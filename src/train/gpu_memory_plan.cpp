@@ -100,12 +100,13 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   p.parameters = n;
   p.cudnn_workspace_unknown = attention == AttentionPath::fused;
   // Transformer: flat parameters, the FP32 main gradients, FP32 master weights where the GEMMs'
-  // copy is narrower, one block of activations, and the FP8 layers' codes.
-  p.params = block_of(n, policy.weights);
+  // copy is narrower (primary FP8 weights: none of the block linears'), one block of
+  // activations, and the FP8 layers' codes.
+  p.params = block_of(n - primary_fp8_weight_count(s, policy), policy.weights);
   p.grads = block_of(n, Format::fp32);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
   p.activations = block(model_activation_bytes(s, B, T, policy.activations, policy.activation_grads, attention,
-                                             cuda_storage_dtype, spec.recompute)) +
+                                             cuda_storage_dtype, spec.recompute, spec.fp8_throughout)) +
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases) {

@@ -393,11 +393,12 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
     widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
   const AdamW::WireStaging wire =
       AdamW::wire_staging(param_count(s), zero_stage, world, distributed.grad_reduce_dtype);
-  return {n,
+  // Primary FP8 weights keep no copy of the block linears' weights beside the master.
+  return {n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float)),
           policy.has_master_weights() ? shard : 0,
           n,
           2 * shard,
-          model_activation_bytes(s, B, T, sizeof(float), spec.recompute) + rope_table_bytes(s, T),
+          model_activation_bytes(s, B, T, sizeof(float), spec.recompute, spec.fp8_throughout) + rope_table_bytes(s, T),
           widest_fp8,
           (wire.send + wire.receive) * static_cast<int64_t>(sizeof(float))};
 }
@@ -457,7 +458,11 @@ std::string describe_plan(const RunPlan& plan) {
        std::to_string(shape.padded_vocab) + ")");
   line(std::string("training FLOPs per token: ") + flops);
   line("precision: " + (phases.scheduled() ? phases.describe() : policy.label()) + " (weights " +
-       format_name(policy.weights) + ", activations " + format_name(policy.activations) + ", their gradients " +
+       format_name(policy.weights) +
+       (policy.fp8.enabled && policy.fp8.primary_weights
+            ? " (the block linears': FP8 codes only, cast from the FP32 master)"
+            : "") +
+       ", activations " + format_name(policy.activations) + ", their gradients " +
        format_name(policy.activation_grads) + ", weight gradients fp32, loss scaling " +
        choice_name(policy.loss_scaling.mode) + ")");
   line("memory estimate: " + plan_memory(plan.spec, plan.config.distributed).describe() + " (micro-batch " +

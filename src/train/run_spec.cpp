@@ -1,5 +1,7 @@
 #include "train/run_spec.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ptrain {
@@ -34,6 +36,10 @@ RunSpec resolve_run(const Config& config, int world_size) {
   bf16.schedule.clear();
   spec.fallback = PrecisionPolicy::from_config(bf16);
   spec.recompute = config.training.recompute;
+  spec.fp8_throughout = config.training.guard.action != GuardAction::rollback &&
+                        std::all_of(spec.precision.phases.begin(), spec.precision.phases.end(), [](const auto& phase) {
+                          return phase.policy.fp8.enabled && !phase.policy.fp8.bf16_first_last;
+                        });
   spec.lr.lr = config.optimizer.lr;
   spec.lr.warmup_steps = config.schedule.warmup_steps;
   spec.lr.total_steps = config.training.steps;

@@ -29,6 +29,9 @@ struct RunSpec {
   PrecisionSchedule precision;  // the phases over training.steps (one without precision.schedule)
   PrecisionPolicy fallback;     // training.guard.action rollback's: bf16 with the run's other settings
   Recompute recompute = Recompute::none;
+  // Every block's linears run FP8 in every phase, and no guard rollback falls back to bf16: the
+  // model keeps their inputs as FP8 codes only (model_activation_bytes).
+  bool fp8_throughout = false;
   LrSchedule lr;
   AdamWConfig adamw;
   double flops_per_token = 0;  // 6N + 6LCT

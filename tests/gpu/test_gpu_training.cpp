@@ -134,11 +134,14 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
                                  const std::string& mode, const std::string& training_extra = "",
                                  std::string* output = nullptr, const std::string& model_extra = "",
                                  int steps = 10) {
-  const size_t colon = mode.find(':');
+  // fp8:RECIPE+primary: with precision.fp8.primary_weights.
+  const size_t colon = mode.find(':'), plus = mode.find('+');
+  const std::string primary = plus != std::string::npos ? ", primary_weights: true" : "";
   // fp16's loss scale starts at 1024, which cannot overflow these gradients: at 65536 a step could
   // overflow on one backend and not on the other, and the runs would part there.
   const std::string precision =
-      colon != std::string::npos ? "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}"
+      colon != std::string::npos ? "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " +
+                                       mode.substr(colon + 1, plus - colon - 1) + primary + "}}"
       : mode == "fp16"           ? "{mode: fp16, loss_scaling: {init: 1024}}"
                                  : "{mode: " + mode + "}";
   const std::string config =
@@ -197,15 +200,17 @@ TEST_CASE("gpu: KV-cache decoding gives the logits of the CPU's whole forward pa
 // numerics (tests/CMakeLists.txt).
 TEST_CASE("gpu: 10 training steps per precision mode follow the CPU backend", "[gpu][train][cpu_training]") {
   const fs::path dir = make_temp_dir("gpu-train");
-  // GPT-2 in every mode; Llama (4 query heads over 2 K/V heads) in bf16 and FP8.
+  // GPT-2 in every mode (block scaling also with primary FP8 weights); Llama (4 query heads over
+  // 2 K/V heads) in bf16 and FP8.
   const std::string llama = ", arch: llama, n_kv_head: 2, mlp_hidden: 256";
   const std::vector<std::pair<std::string, std::string>> runs = {
       {"fp32", ""},          {"bf16", ""},   {"fp16", ""},        {"fp8:delayed", ""}, {"fp8:current", ""},
-      {"fp8:block", ""},     {"bf16", llama}, {"fp8:current", llama}};
+      {"fp8:block", ""},     {"bf16", llama}, {"fp8:current", llama}, {"fp8:block+primary", ""}};
   for (const auto& [mode, model] : runs) {
     INFO("mode " << mode << (model.empty() ? ", gpt2" : ", llama"));
     std::string tag = mode + (model.empty() ? "" : "-llama");  // a run name: no ':'
     std::replace(tag.begin(), tag.end(), ':', '-');
+    std::replace(tag.begin(), tag.end(), '+', '-');
     const auto cpu = train_losses(dir, "cpu-" + tag, "cpu", mode, "", nullptr, model);
     const auto gpu = train_losses(dir, "gpu-" + tag, "cuda", mode, "", nullptr, model);
     for (size_t s = 0; s < cpu.size(); ++s) {

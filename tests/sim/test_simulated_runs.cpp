@@ -37,6 +37,7 @@ struct Axes {
   const char* arch = "gpt2";  // llama: grouped-query attention, 2 K/V heads under 4 query heads
   const char* recompute = "none";  // training.recompute
   const char* grad_reduce = "fp32";  // distributed.grad_reduce_dtype
+  bool primary_weights = false;      // precision.fp8.primary_weights
 };
 
 // The parameter count the run's log gives ("| 437,760 parameters").
@@ -121,7 +122,8 @@ void check_run(const Axes& run) {
   const size_t colon = mode.find(':');
   const std::string precision = colon == std::string::npos
                                     ? "{mode: " + mode + "}"
-                                    : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) + "}}";
+                                    : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) +
+                                          (run.primary_weights ? ", primary_weights: true" : "") + "}}";
   const bool fp8 = mode.rfind("fp8", 0) == 0;
   // Two steps of two micro-batches per rank: every kind of micro-batch runs once as called and
   // once more, which a recording replays (with two ranks the step's last micro-batch always
@@ -186,6 +188,8 @@ void check_run(const Axes& run) {
             0);
       // The weights' transposes are made for the dgrad GEMMs, not kept beside their codes.
       CHECK(ran_prefix(ops, "fp8_transpose_kernel") > 0);
+      CHECK((r.output.find("the block linears' weights are FP8 codes only") != std::string::npos) ==
+            run.primary_weights);
     } else {
       CHECK(r.output.find("native FP8 GEMMs") == std::string::npos);
       CHECK(ran_prefix(ops, "cublasLtMatmul e4m3") + ran_prefix(ops, "cublasLtMatmul e5m2") == 0);
@@ -286,6 +290,11 @@ const Axes kRuns[] = {
     {"bf16-2-ranks-fused-graphs-bf16-exchange", "bf16", "cudnn", true, 2, 0, 64, "gpt2", "none", "bf16"},
     {"fp8-current-3-ranks-zero1-uneven-bf16-exchange", "fp8:current", "fallback", false, 3, 1, 32, "gpt2", "none",
      "bf16"},
+    // Primary FP8 weights: no bf16 copy of the block linears' weights, which the plan leaves out.
+    {"fp8-delayed-fused-2-ranks-primary-weights", "fp8:delayed", "cudnn", false, 2, 0, 64, "gpt2", "none", "fp32",
+     true},
+    {"llama-fp8-current-graphs-recompute-block-primary-weights", "fp8:current", "fallback", true, 1, 0, 64, "llama",
+     "block", "fp32", true},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
