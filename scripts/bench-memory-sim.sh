@@ -5,12 +5,13 @@
 # `ptrain train --dry-run --ranks 2` prints for the same config, and plan / peak. The arena's
 # bytes are the CUDA backend's, so they are what a GPU run of this config would allocate; only
 # the device's own context and cuDNN's choice of kernels stay on the GPU.
-#   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block"] [ZERO="0 1"]
+# A mode fp8:RECIPE+primary has precision.fp8.primary_weights (ZeRO-0 only: ZeRO-1 refuses it).
+#   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary"] [ZERO="0 1"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sim=${PTRAIN_SIMULATED:-$root/build/tests/ptrain_simulated}
 [[ -x $sim ]] || { echo "bench-memory-sim: no $sim; build first (scripts/build.sh)" >&2; exit 2; }
-modes=${1:-fp32 bf16 fp16 fp8:delayed fp8:current fp8:block}
+modes=${1:-fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary}
 zero_stages=${2:-0 1}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -18,15 +19,17 @@ mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2)
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none PTRAIN_SIM_DEVICES=2
 
 echo "2 ranks of the simulated device; GPT-2 blocks: 2 layers, n_embd 256, 4 heads, T 128, vocab 512, micro-batch 4, 2 micro-batches per rank"
-printf '%-12s %4s %12s %14s %12s\n' mode zero "plan MiB" "arena peak MiB" "plan/peak"
+printf '%-20s %4s %12s %14s %12s\n' mode zero "plan MiB" "arena peak MiB" "plan/peak"
 for mode in $modes; do
   case $mode in
+    fp8:*+primary) recipe=${mode#fp8:} precision="{mode: fp8, fp8: {recipe: ${recipe%+primary}, primary_weights: true}}" ;;
     fp8:*) precision="{mode: fp8, fp8: {recipe: ${mode#fp8:}}}" ;;
     *) precision="{mode: $mode}" ;;
   esac
   # FP32 activations have no fused attention: the fallback, as a GPU run would take.
   [[ $mode == fp32 ]] && attention=fallback || attention=auto
   for zero in $zero_stages; do
+    [[ $mode == *+primary && $zero != 0 ]] && continue
     dir=$work/$mode-$zero
     mkdir -p "$dir"
     cat >"$dir/run.yaml" <<EOF
@@ -48,6 +51,6 @@ EOF
     workspace=$(sed -n 's/.*total workspace \([0-9]*\) B.*/\1/p' "$dir/train.log" | head -1)
     plan=$(awk -v p="$plan" -v w="${workspace:-0}" 'BEGIN {printf "%.1f", p + w / 1048576}')
     awk -v m="$mode" -v z="$zero" -v p="$plan" -v k="$peak" \
-      'BEGIN {printf "%-12s %4s %12.1f %14.1f %12.3f\n", m, z, p, k, p / k}'
+      'BEGIN {printf "%-20s %4s %12.1f %14.1f %12.3f\n", m, z, p, k, p / k}'
   done
 done
