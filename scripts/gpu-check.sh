@@ -54,7 +54,7 @@ case "$stage" in
 esac
 speed_filter="${1:-.}"
 budget="${GPU_CHECK_BUDGET:-540}"
-modes=(fp32 bf16 fp16 fp8:delayed fp8:current fp8:block)
+modes=(fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary)  # +primary: primary FP8 weights
 
 # ---------------------------------------------------------------------------- seconds
 # Expected seconds: estimates, NOT measurements; no lease has run these steps yet. They assume
@@ -101,6 +101,7 @@ bench_rows=(
   "124m bf16 attention=fallback|gpt2-124m|precision.mode=bf16 model.attention=fallback"
   "124m bf16 fused_gelu=false|gpt2-124m|precision.mode=bf16 model.fused_gelu=false"
   "124m bf16 cuda_graph|gpt2-124m|precision.mode=bf16 training.cuda_graph=true"
+  "124m fp8 recipe=current primary_weights|gpt2-124m|precision.mode=fp8 precision.fp8.recipe=current precision.fp8.primary_weights=true"
   "350m bf16|gpt2-350m|precision.mode=bf16"
   "350m fp8 recipe=current|gpt2-350m|precision.mode=fp8 precision.fp8.recipe=current"
   "774m bf16|gpt2-774m|precision.mode=bf16"
@@ -424,7 +425,10 @@ record PASS $((SECONDS - t0)) "the GPU, the CUDA libraries, ptrain devices"
 # lr 3e-3 from the first step (no warmup), so the loss moves.
 small_config() {  # small_config NAME DEVICE MODE STEPS > file
   local name="$1" device="$2" mode="$3" steps="$4" precision
-  if [[ "$mode" == *:* ]]; then
+  if [[ "$mode" == *+primary ]]; then
+    local recipe="${mode#*:}"
+    precision="{mode: fp8, fp8: {recipe: ${recipe%+primary}, primary_weights: true}}"
+  elif [[ "$mode" == *:* ]]; then
     precision="{mode: ${mode%%:*}, fp8: {recipe: ${mode#*:}}}"
   else
     precision="{mode: $mode}"
