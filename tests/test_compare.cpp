@@ -16,6 +16,7 @@
 #include "metrics/comparison.h"
 #include "metrics/report.h"
 #include "core/format.h"
+#include "train/compare_command.h"
 #include "test_util.h"
 
 namespace ptrain::test {
@@ -489,6 +490,21 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
   const CommandResult unnamed = run_ptrain("compare a.yaml --modes fp32,schedule:fast", ws.dir);
   CHECK(unnamed.exit_code == 2);
   CHECK(unnamed.output.find("\"schedule:fast\" is not a named schedule") != std::string::npos);
+}
+
+// Primary FP8 weights are an FP8 setting: compared against modes that run blocks in bf16, the
+// config's FP8 modes keep it and the others keep their bf16 weights.
+TEST_CASE("compare takes a config with primary FP8 weights in every mode, keeping them in FP8 modes only",
+          "[compare]") {
+  const Config base =
+      parse_config(tiny_config("tiny", "{mode: fp8, fp8: {primary_weights: true}}", 128), "tiny.yaml");
+  CompareOptions options;
+  options.out_dir = "out";
+  for (const auto& [mode, primary] : std::vector<std::pair<std::string, bool>>{
+           {"fp32", false}, {"bf16", false}, {"fp8", true}, {"fp8:block", true}, {"schedule:fp8-then-bf16", false}}) {
+    CAPTURE(mode);
+    CHECK(config_for_mode(base, mode, options).precision.fp8.primary_weights == primary);
+  }
 }
 
 TEST_CASE("compare takes precision schedules as modes: a preset and the config's own", "[compare]") {

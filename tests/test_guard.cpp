@@ -368,6 +368,26 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   // fallback, so the resumed run trains in bf16 to its end and then in fp8, as the whole run did.
   write_file(ws.dir / "split.yaml", rollback_config(guard));
   REQUIRE(train_in_process(ws.dir, "split.yaml", {"run.name=split"}, faults, 34).exit_code == 0);
+  const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
+  REQUIRE(whole.size() == 60);
+  // The same checkpoint resumed with another guard action goes on in the fallback too (the model
+  // then keeps the bf16 inputs a bf16 block reads); primary FP8 weights, which keep no bf16
+  // weights, are refused before anything is written.
+  const std::string inside = "checkpoint.resume=" + (ws.dir / "runs/split/checkpoints/step_00000034").string();
+  const InProcessRun stopped =
+      train_in_process(ws.dir, "split.yaml", {"run.name=stop", inside, "training.guard.action=stop"}, faults);
+  INFO(stopped.output);
+  REQUIRE(stopped.exit_code == 0);
+  const std::map<int64_t, double> after_stop = losses_by_step(ws.dir / "runs/stop/metrics.jsonl");
+  REQUIRE(after_stop.size() == 26);
+  for (const auto& [step, loss] : after_stop) CHECK(loss == whole.at(step));
+  const InProcessRun primary = train_in_process(
+      ws.dir, "split.yaml",
+      {"run.name=primary", inside, "training.guard.action=stop", "precision.fp8.primary_weights=true"}, faults);
+  CHECK(primary.exit_code == 2);
+  CHECK(primary.output.find("precision.fp8.primary_weights: true, but") != std::string::npos);
+  CHECK(primary.output.find("saved in the guard's bf16 fallback (to step 40)") != std::string::npos);
+  CHECK_FALSE(fs::exists(ws.dir / "runs/primary"));
   const InProcessRun resumed = train_in_process(ws.dir, "split.yaml", {"run.name=split", "checkpoint.resume=auto"}, faults);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
@@ -378,8 +398,6 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   CHECK(resumed.output.find("precision: resuming at step " +
                             std::to_string(split_resumes[0]["resume"]["step"].get<int64_t>() + 1) +
                             " in the guard's bf16 fallback") != std::string::npos);
-  const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/div/metrics.jsonl");
-  REQUIRE(whole.size() == 60);
   CHECK(losses_by_step(ws.dir / "runs/split/metrics.jsonl") == whole);
 
   // Stopped at the fallback's last step and resumed: fp8 from the first step, and the log says

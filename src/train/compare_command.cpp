@@ -45,20 +45,27 @@ std::string preset_names() {
 std::vector<std::string> mode_overrides(const Config& base, const std::string& mode) {
   const size_t colon = mode.find(':');
   const std::string name = mode.substr(0, colon);
+  // Primary FP8 weights are an FP8 setting: a mode that runs a block in bf16 (any mode but fp8,
+  // a schedule) keeps its weights' bf16 copies.
+  std::vector<std::string> overrides;
+  if (base.precision.fp8.primary_weights && name != "fp8") overrides.push_back("precision.fp8.primary_weights=false");
   if (name == "schedule") {
     // precision.mode follows the schedule's first phase.
     if (colon == std::string::npos) {
       if (base.precision.schedule.empty())
         throw UserError("--modes: \"schedule\": the config has no precision.schedule; expected one, or a named "
                         "schedule: " + preset_names());
-      return {};
+      return overrides;
     }
     for (const auto& [preset, yaml] : kSchedulePresets)
-      if (mode.substr(colon + 1) == preset) return {"precision.mode=null", "precision.schedule=" + yaml};
+      if (mode.substr(colon + 1) == preset) {
+        overrides.insert(overrides.end(), {"precision.mode=null", "precision.schedule=" + yaml});
+        return overrides;
+      }
     throw UserError("--modes: \"" + mode + "\" is not a named schedule; expected schedule (the config's own) or one of " +
                     preset_names());
   }
-  std::vector<std::string> overrides = {"precision.schedule=null", "precision.mode=" + name};
+  overrides.insert(overrides.end(), {"precision.schedule=null", "precision.mode=" + name});
   if (colon != std::string::npos) {
     if (name != "fp8")
       throw UserError("--modes: \"" + mode + "\": a recipe goes with fp8 only (fp8:delayed, fp8:current, fp8:block)");

@@ -256,6 +256,23 @@ void plan_resume(RunPlan& plan) {
   }
 }
 
+// A checkpoint saved in the guard's bf16 fallback resumes in it, whatever training.guard.action
+// is now: its blocks run bf16 until the fallback ends, so the model keeps bf16 copies of its
+// weights and of its linears' inputs, which primary FP8 weights do not.
+void resume_into_fallback(RunPlan& plan) {
+  if (!plan.resume) return;
+  const DivergenceGuard::Rollback& rollback = plan.resume->state.guard.rollback;
+  if (!rollback.in_fallback(plan.resume->state.step + 1)) return;
+  if (plan.spec.precision.phases.front().policy.fp8.primary_weights)
+    throw UserError("precision.fp8.primary_weights: true, but " + plan.resume->path +
+                    " was saved in the guard's bf16 fallback (" +
+                    (rollback.fallback_last < 0 ? std::string("to the end of the run")
+                                                : "to step " + std::to_string(rollback.fallback_last)) +
+                    "), whose blocks run in bf16 and need their weights' bf16 copies; expected false, or a "
+                    "checkpoint from outside the fallback");
+  plan.spec.fp8_throughout = false;
+}
+
 void plan_init_from(RunPlan& plan) {
   const Config& c = plan.config;
   if (c.model.init_from.empty()) return;
@@ -416,6 +433,7 @@ RunPlan plan_run(const Config& config, int planned_ranks) {
   const bool auto_resume = config.checkpoint.resume_auto();
   locate_checkpoint_dir(plan);
   plan_resume(plan);
+  resume_into_fallback(plan);
   // With resume: auto, a run directory ptrain made is continued even without a valid checkpoint
   // (a job preempted before its first save starts again in place): always launching with auto works.
   const bool continuing = plan.resume.has_value() || auto_resume;
