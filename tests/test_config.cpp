@@ -515,11 +515,15 @@ TEST_CASE("precision.fp8.primary_weights: refused where a block would run in bf1
     check_shape(message, c.prefix, "precision.fp8.primary_weights");
     CHECK(contains(message, c.says));
   }
-  // A schedule's switches remake the FP8 layers, even between two FP8 recipes.
+  // A schedule's switches remake the FP8 layers, even between two FP8 recipes; asked for by the
+  // precision section or by a phase of its own.
   const std::string schedule = "precision.schedule=[{until_step: 5, mode: fp8, fp8: {recipe: current}}, {mode: fp8}]";
   const std::string message = only_problem(kMinimal, {"precision.fp8.primary_weights=true", schedule});
   check_shape(message, "--set " + schedule, "precision.fp8.primary_weights");
   CHECK(contains(message, "true with precision.schedule"));
+  const std::string phase_asks =
+      "precision.schedule=[{until_step: 5, mode: fp8, fp8: {primary_weights: true}}, {mode: fp8}]";
+  CHECK(contains(only_problem(kMinimal, {phase_asks}), "true with precision.schedule"));
 }
 
 TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[config]") {

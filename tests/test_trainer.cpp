@@ -28,6 +28,24 @@ PrecisionPhases fp8_then_bf16() {
   return PrecisionPhases(spec.precision, spec.fallback);
 }
 
+// The model keeps its linears' inputs as FP8 codes only when no step can run a block in bf16:
+// not with a bf16 phase, bf16 first and last blocks, or a guard that falls back to bf16.
+TEST_CASE("a run is FP8 throughout only when every block of every phase runs FP8 and no rollback falls back",
+          "[trainer]") {
+  const std::string base = "run: {name: r}\nmodel: {n_layer: 2, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 64}\n"
+                           "data: {synthetic: {vocab: 64}}\ntraining: {steps: 20, batch_tokens: 64, micro_batch: 4}\n"
+                           "checkpoint: {every: 5}\n";
+  const auto throughout = [&](const std::vector<std::string>& sets) {
+    return resolve_run(parse_config(base, "run.yaml", sets), 1).fp8_throughout;
+  };
+  CHECK(throughout({"precision.mode=fp8"}));
+  CHECK(throughout({"precision.schedule=[{until_step: 8, mode: fp8, fp8: {recipe: current}}, {mode: fp8}]"}));
+  CHECK_FALSE(throughout({"precision.mode=bf16"}));
+  CHECK_FALSE(throughout({"precision.mode=fp8", "precision.fp8.bf16_first_last=true"}));
+  CHECK_FALSE(throughout({"precision.mode=fp8", "training.guard.action=rollback"}));
+  CHECK_FALSE(throughout({"precision.schedule=[{until_step: 8, mode: fp8}, {mode: bf16}]"}));
+}
+
 TEST_CASE("precision phases: each step's slot, the guard's fallback over them, and how each change is reported",
           "[trainer]") {
   const PrecisionPhases phases = fp8_then_bf16();
