@@ -492,18 +492,31 @@ TEST_CASE("compare refuses runs that differ in more than precision, and bad mode
   CHECK(unnamed.output.find("\"schedule:fast\" is not a named schedule") != std::string::npos);
 }
 
-// Primary FP8 weights are an FP8 setting: compared against modes that run blocks in bf16, the
-// config's FP8 modes keep it and the others keep their bf16 weights.
-TEST_CASE("compare takes a config with primary FP8 weights in every mode, keeping them in FP8 modes only",
-          "[compare]") {
-  const Config base =
-      parse_config(tiny_config("tiny", "{mode: fp8, fp8: {primary_weights: true}}", 128), "tiny.yaml");
+// Primary FP8 weights are part of a mode: fp8:RECIPE+primary has them, fp8:RECIPE not, a bare
+// fp8 as the config says (as it takes the config's recipe); the modes that run blocks in bf16
+// keep their bf16 weights whatever the config says. The run's name and label say which.
+TEST_CASE("compare's modes with and without primary FP8 weights, from configs with and without them", "[compare]") {
   CompareOptions options;
   options.out_dir = "out";
-  for (const auto& [mode, primary] : std::vector<std::pair<std::string, bool>>{
-           {"fp32", false}, {"bf16", false}, {"fp8", true}, {"fp8:block", true}, {"schedule:fp8-then-bf16", false}}) {
-    CAPTURE(mode);
-    CHECK(config_for_mode(base, mode, options).precision.fp8.primary_weights == primary);
+  for (const bool configured : {false, true}) {
+    CAPTURE(configured);
+    const Config base = parse_config(
+        tiny_config("tiny", configured ? "{mode: fp8, fp8: {primary_weights: true}}" : "{mode: fp8}", 128), "tiny.yaml");
+    for (const auto& [mode, primary] : std::vector<std::pair<std::string, bool>>{{"fp32", false},
+                                                                                 {"bf16", false},
+                                                                                 {"fp8", configured},
+                                                                                 {"fp8+primary", true},
+                                                                                 {"fp8:block", false},
+                                                                                 {"fp8:block+primary", true},
+                                                                                 {"schedule:fp8-then-bf16", false}}) {
+      CAPTURE(mode);
+      const Config c = config_for_mode(base, mode, options);
+      CHECK(c.precision.fp8.primary_weights == primary);
+      CHECK((c.run.name.find("-primary") != std::string::npos) == primary);
+    }
+    CHECK(config_for_mode(base, "fp8:current+primary", options).run.name == "tiny-fp8-current-primary");
+    CHECK_THROWS_WITH(config_for_mode(base, "bf16+primary", options),
+                      Catch::Contains("+primary (primary FP8 weights) goes with fp8 only"));
   }
 }
 

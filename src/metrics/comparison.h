@@ -16,7 +16,7 @@ namespace ptrain {
 // One finished run, as its directory records it.
 struct RunRecord {
   std::string dir;       // the run directory
-  std::string mode;      // the precision label: "fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block"
+  std::string mode;      // the precision label (PrecisionPolicy::label): "fp32", "bf16", "fp8:current", ...
   nlohmann::json config;  // the keys runs must share, flat: {"model.n_embd": 128, "data.synthetic.seed": 7, ...}
   std::vector<int64_t> steps;      // per training step, in order
   std::vector<double> loss;        // training loss of each step

@@ -34,7 +34,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
 
 std::string PrecisionPolicy::label() const {
   if (!fp8.enabled) return choice_name(mode);
-  return std::string(choice_name(mode)) + ":" + choice_name(fp8.recipe);
+  return std::string(choice_name(mode)) + ":" + choice_name(fp8.recipe) + (fp8.primary_weights ? "+primary" : "");
 }
 
 PrecisionSchedule PrecisionSchedule::from_config(const PrecisionConfig& config, int64_t steps) {

@@ -58,7 +58,7 @@ struct PrecisionPolicy {
   bool fp8_block(int layer, int n_layer) const {
     return fp8.enabled && !(fp8.bf16_first_last && (layer == 0 || layer == n_layer - 1));
   }
-  // "fp8:delayed", "bf16", ... for logs.
+  // "fp8:delayed", "fp8:current+primary" (primary FP8 weights), "bf16", ... for logs.
   std::string label() const;
 };
 
