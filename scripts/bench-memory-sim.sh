@@ -5,7 +5,7 @@
 # `ptrain train --dry-run --ranks 2` prints for the same config, and plan / peak. The arena's
 # bytes are the CUDA backend's, so they are what a GPU run of this config would allocate; only
 # the device's own context and cuDNN's choice of kernels stay on the GPU.
-# A mode fp8:RECIPE+primary has precision.fp8.primary_weights (ZeRO-0 only: ZeRO-1 refuses it).
+# A mode fp8:RECIPE+primary has precision.fp8.primary_weights.
 #   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary"] [ZERO="0 1"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,7 +29,6 @@ for mode in $modes; do
   # FP32 activations have no fused attention: the fallback, as a GPU run would take.
   [[ $mode == fp32 ]] && attention=fallback || attention=auto
   for zero in $zero_stages; do
-    [[ $mode == *+primary && $zero != 0 ]] && continue
     dir=$work/$mode-$zero
     mkdir -p "$dir"
     cat >"$dir/run.yaml" <<EOF

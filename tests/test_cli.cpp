@@ -175,6 +175,16 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
     CHECK(r.output.find("bytes per parameter (7,391,678,464): weights 0.11 + FP32 master 4.00 + FP32 grads 4.00 + "
                         "AdamW state 8.00 + FP8 weight codes 0.94 = 17.06 without activations") != std::string::npos);
   }
+  // On 8 ranks with ZeRO-1 too (the ranks gather the master into the gradient block to cast it):
+  // below bf16's 7.50.
+  {
+    const CommandResult r = run_ptrain("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 --set "
+                                       "precision.mode=fp8 --set precision.fp8.primary_weights=true",
+                                       tmp.dir);
+    INFO(r.output);
+    CHECK(r.output.find("bytes per parameter (7,391,678,464): weights 0.11 + FP32 master 0.50 + FP32 grads 4.00 + "
+                        "AdamW state 1.00 + FP8 weight codes 0.94 = 6.56 without activations") != std::string::npos);
+  }
   // On 8 ranks with ZeRO-1 the model fits an 80 GB H100 in bf16 and in FP8 with at least 10% of
   // the arena free.
   for (const char* mode : {"bf16", "fp8"}) {

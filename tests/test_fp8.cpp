@@ -239,7 +239,7 @@ TEST_CASE("primary FP8 weights keep no bf16 copy of the block linears, whose cas
     CHECK(model.params_flat().numel() == model.num_params() - (primary ? linear_weights : 0));
     for (const ParamSpec& spec : model.specs()) {
       INFO(spec.name);
-      const bool linear = spec.id == kQkvw || spec.id == kAttnOutw || spec.id == kMlpUpw || spec.id == kMlpDownw;
+      const bool linear = is_block_linear(spec.id);
       CHECK(model.weight_copy(spec.id).empty() == (primary && linear));
       CHECK((model.param(spec.id).data == model.master(spec.id).data) == (primary && linear));
     }

@@ -41,15 +41,18 @@ std::vector<nlohmann::json> stops_of(const fs::path& metrics) {
 TEST_CASE("a stop request between micro-batches drops the step, keeps the last completed one as an uninterrupted run "
           "saves it, and the resumed run gives the uninterrupted losses",
           "[stop]") {
-  for (const std::string precision : {"fp32", "fp8"}) {
+  // With primary FP8 weights the dropped step had cast them already: the resumed run casts again.
+  for (const std::string precision : {"fp32", "fp8", "fp8+primary"}) {
     INFO("precision.mode " << precision);
     TempDir ws("stop");
     write_file(ws.dir / "run.yaml", kRun);
-    const std::string mode = "precision.mode=" + precision;
+    const bool primary = precision == "fp8+primary";
+    const std::string mode = primary ? "precision.fp8.primary_weights=true" : "precision.mode=" + precision;
     // The uninterrupted run, with a checkpoint at step 6 to hold the interrupted one's against.
-    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", mode, "checkpoint.every=3"}).exit_code == 0);
+    const std::string fp8 = precision == "fp32" ? "precision.mode=fp32" : "precision.mode=fp8";
+    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", fp8, mode, "checkpoint.every=3"}).exit_code == 0);
 
-    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", mode}, "signal:7:2");
+    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode}, "signal:7:2");
     INFO(cut.output);
     REQUIRE(cut.exit_code == 0);
     CHECK(cut.result.interrupted);
@@ -74,9 +77,11 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     const nlohmann::json cut_state = nlohmann::json::parse(read_file(cut6 / "state.json"));
     const nlohmann::json whole_state = nlohmann::json::parse(read_file(whole6 / "state.json"));
     CHECK(cut_state["fp8"] == whole_state["fp8"]);
-    if (precision == "fp8") CHECK(!cut_state["fp8"].empty());
+    if (precision != "fp32") CHECK(!cut_state["fp8"].empty());
+    CHECK(cut_state["precision"] == (primary ? "fp8:delayed+primary" : whole_state["precision"]));
 
-    const InProcessRun resumed = train_in_process(ws.dir, "run.yaml", {"run.name=cut", mode, "checkpoint.resume=auto"});
+    const InProcessRun resumed =
+        train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/whole/metrics.jsonl");

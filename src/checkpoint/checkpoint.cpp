@@ -251,12 +251,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
 
   // ZeRO-1 keeps the FP32 master weights in shards: rank 0 gathers them for weights.safetensors.
   std::vector<float> master;
-  if (!optimizer.master_shard().empty()) {
-    std::vector<float> shard(static_cast<size_t>(optimizer.shard().count));
-    model.backend().download(shard.data(), optimizer.master_shard());
-    if (main) master.resize(static_cast<size_t>(model.num_params()));
-    comm->gather_shards(main ? master.data() : nullptr, shard.data(), model.num_params());
-  }
+  if (!optimizer.master_shard().empty()) master = optimizer.master_on_main();
   // ZeRO-1: each rank writes the moments of its shard of the flat parameter vector; rank 0
   // checks the other ranks' files when it records their checksums.
   if (optimizer.sharded())

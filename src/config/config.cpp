@@ -877,8 +877,7 @@ class Loader {
 
   // precision.fp8.primary_weights: the block linears keep no bf16 copy of their weights, their
   // FP8 codes are cast from the FP32 master. So every block must run in FP8 for the whole run
-  // (a bf16 block, phase or fallback would have no weights to read), and each rank must hold the
-  // whole master (ZeRO-1's ranks would have to exchange the codes: not implemented).
+  // (a bf16 block, phase or fallback would have no weights to read).
   void check_primary_weights(const Config& c) {
     const PrecisionConfig& p = c.precision;
     bool asked = p.fp8.primary_weights;
@@ -902,10 +901,6 @@ class Loader {
       problem(where({"training.guard.action", key}), key,
               "true with training.guard.action rollback, which goes on in bf16 and would have no bf16 weights",
               "false, or training.guard.action stop or skip");
-    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage == 1)
-      problem(where({"distributed.zero_stage", key}), key,
-              "true with distributed.zero_stage 1, whose ranks would exchange FP8 codes (not implemented)",
-              "false, or distributed.zero_stage 0");
   }
 
   // The FP8 recipe whose alignment rules the GEMMs must meet: block (128) when any FP8 phase

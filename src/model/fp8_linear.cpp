@@ -1,9 +1,11 @@
-#include "core/tensor.h"
 #include "model/fp8_linear.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+
+#include "core/error.h"
+#include "core/tensor.h"
 
 namespace ptrain {
 
@@ -13,13 +15,14 @@ static Fp8TensorState make_state(const std::string& name, Format format, const F
 }
 
 Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-                     int64_t OC, int input_slot)
+                     int64_t OC, int input_slot, bool primary_weight)
     : policy_(policy),
       backend_(backend),
       weights_(C * OC),
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
-      grad_(make_state(name + ".grad", policy.backward, policy)) {
+      grad_(make_state(name + ".grad", policy.backward, policy)),
+      primary_weight_(primary_weight) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   if (blocks && policy.block != kNativeBlock)
     why_emulated_ = "block size " + std::to_string(policy.block) + ": block-scaled GEMMs take " +
@@ -104,6 +107,7 @@ void Fp8Linear::settle() {
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   const int block = policy_.block;
   if (!weight_cast_) {
+    PTRAIN_CHECK(!primary_weight_, weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
@@ -112,6 +116,12 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
   if (training && policy_.recipe == Fp8Recipe::block) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
   if (gemms_) return gemms_->forward(out, bias);
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
+}
+
+void Fp8Linear::cast_weight(Tensor master) {
+  PTRAIN_CHECK(primary_weight_, weight_.name + ": cast_weight() is for primary FP8 weights");
+  cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, /*training=*/true);
+  weight_cast_ = true;
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {

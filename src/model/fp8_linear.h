@@ -37,8 +37,10 @@ class Fp8Linear {
   // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs. `input_slot`
   // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
   // (Backend::make_fp8_gemms), for a layer whose forward pass runs again before its backward.
+  // `primary_weight`: the weight is a primary FP8 weight (precision.fp8.primary_weights), cast by
+  // cast_weight() from the FP32 master, never by forward().
   Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-            int64_t OC, int input_slot = -1);
+            int64_t OC, int input_slot = -1, bool primary_weight = false);
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
@@ -49,7 +51,11 @@ class Fp8Linear {
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
   // fp8(inp); dbias += column sums of dout.
   void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout);
-  // After each optimizer step: delayed scales move on, the weight is cast afresh next step.
+  // A primary weight's training cast from `master` (OC, C), for the step to come: its statistics
+  // count in that step's, as a cast in forward() would.
+  void cast_weight(Tensor master);
+  // After each optimizer step: delayed scales move on, the weight is cast afresh next step (a
+  // primary weight by cast_weight()).
   void end_step();
   // A step given up before its update: what its casts recorded is forgotten, so the scaling
   // state is the previous step's again (as its checkpoint holds it).
@@ -110,6 +116,7 @@ class Fp8Linear {
   std::vector<void*> memory_;
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
+  bool primary_weight_;
   bool weight_cast_ = false;
   bool unsettled_ = false;  // native casts recorded statistics on the device since settle()
 };

@@ -49,6 +49,12 @@ enum ParamId {
   kNumParams
 };
 
+// The weights of the four linears of every block (attention qkv and output, the MLP's two):
+// what FP8 layers cast, primary FP8 weights keep as codes only, and --weights int8 quantizes.
+constexpr bool is_block_linear(ParamId id) {
+  return id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw;
+}
+
 struct ParamSpec {
   ParamId id;
   std::string name;            // llm.c / PyTorch-like name; the checkpoint's tensor name

@@ -166,16 +166,17 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
         .with_format(f);
   };
   // Primary FP8 weights: the block linears' FP8 codes are cast from the FP32 master, so they
-  // keep no copy in the weight format; every block must then be FP8, and the master whole.
+  // keep no copy in the weight format; every block must then be FP8.
   const int64_t primary = primary_fp8_weight_count(shape, policy);
   primary_fp8_ = primary > 0;
+  primary_cast_due_ = primary_fp8_;
   params_flat_ = flat(policy.weights, n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly.
   grads_flat_ = flat(Format::fp32, n);
   has_master_ = policy.has_master_weights();
   sharded_master_ = has_master_ && master_range.count >= 0;
-  PTRAIN_CHECK(!primary_fp8_ || (has_master_ && !sharded_master_ && !policy.fp8.bf16_first_last),
-               "primary FP8 weights need every block in FP8 and the whole FP32 master on each rank");
+  PTRAIN_CHECK(!primary_fp8_ || (has_master_ && !policy.fp8.bf16_first_last),
+               "primary FP8 weights need every block in FP8 and FP32 master weights");
   if (sharded_master_) {
     PTRAIN_CHECK(master_range.begin >= 0 && master_range.begin + master_range.count <= n,
                  "the master weights' range lies outside the parameters");
@@ -188,13 +189,13 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
     offsets_[spec.id] = offset;
-    if (primary_fp8(spec.id)) {
-      params_[spec.id] = master_flat_.range(offset, count).reshaped(spec.shape);
+    grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
+    if (primary_fp8(spec.id)) {  // sharded: where the gathered master is staged for the casts
+      params_[spec.id] = sharded_master_ ? grads_[spec.id] : master_flat_.range(offset, count).reshaped(spec.shape);
     } else {
       params_[spec.id] = params_flat_.range(copy_offset, count).reshaped(spec.shape);
       copy_offset += count;
     }
-    grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
     offset += count;
   }
   if (shape.arch == Arch::llama) {
@@ -241,7 +242,7 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
                                                        backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
-                                                       recast ? k : -1)
+                                                       recast ? k : -1, primary_fp8_)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -279,17 +280,45 @@ Tensor Transformer::master(ParamId id) const {
 
 void Transformer::sync_params_from_master() {
   decoded_ = 0;  // the cached keys and values came from the old weights
+  // The same rounding sharded and unsharded; the values sharded come staged in the gradients.
+  const Tensor source = sharded_master_ ? grads_flat_ : master_flat_;
+  if (primary_fp8_) {
+    copy_unprimary_weights(source);
+    primary_cast_due_ = true;
+  } else if (has_master_) {
+    backend_.copy(params_flat_, source);
+  }
   if (sharded_master_) {
-    // The same rounding as the unsharded copy below, from the values staged in the gradients.
-    backend_.copy(params_flat_, grads_flat_);
     backend_.copy(master_flat_, grads_flat_.range(master_begin_, master_flat_.numel()));
     backend_.zero(grads_flat_);
-  } else if (!primary_fp8_ && !master_flat_.empty()) {
-    backend_.copy(params_flat_, master_flat_);
-  } else if (primary_fp8_) {  // the copies of the other tensors; the FP8 layers cast the master anew
-    for (const ParamSpec& spec : specs_)
-      if (!primary_fp8(spec.id)) backend_.copy(params_[spec.id], master(spec.id));
   }
+}
+
+void Transformer::copy_unprimary_weights(Tensor full_master) {
+  for (const ParamSpec& spec : specs_)
+    if (!primary_fp8(spec.id))
+      backend_.copy(params_[spec.id], full_master.range(offsets_[spec.id], shape_numel(spec.shape)));
+}
+
+void Transformer::cast_primary_fp8_weights(Tensor full_master) {
+  PTRAIN_CHECK(primary_fp8_ && full_master.numel() == num_params(),
+               "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
+  for (const ParamSpec& spec : specs_) {
+    if (!primary_fp8(spec.id)) continue;
+    const LinearId which = spec.id == kQkvw ? kQkv : spec.id == kAttnOutw ? kAttproj : spec.id == kMlpUpw ? kFc : kFcproj;
+    const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
+    for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, which)->cast_weight(master[l]);
+  }
+  // ZeRO-1's update wrote each rank's range of the master only: the other copies come from here.
+  if (sharded_master_) copy_unprimary_weights(full_master);
+  primary_cast_due_ = false;
+}
+
+void Transformer::cast_due_primary_weights() {
+  if (!primary_cast_due_) return;
+  PTRAIN_CHECK(!sharded_master_, "ZeRO-1's primary FP8 weights are cast from the gathered master "
+                                 "(AdamW::gather_primary_fp8_weights) before a forward pass");
+  cast_primary_fp8_weights(master_flat_);
 }
 
 Fp8Linear* Transformer::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
@@ -323,12 +352,14 @@ void Transformer::abandon_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->abandon_step();
+  primary_cast_due_ = primary_fp8_;
 }
 
 void Transformer::end_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->end_step();
+  primary_cast_due_ = primary_fp8_;
 }
 
 std::vector<Fp8TensorState*> Transformer::fp8_tensors() {
@@ -398,6 +429,7 @@ Tensor Transformer::residual_in(int layer) const {
 
 double Transformer::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   load_batch(inputs, targets);
+  cast_due_primary_weights();
   forward_loss(dloss);
   return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
 }
@@ -431,6 +463,7 @@ void Transformer::train_micro_batch(const int32_t* inputs, const int32_t* target
                             const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(dloss != 0, "train_micro_batch needs a loss gradient (dloss != 0)");
   load_batch(inputs, targets);
+  cast_due_primary_weights();  // as called, never in a recording
   if (recording_on_ && !grads_done) {
     run_recorded(dloss);
   } else {

@@ -188,7 +188,9 @@ class Transformer {
   const std::vector<ParamSpec>& specs() const { return specs_; }
   // The weights the GEMMs read: the copy in the policy's weight format, or with primary FP8
   // weights (precision.fp8.primary_weights) for the block linears the FP32 master their FP8
-  // codes are cast from. Empty for a tensor this architecture lacks.
+  // codes are cast from (under ZeRO-1 the gradient buffer's part where the gathered master is
+  // staged for the cast: its shape holds between steps, not its values). Empty for a tensor this
+  // architecture lacks.
   Tensor param(ParamId id) const { return params_[id]; }
   // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
   // apart from the master, else empty (FP32 training, primary FP8 weights).
@@ -204,8 +206,11 @@ class Transformer {
   Tensor params_flat() const { return params_flat_; }
   // The weights as the optimizer and a checkpoint read them: the whole FP32 master weights, or
   // the parameters themselves in FP32; with a sharded master, the GEMMs' copy (the FP32 values
-  // are in master_shard()).
-  Tensor master_flat() const { return sharded_master_ || master_flat_.empty() ? params_flat_ : master_flat_; }
+  // are in master_shard()), which primary FP8 weights do not keep whole: then empty.
+  Tensor master_flat() const {
+    if (sharded_master_) return primary_fp8_ ? Tensor() : params_flat_;
+    return master_flat_.empty() ? params_flat_ : master_flat_;
+  }
   Tensor master(ParamId id) const;
   // Where new weights are written (init, model.init_from, a checkpoint's): master() unsharded;
   // with a sharded master, the gradient buffer, free between steps, stages the FP32 values.
@@ -215,7 +220,20 @@ class Transformer {
   // After new weights were written through master_input (or master() unsharded): refresh the
   // copy the GEMMs read; with a sharded master also take this rank's range of the staged values
   // and zero the gradient buffer that staged them. Not while a step's gradients are there.
+  // Primary FP8 weights are cast afresh before the next forward pass (primary_fp8_cast_due).
   void sync_params_from_master();
+  // Primary FP8 weights (precision.fp8.primary_weights) are cast once per step, from the FP32
+  // master: due after each step (end_step, abandon_step) and after new weights were written, the
+  // cast happens before the next forward pass, outside any recording, as the step's training cast
+  // (its statistics count in the step's). Unsharded, forward() and train_micro_batch() cast from
+  // the master themselves; under ZeRO-1 the ranks first gather the master (AdamW::
+  // gather_primary_fp8_weights) and hand it to cast_primary_fp8_weights.
+  bool primary_fp8_weights() const { return primary_fp8_; }
+  bool primary_fp8_cast_due() const { return primary_cast_due_; }
+  // Casts the block linears' weights from `full_master`, the whole FP32 master in the flat layout
+  // (under ZeRO-1 gathered into grads_flat()), and with a sharded master refreshes the other
+  // tensors' copies from it too.
+  void cast_primary_fp8_weights(Tensor full_master);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
   // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.
@@ -226,9 +244,10 @@ class Transformer {
 
  private:
 
-  // Whether tensor id's working weights are primary FP8 weights (param() is the master).
+  // Whether tensor id's working weights are primary FP8 weights (param() is the master, or under
+  // ZeRO-1 the part of the gradient buffer where the gathered master is staged).
   bool primary_fp8(ParamId id) const {
-    return primary_fp8_ && (id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw);
+    return primary_fp8_ && is_block_linear(id);
   }
   Tensor residual_in(int layer) const;
   Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
@@ -280,6 +299,10 @@ class Transformer {
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
   void queue_fp8_settle();  // every FP8 layer's statistics on their way, for one wait
+  void cast_due_primary_weights();  // unsharded: from the master, when primary_fp8_cast_due
+  // The copies in the weight format of the tensors that are not primary FP8 weights, from the
+  // whole FP32 master in the flat layout.
+  void copy_unprimary_weights(Tensor full_master);
   void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
   void linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                        Tensor weight);
@@ -300,6 +323,7 @@ class Transformer {
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
   bool primary_fp8_ = false;  // precision.fp8.primary_weights
+  bool primary_cast_due_ = false;  // see primary_fp8_cast_due
   bool sharded_master_ = false;  // master_flat_ holds master_begin_.. of the flat layout only
   int64_t master_begin_ = 0;
   GptActivations a_;

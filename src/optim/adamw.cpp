@@ -147,21 +147,48 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
                                                  : model_.master_flat();
   const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
   // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
-  // The update also writes the GEMMs' copy where one is kept apart from the master.
+  // The update also writes the GEMMs' copy where one is kept apart from the master (not under
+  // ZeRO-1 with primary FP8 weights: gather_primary_fp8_weights writes every copy).
+  const bool copies = !(sharded() && model_.primary_fp8_weights());
   int64_t offset = 0;
   for (const ParamSpec& spec : model_.specs()) {
     const int64_t n = shape_numel(spec.shape);
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
-      const Tensor copy = model_.weight_copy(spec.id);
+      const Tensor copy = copies ? model_.weight_copy(spec.id) : Tensor();
       p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
                      p, copy.empty() ? Tensor() : copy.range(lo - offset, len));
     }
     offset += n;
   }
-  if (sharded()) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
+  if (sharded() && copies) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
+}
+
+void AdamW::gather_primary_fp8_weights() {
+  if (!sharded() || !model_.primary_fp8_cast_due()) return;
+  // Each rank's shard of the FP32 master, all-gathered into the gradient buffer (free between
+  // steps, as a load stages its weights there): every rank casts the whole master, so the FP8
+  // codes and their scales are the same bits on each, and as one rank's.
+  const Tensor staged = model_.grads_flat();
+  backend_.copy(staged.range(shard_.begin, shard_.count), master_shard());
+  comm_->all_gather(staged, staged.range(shard_.begin, shard_.count));
+  model_.cast_primary_fp8_weights(staged);
+}
+
+std::vector<float> AdamW::master_on_main() const {
+  const bool main = !comm_ || comm_->rank() == 0;
+  const int64_t n = model_.num_params();
+  std::vector<float> out(main ? static_cast<size_t>(n) : 0);
+  if (!master_shard().empty()) {
+    std::vector<float> shard(static_cast<size_t>(shard_.count));
+    backend_.download(shard.data(), master_shard());
+    comm_->gather_shards(main ? out.data() : nullptr, shard.data(), n);
+  } else if (main) {
+    backend_.download(out.data(), model_.master_flat());
+  }
+  return out;
 }
 
 }  // namespace ptrain

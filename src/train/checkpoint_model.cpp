@@ -9,10 +9,6 @@ namespace ptrain {
 
 namespace {
 
-// The weights --weights int8 quantizes: the four linears of every block (attention qkv and
-// output, the MLP's two).
-bool is_block_linear(ParamId id) { return id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw; }
-
 // Replaces the block linears' weights by their INT8 round trip; returns how many weights that was.
 int64_t quantize_block_linears(Transformer& model) {
   int64_t quantized = 0;

@@ -37,8 +37,8 @@ using SharedFp8Blocks = std::map<std::tuple<char, int64_t, int64_t>, int64_t>;
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), one byte an element, with the
-// transposes of input and grad, and their factors: one per tensor, or one per 1x128 tile each
-// way for block scaling (an upper bound for the weight's 128x128 blocks), and a few statistics
+// transposes of input and grad, and their factors: one per tensor, or for block scaling one per
+// 1x128 tile each way (the weight's: one per 128x128 block each way), and a few statistics
 // blocks. The weight's transpose is shared by the layers of its shape, the grad's set by the
 // layers of its width, the input's codes by the layers of its width, and with `input_slot` >= 0
 // the input's whole set by the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
@@ -56,19 +56,24 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
                       block(rows * std::max(C, OC)) + block(rows * OC * f32);
     return;
   }
-  const auto factors = [&](int64_t r, int64_t c) {
-    const int64_t count = blocks ? r * ((c + 127) / 128) + ((r + 127) / 128) * c + 4 * std::max(r, c) : 1;
-    return (blocks ? 2 : 1) * block(count * f32);
+  // The factors of a (r, c) operand's codes and, with block scaling, of its transpose, in
+  // cuBLASLt's layouts (backend/cuda/matmul.h, gemm_scale_floats): the weight's 128x128 blocks
+  // along K rounded up to 4, the others' 1x128 tiles with the outer length rounded up to 4.
+  const auto up = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const auto factors = [&](int64_t r, int64_t c, bool weight) {
+    if (!blocks) return block(f32);
+    if (weight) return block(up(r, 128) * up(up(c, 128), 4) * 4 * f32) + block(up(c, 128) * up(up(r, 128), 4) * 4 * f32);
+    return block(up(c, 128) * up(r, 4) * 4 * f32) + block(up(r, 128) * up(c, 4) * 4 * f32);
   };
-  const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c); };
+  const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c, false); };
   shared[{'g', OC, 0}] = operand(rows, OC);
   shared[{'w', OC, C}] = block(OC * C);
-  bytes.weights += block(OC * C) + factors(OC, C) + block(4 * 64) + block(f32);  // + the statistics, the current amax
+  bytes.weights += block(OC * C) + factors(OC, C, true) + block(4 * 64) + block(f32);  // + the statistics, the current amax
   if (input_slot >= 0) {
     shared[{'i', input_slot, 0}] = operand(rows, C);
   } else {  // the transpose and factors kept for wgrad; the codes shared
     shared[{'i', -1, C}] = block(rows * C);
-    bytes.operands += block(rows * C) + factors(rows, C);
+    bytes.operands += block(rows * C) + factors(rows, C, false);
   }
 }
 

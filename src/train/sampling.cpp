@@ -77,14 +77,13 @@ TrainingSamples::TrainingSamples(const ModelShape& shape, std::optional<Tokenize
 
 TrainingSamples::~TrainingSamples() = default;
 
-std::string TrainingSamples::at_step(int64_t step, Backend& backend, const Transformer& model) {
+std::string TrainingSamples::at_step(int64_t step, const std::vector<float>& master) {
   if (!model_) {
     backend_ = make_cpu_backend(0);  // 0: the threads training set, unchanged
     model_ = std::make_unique<Transformer>(shape_, *backend_, DType::f32, 1, shape_.max_seq_len);
   }
-  std::vector<float> weights(static_cast<size_t>(model.num_params()));
-  backend.download(weights.data(), model.master_flat());
-  backend_->upload(model_->master_flat(), weights.data());
+  PTRAIN_CHECK(static_cast<int64_t>(master.size()) == model_->num_params(), "a sample needs the whole master weights");
+  backend_->upload(model_->master_flat(), master.data());
   model_->sync_params_from_master();
   const Tokenizer* text = tokenizer_ ? &*tokenizer_ : nullptr;
   std::vector<int32_t> tokens = prompt_tokens_;

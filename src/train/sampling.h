@@ -47,8 +47,9 @@ class TrainingSamples {
   TrainingSamples(const ModelShape& shape, std::optional<Tokenizer> tokenizer, std::string prompt,
                   std::vector<int32_t> prompt_tokens, uint64_t seed, int tokens, double temperature);
   ~TrainingSamples();
-  // The sample after `step` from `model`'s master weights (on `backend`), as the log shows it.
-  std::string at_step(int64_t step, Backend& backend, const Transformer& model);
+  // The sample after `step` from the whole FP32 master weights in the flat layout
+  // (AdamW::master_on_main), as the log shows it.
+  std::string at_step(int64_t step, const std::vector<float>& master);
 
  private:
   ModelShape shape_;

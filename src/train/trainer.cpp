@@ -171,9 +171,12 @@ TrainResult Trainer::run() {
     if (step % cfg_.logging.numerics_every == 0 || step == steps)
       report_.numerics(step, policy_.activation_grads, model_.fp8_tensors());
     if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
-    if (samples_ && step % cfg_.logging.sample_every == 0)
-      log_.info("sample step " + std::to_string(step) + " (temperature " +
-                number_text(cfg_.logging.sample_temperature) + "):\n" + samples_->at_step(step, *backend_, model_));
+    if (cfg_.logging.sample_every > 0 && step % cfg_.logging.sample_every == 0) {
+      const std::vector<float> master = optimizer_.master_on_main();  // under ZeRO-1 every rank sends its shard
+      if (samples_)
+        log_.info("sample step " + std::to_string(step) + " (temperature " +
+                  number_text(cfg_.logging.sample_temperature) + "):\n" + samples_->at_step(step, master));
+    }
 
     const bool stop = outcome.signalled || (options_.stop_at > 0 && step >= options_.stop_at);
     const bool periodic = cfg_.checkpoint.every > 0 && step % cfg_.checkpoint.every == 0;
@@ -210,6 +213,7 @@ TrainResult Trainer::run() {
 Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_abandon) {
   const int B = spec_.batch.micro_batch, T = spec_.batch.seq_len, accum = spec_.batch.accumulation;
   StepFaults& faults = plan_.faults;
+  optimizer_.gather_primary_fp8_weights();  // the gradient buffer stages them: before zero_grad
   model_.zero_grad();
   // One slot per micro-batch of the global batch: each rank fills its own, the sum over ranks
   // gathers them, and they are added in global order, as one rank would. A last slot carries
@@ -371,6 +375,7 @@ void Trainer::reduce_fp8_amax() {
 // The validation batches are shared out across ranks (batch j on rank j % world) and their
 // losses added in batch order, so the result does not depend on the number of ranks.
 void Trainer::evaluate(int64_t step) {
+  optimizer_.gather_primary_fp8_weights();
   std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
   for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
     val_sampler_.fill(j, inputs_.data(), targets_.data());

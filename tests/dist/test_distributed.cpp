@@ -53,11 +53,14 @@ struct Run {
   std::string checkpoint = "{save_final: false}";
   std::string arch = "gpt2";  // llama: 4 query heads over 2 K/V heads
   std::string grad_reduce_dtype = "fp32";
+  bool primary_weights = false;  // precision.fp8.primary_weights (fp8)
 };
 
 std::string config_yaml(const Run& r) {
   const std::string precision =
-      r.precision == "fp8" ? "{mode: fp8, fp8: {recipe: delayed}}" : "{mode: " + r.precision + "}";
+      r.precision == "fp8" ? std::string("{mode: fp8, fp8: {recipe: delayed") +
+                                 (r.primary_weights ? ", primary_weights: true" : "") + "}}"
+                           : "{mode: " + r.precision + "}";
   return "run: {name: " + r.name + ", out_dir: runs, seed: 3, device: cpu}\n"
          "model: {" + (r.arch == "llama" ? "arch: llama, n_kv_head: 2, mlp_hidden: 96, " : std::string()) +
          "n_layer: 2, n_head: 4, n_embd: " + std::to_string(r.n_embd) + ", seq_len: 32, vocab_size: 64}\n"
@@ -357,6 +360,52 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf
     CHECK(b.loss[0] == reference.loss[0]);
     CHECK(std::fabs(b.grad_norm[0] - reference.grad_norm[0]) <=
           (2 * ranks - 1) * std::ldexp(1.0, -8) * reference.grad_norm[0]);
+  }
+}
+
+// Primary FP8 weights under ZeRO-1: each rank updates its shard of the FP32 master, the ranks
+// all-gather it and every rank casts the whole, so the FP8 codes and scales are the bits one
+// rank's cast makes: the same training as ZeRO-0, on 2 ranks and on 3 (shards of unequal
+// length), with evaluations and samples between the steps (each gathers the weights anew), and a
+// stop and resume changes nothing.
+TEST_CASE("ZeRO-1 with primary FP8 weights equals ZeRO-0 bit for bit and resumes exactly", "[mpi]") {
+  Workspace ws("zero-primary");
+  const std::string between = "--set training.eval_every=3 --set logging.sample_every=4 --set logging.sample_tokens=8";
+  for (const int ranks : {2, 3}) {
+    INFO(ranks << " ranks");
+    Run z0{"primary-zero0-" + std::to_string(ranks)};
+    z0.precision = "fp8";
+    z0.primary_weights = true;
+    z0.steps = 8;
+    z0.batch_tokens = 256 * ranks;
+    z0.zero_stage = 0;
+    z0.checkpoint = "{every: 4}";
+    Run z1 = z0;
+    z1.name = "primary-zero1-" + std::to_string(ranks);
+    z1.zero_stage = 1;
+    std::string out1;
+    const Trace a = train_ok(ws.dir, ranks, z0, between);
+    const Trace b = train_ok(ws.dir, ranks, z1, between, &out1);
+    INFO(out1);
+    CHECK(out1.find("the block linears' weights are FP8 codes only") != std::string::npos);
+    CHECK(out1.find("FP32 master shard") != std::string::npos);
+    CHECK(out1.find("sample step 8") != std::string::npos);
+    if (ranks == 3) CHECK(parameter_count(out1) % 3 != 0);
+    INFO("losses, ZeRO-0 | ZeRO-1:\n" << side_by_side(a.loss, b.loss));
+    REQUIRE(a.loss.size() == 8);
+    CHECK(b.loss == a.loss);
+    CHECK(b.grad_norm == a.grad_norm);
+    CHECK(b.val_loss == a.val_loss);
+    CHECK(read_file(ws.run(z1.name) / "checkpoints/step_00000008/weights.safetensors") ==
+          read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
+
+    Run part = z1;
+    part.name = "primary-part-" + std::to_string(ranks);
+    train_ok(ws.dir, ranks, part, between + " --stop-at 4");
+    const Trace resumed = train_ok(ws.dir, ranks, part, between + " --set checkpoint.resume=auto");
+    INFO("losses, stopped and resumed | straight:\n" << side_by_side(resumed.loss, b.loss));
+    CHECK(resumed.loss == b.loss);
+    CHECK(resumed.grad_norm == b.grad_norm);
   }
 }
 

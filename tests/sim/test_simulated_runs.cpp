@@ -295,6 +295,9 @@ const Axes kRuns[] = {
      true},
     {"llama-fp8-current-graphs-recompute-block-primary-weights", "fp8:current", "fallback", true, 1, 0, 64, "llama",
      "block", "fp32", true},
+    // ZeRO-1's ranks gather the FP32 master into the gradient block to cast it: no block of its own.
+    {"fp8-block-2-ranks-zero1-graphs-primary-weights", "fp8:block", "fallback", true, 2, 1, 64, "gpt2", "none", "fp32",
+     true},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
