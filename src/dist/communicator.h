@@ -88,8 +88,12 @@ std::unique_ptr<Communicator> make_communicator(Device device);
 // the environment before MPI starts: whether to start MPI, and how to name a failing rank.
 int launcher_rank();
 int launcher_world_size();
-// This rank's index on its node (MPI's shared-memory split under a launcher; 0 without one):
-// which of the node's GPUs it takes.
+// This rank's index on its node as the launcher's environment gives it
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, the first set), or -1.
+int launcher_local_rank();
+// This rank's index on its node: which of the node's visible GPUs it takes (modulo their
+// number). Under a launcher, launcher_local_rank(), else MPI's shared-memory split of the
+// ranks; 0 without a launcher.
 int local_rank();
 
 // A rank that fails takes the whole job down at once (MPI_Abort), so no other rank waits

@@ -78,11 +78,18 @@ std::unique_ptr<Communicator> make_communicator(Device device) {
 #endif
 }
 
+// Open MPI's mpirun, MPICH's Hydra and Slurm's srun, in that order: an mpirun inside a Slurm
+// allocation inherits the allocation's SLURM_LOCALID, which says nothing of mpirun's ranks.
+int launcher_local_rank() { return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}); }
+
 int local_rank() {
+  if (launcher_world_size() <= 1) return 0;
+  if (const int from_launcher = launcher_local_rank(); from_launcher >= 0) return from_launcher;
 #ifdef PTRAIN_HAVE_MPI
-  if (launcher_world_size() > 1) return node_local_rank();
-#endif
+  return node_local_rank();
+#else
   return 0;
+#endif
 }
 
 void abort_other_ranks(int code) {
