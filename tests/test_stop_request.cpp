@@ -42,6 +42,8 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
           "saves it, and the resumed run gives the uninterrupted losses",
           "[stop]") {
   // With primary FP8 weights the dropped step had cast them already: the resumed run casts again.
+  // The evaluations between steps (an evaluation after step 6, before its checkpoint) leave the
+  // scaling state as they find it.
   for (const std::string precision : {"fp32", "fp8", "fp8+primary"}) {
     INFO("precision.mode " << precision);
     TempDir ws("stop");
@@ -50,9 +52,9 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     const std::string mode = primary ? "precision.fp8.primary_weights=true" : "precision.mode=" + precision;
     // The uninterrupted run, with a checkpoint at step 6 to hold the interrupted one's against.
     const std::string fp8 = precision == "fp32" ? "precision.mode=fp32" : "precision.mode=fp8";
-    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", fp8, mode, "checkpoint.every=3"}).exit_code == 0);
+    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", fp8, mode, "checkpoint.every=3", "training.eval_every=3"}).exit_code == 0);
 
-    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode}, "signal:7:2");
+    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "training.eval_every=3"}, "signal:7:2");
     INFO(cut.output);
     REQUIRE(cut.exit_code == 0);
     CHECK(cut.result.interrupted);
@@ -81,7 +83,7 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     CHECK(cut_state["precision"] == (primary ? "fp8:delayed+primary" : whole_state["precision"]));
 
     const InProcessRun resumed =
-        train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "checkpoint.resume=auto"});
+        train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "training.eval_every=3", "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/whole/metrics.jsonl");

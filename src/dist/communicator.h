@@ -26,6 +26,18 @@ struct Shard {
 };
 Shard shard_of(int64_t n, int rank, int world);
 
+// Bytes of the tensor collectives a rank took part in (host values, such as losses, norms and
+// amaxes, are not counted): each all-reduce's tensor, each reduce-scatter's input (the whole
+// vector every rank contributes), each all-gather's output (the whole vector every rank
+// receives). The payload, not the wire: a ring all-reduce sends about twice its tensor. Only
+// with more than one rank.
+struct CollectiveBytes {
+  int64_t all_reduced = 0, reduce_scattered = 0, all_gathered = 0;
+  CollectiveBytes operator-(const CollectiveBytes& o) const {
+    return {all_reduced - o.all_reduced, reduce_scattered - o.reduce_scattered, all_gathered - o.all_gathered};
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -53,15 +65,27 @@ class Communicator {
   // floats, rank 0 only; other ranks may pass null).
   virtual void gather_shards(float* full, const float* shard, int64_t n) = 0;
 
-  // ---- tensors in the backend's memory (float dtypes), in place or by shards
+  // ---- tensors in the backend's memory (float dtypes), in place or by shards; counted in
+  // collective_bytes()
   // t = the sum of t over ranks, bit-identical on every rank. A bf16/fp16 tensor is summed in
   // its format, each addition rounded to it (as NCCL reduces such a tensor).
-  virtual void all_reduce_sum(Tensor t) = 0;
+  void all_reduce_sum(Tensor t) {
+    count(traffic_.all_reduced, t);
+    sum_tensor(t);
+  }
   // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, summed as above.
   // out may be that shard of `in` itself (in place, as ZeRO-1 sums into its gradient shard).
-  virtual void reduce_scatter_sum(Tensor out, Tensor in) = 0;
+  void reduce_scatter_sum(Tensor out, Tensor in) {
+    count(traffic_.reduce_scattered, in);
+    reduce_scatter_tensor(out, in);
+  }
   // out (n elements) = every rank's shard_of(n) of it, concatenated; `in` is this rank's shard.
-  virtual void all_gather(Tensor out, Tensor in) = 0;
+  void all_gather(Tensor out, Tensor in) {
+    count(traffic_.all_gathered, out);
+    gather_tensor(out, in);
+  }
+  // Since this communicator started.
+  const CollectiveBytes& collective_bytes() const { return traffic_; }
 
   // ---- overlap with computation (GPU communicators)
   // The stream the backend computes on (Backend::stream()): collectives start after the work
@@ -70,11 +94,27 @@ class Communicator {
   // Sums each tensor of a bucket over ranks. A communicator that overlaps_compute() returns at
   // once (the sums run beside the backward pass) and completes them in wait(); others finish
   // before returning.
-  virtual void all_reduce_sum_async(const std::vector<Tensor>& bucket) {
-    for (const Tensor& t : bucket) all_reduce_sum(t);
+  void all_reduce_sum_async(const std::vector<Tensor>& bucket) {
+    for (const Tensor& t : bucket) count(traffic_.all_reduced, t);
+    start_sums(bucket);
   }
   virtual void wait() {}
   virtual bool overlaps_compute() const { return false; }
+
+ protected:
+  // What the tensor calls above do, uncounted.
+  virtual void sum_tensor(Tensor t) = 0;
+  virtual void reduce_scatter_tensor(Tensor out, Tensor in) = 0;
+  virtual void gather_tensor(Tensor out, Tensor in) = 0;
+  virtual void start_sums(const std::vector<Tensor>& bucket) {
+    for (const Tensor& t : bucket) sum_tensor(t);
+  }
+
+ private:
+  void count(int64_t& total, const Tensor& t) {
+    if (world_size() > 1) total += static_cast<int64_t>(t.bytes());
+  }
+  CollectiveBytes traffic_;
 };
 
 std::unique_ptr<Communicator> make_single_process_communicator();

@@ -136,7 +136,8 @@ class MpiCommunicator final : public Communicator {
                 MPI_FLOAT, 0, MPI_COMM_WORLD);
   }
 
-  void all_reduce_sum(Tensor t) override {
+ protected:
+  void sum_tensor(Tensor t) override {
     expect_host_float(t, "all_reduce_sum");
     dispatch(t, [&](auto zero) {
       using T = decltype(zero);
@@ -148,7 +149,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  void reduce_scatter_sum(Tensor out, Tensor in) override {
+  void reduce_scatter_tensor(Tensor out, Tensor in) override {
     expect_host_float(in, "reduce_scatter_sum");
     expect_host_float(out, "reduce_scatter_sum");
     const int64_t n = in.numel();
@@ -160,7 +161,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  void all_gather(Tensor out, Tensor in) override {
+  void gather_tensor(Tensor out, Tensor in) override {
     expect_host_float(in, "all_gather");
     expect_host_float(out, "all_gather");
     const int64_t n = out.numel();

@@ -124,7 +124,13 @@ class NcclCommunicator final : public Communicator {
   void broadcast(void* bytes, size_t n, int root) override { mpi_->broadcast(bytes, n, root); }
   void gather_shards(float* full, const float* shard, int64_t n) override { mpi_->gather_shards(full, shard, n); }
 
-  void all_reduce_sum(Tensor t) override {
+  void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
+
+  void wait() override { before_compute(); }
+  bool overlaps_compute() const override { return true; }
+
+ protected:
+  void sum_tensor(Tensor t) override {
     const ncclDataType_t type = sum_type(t, "all_reduce_sum");
     if (t.numel() == 0) return;
     after_compute();
@@ -132,7 +138,7 @@ class NcclCommunicator final : public Communicator {
     before_compute();
   }
 
-  void reduce_scatter_sum(Tensor out, Tensor in) override {
+  void reduce_scatter_tensor(Tensor out, Tensor in) override {
     const ncclDataType_t type = sum_type(in, "reduce_scatter_sum");
     sum_type(out, "reduce_scatter_sum");
     const int64_t n = in.numel();
@@ -157,7 +163,7 @@ class NcclCommunicator final : public Communicator {
     before_compute();
   }
 
-  void all_gather(Tensor out, Tensor in) override {
+  void gather_tensor(Tensor out, Tensor in) override {
     const ncclDataType_t type = device_type(out, "all_gather");
     device_type(in, "all_gather");
     const int64_t n = out.numel();
@@ -182,9 +188,7 @@ class NcclCommunicator final : public Communicator {
     before_compute();
   }
 
-  void set_compute_stream(void* stream) override { compute_ = static_cast<cudaStream_t>(stream); }
-
-  void all_reduce_sum_async(const std::vector<Tensor>& bucket) override {
+  void start_sums(const std::vector<Tensor>& bucket) override {
     for (const Tensor& t : bucket) sum_type(t, "all_reduce_sum_async");  // check all before the group opens
     after_compute();
     PTRAIN_NCCL_CHECK(ncclGroupStart());
@@ -194,9 +198,6 @@ class NcclCommunicator final : public Communicator {
                                         ncclSum, comm_, stream_));
     PTRAIN_NCCL_CHECK(ncclGroupEnd());
   }
-
-  void wait() override { before_compute(); }
-  bool overlaps_compute() const override { return true; }
 
  private:
   void check(ncclResult_t status, const char* expression, const char* file, int line) {

@@ -32,9 +32,11 @@ class SingleProcess final : public Communicator {
   void gather_shards(float* full, const float* shard, int64_t n) override {
     if (full != shard) std::copy(shard, shard + n, full);
   }
-  void all_reduce_sum(Tensor) override {}
-  void reduce_scatter_sum(Tensor out, Tensor in) override { require_same(out, in, "reduce_scatter_sum"); }
-  void all_gather(Tensor out, Tensor in) override { require_same(out, in, "all_gather"); }
+
+ protected:
+  void sum_tensor(Tensor) override {}
+  void reduce_scatter_tensor(Tensor out, Tensor in) override { require_same(out, in, "reduce_scatter_sum"); }
+  void gather_tensor(Tensor out, Tensor in) override { require_same(out, in, "all_gather"); }
 
  private:
   // With one rank the shard is the whole tensor; callers pass it in place.

@@ -106,8 +106,9 @@ void Fp8Linear::settle() {
 
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   const int block = policy_.block;
-  if (!weight_cast_) {
-    PTRAIN_CHECK(!primary_weight_, weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
+  PTRAIN_CHECK(!primary_weight_ || weight_cast_ || !training,
+               weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
+  if (!weight_cast_ && !primary_weight_) {
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
@@ -118,10 +119,10 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
-void Fp8Linear::cast_weight(Tensor master) {
+void Fp8Linear::cast_weight(Tensor master, bool training) {
   PTRAIN_CHECK(primary_weight_, weight_.name + ": cast_weight() is for primary FP8 weights");
-  cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, /*training=*/true);
-  weight_cast_ = true;
+  cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, training);
+  weight_cast_ = weight_cast_ || training;
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {

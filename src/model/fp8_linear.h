@@ -51,9 +51,10 @@ class Fp8Linear {
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
   // fp8(inp); dbias += column sums of dout.
   void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout);
-  // A primary weight's training cast from `master` (OC, C), for the step to come: its statistics
-  // count in that step's, as a cast in forward() would.
-  void cast_weight(Tensor master);
+  // A primary weight's cast from `master` (OC, C): the training cast of the step to come, its
+  // statistics counting in that step's as a cast in forward() would; or (`training` false) an
+  // evaluation's, which leaves the scaling state and telemetry untouched.
+  void cast_weight(Tensor master, bool training);
   // After each optimizer step: delayed scales move on, the weight is cast afresh next step (a
   // primary weight by cast_weight()).
   void end_step();

@@ -169,7 +169,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   // keep no copy in the weight format; every block must then be FP8.
   const int64_t primary = primary_fp8_weight_count(shape, policy);
   primary_fp8_ = primary > 0;
-  primary_cast_due_ = primary_fp8_;
+  primary_cast_ = PrimaryCast::due;
   params_flat_ = flat(policy.weights, n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly.
   grads_flat_ = flat(Format::fp32, n);
@@ -284,7 +284,7 @@ void Transformer::sync_params_from_master() {
   const Tensor source = sharded_master_ ? grads_flat_ : master_flat_;
   if (primary_fp8_) {
     copy_unprimary_weights(source);
-    primary_cast_due_ = true;
+    primary_cast_ = PrimaryCast::due;
   } else if (has_master_) {
     backend_.copy(params_flat_, source);
   }
@@ -300,25 +300,25 @@ void Transformer::copy_unprimary_weights(Tensor full_master) {
       backend_.copy(params_[spec.id], full_master.range(offsets_[spec.id], shape_numel(spec.shape)));
 }
 
-void Transformer::cast_primary_fp8_weights(Tensor full_master) {
+void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
   PTRAIN_CHECK(primary_fp8_ && full_master.numel() == num_params(),
                "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
   for (const ParamSpec& spec : specs_) {
     if (!primary_fp8(spec.id)) continue;
     const LinearId which = spec.id == kQkvw ? kQkv : spec.id == kAttnOutw ? kAttproj : spec.id == kMlpUpw ? kFc : kFcproj;
     const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
-    for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, which)->cast_weight(master[l]);
+    for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, which)->cast_weight(master[l], training);
   }
   // ZeRO-1's update wrote each rank's range of the master only: the other copies come from here.
   if (sharded_master_) copy_unprimary_weights(full_master);
-  primary_cast_due_ = false;
+  primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
 }
 
-void Transformer::cast_due_primary_weights() {
-  if (!primary_cast_due_) return;
+void Transformer::cast_due_primary_weights(bool training) {
+  if (!primary_fp8_cast_due(training)) return;
   PTRAIN_CHECK(!sharded_master_, "ZeRO-1's primary FP8 weights are cast from the gathered master "
                                  "(AdamW::gather_primary_fp8_weights) before a forward pass");
-  cast_primary_fp8_weights(master_flat_);
+  cast_primary_fp8_weights(master_flat_, training);
 }
 
 Fp8Linear* Transformer::lm_head_fp8() const { return fp8_.empty() ? nullptr : fp8_.back().get(); }
@@ -352,14 +352,15 @@ void Transformer::abandon_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->abandon_step();
-  primary_cast_due_ = primary_fp8_;
+  // The codes stand (the weights did not change), the step's training cast is forgotten.
+  if (primary_cast_ == PrimaryCast::done) primary_cast_ = PrimaryCast::evaluated;
 }
 
 void Transformer::end_step() {
   queue_fp8_settle();
   for (auto& f : fp8_)
     if (f) f->end_step();
-  primary_cast_due_ = primary_fp8_;
+  primary_cast_ = PrimaryCast::due;
 }
 
 std::vector<Fp8TensorState*> Transformer::fp8_tensors() {
@@ -429,7 +430,7 @@ Tensor Transformer::residual_in(int layer) const {
 
 double Transformer::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   load_batch(inputs, targets);
-  cast_due_primary_weights();
+  cast_due_primary_weights(dloss != 0);
   forward_loss(dloss);
   return backend_.sum(a_.losses) / static_cast<double>(a_.losses.numel());
 }
@@ -463,7 +464,7 @@ void Transformer::train_micro_batch(const int32_t* inputs, const int32_t* target
                             const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(dloss != 0, "train_micro_batch needs a loss gradient (dloss != 0)");
   load_batch(inputs, targets);
-  cast_due_primary_weights();  // as called, never in a recording
+  cast_due_primary_weights(true);  // as called, never in a recording
   if (recording_on_ && !grads_done) {
     run_recorded(dloss);
   } else {

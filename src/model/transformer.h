@@ -88,7 +88,9 @@ struct GptActivations {
 
 // The FP32 master weights a model keeps (with a policy that has them): all, or under ZeRO-1
 // one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
-// rest. A sharded model never holds the whole master block, not even while it starts.
+// rest. A sharded model never allocates the whole master block, not even while it starts: a
+// load stages the whole in the gradient buffer, as ZeRO-1's primary FP8 weights do for their
+// casts (AdamW::gather_primary_fp8_weights).
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
 };
@@ -193,7 +195,8 @@ class Transformer {
   // architecture lacks.
   Tensor param(ParamId id) const { return params_[id]; }
   // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
-  // apart from the master, else empty (FP32 training, primary FP8 weights).
+  // apart from the master, else empty (FP32 training, primary FP8 weights). Under ZeRO-1 with
+  // primary FP8 weights the optimizer writes none: cast_primary_fp8_weights refreshes them.
   Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
   // every mode (Megatron's main_grad), one parameter-sized buffer. The backward ops add each
@@ -211,6 +214,7 @@ class Transformer {
     if (sharded_master_) return primary_fp8_ ? Tensor() : params_flat_;
     return master_flat_.empty() ? params_flat_ : master_flat_;
   }
+  // Tensor id's FP32 master weights; with a sharded master (which has no whole tensor), param(id).
   Tensor master(ParamId id) const;
   // Where new weights are written (init, model.init_from, a checkpoint's): master() unsharded;
   // with a sharded master, the gradient buffer, free between steps, stages the FP32 values.
@@ -222,18 +226,23 @@ class Transformer {
   // and zero the gradient buffer that staged them. Not while a step's gradients are there.
   // Primary FP8 weights are cast afresh before the next forward pass (primary_fp8_cast_due).
   void sync_params_from_master();
-  // Primary FP8 weights (precision.fp8.primary_weights) are cast once per step, from the FP32
-  // master: due after each step (end_step, abandon_step) and after new weights were written, the
-  // cast happens before the next forward pass, outside any recording, as the step's training cast
-  // (its statistics count in the step's). Unsharded, forward() and train_micro_batch() cast from
+  // Primary FP8 weights (precision.fp8.primary_weights) are cast from the FP32 master before
+  // the forward pass that needs them, outside any recording: once per step as the step's
+  // training cast (its statistics count in the step's, as a cast in the forward pass would),
+  // due after each step (end_step) and after new weights were written; and by an evaluation
+  // that finds them stale, as an evaluation's cast that records nothing (so evaluations leave
+  // the scaling state as they find it). Unsharded, forward() and train_micro_batch() cast from
   // the master themselves; under ZeRO-1 the ranks first gather the master (AdamW::
   // gather_primary_fp8_weights) and hand it to cast_primary_fp8_weights.
   bool primary_fp8_weights() const { return primary_fp8_; }
-  bool primary_fp8_cast_due() const { return primary_cast_due_; }
-  // Casts the block linears' weights from `full_master`, the whole FP32 master in the flat layout
-  // (under ZeRO-1 gathered into grads_flat()), and with a sharded master refreshes the other
-  // tensors' copies from it too.
-  void cast_primary_fp8_weights(Tensor full_master);
+  // Whether a training forward pass (`training`), or an evaluation, must cast them first.
+  bool primary_fp8_cast_due(bool training) const {
+    return primary_fp8_ && (training ? primary_cast_ != PrimaryCast::done : primary_cast_ == PrimaryCast::due);
+  }
+  // Casts the block linears' weights (training or evaluation cast) from `full_master`, the whole
+  // FP32 master in the flat layout (under ZeRO-1 gathered into grads_flat()), and with a sharded
+  // master refreshes the other tensors' copies from it too.
+  void cast_primary_fp8_weights(Tensor full_master, bool training);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
   // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.
@@ -299,7 +308,7 @@ class Transformer {
   Fp8Linear* fp8_linear(int layer, LinearId which) const;  // null: this linear runs in bf16/fp32
   Fp8Linear* lm_head_fp8() const;
   void queue_fp8_settle();  // every FP8 layer's statistics on their way, for one wait
-  void cast_due_primary_weights();  // unsharded: from the master, when primary_fp8_cast_due
+  void cast_due_primary_weights(bool training);  // unsharded: from the master, when primary_fp8_cast_due
   // The copies in the weight format of the tensors that are not primary FP8 weights, from the
   // whole FP32 master in the flat layout.
   void copy_unprimary_weights(Tensor full_master);
@@ -323,7 +332,9 @@ class Transformer {
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
   bool primary_fp8_ = false;  // precision.fp8.primary_weights
-  bool primary_cast_due_ = false;  // see primary_fp8_cast_due
+  // Primary FP8 weights' codes: stale (due), current from an evaluation's cast with the step's
+  // training cast still due (evaluated), or the step's training cast made (done).
+  enum class PrimaryCast { due, evaluated, done } primary_cast_ = PrimaryCast::due;
   bool sharded_master_ = false;  // master_flat_ holds master_begin_.. of the flat layout only
   int64_t master_begin_ = 0;
   GptActivations a_;

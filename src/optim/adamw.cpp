@@ -166,15 +166,15 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
   if (sharded() && copies) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
 }
 
-void AdamW::gather_primary_fp8_weights() {
-  if (!sharded() || !model_.primary_fp8_cast_due()) return;
+void AdamW::gather_primary_fp8_weights(bool training) {
+  if (!sharded() || !model_.primary_fp8_cast_due(training)) return;
   // Each rank's shard of the FP32 master, all-gathered into the gradient buffer (free between
   // steps, as a load stages its weights there): every rank casts the whole master, so the FP8
   // codes and their scales are the same bits on each, and as one rank's.
   const Tensor staged = model_.grads_flat();
   backend_.copy(staged.range(shard_.begin, shard_.count), master_shard());
   comm_->all_gather(staged, staged.range(shard_.begin, shard_.count));
-  model_.cast_primary_fp8_weights(staged);
+  model_.cast_primary_fp8_weights(staged, training);
 }
 
 std::vector<float> AdamW::master_on_main() const {

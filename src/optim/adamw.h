@@ -53,12 +53,12 @@ class AdamW {
   // stored gradients still carry.
   void step(double lr, double grad_norm, double loss_scale = 1.0);
 
-  // ZeRO-1 with primary FP8 weights whose cast is due (Transformer::primary_fp8_cast_due: after
-  // a step, a load): the ranks all-gather their shards of the FP32 master into the gradient
-  // buffer and cast it; the buffer then holds the master until the next zero_grad(). Nothing
-  // otherwise (unsharded, the model casts from its own master). Every rank calls it, before a
-  // forward pass.
-  void gather_primary_fp8_weights();
+  // ZeRO-1 with primary FP8 weights whose cast is due before a training forward pass
+  // (`training`) or an evaluation (Transformer::primary_fp8_cast_due): the ranks all-gather
+  // their shards of the FP32 master into the gradient buffer and cast it; the buffer then holds
+  // the master until the next zero_grad(). Nothing otherwise (unsharded, the model casts from
+  // its own master). Every rank calls it, before such a forward pass.
+  void gather_primary_fp8_weights(bool training);
   // The whole FP32 master weights (or the FP32 parameters) in the flat layout on rank 0, gathered
   // from the ranks' shards under ZeRO-1 (every rank calls it then); empty on the other ranks.
   std::vector<float> master_on_main() const;

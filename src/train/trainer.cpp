@@ -213,7 +213,7 @@ TrainResult Trainer::run() {
 Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_abandon) {
   const int B = spec_.batch.micro_batch, T = spec_.batch.seq_len, accum = spec_.batch.accumulation;
   StepFaults& faults = plan_.faults;
-  optimizer_.gather_primary_fp8_weights();  // the gradient buffer stages them: before zero_grad
+  optimizer_.gather_primary_fp8_weights(true);  // the gradient buffer stages them: before zero_grad
   model_.zero_grad();
   // One slot per micro-batch of the global batch: each rank fills its own, the sum over ranks
   // gathers them, and they are added in global order, as one rank would. A last slot carries
@@ -375,7 +375,7 @@ void Trainer::reduce_fp8_amax() {
 // The validation batches are shared out across ranks (batch j on rank j % world) and their
 // losses added in batch order, so the result does not depend on the number of ranks.
 void Trainer::evaluate(int64_t step) {
-  optimizer_.gather_primary_fp8_weights();
+  optimizer_.gather_primary_fp8_weights(false);
   std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
   for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
     val_sampler_.fill(j, inputs_.data(), targets_.data());
