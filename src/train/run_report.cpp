@@ -15,6 +15,9 @@ namespace ptrain {
 
 namespace {
 std::string tflops(double v) { return format_number("%.1f", v / 1e12) + " TFLOP/s"; }
+nlohmann::json collective_json(const CollectiveBytes& b) {
+  return {{"all_reduce", b.all_reduced}, {"reduce_scatter", b.reduce_scattered}, {"all_gather", b.all_gathered}};
+}
 }  // namespace
 
 void RunReport::announce_run(int64_t num_params, const TokenStream& train, const TokenStream& val, int eval_batches) {
@@ -166,6 +169,11 @@ void RunReport::step(const Step& s) {
   const Backend::MemoryUse device_memory = backend_.memory_use();
   if (device_memory.capacity > 0) record["device_memory_peak_mib"] = static_cast<double>(device_memory.peak) / (1 << 20);
   if (mfu_mix && *mfu_mix > 1) record["ceiling_stale"] = true;
+  if (comm_.world_size() > 1) {  // since the step before: an evaluation's or a load's gather counts too
+    const CollectiveBytes now = comm_.collective_bytes();
+    record["comm_bytes"] = collective_json(now - reported_bytes_);
+    reported_bytes_ = now;
+  }
   log_.metrics(record);
   if (s.step % cfg_.logging.every != 0 && s.step != steps) return;
   char line[256];
@@ -309,6 +317,17 @@ size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
             format_number("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
   }
   log_.info(line);
+  if (comm_.world_size() > 1 && steps_here > 0) {
+    const CollectiveBytes total = comm_.collective_bytes();
+    const CollectiveBytes per_step{total.all_reduced / steps_here, total.reduce_scattered / steps_here,
+                                   total.all_gathered / steps_here};
+    summary["comm_bytes"] = collective_json(total);  // this invocation's, its evaluations' included
+    summary["comm_bytes_per_step"] = collective_json(per_step);
+    log_.info("communication per rank and step (the tensor collectives' payload, mean of " +
+              std::to_string(steps_here) + " steps): all-reduce " + format_mib(per_step.all_reduced) +
+              ", reduce-scatter " + format_mib(per_step.reduce_scattered) + ", all-gather " +
+              format_mib(per_step.all_gathered));
+  }
   if (totals.cuda_graph_replays) {
     const int64_t micro_batches = steps_here * spec_.batch.accumulation;
     summary["cuda_graph_replays"] = *totals.cuda_graph_replays;

@@ -102,6 +102,7 @@ class RunReport {
   std::optional<double> best_val_;
   int64_t best_val_step_ = 0;
   double last_val_ = NAN;
+  CollectiveBytes reported_bytes_;  // comm_.collective_bytes() at the latest step's record
 };
 
 }  // namespace ptrain

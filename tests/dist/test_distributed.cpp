@@ -303,6 +303,26 @@ TEST_CASE("ZeRO-1 equals ZeRO-0 and halves per-rank optimizer memory", "[mpi]") 
     }
     CHECK(out1.find("optimizer state per rank") != std::string::npos);
     if (mode == "bf16") CHECK(out1.find("FP32 master shard") != std::string::npos);
+
+    // What each rank's tensor collectives moved per step (the CPU stores bf16 in FP32, 4 bytes
+    // an element): ZeRO-0 all-reduces the gradients; ZeRO-1 reduce-scatters them and all-gathers
+    // the weights, the two halves of a ring all-reduce.
+    const auto per_step = [&](const std::string& run, const char* kind) {
+      std::vector<int64_t> bytes;
+      for (const auto& m : read_metrics(ws.run(run) / "metrics.jsonl"))
+        if (m.contains("comm_bytes")) bytes.push_back(m["comm_bytes"][kind].get<int64_t>());
+      return bytes;
+    };
+    const std::vector<int64_t> gradients(10, 4 * n), none(10, 0);
+    CHECK(per_step(z0.name, "all_reduce") == gradients);
+    CHECK(per_step(z0.name, "reduce_scatter") == none);
+    CHECK(per_step(z0.name, "all_gather") == none);
+    CHECK(per_step(z1.name, "all_reduce") == none);
+    CHECK(per_step(z1.name, "reduce_scatter") == gradients);
+    CHECK(per_step(z1.name, "all_gather") == gradients);
+    const auto summary = nlohmann::json::parse(read_file(ws.run(z1.name) / "summary.json"));
+    CHECK(summary["comm_bytes_per_step"]["reduce_scatter"] == 4 * n);
+    CHECK(out1.find("communication per rank and step") != std::string::npos);
   }
 }
 
@@ -398,6 +418,17 @@ TEST_CASE("ZeRO-1 with primary FP8 weights equals ZeRO-0 bit for bit and resumes
     CHECK(b.val_loss == a.val_loss);
     CHECK(read_file(ws.run(z1.name) / "checkpoints/step_00000008/weights.safetensors") ==
           read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
+    // Each step gathers the FP32 master once (4 bytes a parameter), and once more after an
+    // evaluation (at steps 0, 3 and 6), which casts the weights without recording a training cast.
+    const int64_t n = parameter_count(out1);
+    std::vector<int64_t> gathered, scattered;
+    for (const auto& m : read_metrics(ws.run(z1.name) / "metrics.jsonl"))
+      if (m.contains("comm_bytes")) {
+        gathered.push_back(m["comm_bytes"]["all_gather"].get<int64_t>());
+        scattered.push_back(m["comm_bytes"]["reduce_scatter"].get<int64_t>());
+      }
+    CHECK(scattered == std::vector<int64_t>(8, 4 * n));
+    CHECK(gathered == std::vector<int64_t>{8 * n, 4 * n, 4 * n, 8 * n, 4 * n, 4 * n, 8 * n, 4 * n});
 
     Run part = z1;
     part.name = "primary-part-" + std::to_string(ranks);

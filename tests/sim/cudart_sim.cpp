@@ -115,6 +115,16 @@ void State::write_report() {
   std::fclose(f);
 }
 
+}  // namespace
+
+void add_to_report(const std::string& name, uint64_t amount) {
+  State& st = state();
+  Lock lock(st.mutex);
+  st.ran[name] += amount;
+}
+
+namespace {
+
 cudaError_t fail(cudaError_t e) {
   state().last_error = e;
   return e;

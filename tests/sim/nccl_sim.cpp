@@ -121,6 +121,7 @@ using Exchange = std::function<std::function<void()>()>;
 struct Pending {
   cudaStream_t stream;
   const char* what;
+  size_t payload;  // bytes, as ptrain's Communicator counts them (CollectiveBytes)
   Exchange exchange;
 };
 int group_depth = 0;
@@ -134,7 +135,8 @@ std::vector<Pending> group;
 // queued on the stream. A stream that reads the result without waiting for that write reads
 // the buffer as it was; an input written after the launch, which on a GPU would race with the
 // collective, is not seen.
-ncclResult_t launch(cudaStream_t stream, const char* what, const Exchange& exchange) {
+// The report counts the bytes each kind of collective moved ("ncclAllReduce bytes").
+ncclResult_t launch(cudaStream_t stream, const char* what, size_t payload, const Exchange& exchange) {
   if (const cudaError_t e = cudaStreamSynchronize(stream); e != cudaSuccess)
     return refuse(ncclUnhandledCudaError, std::string(what) + ": its stream cannot run (" + cudaGetErrorString(e) +
                                               "; a capture cannot record a simulated collective)");
@@ -147,6 +149,7 @@ ncclResult_t launch(cudaStream_t stream, const char* what, const Exchange& excha
   const cudaError_t status = ptrain::sim::enqueue(stream, what, std::move(result));
   if (status != cudaSuccess)
     return refuse(ncclUnhandledCudaError, std::string(what) + ": " + cudaGetErrorString(status));
+  ptrain::sim::add_to_report(std::string(what) + " bytes", payload);
   return ncclSuccess;
 }
 
@@ -158,12 +161,12 @@ ncclResult_t abandon_group(ncclResult_t status) {
   return status;
 }
 
-ncclResult_t submit(cudaStream_t stream, const char* what, Exchange exchange) {
+ncclResult_t submit(cudaStream_t stream, const char* what, size_t payload, Exchange exchange) {
   if (group_depth > 0) {
-    group.push_back(Pending{stream, what, std::move(exchange)});
+    group.push_back(Pending{stream, what, payload, std::move(exchange)});
     return ncclSuccess;
   }
-  return launch(stream, what, exchange);
+  return launch(stream, what, payload, exchange);
 }
 
 // The write of `result` to dst, queued on the collective's stream.
@@ -295,7 +298,7 @@ ncclResult_t ncclGroupEnd() {
   // Every rank launches the same operations; one that fails here has its job aborted by ptrain
   // (abort_other_ranks), so the others do not wait for the rest of the group forever.
   for (const Pending& op : ops)
-    if (const ncclResult_t s = launch(op.stream, op.what, op.exchange); s != ncclSuccess) return s;
+    if (const ncclResult_t s = launch(op.stream, op.what, op.payload, op.exchange); s != ncclSuccess) return s;
   return ncclSuccess;
 }
 
@@ -308,7 +311,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
   const size_t bytes = count * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclAllReduce", "sendbuff", sendbuff, bytes));
   SIM_NCCL_TRY(check_buffer("ncclAllReduce", "recvbuff", recvbuff, bytes));
-  return submit(stream, "ncclAllReduce", [=]() {
+  return submit(stream, "ncclAllReduce", bytes, [=]() {
     return write(recvbuff, sum_in_type(gather_all(comm, sendbuff, bytes), count, 0, count, type, comm->size));
   });
 }
@@ -320,7 +323,7 @@ ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recv
   const size_t bytes = recvcount * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclReduceScatter", "sendbuff", sendbuff, bytes * comm->size));
   SIM_NCCL_TRY(check_buffer("ncclReduceScatter", "recvbuff", recvbuff, bytes));
-  return submit(stream, "ncclReduceScatter", [=]() {
+  return submit(stream, "ncclReduceScatter", bytes * comm->size, [=]() {
     const size_t total = recvcount * comm->size;
     const std::vector<char> parts = gather_all(comm, sendbuff, total * element_bytes(type));
     return write(recvbuff, sum_in_type(parts, total, recvcount * comm->rank, recvcount, type, comm->size));
@@ -333,7 +336,8 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   const size_t bytes = sendcount * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclAllGather", "sendbuff", sendbuff, bytes));
   SIM_NCCL_TRY(check_buffer("ncclAllGather", "recvbuff", recvbuff, bytes * comm->size));
-  return submit(stream, "ncclAllGather", [=]() { return write(recvbuff, gather_all(comm, sendbuff, bytes)); });
+  return submit(stream, "ncclAllGather", bytes * comm->size,
+                [=]() { return write(recvbuff, gather_all(comm, sendbuff, bytes)); });
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
@@ -344,7 +348,7 @@ ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, nccl
   const size_t bytes = count * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclReduce", "sendbuff", sendbuff, bytes));
   if (comm->rank == root) SIM_NCCL_TRY(check_buffer("ncclReduce", "recvbuff", recvbuff, bytes));
-  return submit(stream, "ncclReduce", [=]() -> std::function<void()> {
+  return submit(stream, "ncclReduce", bytes, [=]() -> std::function<void()> {
     const std::vector<char> parts = gather_all(comm, sendbuff, bytes);
     if (comm->rank != root) return [] {};
     return write(recvbuff, sum_in_type(parts, count, 0, count, type, comm->size));
@@ -358,7 +362,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   const size_t bytes = count * element_bytes(type);
   if (comm->rank == root) SIM_NCCL_TRY(check_buffer("ncclBroadcast", "sendbuff", sendbuff, bytes));
   SIM_NCCL_TRY(check_buffer("ncclBroadcast", "recvbuff", recvbuff, bytes));
-  return submit(stream, "ncclBroadcast", [=]() {
+  return submit(stream, "ncclBroadcast", bytes, [=]() {
     const std::vector<char> all = gather_all(comm, comm->rank == root ? sendbuff : recvbuff, bytes);
     return write(recvbuff, std::vector<char>(all.begin() + root * bytes, all.begin() + (root + 1) * bytes));
   });

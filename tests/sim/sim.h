@@ -43,6 +43,10 @@
 
 namespace ptrain::sim {
 
+// Adds `amount` to what the PTRAIN_SIM_REPORT report says of `name` (the bytes a simulated
+// collective moved, say).
+void add_to_report(const std::string& name, uint64_t amount);
+
 // Queues `work` on `stream` (named `what` in diagnostics); a capturing stream records it.
 // Returns cudaSuccess or the error the enqueue hit (a sticky error, an invalidated capture).
 cudaError_t enqueue(cudaStream_t stream, const char* what, std::function<void()> work);

@@ -211,6 +211,13 @@ void check_run(const Axes& run) {
       const bool bf16_exchange = std::string(run.grad_reduce) == "bf16";
       CHECK(r.output.find(std::string("gradients reduced in ") + run.grad_reduce) != std::string::npos);
       const bool even = logged_parameters(r.output) % run.ranks == 0;
+      // The bytes ptrain's communicator counted (summary.json) are those the simulated NCCL moved.
+      const auto summary = nlohmann::json::parse(read_file(dir / "runs" / "r" / "summary.json"));
+      const auto& counted = summary["comm_bytes"];
+      CHECK(counted["all_reduce"].get<long>() == ran(ops, "ncclAllReduce bytes"));
+      CHECK(counted["reduce_scatter"].get<long>() == ran(ops, "ncclReduceScatter bytes") + ran(ops, "ncclReduce bytes"));
+      CHECK(counted["all_gather"].get<long>() == ran(ops, "ncclAllGather bytes") + ran(ops, "ncclBroadcast bytes"));
+      CHECK(counted["all_reduce"].get<long>() + counted["reduce_scatter"].get<long>() > 0);
       if (run.zero_stage == 0) {
         CHECK(ran(ops, "ncclAllReduce") > 0);
       } else {
