@@ -24,6 +24,7 @@
 #include "data/synthetic.h"
 #include "dist/communicator.h"
 #include "train/bench.h"
+#include "train/capacity_plan.h"
 #include "optim/divergence_guard.h"
 #include "train/compare_command.h"
 #include "metrics/report.h"
@@ -84,7 +85,7 @@ constexpr int kExitRegressed = 3;  // ptrain compare --fail-on-regression
 constexpr int kExitDiverged = 4;   // training.guard stopped the run
 
 void add_train_command(CLI::App& app, std::string& config_path, std::vector<std::string>& overrides,
-                       bool& dry_run, int& planned_ranks, int64_t& stop_at) {
+                       bool& dry_run, int& planned_ranks, std::string& fit, int64_t& stop_at) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model from a YAML run config");
   cmd->footer(
       "Examples:\n"
@@ -92,6 +93,7 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
       "  ptrain train configs/quickstart.yaml --set training.steps=50 --set run.name=short\n"
       "  ptrain train run.yaml --dry-run        # validate, print the plan, write nothing\n"
       "  ptrain train run.yaml --dry-run --ranks 8   # the plan per rank of 8 data-parallel ranks\n"
+      "  ptrain train run.yaml --dry-run --fit h100-80gb   # micro-batch and ranks that fit an H100\n"
       "  ptrain train run.yaml --set checkpoint.resume=auto   # continue from the newest checkpoint\n"
       "Ctrl-C (SIGINT) or SIGTERM stops after the current micro-batch, saves the last completed\n"
       "step and exits 0; a second signal exits at once (earlier checkpoints stay valid).\n"
@@ -103,6 +105,13 @@ void add_train_command(CLI::App& app, std::string& config_path, std::vector<std:
                   "With --dry-run: plan this many data-parallel ranks (batch split, ZeRO shards, memory per rank) "
                   "without mpirun")
       ->check(whole_number(1, 65536))
+      ->needs(dry);
+  std::vector<std::string> gpus;
+  for (const ptrain::GpuKind& g : ptrain::known_gpus()) gpus.push_back(g.key);
+  cmd->add_option("--fit", fit,
+                  "With --dry-run: plan what fits this GPU: the largest micro-batch, and the fewest ranks for each "
+                  "ZeRO stage and recompute setting")
+      ->check(CLI::IsMember(gpus))
       ->needs(dry);
   cmd->add_option("--stop-at", stop_at,
                   "Stop after this step with a checkpoint, as an interruption would (e.g. a job's time limit)")
@@ -364,8 +373,9 @@ int run(int argc, char** argv) {
   std::vector<std::string> overrides;
   bool dry_run = false;
   int planned_ranks = 0;
+  std::string fit;
   int64_t stop_at = 0;
-  add_train_command(app, config_path, overrides, dry_run, planned_ranks, stop_at);
+  add_train_command(app, config_path, overrides, dry_run, planned_ranks, fit, stop_at);
   bool bench_profile = false;
   add_bench_command(app, config_path, overrides, bench_profile);
   CheckpointArgs ckpt;
@@ -397,7 +407,7 @@ int run(int argc, char** argv) {
 
   if (app.got_subcommand("train")) {
     const ptrain::Config config = ptrain::load_config(config_path, overrides);
-    ptrain::train(config, ptrain::TrainOptions{dry_run, planned_ranks, stop_at});
+    ptrain::train(config, ptrain::TrainOptions{dry_run, planned_ranks, stop_at, nullptr, fit});
     return 0;
   }
   if (app.got_subcommand("eval")) {

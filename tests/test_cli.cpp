@@ -205,6 +205,76 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
 }
 
+// --fit answers from the plan: the fewest ranks it names fit an 80 GB H100 and one rank fewer
+// does not, and so for the largest micro-batch; each checked against the dry run's own plan of
+// that setting. The batch (720,720 sequences, 8 times that for micro-batches on 8 ranks) lets
+// every rank count and micro-batch up to 16 share it.
+TEST_CASE("the capacity planner names the fewest ranks and the largest micro-batch that fit a GPU, as the plan of each says", "[cli]") {
+  const TempDir tmp("cli-fit");
+  write_file(tmp.dir / "8b.yaml",
+             "run: {name: l8b, out_dir: runs, device: cuda}\n"
+             "model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, mlp_hidden: 14336, "
+             "seq_len: 8192, vocab_size: 50257, rope_theta: 500000}\n"
+             "data: {synthetic: {tokens: 2000000}}\n"
+             "training: {steps: 10, micro_batch: 1, batch_tokens: 5904138240, recompute: block, eval_batches: 1}\n"
+             "precision: {mode: bf16}\n"
+             "distributed: {zero_stage: 1}\n");
+  const auto fits_h100 = [&](const std::string& args) {
+    const CommandResult r = run_ptrain("train 8b.yaml --dry-run " + args, tmp.dir);
+    INFO(args << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::string h100 = "an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): ";
+    const size_t at = r.output.find(h100);
+    REQUIRE(at != std::string::npos);
+    return r.output.compare(at + h100.size(), 5, "fits,") == 0;
+  };
+  // "  the largest micro-batch on 8 ranks, ZeRO-1, recompute block: M of at most 720720, ..."
+  const std::string batch8 = " --set training.batch_tokens=47233105920";
+  const CommandResult on8 = run_ptrain("train 8b.yaml --dry-run --ranks 8 --fit h100-80gb" + batch8, tmp.dir);
+  INFO(on8.output);
+  REQUIRE(on8.exit_code == 0);
+  const std::string largest = "the largest micro-batch on 8 ranks, ZeRO-1, recompute block: ";
+  const size_t at = on8.output.find(largest);
+  REQUIRE(at != std::string::npos);
+  const int m = std::stoi(on8.output.substr(at + largest.size()));
+  REQUIRE((m >= 1 && m < 16));
+  CHECK(fits_h100("--ranks 8 --set training.micro_batch=" + std::to_string(m) + batch8));
+  CHECK_FALSE(fits_h100("--ranks 8 --set training.micro_batch=" + std::to_string(m + 1) + batch8));
+
+  const CommandResult r = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb", tmp.dir);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+  // "    recompute RECOMPUTE, ZeRO-1: D ranks: ..." for each setting
+  int settings = 0;
+  for (const char* recompute : {"none", "mlp", "block"}) {
+    INFO("recompute " << recompute);
+    std::string name = std::string(recompute) + ",";
+    name.resize(7, ' ');
+    const std::string line = "    recompute " + name + "ZeRO-1: ";
+    const size_t l = r.output.find(line);
+    REQUIRE(l != std::string::npos);
+    const std::string set = " --set training.recompute=" + std::string(recompute);
+    if (r.output.compare(l + line.size(), 12, "does not fit") == 0) {  // not on 16 ranks either
+      CHECK_FALSE(fits_h100("--ranks 16" + set));
+      continue;
+    }
+    const int d = std::stoi(r.output.substr(l + line.size()));
+    REQUIRE((d >= 1 && d <= 16));
+    CHECK(fits_h100("--ranks " + std::to_string(d) + set));
+    if (d > 1) CHECK_FALSE(fits_h100("--ranks " + std::to_string(d - 1) + set));
+    ++settings;
+  }
+  CHECK(settings >= 2);  // recompute mlp and block fit a few ranks
+  // ZeRO-0 keeps the whole model state (18 bytes a parameter in bf16) on every rank.
+  CHECK(r.output.find("    recompute block, ZeRO-0: does not fit at any rank count") != std::string::npos);
+  expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit a100", tmp.dir), {"--fit", "h100-80gb"});
+  expect_bad_input(run_ptrain("train 8b.yaml --fit h200", tmp.dir), {"--fit", "--dry-run"});
+  expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit h200 --set run.device=cpu", tmp.dir),
+                   {"--fit", "run.device"});
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
 // The CPU run's memory estimate follows ZeRO-1 as the GPU plan does: a rank keeps AdamW's
 // moments and the FP32 master weights of its shard only.
 TEST_CASE("the CPU memory estimate counts ZeRO-1's shards of the optimizer state and master weights", "[cli]") {

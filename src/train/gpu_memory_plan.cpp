@@ -12,6 +12,7 @@
 #include "model/transformer.h"
 #include "optim/adamw.h"
 #include "precision/policy.h"
+#include "train/capacity_plan.h"
 
 namespace ptrain {
 namespace {
@@ -193,20 +194,15 @@ std::string GpuMemoryPlan::describe_per_parameter() const {
 }
 
 std::string describe_gpu_fit(const GpuMemoryPlan& plan, const std::string& device_name, int64_t device_total) {
-  struct Gpu {
-    std::string name;
-    int64_t total;
-  };
-  // nvidia-smi's memory totals for the 80 GB H100 and the 141 GB H200.
-  std::vector<Gpu> gpus = {{"an 80 GB H100", int64_t(81559) << 20}, {"a 141 GB H200", int64_t(143771) << 20}};
-  if (device_total > 0) gpus.insert(gpus.begin(), Gpu{device_name, device_total});
+  std::vector<GpuKind> gpus = known_gpus();
+  if (device_total > 0) gpus.insert(gpus.begin(), GpuKind{"", device_name, device_total});
   std::string text;
-  for (const Gpu& g : gpus) {
+  for (const GpuKind& g : gpus) {
     // The arena is what is free at start less the margin; the CUDA context's own share of the
     // free memory (some hundreds of MiB) is known only on the device.
-    const int64_t arena = g.total - static_cast<int64_t>(arena_margin_bytes(static_cast<size_t>(g.total)));
+    const int64_t arena = gpu_arena_bytes(g.total_bytes);
     const bool fits = plan.total() <= arena;
-    text += "  " + g.name + " (" + gib(g.total) + ", arena at most " + gib(arena) + "): " +
+    text += "  " + g.name + " (" + gib(g.total_bytes) + ", arena at most " + gib(arena) + "): " +
             (fits ? "fits, " + std::to_string(static_cast<int>(100.0 * plan.total() / arena)) + "% of the arena"
                   : "does not fit: " + gib(plan.total() - arena) + " over; lower training.micro_batch") +
             "\n";

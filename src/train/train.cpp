@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/output_file.h"
 #include "data/synthetic.h"
+#include "train/capacity_plan.h"
 #include "train/gpu_memory_plan.h"
 #include "train/trainer.h"
 
@@ -66,6 +67,10 @@ AttentionChoice choose_attention(const RunPlan& plan, Backend& backend) {
 
 TrainResult train(const Config& config, const TrainOptions& options) {
   PTRAIN_CHECK(options.planned_ranks == 0 || options.dry_run, "--ranks plans a dry run only");
+  PTRAIN_CHECK(options.fit.empty() || options.dry_run, "--fit plans a dry run only");
+  if (!options.fit.empty() && config.run.device == DeviceRequest::cpu)
+    throw UserError("--fit " + options.fit + ": run.device is cpu; expected run.device cuda or auto (--fit plans "
+                    "a GPU run's memory)");
   RunPlan plan = plan_run(config, options.planned_ranks);
   const bool main_rank = launcher_rank() == 0;
   {
@@ -105,6 +110,8 @@ TrainResult train(const Config& config, const TrainOptions& options) {
         const CudaDeviceInfo* here = gpus.devices.empty() ? nullptr : &gpus.devices.front();
         log.info("GPU memory plan per rank: " + gpu.describe() + "\n  " + gpu.describe_per_parameter() + "\n" +
                  describe_gpu_fit(gpu, here ? "this " + here->name : "", here ? int64_t(here->memory_bytes) : 0));
+        for (const GpuKind& kind : known_gpus())
+          if (kind.key == options.fit) log.info(describe_capacity(plan.spec, config.distributed, attention.path, kind));
       }
       log.info("dry run: nothing written");
     }

@@ -34,6 +34,7 @@ struct TrainOptions {
   int planned_ranks = 0;  // dry run: plan this many data-parallel ranks without a launcher (0: the launcher's)
   int64_t stop_at = 0;   // > 0: after this step, save a checkpoint and stop as if interrupted
   OpProfile* profile = nullptr;  // per-op times of each step (CPU backend; bench --profile)
+  std::string fit;  // dry run: the GpuKind key (capacity_plan.h) whose capacity to plan, or empty
 };
 
 struct TrainResult {

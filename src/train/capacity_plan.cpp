@@ -1,0 +1,101 @@
+#include "train/capacity_plan.h"
+
+#include <algorithm>
+
+#include "backend/cuda/arena_sizing.h"
+#include "core/format.h"
+#include "train/gpu_memory_plan.h"
+
+namespace ptrain {
+
+const std::vector<GpuKind>& known_gpus() {
+  static const std::vector<GpuKind> gpus = {{"h100-80gb", "an 80 GB H100", int64_t(81559) << 20},
+                                            {"h200", "a 141 GB H200", int64_t(143771) << 20}};
+  return gpus;
+}
+
+int64_t gpu_arena_bytes(int64_t total_bytes) {
+  return total_bytes - static_cast<int64_t>(arena_margin_bytes(static_cast<size_t>(total_bytes)));
+}
+
+namespace {
+
+constexpr int kMostRanks = 4096;
+
+// spec with micro-batch B on `ranks` ranks (accumulating as the batch allows, at least once) and
+// recomputation `recompute`.
+RunSpec variant(const RunSpec& spec, int64_t batch_tokens, int B, int ranks, Recompute recompute) {
+  RunSpec v = spec;
+  v.batch.micro_batch = B;
+  v.batch.world_size = ranks;
+  v.batch.accumulation =
+      static_cast<int>(std::max<int64_t>(1, batch_tokens / (int64_t{B} * spec.batch.seq_len * ranks)));
+  v.recompute = recompute;
+  return v;
+}
+
+std::string per_rank(const GpuMemoryPlan& plan, int64_t arena) {
+  return format_number("%.2f", static_cast<double>(plan.model_state()) / static_cast<double>(plan.parameters)) +
+         " bytes/param without activations, " + format_mib(plan.total()) + " per rank (" +
+         std::to_string(static_cast<int>(100.0 * static_cast<double>(plan.total()) / static_cast<double>(arena))) +
+         "% of the arena)";
+}
+
+}  // namespace
+
+std::string describe_capacity(const RunSpec& spec, const DistributedConfig& distributed, AttentionPath attention,
+                              const GpuKind& gpu) {
+  const int64_t arena = gpu_arena_bytes(gpu.total_bytes);
+  const int T = spec.batch.seq_len, ranks = spec.batch.world_size;
+  const int64_t batch_tokens = spec.batch.tokens_per_micro_batch() * ranks * spec.batch.accumulation;
+  const auto plan = [&](const RunSpec& v, int zero_stage) {
+    DistributedConfig d = distributed;
+    d.zero_stage = zero_stage;
+    return plan_gpu_memory(v, d, attention);
+  };
+  std::string text = "fit on " + gpu.name + " (arena at most " + format_mib(arena) + "), T " + std::to_string(T) +
+                     ", training.batch_tokens " + format_thousands(static_cast<double>(batch_tokens)) + ":\n";
+
+  // The micro-batch: at most the batch's tokens per rank; the memory grows with it.
+  const int most = static_cast<int>(std::max<int64_t>(1, batch_tokens / (int64_t{T} * ranks)));
+  int largest = 0;
+  GpuMemoryPlan at_largest;
+  for (int B = 1; B <= most; ++B) {
+    const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, ranks, spec.recompute), distributed.zero_stage);
+    if (p.total() > arena) break;
+    largest = B;
+    at_largest = p;
+  }
+  const std::string setting = std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + ", ZeRO-" +
+                              std::to_string(distributed.zero_stage) + ", recompute " + choice_name(spec.recompute);
+  text += "  the largest micro-batch on " + setting + ": " +
+          (largest > 0 ? std::to_string(largest) + " of at most " + std::to_string(most) + ", " + per_rank(at_largest, arena)
+                       : "none fits (micro-batch 1 takes " +
+                             format_mib(plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage)
+                                            .total()) +
+                             ")") +
+          "\n";
+
+  // The ranks: ZeRO-1 divides the optimizer state and master weights among them; ZeRO-0 keeps
+  // all of it on each rank, so more ranks do not make it fit.
+  const int B = spec.batch.micro_batch;
+  text += "  the fewest ranks at micro-batch " + std::to_string(B) +
+          " (training.batch_tokens must be a multiple of micro_batch x seq_len x ranks):\n";
+  for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
+    for (const int zero_stage : {0, 1}) {
+      std::string found;
+      for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
+        const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);
+        if (p.total() <= arena) found = std::to_string(d) + (d == 1 ? " rank: " : " ranks: ") + per_rank(p, arena);
+      }
+      if (found.empty())
+        found = zero_stage == 0 ? "does not fit at any rank count (every rank keeps the whole model state)"
+                                : "does not fit on up to " + std::to_string(kMostRanks) + " ranks";
+      std::string name = std::string(choice_name(recompute)) + ",";
+      name.resize(7, ' ');
+      text += "    recompute " + name + "ZeRO-" + std::to_string(zero_stage) + ": " + found + "\n";
+    }
+  return text;
+}
+
+}  // namespace ptrain
