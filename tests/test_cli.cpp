@@ -270,8 +270,20 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
   CHECK(r.output.find("    recompute block, ZeRO-0: does not fit at any rank count") != std::string::npos);
   expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit a100", tmp.dir), {"--fit", "h100-80gb"});
   expect_bad_input(run_ptrain("train 8b.yaml --fit h200", tmp.dir), {"--fit", "--dry-run"});
-  expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit h200 --set run.device=cpu", tmp.dir),
-                   {"--fit", "run.device"});
+  for (const char* device : {"cpu", "auto"})
+    expect_bad_input(run_ptrain(std::string("train 8b.yaml --dry-run --fit h200 --set run.device=") + device, tmp.dir),
+                     {"--fit", "run.device is", "expected run.device cuda"});
+  // A batch of 128 sequences: the ranks named share it.
+  {
+    const CommandResult small = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb --set training.batch_tokens=1048576",
+                                           tmp.dir);
+    INFO(small.output);
+    const std::string line = "    recompute block, ZeRO-1: ";
+    const size_t l = small.output.find(line);
+    REQUIRE(l != std::string::npos);
+    const int d = std::stoi(small.output.substr(l + line.size()));
+    CHECK(128 % d == 0);
+  }
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
 }
 

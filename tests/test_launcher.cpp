@@ -71,6 +71,12 @@ TEST_CASE("a rank's GPU on its node comes from Open MPI's, MPICH's or Slurm's lo
     CHECK(ptrain::local_rank() == 3);
   }
   {
+    INFO("another launcher inside an sbatch allocation: its SLURM_* variables are the batch step's");
+    LauncherEnvironment env({{"PMI_SIZE", "8"}, {"PMI_RANK", "6"}, {"SLURM_STEP_NUM_TASKS", "1"},
+                             {"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}});
+    CHECK(ptrain::launcher_local_rank() == -1);  // MPI's split of the ranks decides
+  }
+  {
     INFO("one process, whatever a stale local rank says");
     LauncherEnvironment env({{"OMPI_COMM_WORLD_SIZE", "1"}, {"SLURM_LOCALID", "5"}});
     CHECK(ptrain::launcher_world_size() == 1);

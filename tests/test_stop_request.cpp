@@ -52,9 +52,11 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     const std::string mode = primary ? "precision.fp8.primary_weights=true" : "precision.mode=" + precision;
     // The uninterrupted run, with a checkpoint at step 6 to hold the interrupted one's against.
     const std::string fp8 = precision == "fp32" ? "precision.mode=fp32" : "precision.mode=fp8";
-    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", fp8, mode, "checkpoint.every=3", "training.eval_every=3"}).exit_code == 0);
+    const std::string evaluate = "training.eval_every=3";
+    REQUIRE(train_in_process(ws.dir, "run.yaml", {"run.name=whole", fp8, mode, "checkpoint.every=3", evaluate})
+                .exit_code == 0);
 
-    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "training.eval_every=3"}, "signal:7:2");
+    const InProcessRun cut = train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, evaluate}, "signal:7:2");
     INFO(cut.output);
     REQUIRE(cut.exit_code == 0);
     CHECK(cut.result.interrupted);
@@ -83,7 +85,7 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     CHECK(cut_state["precision"] == (primary ? "fp8:delayed+primary" : whole_state["precision"]));
 
     const InProcessRun resumed =
-        train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, "training.eval_every=3", "checkpoint.resume=auto"});
+        train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, evaluate, "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
     const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/whole/metrics.jsonl");

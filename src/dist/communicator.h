@@ -129,7 +129,7 @@ std::unique_ptr<Communicator> make_communicator(Device device);
 int launcher_rank();
 int launcher_world_size();
 // This rank's index on its node as the launcher's environment gives it
-// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID, the first set), or -1.
+// (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, or srun's SLURM_LOCALID), or -1.
 int launcher_local_rank();
 // This rank's index on its node: which of the node's visible GPUs it takes (modulo their
 // number). Under a launcher, launcher_local_rank(), else MPI's shared-memory split of the

@@ -80,9 +80,15 @@ std::unique_ptr<Communicator> make_communicator(Device device) {
 #endif
 }
 
-// Open MPI's mpirun, MPICH's Hydra and Slurm's srun, in that order: an mpirun inside a Slurm
-// allocation inherits the allocation's SLURM_LOCALID, which says nothing of mpirun's ranks.
-int launcher_local_rank() { return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}); }
+// Open MPI's mpirun, MPICH's Hydra, then Slurm's srun. A process inside a Slurm allocation
+// inherits the allocation's SLURM_* variables, which say nothing of another launcher's ranks:
+// SLURM_LOCALID counts only when Slurm's rank and size are the launcher's.
+int launcher_local_rank() {
+  if (const int local = env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}); local >= 0) return local;
+  const bool srun = env_int({"SLURM_PROCID"}) == launcher_rank() &&
+                    env_int({"SLURM_STEP_NUM_TASKS"}) == launcher_world_size();
+  return srun ? env_int({"SLURM_LOCALID"}) : -1;
+}
 
 int local_rank() {
   if (launcher_world_size() <= 1) return 0;

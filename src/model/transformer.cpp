@@ -305,7 +305,10 @@ void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
                "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
   for (const ParamSpec& spec : specs_) {
     if (!primary_fp8(spec.id)) continue;
-    const LinearId which = spec.id == kQkvw ? kQkv : spec.id == kAttnOutw ? kAttproj : spec.id == kMlpUpw ? kFc : kFcproj;
+    const LinearId which = spec.id == kQkvw      ? kQkv
+                           : spec.id == kAttnOutw ? kAttproj
+                           : spec.id == kMlpUpw   ? kFc
+                                                  : kFcproj;
     const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
     for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, which)->cast_weight(master[l], training);
   }

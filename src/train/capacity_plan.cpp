@@ -22,8 +22,9 @@ namespace {
 
 constexpr int kMostRanks = 4096;
 
-// spec with micro-batch B on `ranks` ranks (accumulating as the batch allows, at least once) and
-// recomputation `recompute`.
+// spec with micro-batch B on `ranks` ranks, accumulating the batch (a micro-batch past the
+// batch's tokens per rank is planned, so that the memory search can see it grow, but never
+// named) and recomputation `recompute`.
 RunSpec variant(const RunSpec& spec, int64_t batch_tokens, int B, int ranks, Recompute recompute) {
   RunSpec v = spec;
   v.batch.micro_batch = B;
@@ -56,6 +57,8 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   std::string text = "fit on " + gpu.name + " (arena at most " + format_mib(arena) + "), T " + std::to_string(T) +
                      ", training.batch_tokens " + format_thousands(static_cast<double>(batch_tokens)) + ":\n";
 
+  // Only settings whose micro-batches share the batch evenly, as the run requires.
+  const auto shares = [&](int B, int d) { return batch_tokens % (int64_t{B} * T * d) == 0; };
   // The micro-batch: at most the batch's tokens per rank; the memory grows with it.
   const int most = static_cast<int>(std::max<int64_t>(1, batch_tokens / (int64_t{T} * ranks)));
   int largest = 0;
@@ -63,34 +66,34 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   for (int B = 1; B <= most; ++B) {
     const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, ranks, spec.recompute), distributed.zero_stage);
     if (p.total() > arena) break;
+    if (!shares(B, ranks)) continue;
     largest = B;
     at_largest = p;
   }
   const std::string setting = std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + ", ZeRO-" +
                               std::to_string(distributed.zero_stage) + ", recompute " + choice_name(spec.recompute);
+  const int64_t smallest = plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage).total();
   text += "  the largest micro-batch on " + setting + ": " +
-          (largest > 0 ? std::to_string(largest) + " of at most " + std::to_string(most) + ", " + per_rank(at_largest, arena)
-                       : "none fits (micro-batch 1 takes " +
-                             format_mib(plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage)
-                                            .total()) +
-                             ")") +
+          (largest > 0 ? std::to_string(largest) + " of at most " + std::to_string(most) + ", " +
+                             per_rank(at_largest, arena)
+                       : "none fits (micro-batch 1 takes " + format_mib(smallest) + ")") +
           "\n";
 
   // The ranks: ZeRO-1 divides the optimizer state and master weights among them; ZeRO-0 keeps
   // all of it on each rank, so more ranks do not make it fit.
   const int B = spec.batch.micro_batch;
-  text += "  the fewest ranks at micro-batch " + std::to_string(B) +
-          " (training.batch_tokens must be a multiple of micro_batch x seq_len x ranks):\n";
+  text += "  the fewest ranks at micro-batch " + std::to_string(B) + " that share training.batch_tokens evenly:\n";
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
     for (const int zero_stage : {0, 1}) {
       std::string found;
       for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
+        if (!shares(B, d)) continue;
         const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);
         if (p.total() <= arena) found = std::to_string(d) + (d == 1 ? " rank: " : " ranks: ") + per_rank(p, arena);
       }
       if (found.empty())
         found = zero_stage == 0 ? "does not fit at any rank count (every rank keeps the whole model state)"
-                                : "does not fit on up to " + std::to_string(kMostRanks) + " ranks";
+                                : "does not fit on up to " + std::to_string(kMostRanks) + " ranks that share the batch";
       std::string name = std::string(choice_name(recompute)) + ",";
       name.resize(7, ' ');
       text += "    recompute " + name + "ZeRO-" + std::to_string(zero_stage) + ": " + found + "\n";

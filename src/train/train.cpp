@@ -68,9 +68,9 @@ AttentionChoice choose_attention(const RunPlan& plan, Backend& backend) {
 TrainResult train(const Config& config, const TrainOptions& options) {
   PTRAIN_CHECK(options.planned_ranks == 0 || options.dry_run, "--ranks plans a dry run only");
   PTRAIN_CHECK(options.fit.empty() || options.dry_run, "--fit plans a dry run only");
-  if (!options.fit.empty() && config.run.device == DeviceRequest::cpu)
-    throw UserError("--fit " + options.fit + ": run.device is cpu; expected run.device cuda or auto (--fit plans "
-                    "a GPU run's memory)");
+  if (!options.fit.empty() && config.run.device != DeviceRequest::cuda)
+    throw UserError("--fit " + options.fit + ": run.device is " + choice_name(config.run.device) +
+                    "; expected run.device cuda (--fit plans a GPU run's memory, on a machine without a GPU too)");
   RunPlan plan = plan_run(config, options.planned_ranks);
   const bool main_rank = launcher_rank() == 0;
   {
