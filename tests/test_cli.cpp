@@ -45,6 +45,14 @@ void expect_bad_input(const CommandResult& r, std::initializer_list<const char*>
   for (const char* f : fragments) CHECK(r.output.find(f) != std::string::npos);
 }
 
+// A Llama-3-8B-shaped model (7,391,678,464 parameters with GPT-2's vocabulary) for GPU memory
+// plans: the run, model and data lines of its config.
+constexpr const char* kLlama8b =
+    "run: {name: l8b, out_dir: runs, device: cuda}\n"
+    "model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, mlp_hidden: 14336, "
+    "seq_len: 8192, vocab_size: 50257, rope_theta: 500000}\n"
+    "data: {synthetic: {tokens: 2000000}}\n";
+
 void corrupt_int(const fs::path& file, int index, int32_t value) {
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
   f.seekp(index * 4);
@@ -129,10 +137,7 @@ TEST_CASE("a dry run of a GPU config plans the GPU's memory and says which GPUs 
 TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, for ZeRO-1's shards", "[cli]") {
   const TempDir tmp("per-parameter");
   write_file(tmp.dir / "8b.yaml",
-             "run: {name: l8b, out_dir: runs, device: cuda}\n"
-             "model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, mlp_hidden: 14336, "
-             "seq_len: 8192, vocab_size: 50257, rope_theta: 500000}\n"
-             "data: {synthetic: {tokens: 2000000}}\n"
+             std::string(kLlama8b) +
              "training: {steps: 10, micro_batch: 1, batch_tokens: 65536, recompute: block}\n");
   struct Case {
     const char* mode;
@@ -209,13 +214,12 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
 // does not, and so for the largest micro-batch; each checked against the dry run's own plan of
 // that setting. The batch (720,720 sequences, 8 times that for micro-batches on 8 ranks) lets
 // every rank count and micro-batch up to 16 share it.
-TEST_CASE("the capacity planner names the fewest ranks and the largest micro-batch that fit a GPU, as the plan of each says", "[cli]") {
+TEST_CASE("the capacity planner names the fewest ranks and the largest micro-batch that fit a GPU, as the plan "
+          "of each says",
+          "[cli]") {
   const TempDir tmp("cli-fit");
   write_file(tmp.dir / "8b.yaml",
-             "run: {name: l8b, out_dir: runs, device: cuda}\n"
-             "model: {arch: llama, n_layer: 32, n_head: 32, n_kv_head: 8, n_embd: 4096, mlp_hidden: 14336, "
-             "seq_len: 8192, vocab_size: 50257, rope_theta: 500000}\n"
-             "data: {synthetic: {tokens: 2000000}}\n"
+             std::string(kLlama8b) +
              "training: {steps: 10, micro_batch: 1, batch_tokens: 5904138240, recompute: block, eval_batches: 1}\n"
              "precision: {mode: bf16}\n"
              "distributed: {zero_stage: 1}\n");

@@ -72,12 +72,13 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   }
   const std::string setting = std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + ", ZeRO-" +
                               std::to_string(distributed.zero_stage) + ", recompute " + choice_name(spec.recompute);
-  const int64_t smallest = plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage).total();
-  text += "  the largest micro-batch on " + setting + ": " +
-          (largest > 0 ? std::to_string(largest) + " of at most " + std::to_string(most) + ", " +
-                             per_rank(at_largest, arena)
-                       : "none fits (micro-batch 1 takes " + format_mib(smallest) + ")") +
-          "\n";
+  text += "  the largest micro-batch on " + setting + ": ";
+  if (largest > 0)
+    text += std::to_string(largest) + " of at most " + std::to_string(most) + ", " + per_rank(at_largest, arena) + "\n";
+  else
+    text += "none fits (micro-batch 1 takes " +
+            format_mib(plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage).total()) +
+            ")\n";
 
   // The ranks: ZeRO-1 divides the optimizer state and master weights among them; ZeRO-0 keeps
   // all of it on each rank, so more ranks do not make it fit.
