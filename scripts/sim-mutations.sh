@@ -95,6 +95,14 @@ mutate cross-stream-wait-removed src/dist/nccl_communicator.cpp \
   '    PTRAIN_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));' \
   'GPUs follow 1 GPU'
 
+# 5. ZeRO-2's wait for a gradient bucket's sum dropped: the compute stream adds the bucket into
+#    the gradient shard while NCCL may still be summing it.
+mutate zero2-bucket-wait-removed src/optim/adamw.cpp \
+  '  if (!pending_) return;
+  comm_->wait();' \
+  '  if (!pending_) return;' \
+  'GPUs follow 1 GPU'
+
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -100,7 +100,7 @@ TEST_CASE("state.json fields out of range are refused by every command that read
   }
 }
 
-TEST_CASE("a state.json edited consistently is still checked against its tensors; keys twice are refused",
+TEST_CASE("a state.json edited consistently is still checked against its tensors, and keys twice are refused",
           "[hardening]") {
   CheckpointWorkspace ws;
   const nlohmann::json good = ws.state();

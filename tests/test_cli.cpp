@@ -249,27 +249,34 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
-  // "    recompute RECOMPUTE, ZeRO-1: D ranks: ..." for each setting
+  // "    recompute RECOMPUTE, ZeRO-S: D ranks: ..." for each setting
   int settings = 0;
   for (const char* recompute : {"none", "mlp", "block"}) {
-    INFO("recompute " << recompute);
-    std::string name = std::string(recompute) + ",";
-    name.resize(7, ' ');
-    const std::string line = "    recompute " + name + "ZeRO-1: ";
-    const size_t l = r.output.find(line);
-    REQUIRE(l != std::string::npos);
-    const std::string set = " --set training.recompute=" + std::string(recompute);
-    if (r.output.compare(l + line.size(), 12, "does not fit") == 0) {  // not on 16 ranks either
-      CHECK_FALSE(fits_h100("--ranks 16" + set));
-      continue;
+    int fewest[3] = {0, 0, 0};  // per stage; 0: none named
+    for (const int stage : {1, 2}) {
+      INFO("recompute " << recompute << ", ZeRO-" << stage);
+      std::string name = std::string(recompute) + ",";
+      name.resize(7, ' ');
+      const std::string line = "    recompute " + name + "ZeRO-" + std::to_string(stage) + ": ";
+      const size_t l = r.output.find(line);
+      REQUIRE(l != std::string::npos);
+      const std::string set =
+          " --set training.recompute=" + std::string(recompute) + " --set distributed.zero_stage=" + std::to_string(stage);
+      if (r.output.compare(l + line.size(), 12, "does not fit") == 0) {  // not on 16 ranks either
+        CHECK_FALSE(fits_h100("--ranks 16" + set));
+        continue;
+      }
+      const int d = std::stoi(r.output.substr(l + line.size()));
+      REQUIRE((d >= 1 && d <= 16));
+      CHECK(fits_h100("--ranks " + std::to_string(d) + set));
+      if (d > 1) CHECK_FALSE(fits_h100("--ranks " + std::to_string(d - 1) + set));
+      fewest[stage] = d;
+      ++settings;
     }
-    const int d = std::stoi(r.output.substr(l + line.size()));
-    REQUIRE((d >= 1 && d <= 16));
-    CHECK(fits_h100("--ranks " + std::to_string(d) + set));
-    if (d > 1) CHECK_FALSE(fits_h100("--ranks " + std::to_string(d - 1) + set));
-    ++settings;
+    // Sharding the gradients too never needs more ranks.
+    if (fewest[1] > 0) CHECK((fewest[2] > 0 && fewest[2] <= fewest[1]));
   }
-  CHECK(settings >= 2);  // recompute mlp and block fit a few ranks
+  CHECK(settings >= 4);  // recompute mlp and block fit a few ranks at either stage
   // ZeRO-0 keeps the whole model state (18 bytes a parameter in bf16) on every rank.
   CHECK(r.output.find("    recompute block, ZeRO-0: does not fit at any rank count") != std::string::npos);
   expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit a100", tmp.dir), {"--fit", "h100-80gb"});

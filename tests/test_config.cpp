@@ -553,7 +553,8 @@ TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[con
   }
 }
 
-TEST_CASE("keys checked later are accepted; ZeRO stages beyond 1 are rejected", "[config]") {
+// (A ';' in a test's name splits it in two for ctest, and neither half runs anything.)
+TEST_CASE("keys checked later are accepted, and ZeRO stages beyond 2 are rejected", "[config]") {
   CHECK(problems_of(kMinimal, {"run.device=cuda"}).empty());  // the device is checked when training starts
 
   CHECK(problems_of(kMinimal, {"model.init_from=gpt2.bin"}).empty());  // the file is checked when training starts
@@ -561,9 +562,17 @@ TEST_CASE("keys checked later are accepted; ZeRO stages beyond 1 are rejected", 
   CHECK(problems_of(kMinimal, {"checkpoint.resume=auto", "checkpoint.every=100"}).empty());
 
   CHECK(problems_of(kMinimal, {"distributed.zero_stage=1"}).empty());
-  const auto zero = only_problem(kMinimal, {"distributed.zero_stage=2"});
-  check_shape(zero, "--set distributed.zero_stage=2", "distributed.zero_stage");
-  CHECK(contains(zero, "2 is not supported; expected 0 (replicated optimizer) or 1"));
+  CHECK(problems_of(kMinimal, {"distributed.zero_stage=2"}).empty());
+  CHECK(problems_of(kMinimal, {"distributed.zero_stage=2", "precision.mode=fp8", "precision.fp8.primary_weights=true"})
+            .empty());
+  const auto zero = only_problem(kMinimal, {"distributed.zero_stage=3"});
+  check_shape(zero, "--set distributed.zero_stage=3", "distributed.zero_stage");
+  CHECK(contains(zero, "3 is not supported; expected 0 (replicated optimizer), 1 (sharded optimizer state and master "
+                       "weights) or 2 (sharded gradients too)"));
+  // ZeRO-2's buckets are summed in FP32.
+  const auto wire = only_problem(kMinimal, {"distributed.zero_stage=2", "distributed.grad_reduce_dtype=bf16"});
+  check_shape(wire, "--set distributed.zero_stage=2", "distributed.grad_reduce_dtype");
+  CHECK(contains(wire, "bf16 with distributed.zero_stage 2"));
 }
 
 TEST_CASE("all problems are reported together", "[config]") {

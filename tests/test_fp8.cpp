@@ -248,7 +248,7 @@ TEST_CASE("primary FP8 weights keep no bf16 copy of the block linears, whose cas
     cpu_backend().download(qkv.data(), model.master(kQkvw));
     qkv[0] = odd;  // h0's (the stacked tensor's first layer), above the init's 0.02 * a few
     cpu_backend().upload(model.master(kQkvw), qkv.data());
-    model.sync_params_from_master();
+    model.weights_loaded();
     model.forward(tokens.data(), tokens.data(), 1.0f / (B * T));
     for (const Fp8TensorState* t : model.fp8_tensors())
       if (t->name == "h0.qkv.weight") return t->stats.amax;

@@ -482,6 +482,7 @@ TEST_CASE("guard rollback is refused where it cannot work, before anything is wr
   CHECK(refusal(fp8, "--set precision.mode=bf16")
             .find("training.guard.action: rollback with precision bf16: a rollback goes on in bf16") != std::string::npos);
   CHECK(refusal(fp8, "--set distributed.zero_stage=1").find("rollback with distributed.zero_stage 1") != std::string::npos);
+  CHECK(refusal(fp8, "--set distributed.zero_stage=2").find("rollback with distributed.zero_stage 2") != std::string::npos);
 }
 
 TEST_CASE("a guard that never fires changes nothing: bit-identical losses", "[guard]") {

@@ -314,7 +314,7 @@ struct SideBySide {
       float* w = model->master_flat().as<float>();
       const float* g = model->grads_flat().as<float>();
       for (int64_t i = 0; i < model->num_params(); ++i) w[i] -= 0.5f * g[i];
-      model->sync_params_from_master();
+      model->weights_loaded();
       model->end_step();
     }
     const std::vector<Fp8TensorState*> e = eager.fp8_tensors(), r = recorded.fp8_tensors();

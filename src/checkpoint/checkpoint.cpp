@@ -72,12 +72,6 @@ HostTensors moment_copies(Transformer& model, AdamW& optimizer) {
   return host;
 }
 
-// Reads tensor `name` of a checkpoint file into `dst` (possibly device memory).
-void read_into(const SafetensorsFile& file, const std::string& name, Backend& backend, const Tensor& dst) {
-  std::vector<float> host(static_cast<size_t>(dst.numel()));
-  file.copy_to(name, host.data(), dst.numel());
-  backend.upload(dst, host.data());
-}
 
 int64_t step_of(const std::string& name) {
   if (name.size() != 13 || name.rfind("step_", 0) != 0) return -1;
@@ -411,9 +405,13 @@ void remove_checkpoints(const std::string& dir) {
 }
 
 void load_weights(const SafetensorsFile& weights, Transformer& model) {
-  for (const ParamSpec& spec : model.specs())
-    read_into(weights, spec.name, model.backend(), model.master_input(spec.id));
-  model.sync_params_from_master();
+  std::vector<float> host;
+  for (const ParamSpec& spec : model.specs()) {
+    host.resize(static_cast<size_t>(shape_numel(spec.shape)));
+    weights.copy_to(spec.name, host.data(), static_cast<int64_t>(host.size()));
+    model.load_weights(spec.id, host.data());
+  }
+  model.weights_loaded();
 }
 
 // Elements [begin, begin + count) of the flat moment vector `which` ("m" or "v"), from whichever

@@ -97,9 +97,9 @@ void claim_checkpoint_dir(const std::string& dir, const std::string& run_dir);
 // checkpoints of a run that run.overwrite replaces), keeping the directory and its owner.
 void remove_checkpoints(const std::string& dir);
 
-// Copies checkpoint weights into the model's master weights (through Transformer::master_input,
-// so a ZeRO-1 rank keeps its range) and refreshes its GEMM copy. Not while a step's gradients
-// are in the model: a sharded master stages the weights in the gradient buffer.
+// Copies checkpoint weights into the model's master weights (through Transformer::load_weights,
+// so a sharded rank keeps its range) and refreshes its GEMM copy. Not while a step's gradients
+// are in the model: a sharded master stages the weights in the gradient buffers.
 void load_weights(const SafetensorsFile& weights, Transformer& model);
 
 // Copies a loaded checkpoint's tensors into the model (master weights, then the low-precision

@@ -267,7 +267,7 @@ Schema make_schema(Config& c) {
              "the samples' temperature; 0 = greedy (always the most likely token)"),
       text("logging.sample_prompt", &c.logging.sample_prompt, "text the samples continue; \"\" = a document's start"),
 
-      // Valid ZeRO stages; 0 and 1 are implemented (checked in validate()).
+      // Valid ZeRO stages; 0 to 2 are implemented (checked in validate()).
       number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),
              "ZeRO optimizer sharding stage"),
       choice("distributed.grad_reduce_dtype", &c.distributed.grad_reduce_dtype,
@@ -845,10 +845,23 @@ class Loader {
     check_rollback(c);
     check_primary_weights(c);
 
-    // ZeRO stages 2 and 3 (sharded gradients, sharded parameters) are not implemented.
-    if (c.distributed.zero_stage > 1)
-      problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
-              std::to_string(c.distributed.zero_stage) + " is not supported", "0 (replicated optimizer) or 1 (sharded optimizer state and master weights)");
+    check_zero_stage(c);
+  }
+
+  // ZeRO-2 sums each block's FP32 gradients into their owners' shards as the backward pass
+  // makes them; stage 3 (sharded parameters) is not implemented.
+  void check_zero_stage(const Config& c) {
+    const int stage = c.distributed.zero_stage;
+    if (!usable({"distributed.zero_stage"})) return;
+    if (stage > 2)
+      problem(where({"distributed.zero_stage"}), "distributed.zero_stage", std::to_string(stage) + " is not supported",
+              "0 (replicated optimizer), 1 (sharded optimizer state and master weights) or 2 (sharded gradients too)");
+    if (stage != 2) return;
+    if (usable({"distributed.grad_reduce_dtype"}) && c.distributed.grad_reduce_dtype != GradReduceDtype::fp32)
+      problem(where({"distributed.zero_stage", "distributed.grad_reduce_dtype"}), "distributed.grad_reduce_dtype",
+              std::string(choice_name(c.distributed.grad_reduce_dtype)) +
+                  " with distributed.zero_stage 2, whose gradient buckets are summed in FP32 (not implemented)",
+              "fp32, or distributed.zero_stage 1");
   }
 
   // training.guard.action rollback reloads a checkpoint and goes on in bf16, switched in place as
@@ -868,10 +881,10 @@ class Loader {
                   ": a rollback goes on in bf16, switched in place (as precision.schedule does), which needs a run in "
                   "fp8 (or a schedule with an fp8 phase)",
               "stop or skip, or precision.mode fp8");
-    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage == 1)
+    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage >= 1)
       problem(where({"distributed.zero_stage", "training.guard.action"}), "training.guard.action",
-              "rollback with distributed.zero_stage 1, whose ranks do not keep the whole master weights a rollback "
-              "reloads (not implemented)",
+              "rollback with distributed.zero_stage " + std::to_string(c.distributed.zero_stage) +
+                  ", whose ranks do not keep the whole master weights a rollback reloads (not implemented)",
               "stop or skip, or distributed.zero_stage 0");
   }
 

@@ -25,6 +25,8 @@ struct Shard {
   int64_t begin = 0, count = 0;
 };
 Shard shard_of(int64_t n, int rank, int world);
+// Every rank's shard_of(n): the parts an even reduce-scatter or all-gather cuts n elements into.
+std::vector<Shard> even_parts(int64_t n, int world);
 
 // Bytes of the tensor collectives a rank took part in (host values, such as losses, norms and
 // amaxes, are not counted): each all-reduce's tensor, each reduce-scatter's input (the whole
@@ -75,14 +77,18 @@ class Communicator {
   }
   // out = this rank's shard_of(in.numel()) of the sum of `in` over ranks, summed as above.
   // out may be that shard of `in` itself (in place, as ZeRO-1 sums into its gradient shard).
-  void reduce_scatter_sum(Tensor out, Tensor in) {
+  void reduce_scatter_sum(Tensor out, Tensor in) { reduce_scatter_sum(out, in, even_parts(in.numel(), world_size())); }
+  // The same with rank r's part parts[r] of `in` (consecutive, covering it; some may be empty):
+  // ZeRO-2's gradient buckets, whose elements each rank owns are any run of them.
+  void reduce_scatter_sum(Tensor out, Tensor in, const std::vector<Shard>& parts) {
     count(traffic_.reduce_scattered, in);
-    reduce_scatter_tensor(out, in);
+    reduce_scatter_tensor(out, in, parts);
   }
   // out (n elements) = every rank's shard_of(n) of it, concatenated; `in` is this rank's shard.
-  void all_gather(Tensor out, Tensor in) {
+  void all_gather(Tensor out, Tensor in) { all_gather(out, in, even_parts(out.numel(), world_size())); }
+  void all_gather(Tensor out, Tensor in, const std::vector<Shard>& parts) {
     count(traffic_.all_gathered, out);
-    gather_tensor(out, in);
+    gather_tensor(out, in, parts);
   }
   // Since this communicator started.
   const CollectiveBytes& collective_bytes() const { return traffic_; }
@@ -98,16 +104,25 @@ class Communicator {
     for (const Tensor& t : bucket) count(traffic_.all_reduced, t);
     start_sums(bucket);
   }
+  // reduce_scatter_sum(out, in, parts), started as all_reduce_sum_async starts its sums: `in`
+  // must stay as it is, and `out` unread, until wait() (ZeRO-2's gradient buckets).
+  void reduce_scatter_sum_async(Tensor out, Tensor in, const std::vector<Shard>& parts) {
+    count(traffic_.reduce_scattered, in);
+    start_reduce_scatter(out, in, parts);
+  }
   virtual void wait() {}
   virtual bool overlaps_compute() const { return false; }
 
  protected:
   // What the tensor calls above do, uncounted.
   virtual void sum_tensor(Tensor t) = 0;
-  virtual void reduce_scatter_tensor(Tensor out, Tensor in) = 0;
-  virtual void gather_tensor(Tensor out, Tensor in) = 0;
+  virtual void reduce_scatter_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) = 0;
+  virtual void gather_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) = 0;
   virtual void start_sums(const std::vector<Tensor>& bucket) {
     for (const Tensor& t : bucket) sum_tensor(t);
+  }
+  virtual void start_reduce_scatter(Tensor out, Tensor in, const std::vector<Shard>& parts) {
+    reduce_scatter_tensor(out, in, parts);
   }
 
  private:

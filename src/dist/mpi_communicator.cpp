@@ -141,58 +141,60 @@ class MpiCommunicator final : public Communicator {
     expect_host_float(t, "all_reduce_sum");
     dispatch(t, [&](auto zero) {
       using T = decltype(zero);
-      const int64_t n = t.numel();
-      const Shard mine = shard_of(n, rank_, world_);
-      std::vector<T> sum(static_cast<size_t>(mine.count));
-      reduce_scatter(t.as<T>(), n, sum.data(), t.format);
-      gather(t.as<T>(), sum.data(), n);
+      const Layout l = layout(t.numel());
+      std::vector<T> sum(static_cast<size_t>(l.counts[static_cast<size_t>(rank_)]));
+      reduce_scatter(t.as<T>(), l, sum.data(), t.format);
+      gather(t.as<T>(), sum.data(), l);
     });
   }
 
-  void reduce_scatter_tensor(Tensor out, Tensor in) override {
+  void reduce_scatter_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
     expect_host_float(in, "reduce_scatter_sum");
     expect_host_float(out, "reduce_scatter_sum");
-    const int64_t n = in.numel();
-    PTRAIN_CHECK(out.dtype == in.dtype && out.numel() == shard_of(n, rank_, world_).count,
-                 "reduce_scatter_sum: out must be this rank's shard of in, of the same dtype");
+    const Layout l = layout(parts, in.numel());
+    PTRAIN_CHECK(out.dtype == in.dtype && out.numel() == l.counts[static_cast<size_t>(rank_)],
+                 "reduce_scatter_sum: out must be this rank's part of in, of the same dtype");
     dispatch(in, [&](auto zero) {
       using T = decltype(zero);
-      reduce_scatter(in.as<T>(), n, out.as<T>(), out.format);
+      reduce_scatter(in.as<T>(), l, out.as<T>(), out.format);
     });
   }
-
-  void gather_tensor(Tensor out, Tensor in) override {
+  void gather_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
     expect_host_float(in, "all_gather");
     expect_host_float(out, "all_gather");
-    const int64_t n = out.numel();
-    PTRAIN_CHECK(out.dtype == in.dtype && in.numel() == shard_of(n, rank_, world_).count,
-                 "all_gather: in must be this rank's shard of out, of the same dtype");
+    const Layout l = layout(parts, out.numel());
+    PTRAIN_CHECK(out.dtype == in.dtype && in.numel() == l.counts[static_cast<size_t>(rank_)],
+                 "all_gather: in must be this rank's part of out, of the same dtype");
     dispatch(out, [&](auto zero) {
       using T = decltype(zero);
-      gather(out.as<T>(), in.as<T>(), n);
+      gather(out.as<T>(), in.as<T>(), l);
     });
   }
 
  private:
   struct Layout {
-    std::vector<int> counts, displs;  // per rank: shard_of(n, r) as ints
+    std::vector<int> counts, displs;  // per rank: its part of the tensor, as ints
   };
-  Layout layout(int64_t n) const {
+  Layout layout(int64_t n) const { return layout(even_parts(n, world_), n); }
+  Layout layout(const std::vector<Shard>& parts, int64_t n) const {
+    PTRAIN_CHECK(static_cast<int>(parts.size()) == world_, "MPI: one part of the tensor per rank");
     Layout l;
-    for (int r = 0; r < world_; ++r) {
-      const Shard s = shard_of(n, r, world_);
+    int64_t next = 0;
+    for (const Shard& s : parts) {
+      PTRAIN_CHECK(s.begin == next && s.count >= 0, "MPI: the ranks' parts must be consecutive");
       l.counts.push_back(to_count(s.count, "a shard"));
       l.displs.push_back(to_count(s.begin, "a tensor"));
+      next = s.begin + s.count;
     }
+    PTRAIN_CHECK(next == n, "MPI: the ranks' parts must cover the tensor");
     return l;
   }
-
-  // out (this rank's shard) = sum over ranks r = 0, 1, ... of rank r's copy of that shard. The
+  // out (this rank's part) = sum over ranks r = 0, 1, ... of rank r's copy of that part. The
   // CPU backend stores bf16/fp16 values as f32: their sum is rounded to the format after each
   // addition, as NCCL reduces a tensor of that type (and the simulated NCCL, in rank order).
+  // out may alias this rank's part of in: the copies are received apart.
   template <typename T>
-  void reduce_scatter(const T* in, int64_t n, T* out, Format format) {
-    const Layout l = layout(n);
+  void reduce_scatter(const T* in, const Layout& l, T* out, Format format) {
     const int mine = l.counts[static_cast<size_t>(rank_)];
     std::vector<int> recv_counts(static_cast<size_t>(world_), mine), recv_displs(static_cast<size_t>(world_));
     for (int r = 0; r < world_; ++r) recv_displs[static_cast<size_t>(r)] = r * mine;
@@ -209,10 +211,8 @@ class MpiCommunicator final : public Communicator {
       out[i] = s;
     }
   }
-
   template <typename T>
-  void gather(T* out, const T* shard, int64_t n) {
-    const Layout l = layout(n);
+  void gather(T* out, const T* shard, const Layout& l) {
     // A shard that already sits at its place in `out` is sent from there (MPI forbids aliasing).
     const bool in_place = shard == out + l.displs[static_cast<size_t>(rank_)];
     MPI_Allgatherv(in_place ? MPI_IN_PLACE : shard, l.counts[static_cast<size_t>(rank_)], mpi_type<T>(), out,

@@ -138,46 +138,51 @@ class NcclCommunicator final : public Communicator {
     before_compute();
   }
 
-  void reduce_scatter_tensor(Tensor out, Tensor in) override {
+  // Even parts go to NCCL's reduce-scatter and all-gather; other parts (a length the ranks do
+  // not share evenly, ZeRO-2's buckets) to one reduce or broadcast per rank, grouped.
+  void reduce_scatter_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
+    start_reduce_scatter(out, in, parts);
+    before_compute();
+  }
+  // On the communication stream after the compute work queued so far; wait() joins it.
+  void start_reduce_scatter(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
     const ncclDataType_t type = sum_type(in, "reduce_scatter_sum");
     sum_type(out, "reduce_scatter_sum");
     const int64_t n = in.numel();
-    const int world = world_size(), me = rank();
-    PTRAIN_CHECK(out.dtype == in.dtype && out.numel() == shard_of(n, me, world).count,
-                 "NCCL reduce_scatter_sum: out must be this rank's shard of in, of the same dtype");
+    const int me = rank();
+    PTRAIN_CHECK(out.dtype == in.dtype && out.numel() == parts.at(static_cast<size_t>(me)).count,
+                 "NCCL reduce_scatter_sum: out must be this rank's part of in, of the same dtype");
     if (n == 0) return;
     after_compute();
-    if (n % world == 0) {
-      PTRAIN_NCCL_CHECK(ncclReduceScatter(in.data, out.data, count(n / world), type, ncclSum, comm_, stream_));
+    if (is_even(parts, n)) {
+      PTRAIN_NCCL_CHECK(ncclReduceScatter(in.data, out.data, count(n / world_size()), type, ncclSum, comm_, stream_));
     } else {
       PTRAIN_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < world; ++r) {
-        const Shard s = shard_of(n, r, world);
-        if (s.count == 0) continue;  // every rank skips the same shards
+      for (int r = 0; r < world_size(); ++r) {
+        const Shard s = parts[static_cast<size_t>(r)];
+        if (s.count == 0) continue;  // every rank skips the same parts
         // recvbuff is only read on the root; NCCL allows null elsewhere.
         PTRAIN_NCCL_CHECK(ncclReduce(in.range(s.begin, s.count).data, r == me ? out.data : nullptr, count(s.count),
                                      type, ncclSum, r, comm_, stream_));
       }
       PTRAIN_NCCL_CHECK(ncclGroupEnd());
     }
-    before_compute();
   }
-
-  void gather_tensor(Tensor out, Tensor in) override {
+  void gather_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
     const ncclDataType_t type = device_type(out, "all_gather");
     device_type(in, "all_gather");
     const int64_t n = out.numel();
-    const int world = world_size(), me = rank();
-    PTRAIN_CHECK(out.dtype == in.dtype && in.numel() == shard_of(n, me, world).count,
-                 "NCCL all_gather: in must be this rank's shard of out, of the same dtype");
+    const int me = rank();
+    PTRAIN_CHECK(out.dtype == in.dtype && in.numel() == parts.at(static_cast<size_t>(me)).count,
+                 "NCCL all_gather: in must be this rank's part of out, of the same dtype");
     if (n == 0) return;
     after_compute();
-    if (n % world == 0) {
-      PTRAIN_NCCL_CHECK(ncclAllGather(in.data, out.data, count(n / world), type, comm_, stream_));
+    if (is_even(parts, n)) {
+      PTRAIN_NCCL_CHECK(ncclAllGather(in.data, out.data, count(n / world_size()), type, comm_, stream_));
     } else {
       PTRAIN_NCCL_CHECK(ncclGroupStart());
-      for (int r = 0; r < world; ++r) {
-        const Shard s = shard_of(n, r, world);
+      for (int r = 0; r < world_size(); ++r) {
+        const Shard s = parts[static_cast<size_t>(r)];
         if (s.count == 0) continue;
         void* dst = out.range(s.begin, s.count).data;
         // sendbuff is only read on the root; elsewhere pass the destination (never null).
@@ -187,7 +192,6 @@ class NcclCommunicator final : public Communicator {
     }
     before_compute();
   }
-
   void start_sums(const std::vector<Tensor>& bucket) override {
     for (const Tensor& t : bucket) sum_type(t, "all_reduce_sum_async");  // check all before the group opens
     after_compute();
@@ -207,6 +211,16 @@ class NcclCommunicator final : public Communicator {
   }
 
   static size_t count(int64_t n) { return static_cast<size_t>(n); }
+  // Whether rank r's part is the r-th of world equal lengths covering n.
+  bool is_even(const std::vector<Shard>& parts, int64_t n) const {
+    const int world = world_size();
+    PTRAIN_CHECK(static_cast<int>(parts.size()) == world, "NCCL: one part of the tensor per rank");
+    if (n % world != 0) return false;
+    for (int r = 0; r < world; ++r)
+      if (parts[static_cast<size_t>(r)].begin != r * (n / world) || parts[static_cast<size_t>(r)].count != n / world)
+        return false;
+    return true;
+  }
 
   static ncclDataType_t device_type(const Tensor& t, const char* op) {
     PTRAIN_CHECK(t.device == Device::cuda,

@@ -17,6 +17,12 @@ Shard shard_of(int64_t n, int rank, int world) {
   return s;
 }
 
+std::vector<Shard> even_parts(int64_t n, int world) {
+  std::vector<Shard> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(shard_of(n, r, world));
+  return parts;
+}
+
 namespace {
 
 class SingleProcess final : public Communicator {
@@ -35,8 +41,10 @@ class SingleProcess final : public Communicator {
 
  protected:
   void sum_tensor(Tensor) override {}
-  void reduce_scatter_tensor(Tensor out, Tensor in) override { require_same(out, in, "reduce_scatter_sum"); }
-  void gather_tensor(Tensor out, Tensor in) override { require_same(out, in, "all_gather"); }
+  void reduce_scatter_tensor(Tensor out, Tensor in, const std::vector<Shard>&) override {
+    require_same(out, in, "reduce_scatter_sum");
+  }
+  void gather_tensor(Tensor out, Tensor in, const std::vector<Shard>&) override { require_same(out, in, "all_gather"); }
 
  private:
   // With one rank the shard is the whole tensor; callers pass it in place.

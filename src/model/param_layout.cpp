@@ -70,4 +70,14 @@ int64_t param_count(const ModelShape& s) {
   return n;
 }
 
+GradBucketSizes grad_bucket_sizes(const ModelShape& s) {
+  GradBucketSizes sizes;
+  for (const auto& spec : param_specs(s))
+    (is_block_param(spec.id) ? sizes.block : is_head_param(spec.id) ? sizes.head : sizes.embedding) +=
+        shape_numel(spec.shape);
+  sizes.block /= s.n_layer;
+  sizes.shared = !s.tied_head;
+  return sizes;
+}
+
 }  // namespace ptrain

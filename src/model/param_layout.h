@@ -4,6 +4,7 @@
 // check shapes without a backend.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,6 +56,12 @@ constexpr bool is_block_linear(ParamId id) {
   return id == kQkvw || id == kAttnOutw || id == kMlpUpw || id == kMlpDownw;
 }
 
+// Tensors stacked over the blocks (one slice per layer); the others are the embeddings, the
+// final norm and an untied LM head.
+constexpr bool is_block_param(ParamId id) {
+  return id != kWte && id != kWpe && id != kNormFw && id != kNormFb && id != kLmHead;
+}
+
 struct ParamSpec {
   ParamId id;
   std::string name;            // llm.c / PyTorch-like name; the checkpoint's tensor name
@@ -65,5 +72,24 @@ struct ParamSpec {
 // In the order of the model's flat parameter buffer.
 std::vector<ParamSpec> param_specs(const ModelShape& s);
 int64_t param_count(const ModelShape& s);  // includes the padded vocabulary rows, as llm.c counts
+
+// The tensors whose gradients are final once the LM head and final norm are through their
+// backward pass: the final norm and an untied LM head (a tied one is the token embedding).
+constexpr bool is_head_param(ParamId id) { return id == kNormFw || id == kNormFb || id == kLmHead; }
+
+// ZeRO-2's gradient buckets (Transformer's grad buckets): one block's gradients (each stacked
+// tensor's slice of one layer), the head's (is_head_param) and the embeddings'. Two rooms for
+// blocks, used in turn: one block's gradients are summed across ranks while the next block's
+// backward pass fills the other. An untied head's bucket is handed on before the embeddings'
+// is written, so the two share their room; with a tied head the token embedding's gradient
+// grows from the first step of the backward pass to the last, beside the head's.
+struct GradBucketSizes {
+  static constexpr int kBlockRooms = 2;
+  int64_t block = 0, head = 0, embedding = 0;
+  bool shared = false;  // head and embedding buckets in the same room
+  int64_t rest() const { return shared ? std::max(head, embedding) : head + embedding; }
+  int64_t total() const { return kBlockRooms * block + rest(); }
+};
+GradBucketSizes grad_bucket_sizes(const ModelShape& s);
 
 }  // namespace ptrain

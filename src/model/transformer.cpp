@@ -171,8 +171,15 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   primary_fp8_ = primary > 0;
   primary_cast_ = PrimaryCast::due;
   params_flat_ = flat(policy.weights, n - primary);
-  // The main gradients: FP32 in every mode, the backward ops adding into them directly.
-  grads_flat_ = flat(Format::fp32, n);
+  // The main gradients: FP32 in every mode, the backward ops adding into them directly; with
+  // grad buckets one block's and the other tensors' at a time.
+  num_params_ = n;
+  grad_buckets_ = master_range.grad_buckets;
+  if (grad_buckets_) {
+    bucket_memory_ = flat(Format::fp32, grad_bucket_sizes(shape).total());
+  } else {
+    grads_flat_ = flat(Format::fp32, n);
+  }
   has_master_ = policy.has_master_weights();
   sharded_master_ = has_master_ && master_range.count >= 0;
   PTRAIN_CHECK(!primary_fp8_ || (has_master_ && !policy.fp8.bf16_first_last),
@@ -185,13 +192,31 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   } else if (has_master_) {
     master_flat_ = flat(Format::fp32, n);
   }
-  int64_t offset = 0, copy_offset = 0;
+  // Grad buckets: the block bucket, then the embeddings' and the head's (grad_bucket).
+  const GradBucketSizes sizes = grad_bucket_sizes(shape);
+  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
+  int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = rest_at,
+          head_offset = rest_at + (sizes.shared ? 0 : sizes.embedding);
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
     offsets_[spec.id] = offset;
-    grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
-    if (primary_fp8(spec.id)) {  // sharded: where the gathered master is staged for the casts
-      params_[spec.id] = sharded_master_ ? grads_[spec.id] : master_flat_.range(offset, count).reshaped(spec.shape);
+    if (!grad_buckets_) {
+      grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
+    } else if (is_block_param(spec.id)) {  // grad(id) stays empty: block_grad finds the slice
+      bucket_offsets_[spec.id] = block_offset;
+      block_offset += count / shape.n_layer;
+    } else {
+      int64_t& at = is_head_param(spec.id) ? head_offset : embedding_offset;
+      grads_[spec.id] = bucket_memory_.range(at, count).reshaped(spec.shape);
+      at += count;
+    }
+    present_[spec.id] = true;
+    if (primary_fp8(spec.id)) {
+      // ZeRO-1: where the gathered master is staged for the casts. ZeRO-2 stages it a bucket at
+      // a time (cast_primary_fp8_bucket): the tensor has its shape, no memory.
+      params_[spec.id] = !sharded_master_ ? master_flat_.range(offset, count).reshaped(spec.shape)
+                         : grad_buckets_  ? Tensor(nullptr, DType::f32, spec.shape, backend.device())
+                                          : grads_[spec.id];
     } else {
       params_[spec.id] = params_flat_.range(copy_offset, count).reshaped(spec.shape);
       copy_offset += count;
@@ -266,7 +291,7 @@ std::string Transformer::switch_fp8(const PrecisionPolicy& policy) {
 Transformer::~Transformer() {
   if (!rope_table_.empty()) backend_.release(rope_table_.data);
   backend_.release(act_memory_);
-  backend_.release(grads_flat_.data);
+  backend_.release(grads_flat_.empty() ? bucket_memory_.data : grads_flat_.data);
   backend_.release(params_flat_.data);
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
@@ -278,20 +303,49 @@ Tensor Transformer::master(ParamId id) const {
       .reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
-void Transformer::sync_params_from_master() {
+void Transformer::load_weights(ParamId id, const float* host) {
+  const int64_t n = params_[id].numel(), at = offsets_[id];
+  if (!sharded_master_) {
+    backend_.upload(master(id), host);
+    return;
+  }
+  // This rank's range of the FP32 values, straight into its master shard.
+  const int64_t lo = std::max(at, master_begin_), hi = std::min(at + n, master_begin_ + master_flat_.numel());
+  if (lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
+  // The GEMMs' copy, rounded from FP32 values staged a piece at a time (primary FP8 weights
+  // keep none: their codes are cast from the gathered master before the next forward pass).
+  if (primary_fp8(id)) return;
+  const Tensor staging = grad_buckets_ ? bucket_memory_ : grads_flat_;
+  for (int64_t done = 0; done < n; done += staging.numel()) {
+    const int64_t len = std::min(staging.numel(), n - done);
+    backend_.upload(staging.range(0, len), host + done);
+    backend_.copy(params_[id].range(done, len), staging.range(0, len));
+  }
+}
+
+void Transformer::weights_loaded() {
   decoded_ = 0;  // the cached keys and values came from the old weights
-  // The same rounding sharded and unsharded; the values sharded come staged in the gradients.
-  const Tensor source = sharded_master_ ? grads_flat_ : master_flat_;
-  if (primary_fp8_) {
-    copy_unprimary_weights(source);
-    primary_cast_ = PrimaryCast::due;
+  if (primary_fp8_) primary_cast_ = PrimaryCast::due;
+  if (sharded_master_) {  // load_weights wrote the copies; the staging buffer is clean again
+    backend_.zero(grad_buckets_ ? bucket_memory_ : grads_flat_);
+  } else if (primary_fp8_) {
+    copy_unprimary_weights(master_flat_);
   } else if (has_master_) {
-    backend_.copy(params_flat_, source);
+    backend_.copy(params_flat_, master_flat_);
   }
-  if (sharded_master_) {
-    backend_.copy(master_flat_, grads_flat_.range(master_begin_, master_flat_.numel()));
-    backend_.zero(grads_flat_);
-  }
+}
+
+// Which bucket (grads_done's argument) tensor id's gradients belong to: the head's is L, the
+// embeddings' -1; a block tensor's is its layer's.
+static bool in_bucket(ParamId id, int bucket, int n_layer) {
+  if (bucket == n_layer) return is_head_param(id);
+  if (bucket < 0) return !is_block_param(id) && !is_head_param(id);
+  return is_block_param(id);
+}
+
+// The linear of a block whose weight tensor id is (is_block_linear).
+static LinearId linear_of(ParamId id) {
+  return id == kQkvw ? kQkv : id == kAttnOutw ? kAttproj : id == kMlpUpw ? kFc : kFcproj;
 }
 
 void Transformer::copy_unprimary_weights(Tensor full_master) {
@@ -305,16 +359,30 @@ void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
                "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
   for (const ParamSpec& spec : specs_) {
     if (!primary_fp8(spec.id)) continue;
-    const LinearId which = spec.id == kQkvw      ? kQkv
-                           : spec.id == kAttnOutw ? kAttproj
-                           : spec.id == kMlpUpw   ? kFc
-                                                  : kFcproj;
     const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
-    for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, which)->cast_weight(master[l], training);
+    for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, linear_of(spec.id))->cast_weight(master[l], training);
   }
   // ZeRO-1's update wrote each rank's range of the master only: the other copies come from here.
   if (sharded_master_) copy_unprimary_weights(full_master);
   primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
+}
+
+void Transformer::cast_primary_fp8_bucket(int bucket, Tensor staged, bool training) {
+  PTRAIN_CHECK(primary_fp8_ && grad_buckets_ && staged.numel() == grad_bucket(bucket).numel(),
+               "cast_primary_fp8_bucket: primary FP8 weights with grad buckets, one bucket's master staged");
+  const bool block = bucket >= 0 && bucket < shape_.n_layer;
+  int64_t at = 0;  // the staged values are the bucket's ranges, in order
+  for (const ParamSpec& spec : specs_) {
+    if (!in_bucket(spec.id, bucket, shape_.n_layer)) continue;
+    const int64_t n = block ? shape_numel(spec.shape) / shape_.n_layer : shape_numel(spec.shape);
+    if (primary_fp8(spec.id))
+      fp8_linear(bucket, linear_of(spec.id))->cast_weight(layer_of(staged, spec.id), training);
+    else
+      backend_.copy(block ? params_[spec.id][bucket] : params_[spec.id], staged.range(at, n));
+    at += n;
+  }
+  // The embeddings' bucket comes last (AdamW::gather_primary_fp8_weights).
+  if (bucket < 0) primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
 }
 
 void Transformer::cast_due_primary_weights(bool training) {
@@ -421,10 +489,10 @@ void Transformer::init(uint64_t seed, double std) {
       Rng rng(seed, static_cast<uint64_t>(i));
       for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
     }
-    backend_.upload(master_input(spec.id), host.data());
+    load_weights(spec.id, host.data());
   }
   // The master weights hold the values; the GEMMs' copy is them rounded to its format.
-  sync_params_from_master();
+  weights_loaded();
 }
 
 Tensor Transformer::residual_in(int layer) const {
@@ -721,29 +789,64 @@ void Transformer::llama_block_forward(int l, int position, bool training) {
   be.add(at(a_.residual3[l]), residual2, down);
 }
 
-// Parameters stacked over blocks (the per-block slices) and the rest.
-static bool is_block_param(int id) {
-  return id != kWte && id != kWpe && id != kNormFw && id != kNormFb && id != kLmHead;
-}
-
 std::vector<Tensor> Transformer::block_grads(int block) const {
   std::vector<Tensor> out;
   for (const ParamSpec& spec : specs_) {
     const Tensor g = grad(spec.id);
-    if (block >= 0 && is_block_param(spec.id)) out.push_back(g[block]);
-    if (block < 0 && !is_block_param(spec.id)) out.push_back(g);
+    if (!in_bucket(spec.id, block, shape_.n_layer)) continue;
+    out.push_back(is_block_param(spec.id) ? g[block] : g);
+  }
+  return out;
+}
+
+Tensor Transformer::block_grad(ParamId id, int layer) const {
+  if (!grad_buckets_) return grads_[id].empty() ? Tensor() : grads_[id][layer];
+  return present_[id] ? layer_of(grad_bucket(layer), id) : Tensor();
+}
+
+Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
+  const Tensor& p = params_[id];
+  return bucket.range(bucket_offsets_[id], p.numel() / p.shape[0])
+      .reshaped(std::vector<int64_t>(p.shape.begin() + 1, p.shape.begin() + p.ndim));
+}
+
+Tensor Transformer::grad_bucket(int bucket) const {
+  PTRAIN_CHECK(grad_buckets_, "grad_bucket: this model keeps whole gradients");
+  const GradBucketSizes sizes = grad_bucket_sizes(shape_);
+  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
+  if (bucket == shape_.n_layer) return bucket_memory_.range(rest_at + (sizes.shared ? 0 : sizes.embedding), sizes.head);
+  if (bucket < 0) return bucket_memory_.range(rest_at, sizes.embedding);
+  return bucket_memory_.range(bucket % GradBucketSizes::kBlockRooms * sizes.block, sizes.block);
+}
+
+std::vector<FlatRange> Transformer::grad_bucket_ranges(int bucket) const {
+  std::vector<FlatRange> out;
+  for (const ParamSpec& spec : specs_) {
+    if (!in_bucket(spec.id, bucket, shape_.n_layer)) continue;
+    const int64_t n = shape_numel(spec.shape);
+    if (is_block_param(spec.id))
+      out.push_back({offsets_[spec.id] + bucket * (n / shape_.n_layer), n / shape_.n_layer});
+    else
+      out.push_back({offsets_[spec.id], n});
   }
   return out;
 }
 
 void Transformer::backward(const std::function<void(int block)>& grads_done) {
   PTRAIN_CHECK(grads_ready_, "backward() needs a forward() with dloss != 0 first");
+  PTRAIN_CHECK(!grad_buckets_ || grads_done, "backward(): grad buckets must be handed on as they complete");
   grads_ready_ = false;
   const int L = shape_.n_layer;
   const bool llama = shape_.arch == Arch::llama;
   Backend& be = backend_;
   auto& g = grads_;
   auto& p = params_;
+  // Each bucket holds this micro-batch's gradients only: the owners' shards accumulate them. A
+  // tied LM head adds into the token embedding's gradient from here on.
+  if (grad_buckets_) {
+    be.zero(grad_bucket(L));
+    if (shape_.tied_head) be.zero(grad_bucket(-1));
+  }
 
   // LM head and the final norm; dresidual collects the residual stream's gradient from here
   // down to the embedding.
@@ -755,6 +858,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     be.rmsnorm_backward(a_.dresidual, g[kNormFw], a_.dln, residual_in(L), p[kNormFw], a_.lnf_rstd);
   else
     be.layernorm_backward(a_.dresidual, g[kNormFw], g[kNormFb], a_.dln, residual_in(L), p[kNormFw], a_.lnf_mean, a_.lnf_rstd);
+  if (grads_done) grads_done(L);
 
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange range(block_names_[l].c_str());
@@ -768,64 +872,66 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       NvtxRange again("recompute mlp");
       mlp_hidden_forward(l, -1, /*training=*/true);
     }
+    if (grad_buckets_) be.zero(grad_bucket(l));
     if (llama)
       llama_block_backward(l);
     else
       gpt2_block_backward(l);
     if (grads_done) grads_done(l);
   }
+  if (grad_buckets_ && !shape_.tied_head) be.zero(grad_bucket(-1));  // the head's bucket, handed on, shared its room
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);  // g[kWpe] is empty for llama
   if (grads_done) grads_done(-1);
 }
 
 void Transformer::gpt2_block_backward(int l) {
   Backend& be = backend_;
-  auto& g = grads_;
+  const auto g = [&](ParamId id) { return block_grad(id, l); };
   auto& p = params_;
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
   if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
     be.zero(a_.dfch_gelu);
-    linear_backward(fcproj, a_.dfch_gelu, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l]);
+    linear_backward(fcproj, a_.dfch_gelu, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l]);
     be.zero(a_.dfch);
     be.gelu_backward(a_.dfch, a_.fch[m], a_.dfch_gelu);
   } else {
-    be.matmul_gelu_backward(a_.dfch, g[kMlpDownw][l], g[kMlpDownb][l], a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l],
+    be.matmul_gelu_backward(a_.dfch, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l],
                             a_.fch[m], a_.dfch_gelu);
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], g[kMlpUpb][l], a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
-  be.layernorm_backward(a_.dresidual, g[kNorm2w][l], g[kNorm2b][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_mean[b],
+  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), g(kMlpUpb), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
+  be.layernorm_backward(a_.dresidual, g(kNorm2w), g(kNorm2b), a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_mean[b],
                         a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
   be.zero(a_.datty);
-  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttnOutw][l], g[kAttnOutb][l], a_.dresidual, a_.atty[b],
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g(kAttnOutw), g(kAttnOutb), a_.dresidual, a_.atty[b],
                   p[kAttnOutw][l]);
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], g[kQkvb][l], a_.dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
-  be.layernorm_backward(a_.dresidual, g[kNorm1w][l], g[kNorm1b][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_mean[b],
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), g(kQkvb), a_.dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
+  be.layernorm_backward(a_.dresidual, g(kNorm1w), g(kNorm1b), a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_mean[b],
                         a_.ln1_rstd[b]);
 }
 
 void Transformer::llama_block_backward(int l) {
   Backend& be = backend_;
-  auto& g = grads_;
+  const auto g = [&](ParamId id) { return block_grad(id, l); };
   auto& p = params_;
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
   be.zero(a_.dfch_gelu);
-  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g[kMlpDownw][l], Tensor(), a_.dresidual, a_.fch_gelu[hidden_slot(l)],
+  linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g(kMlpDownw), Tensor(), a_.dresidual, a_.fch_gelu[hidden_slot(l)],
                   p[kMlpDownw][l]);
   be.zero(a_.dfch);
   be.swiglu_backward(a_.dfch, a_.dfch_gelu, a_.fch[m]);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g[kMlpUpw][l], Tensor(), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
-  be.rmsnorm_backward(a_.dresidual, g[kNorm2w][l], a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_rstd[b]);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), Tensor(), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
+  be.rmsnorm_backward(a_.dresidual, g(kNorm2w), a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + o_proj(attention(rope(qkv(rmsnorm(residual))))).
   be.zero(a_.datty);
-  linear_backward(fp8_linear(l, kAttproj), a_.datty, g[kAttnOutw][l], Tensor(), a_.dresidual, a_.atty[b],
+  linear_backward(fp8_linear(l, kAttproj), a_.datty, g(kAttnOutw), Tensor(), a_.dresidual, a_.atty[b],
                   p[kAttnOutw][l]);
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
@@ -833,15 +939,17 @@ void Transformer::llama_block_backward(int l) {
   Tensor dqkv = a_.dqkv;
   if (shape_.qk_norm) {
     be.zero(a_.dqkv_raw);
-    be.qk_norm_backward(a_.dqkv_raw, g[kQNormw][l], g[kKNormw][l], a_.dqkv, a_.qkv_raw[b], p[kQNormw][l],
+    be.qk_norm_backward(a_.dqkv_raw, g(kQNormw), g(kKNormw), a_.dqkv, a_.qkv_raw[b], p[kQNormw][l],
                         p[kKNormw][l], a_.qk_rstd[b], shape_.n_head);
     dqkv = a_.dqkv_raw;
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g[kQkvw][l], Tensor(), dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
-  be.rmsnorm_backward(a_.dresidual, g[kNorm1w][l], a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), Tensor(), dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
+  be.rmsnorm_backward(a_.dresidual, g(kNorm1w), a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
 }
 
-void Transformer::zero_grad() { backend_.zero(grads_flat_); }
+void Transformer::zero_grad() {
+  if (!grad_buckets_) backend_.zero(grads_flat_);
+}
 
 }  // namespace ptrain

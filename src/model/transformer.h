@@ -93,6 +93,16 @@ struct GptActivations {
 // casts (AdamW::gather_primary_fp8_weights).
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
+  // ZeRO-2: no parameter-sized gradient buffer. The backward pass writes each block's weight
+  // gradients into a bucket of one block's size, and the other tensors' into a second bucket
+  // (grad_bucket), and hands each bucket to grads_done as it completes, which must sum it into
+  // the owners' shards before the bucket is used again.
+  bool grad_buckets = false;
+};
+
+// A run of the flat parameter layout, [begin, begin + count).
+struct FlatRange {
+  int64_t begin = 0, count = 0;
 };
 
 class Transformer {
@@ -157,13 +167,23 @@ class Transformer {
   // How many positions the decoding holds (0: none; seq_len: full, decode_next refuses).
   int decoded_length() const { return decoded_; }
   // Adds this micro-batch's gradients into grads(). Requires forward() with dloss != 0.
-  // `grads_done(l)`, if given, is called as soon as block l's gradients in grads() are final
-  // (blocks L-1 down to 0), then with -1 for the rest (embeddings, final layernorm): a
-  // data-parallel run starts summing them across ranks while the backward pass goes on.
+  // `grads_done(b)`, if given, is called as soon as the gradients of bucket b in grads() are
+  // final: first L (the final norm and an untied LM head: is_head_param), then each block l
+  // from L-1 down to 0, then -1 (the embeddings, and a tied LM head): a data-parallel run
+  // starts summing them across ranks while the backward pass goes on. With
+  // grad buckets (MasterRange::grad_buckets) grads_done is required, and the gradients it is
+  // handed are this micro-batch's alone, in grad_bucket(l).
   void backward(const std::function<void(int block)>& grads_done = {});
-  // The gradient tensors that grads_done(block) reports as final (block -1: the others).
+  // The gradient tensors that grads_done(block) reports as final.
   std::vector<Tensor> block_grads(int block) const;
+  // Without grad buckets, zeroes the gradients before a step's first micro-batch (with them the
+  // buckets are zeroed as the backward pass reaches them).
   void zero_grad();
+  bool has_grad_buckets() const { return grad_buckets_; }
+  // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
+  // grad_bucket_ranges(b), in that order (ascending).
+  Tensor grad_bucket(int bucket) const;
+  std::vector<FlatRange> grad_bucket_ranges(int bucket) const;
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
   // The step in progress is given up before its update (a stop request between micro-batches):
@@ -216,16 +236,17 @@ class Transformer {
   }
   // Tensor id's FP32 master weights; with a sharded master (which has no whole tensor), param(id).
   Tensor master(ParamId id) const;
-  // Where new weights are written (init, model.init_from, a checkpoint's): master() unsharded;
-  // with a sharded master, the gradient buffer, free between steps, stages the FP32 values.
-  // sync_params_from_master() then takes them.
-  Tensor master_input(ParamId id) const { return sharded_master_ ? grads_[id] : master(id); }
-  Tensor master_input_flat() const { return sharded_master_ ? grads_flat_ : master_flat(); }
-  // After new weights were written through master_input (or master() unsharded): refresh the
-  // copy the GEMMs read; with a sharded master also take this rank's range of the staged values
-  // and zero the gradient buffer that staged them. Not while a step's gradients are there.
-  // Primary FP8 weights are cast afresh before the next forward pass (primary_fp8_cast_due).
-  void sync_params_from_master();
+  // New weights (init, model.init_from, a checkpoint's): tensor id's FP32 values, the whole
+  // tensor from host memory. Unsharded they go to master(); with a sharded master this rank's
+  // range of them goes to master_shard() and the GEMMs' copy is written through a staging
+  // buffer, a piece at a time (the gradient buffer, free between steps, or the grad buckets),
+  // so the whole FP32 master is never held. Call weights_loaded() once all are written. Not
+  // while a step's gradients are there.
+  void load_weights(ParamId id, const float* host);
+  // After load_weights, or after master() was written unsharded: refresh the copy the GEMMs
+  // read from the master where that is kept apart. Primary FP8 weights are cast afresh before
+  // the next forward pass (primary_fp8_cast_due).
+  void weights_loaded();
   // Primary FP8 weights (precision.fp8.primary_weights) are cast from the FP32 master before
   // the forward pass that needs them, outside any recording: once per step as the step's
   // training cast (its statistics count in the step's, as a cast in the forward pass would),
@@ -243,12 +264,18 @@ class Transformer {
   // FP32 master in the flat layout (under ZeRO-1 gathered into grads_flat()), and with a sharded
   // master refreshes the other tensors' copies from it too.
   void cast_primary_fp8_weights(Tensor full_master, bool training);
+  // ZeRO-2's counterpart, a grad bucket at a time (AdamW::gather_primary_fp8_weights): `staged`
+  // holds the FP32 master of bucket b's elements (grad_bucket_ranges(b), in order, gathered into
+  // grad_bucket(b)); casts the block linears' weights among them and refreshes the other
+  // tensors' copies. Every bucket once, the embeddings' (-1) last.
+  void cast_primary_fp8_bucket(int bucket, Tensor staged, bool training);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
   // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.
   Tensor master_shard() const { return sharded_master_ ? master_flat_ : Tensor(); }
+  // The parameter-sized gradient buffer; empty with grad buckets.
   Tensor grads_flat() const { return grads_flat_; }
-  int64_t num_params() const { return grads_flat_.numel(); }
+  int64_t num_params() const { return num_params_; }
   size_t activation_bytes() const { return act_bytes_; }
 
  private:
@@ -283,6 +310,11 @@ class Transformer {
   int hidden_slot(int layer) const { return fp8_throughout_ ? 0 : mlp_slot(layer); }
   void gpt2_block_backward(int layer);
   void llama_block_backward(int layer);
+  // Block `layer`'s gradient of tensor id: its slice of grad(id), or its place in the bucket.
+  Tensor block_grad(ParamId id, int layer) const;
+  // Block tensor id's place in a block bucket's room (or in values staged the same way), shaped
+  // as one layer of it.
+  Tensor layer_of(Tensor bucket, ParamId id) const;
   // t (B,T,...) whole (position < 0), or position `position` of sequence 0 as a (1,1,width) row.
   Tensor rows_at(Tensor t, int position) const;
   void attention_forward(int layer, int position);  // whole, or one decoded row over the cache
@@ -323,7 +355,14 @@ class Transformer {
   std::vector<ParamSpec> specs_;
   std::array<Tensor, kNumParams> params_, grads_;
   std::array<int64_t, kNumParams> offsets_{};  // each tensor's place in the flat layout
+  std::array<bool, kNumParams> present_{};     // the tensors this architecture has
   Tensor params_flat_, grads_flat_, master_flat_;
+  int64_t num_params_ = 0;
+  // Grad buckets (MasterRange::grad_buckets): one allocation, the block bucket, then the
+  // embeddings' and the head's (GradBucketSizes); each block tensor's place in the block bucket.
+  bool grad_buckets_ = false;
+  Tensor bucket_memory_;
+  std::array<int64_t, kNumParams> bucket_offsets_{};
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
   bool fused_gelu_;

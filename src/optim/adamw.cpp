@@ -14,11 +14,14 @@ namespace ptrain {
 AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage,
              GradReduceDtype wire)
     : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
-  PTRAIN_CHECK(zero_stage == 0 || zero_stage == 1, "AdamW: zero_stage must be 0 or 1");
+  PTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 2, "AdamW: zero_stage must be 0, 1 or 2");
   world_ = comm ? comm->world_size() : 1;
+  PTRAIN_CHECK(model.has_grad_buckets() == (zero_stage == 2 && world_ > 1),
+               "AdamW: a model under ZeRO-2 keeps grad buckets (AdamW::master_range), and only then");
   // The moments are stored as the FP32 gradients are (f32, or the CPU's compute dtype).
-  const Tensor& g = model.grads_flat();
-  shard_ = sharded() ? shard_of(g.numel(), comm->rank(), world_) : Shard{0, g.numel()};
+  const Tensor g = model.has_grad_buckets() ? model.grad_bucket(-1) : model.grads_flat();
+  const int64_t n = model.num_params();
+  shard_ = sharded() ? shard_of(n, comm->rank(), world_) : Shard{0, n};
   PTRAIN_CHECK(!model.has_master_weights() || sharded() == !model.master_shard().empty(),
                "AdamW: a model under ZeRO-1 keeps its shard of the master weights (AdamW::master_range), and only then");
   PTRAIN_CHECK(model.master_shard().empty() || model.master_shard().numel() == shard_.count,
@@ -27,8 +30,12 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
   v_ = allocate(shard_.count, g.dtype, Format::fp32);
   // ZeRO-1 sums the gradients into this rank's shard of the main-gradient buffer itself (an
   // in-place reduce-scatter, as Megatron's distributed optimizer does): no second gradient block.
-  if (sharded()) grad_shard_ = model.grads_flat().range(shard_.begin, shard_.count);
-  const WireStaging staging = wire_staging(g.numel(), zero_stage, world_, wire);
+  if (model.has_grad_buckets())
+    grad_shard_ = allocate(shard_.count, g.dtype, Format::fp32);
+  else if (sharded())
+    grad_shard_ = model.grads_flat().range(shard_.begin, shard_.count);
+  PTRAIN_CHECK(zero_stage < 2 || wire == GradReduceDtype::fp32, "AdamW: ZeRO-2 exchanges FP32 gradients");
+  const WireStaging staging = wire_staging(n, zero_stage, world_, wire);
   const DType bf16 = backend.storage_for(Format::bf16, g.dtype);
   if (staging.send > 0) wire_send_ = allocate(staging.send, bf16, Format::bf16);
   if (staging.receive > 0) wire_receive_ = allocate(staging.receive, bf16, Format::bf16);
@@ -69,18 +76,20 @@ Tensor AdamW::allocate(int64_t n, DType dtype, Format format) {
 }
 
 MasterRange AdamW::master_range(int64_t num_params, int zero_stage, int rank, int world) {
-  if (zero_stage != 1 || world <= 1) return {};
+  if (zero_stage < 1 || world <= 1) return {};
   const Shard s = shard_of(num_params, rank, world);
-  return {s.begin, s.count};
+  return {s.begin, s.count, zero_stage == 2};
 }
 
 double AdamW::reduce_gradients(bool summed_in_backward) {
   const Tensor grads = model_.grads_flat();
   PTRAIN_CHECK(!(summed_in_backward && exchanges_bf16()), "AdamW: a bf16 gradient exchange is not summed in backward");
+  PTRAIN_CHECK(!pending_, "AdamW: a gradient bucket is still on its way (the embeddings' bucket lands last)");
   if (sharded()) {
-    if (exchanges_bf16())
+    // ZeRO-2 summed the gradients bucket by bucket during the backward passes.
+    if (!model_.has_grad_buckets() && exchanges_bf16())
       reduce_in_bf16();
-    else
+    else if (!model_.has_grad_buckets())
       comm_->reduce_scatter_sum(grad_shard_, grads);
     return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grad_shard_)));
   }
@@ -95,6 +104,51 @@ double AdamW::reduce_gradients(bool summed_in_backward) {
   // does: both stages clip by the same norm, and a GPU syncs once.
   const Shard s = shard_of(grads.numel(), comm_->rank(), world_);
   return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grads.range(s.begin, s.count))));
+}
+
+std::vector<Shard> AdamW::bucket_parts(int bucket) const {
+  // Rank r's part of the bucket: its elements inside shard r, one run of the bucket since the
+  // ranges ascend and each shard is one run of the flat layout.
+  std::vector<Shard> parts;
+  int64_t next = 0;
+  for (int r = 0; r < world_; ++r) {
+    const Shard s = shard_of(model_.num_params(), r, world_);
+    int64_t count = 0;
+    for (const FlatRange& f : model_.grad_bucket_ranges(bucket))
+      count += std::max<int64_t>(0, std::min(f.begin + f.count, s.begin + s.count) - std::max(f.begin, s.begin));
+    parts.push_back({next, count});
+    next += count;
+  }
+  return parts;
+}
+
+void AdamW::reduce_grad_bucket(int bucket, bool first_micro_batch) {
+  land_pending_bucket();
+  const Tensor grads = model_.grad_bucket(bucket);
+  const std::vector<Shard> parts = bucket_parts(bucket);
+  const Shard mine = parts[static_cast<size_t>(comm_->rank())];
+  comm_->reduce_scatter_sum_async(grads.range(mine.begin, mine.count), grads, parts);  // in place
+  pending_ = PendingBucket{bucket, first_micro_batch, mine.begin};
+  if (bucket < 0) land_pending_bucket();
+}
+
+void AdamW::land_pending_bucket() {
+  if (!pending_) return;
+  comm_->wait();
+  const Tensor grads = model_.grad_bucket(pending_->bucket);
+  // Each range's piece of this rank's part lands at its place in the gradient shard.
+  int64_t at = pending_->at;
+  for (const FlatRange& f : model_.grad_bucket_ranges(pending_->bucket)) {
+    const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
+    if (lo >= hi) continue;
+    const Tensor dst = grad_shard_.range(lo - shard_.begin, hi - lo), src = grads.range(at, hi - lo);
+    if (pending_->first_micro_batch)
+      backend_.copy(dst, src);
+    else
+      backend_.add(dst, dst, src);
+    at += hi - lo;
+  }
+  pending_.reset();
 }
 
 void AdamW::reduce_in_bf16() {
@@ -168,6 +222,30 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
 
 void AdamW::gather_primary_fp8_weights(bool training) {
   if (!sharded() || !model_.primary_fp8_cast_due(training)) return;
+  if (model_.has_grad_buckets()) {
+    // ZeRO-2 has no parameter-sized buffer: each grad bucket's room stages the master of its
+    // elements, the way its gradients are summed there, reversed: this rank's pieces copied in,
+    // the ranks' parts all-gathered, and the bucket cast. The embeddings' bucket last.
+    const int L = model_.shape().n_layer;
+    std::vector<int> order{L};
+    for (int l = L - 1; l >= 0; --l) order.push_back(l);
+    order.push_back(-1);
+    for (const int bucket : order) {
+      const Tensor room = model_.grad_bucket(bucket);
+      const std::vector<Shard> parts = bucket_parts(bucket);
+      const Shard mine = parts[static_cast<size_t>(comm_->rank())];
+      int64_t at = mine.begin;
+      for (const FlatRange& f : model_.grad_bucket_ranges(bucket)) {
+        const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
+        if (lo >= hi) continue;
+        backend_.copy(room.range(at, hi - lo), master_shard().range(lo - shard_.begin, hi - lo));
+        at += hi - lo;
+      }
+      comm_->all_gather(room, room.range(mine.begin, mine.count), parts);
+      model_.cast_primary_fp8_bucket(bucket, room, training);
+    }
+    return;
+  }
   // Each rank's shard of the FP32 master, all-gathered into the gradient buffer (free between
   // steps, as a load stages its weights there): every rank casts the whole master, so the FP8
   // codes and their scales are the same bits on each, and as one rank's.

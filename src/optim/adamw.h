@@ -6,7 +6,13 @@
 // the full gradients (all-reduce) and updates every parameter. With stage 1 (ZeRO-1) each rank
 // owns one contiguous shard of the flat parameters (dist/communicator.h shard_of): gradients are
 // reduce-scattered, the rank keeps moments and FP32 master weights for its shard only, updates
-// it, and the updated copies are all-gathered. Both compute the same numbers.
+// it, and the updated copies are all-gathered. Both compute the same numbers. Stage 2 (ZeRO-2)
+// keeps no parameter-sized gradient buffer either: the model's backward pass hands over each
+// block's gradients in a bucket (MasterRange::grad_buckets), each bucket is reduce-scattered to
+// the ranks that own its elements, and each rank adds its part into its FP32 gradient shard,
+// micro-batch after micro-batch. With one micro-batch per rank and step this is ZeRO-0's sum
+// bit for bit; with more, ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
+// after, the same additions in another order (FP32 rounding apart).
 //
 // distributed.grad_reduce_dtype: bf16 halves the gradient exchange's bytes: a chunk at a time
 // (wire_chunk() elements), each rank's FP32 sums are rounded to bf16 into a staging block, the
@@ -16,6 +22,7 @@
 // once per addition: up to 2^-8 relative each (bf16 keeps 8 significant bits; FP32 24).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -35,7 +42,8 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // `comm` (null: one process) must outlive the optimizer; zero_stage is 0 or 1.
+  // `comm` (null: one process) must outlive the optimizer; zero_stage is 0, 1 or 2 (the model
+  // made with master_range()'s for it).
   AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0,
         GradReduceDtype wire = GradReduceDtype::fp32);
   ~AdamW();
@@ -48,16 +56,24 @@ class AdamW {
   // the trainer already started the all-reduce block by block (ZeRO-0 on a communicator that
   // overlaps_compute()); this waits for it instead.
   double reduce_gradients(bool summed_in_backward = false);
+  // ZeRO-2: sums the model's grad bucket `bucket` over ranks (Transformer::grads_done's
+  // argument) into each owner's gradient shard, replacing what the shard held at a step's first
+  // micro-batch (`first_micro_batch`), else adding to it. Every rank calls it for each bucket,
+  // as the backward pass hands it on. On a communicator that overlaps_compute() the sum runs
+  // beside the next block's backward pass and lands in the shard when the next bucket is handed
+  // on (its room is then about to be reused); the embeddings' bucket, the last, lands at once.
+  void reduce_grad_bucket(int bucket, bool first_micro_batch);
   // One update with learning rate `lr`, from the gradients reduce_gradients() left. `grad_norm`
   // is the true gradient norm (after removing the loss scale) and `loss_scale` the factor the
   // stored gradients still carry.
   void step(double lr, double grad_norm, double loss_scale = 1.0);
 
-  // ZeRO-1 with primary FP8 weights whose cast is due before a training forward pass
+  // ZeRO-1 or 2 with primary FP8 weights whose cast is due before a training forward pass
   // (`training`) or an evaluation (Transformer::primary_fp8_cast_due): the ranks all-gather
-  // their shards of the FP32 master into the gradient buffer and cast it; the buffer then holds
-  // the master until the next zero_grad(). Nothing otherwise (unsharded, the model casts from
-  // its own master). Every rank calls it, before such a forward pass.
+  // their shards of the FP32 master into the gradient buffer (ZeRO-2: a grad bucket at a time)
+  // and cast it; the buffer then holds the master until the next zero_grad() (or backward
+  // pass). Nothing otherwise (unsharded, the model casts from its own master). Every rank
+  // calls it, before such a forward pass.
   void gather_primary_fp8_weights(bool training);
   // The whole FP32 master weights (or the FP32 parameters) in the flat layout on rank 0, gathered
   // from the ranks' shards under ZeRO-1 (every rank calls it then); empty on the other ranks.
@@ -69,14 +85,15 @@ class AdamW {
   Tensor first_moment() const { return m_; }
   Tensor second_moment() const { return v_; }
   Shard shard() const { return shard_; }
-  bool sharded() const { return zero_stage_ == 1 && world_ > 1; }
+  bool sharded() const { return zero_stage_ >= 1 && world_ > 1; }
+  int zero_stage() const { return zero_stage_; }
   // ZeRO-1 with separate FP32 master weights: this rank's shard of them, which the model keeps
   // (MasterRange, made with master_range()); else empty.
   Tensor master_shard() const { return model_.master_shard(); }
   // Bytes this rank holds for the optimizer: moments, plus the master shard it owns.
   size_t state_bytes() const { return m_.bytes() + v_.bytes() + (master_shard().empty() ? 0 : master_shard().bytes()); }
-  // The range of the master weights a model must keep to be this optimizer's under ZeRO-1 with
-  // `world` ranks (all of them otherwise).
+  // The range of the master weights a model must keep to be this optimizer's under ZeRO-1 or 2
+  // with `world` ranks (all of them otherwise), and whether it keeps grad buckets (ZeRO-2).
   static MasterRange master_range(int64_t num_params, int zero_stage, int rank, int world);
 
   // Elements of the gradient a bf16 exchange stages at once, over all ranks: 64 MiB of bf16,
@@ -105,7 +122,19 @@ class AdamW {
   int world_ = 1;
   Shard shard_;
   Tensor m_, v_;           // FP32, the shard's (or the whole) flat layout
-  Tensor grad_shard_;      // ZeRO-1: this rank's shard of the summed gradients, in the model's gradient buffer
+  // ZeRO-1: this rank's shard of the summed gradients, in the model's gradient buffer; ZeRO-2:
+  // a buffer of its own, which the grad buckets are summed into.
+  Tensor grad_shard_;
+  // ZeRO-2: the bucket whose sum is on its way (reduce_grad_bucket), and where it goes.
+  struct PendingBucket {
+    int bucket = 0;
+    bool first_micro_batch = false;
+    int64_t at = 0;  // this rank's part of it begins here
+  };
+  std::optional<PendingBucket> pending_;
+  void land_pending_bucket();
+  // Each rank's part of grad bucket `bucket` (Communicator::reduce_scatter_sum's parts).
+  std::vector<Shard> bucket_parts(int bucket) const;
   Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece
   std::vector<void*> memory_;
   int64_t t_ = 0;

@@ -21,7 +21,7 @@ int64_t quantize_block_linears(Transformer& model) {
     model.backend().upload(model.master(spec.id), w.data());
     quantized += rows * cols;
   }
-  model.sync_params_from_master();
+  model.weights_loaded();
   return quantized;
 }
 

@@ -400,9 +400,14 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world = spec.batch.world_size;
   const int64_t n = param_count(s) * static_cast<int64_t>(sizeof(float));
-  // ZeRO-1: AdamW's moments and the FP32 master weights of this rank's shard only (AdamW).
-  const int64_t shard =
-      zero_stage == 1 && world > 1 ? (param_count(s) + world - 1) / world * static_cast<int64_t>(sizeof(float)) : n;
+  // ZeRO-1 and 2: AdamW's moments and the FP32 master weights of this rank's shard only (AdamW);
+  // ZeRO-2 also the gradients' shard, and the grad buckets in place of the whole gradients.
+  const bool sharded = zero_stage >= 1 && world > 1;
+  const int64_t shard = sharded ? (param_count(s) + world - 1) / world * static_cast<int64_t>(sizeof(float)) : n;
+  const GradBucketSizes buckets = grad_bucket_sizes(s);
+  const int64_t grads = sharded && zero_stage == 2
+                            ? buckets.total() * static_cast<int64_t>(sizeof(float)) + shard
+                            : n;
   // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
   // phase has, so that every phase fits where the first did.
   int64_t widest_fp8 = 0;
@@ -413,7 +418,7 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   // Primary FP8 weights keep no copy of the block linears' weights beside the master.
   return {n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float)),
           policy.has_master_weights() ? shard : 0,
-          n,
+          grads,
           2 * shard,
           model_activation_bytes(s, B, T, sizeof(float), spec.recompute, spec.fp8_throughout) + rope_table_bytes(s, T),
           widest_fp8,

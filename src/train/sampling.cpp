@@ -84,7 +84,7 @@ std::string TrainingSamples::at_step(int64_t step, const std::vector<float>& mas
   }
   PTRAIN_CHECK(static_cast<int64_t>(master.size()) == model_->num_params(), "a sample needs the whole master weights");
   backend_->upload(model_->master_flat(), master.data());
-  model_->sync_params_from_master();
+  model_->weights_loaded();
   const Tokenizer* text = tokenizer_ ? &*tokenizer_ : nullptr;
   std::vector<int32_t> tokens = prompt_tokens_;
   if (tokens.empty()) tokens = empty_prompt(text);

@@ -118,8 +118,12 @@ TrainResult Trainer::run() {
   announce();
   model_.init(static_cast<uint64_t>(cfg_.run.seed), cfg_.model.init_std);
   if (plan_.init_from && !resume_from) {
-    backend_->upload(model_.master_input_flat(), plan_.init_from->params.data());
-    model_.sync_params_from_master();
+    int64_t offset = 0;
+    for (const ParamSpec& spec : model_.specs()) {
+      model_.load_weights(spec.id, plan_.init_from->params.data() + offset);
+      offset += shape_numel(spec.shape);
+    }
+    model_.weights_loaded();
     log_.info("initialised from " + cfg_.model.init_from + " (" + plan_.init_from->source + ")");
   }
   int64_t first_step = 1;
@@ -229,7 +233,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_aband
   const float dloss = static_cast<float>(out.loss_scale * cfg_.training.loss_weight * faults.grad_factor(step) /
                                          static_cast<double>(int64_t{B} * T * accum * world));
   // On GPUs the gradient all-reduce of each block starts as soon as the last micro-batch's
-  // backward pass has finished that block (ZeRO-1 reduce-scatters the whole buffer after).
+  // backward pass has finished that block (ZeRO-1 reduce-scatters the whole buffer after,
+  // ZeRO-2 each block's gradients as every micro-batch's backward pass finishes them).
   const bool overlap = overlaps_all_reduce();
   for (int micro = 0; micro < accum; ++micro) {
     // Rank r trains micro-batches r * accum ... of the global batch: disjoint samples, and the
@@ -239,7 +244,10 @@ Trainer::StepOutcome Trainer::train_step(int64_t step, double lr, bool may_aband
     train_sampler_.fill(first_sample, B, inputs_.data(), targets_.data());
     NvtxRange range("micro-batch");
     const Tensor loss_sum = loss_sums_.range(micro, 1);
-    if (overlap && micro == accum - 1)
+    if (model_.has_grad_buckets())  // ZeRO-2: every micro-batch's buckets go to their owners
+      model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum,
+                               [&](int bucket) { optimizer_.reduce_grad_bucket(bucket, micro == 0); });
+    else if (overlap && micro == accum - 1)
       model_.train_micro_batch(inputs_.data(), targets_.data(), dloss, loss_sum,
                                [&](int block) { comm_->all_reduce_sum_async(model_.block_grads(block)); });
     else

@@ -157,9 +157,11 @@ constexpr double kLayoutNormTolerance = 1e-5;
 constexpr double kBf16LayoutLossTolerance = 2e-4;
 constexpr double kBf16LayoutNormTolerance = 4e-3;
 
-// The parameter count the run log states ("model: GPT-2 ... | 123,456 parameters"); -1 if absent.
+// The parameter count the run log states ("model: GPT-2 ... | 123,456 parameters", or Llama);
+// -1 if absent.
 int64_t parameter_count(const std::string& log) {
-  const size_t model = log.find("model: GPT-2");
+  size_t model = log.find("model: GPT-2");
+  if (model == std::string::npos) model = log.find("model: Llama");
   const size_t end = model == std::string::npos ? model : log.find(" parameters", model);
   if (end == std::string::npos) return -1;
   size_t begin = end;
@@ -383,16 +385,15 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf
   }
 }
 
-// Primary FP8 weights under ZeRO-1: each rank updates its shard of the FP32 master, the ranks
-// all-gather it and every rank casts the whole, so the FP8 codes and scales are the bits one
-// rank's cast makes: the same training as ZeRO-0, on 2 ranks and on 3 (shards of unequal
+// Primary FP8 weights under ZeRO-1 and 2: each rank updates its shard of the FP32 master, the
+// ranks all-gather it and every rank casts the whole, so the FP8 codes and scales are the bits
+// one rank's cast makes: the same training as ZeRO-0, on 2 ranks and on 3 (shards of unequal
 // length), with evaluations and samples between the steps (each gathers the weights anew), and a
 // stop and resume changes nothing.
-TEST_CASE("ZeRO-1 with primary FP8 weights equals ZeRO-0 bit for bit and resumes exactly", "[mpi]") {
+TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit and resume exactly", "[mpi]") {
   Workspace ws("zero-primary");
   const std::string between = "--set training.eval_every=3 --set logging.sample_every=4 --set logging.sample_tokens=8";
   for (const int ranks : {2, 3}) {
-    INFO(ranks << " ranks");
     Run z0{"primary-zero0-" + std::to_string(ranks)};
     z0.precision = "fp8";
     z0.primary_weights = true;
@@ -400,43 +401,179 @@ TEST_CASE("ZeRO-1 with primary FP8 weights equals ZeRO-0 bit for bit and resumes
     z0.batch_tokens = 256 * ranks;
     z0.zero_stage = 0;
     z0.checkpoint = "{every: 4}";
-    Run z1 = z0;
-    z1.name = "primary-zero1-" + std::to_string(ranks);
-    z1.zero_stage = 1;
-    std::string out1;
     const Trace a = train_ok(ws.dir, ranks, z0, between);
-    const Trace b = train_ok(ws.dir, ranks, z1, between, &out1);
-    INFO(out1);
-    CHECK(out1.find("the block linears' weights are FP8 codes only") != std::string::npos);
-    CHECK(out1.find("FP32 master shard") != std::string::npos);
-    CHECK(out1.find("sample step 8") != std::string::npos);
-    if (ranks == 3) CHECK(parameter_count(out1) % 3 != 0);
-    INFO("losses, ZeRO-0 | ZeRO-1:\n" << side_by_side(a.loss, b.loss));
-    REQUIRE(a.loss.size() == 8);
-    CHECK(b.loss == a.loss);
-    CHECK(b.grad_norm == a.grad_norm);
-    CHECK(b.val_loss == a.val_loss);
-    CHECK(read_file(ws.run(z1.name) / "checkpoints/step_00000008/weights.safetensors") ==
-          read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
-    // Each step gathers the FP32 master once (4 bytes a parameter), and once more after an
-    // evaluation (at steps 0, 3 and 6), which casts the weights without recording a training cast.
-    const int64_t n = parameter_count(out1);
-    std::vector<int64_t> gathered, scattered;
-    for (const auto& m : read_metrics(ws.run(z1.name) / "metrics.jsonl"))
-      if (m.contains("comm_bytes")) {
-        gathered.push_back(m["comm_bytes"]["all_gather"].get<int64_t>());
-        scattered.push_back(m["comm_bytes"]["reduce_scatter"].get<int64_t>());
-      }
-    CHECK(scattered == std::vector<int64_t>(8, 4 * n));
-    CHECK(gathered == std::vector<int64_t>{8 * n, 4 * n, 4 * n, 8 * n, 4 * n, 4 * n, 8 * n, 4 * n});
+    // ZeRO-2 gathers the master a grad bucket at a time into the bucket's room.
+    for (const int stage : {1, 2}) {
+      INFO(ranks << " ranks, ZeRO-" << stage);
+      Run zs = z0;
+      zs.name = "primary-zero" + std::to_string(stage) + "-" + std::to_string(ranks);
+      zs.zero_stage = stage;
+      std::string out;
+      const Trace b = train_ok(ws.dir, ranks, zs, between, &out);
+      INFO(out);
+      CHECK(out.find("the block linears' weights are FP8 codes only") != std::string::npos);
+      CHECK(out.find("FP32 master shard") != std::string::npos);
+      CHECK(out.find("sample step 8") != std::string::npos);
+      if (ranks == 3) CHECK(parameter_count(out) % 3 != 0);
+      INFO("losses, ZeRO-0 | ZeRO-" << stage << ":\n" << side_by_side(a.loss, b.loss));
+      REQUIRE(a.loss.size() == 8);
+      CHECK(b.loss == a.loss);
+      CHECK(b.grad_norm == a.grad_norm);
+      CHECK(b.val_loss == a.val_loss);
+      CHECK(read_file(ws.run(zs.name) / "checkpoints/step_00000008/weights.safetensors") ==
+            read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
+      // Each step gathers the FP32 master once (4 bytes a parameter), and once more after an
+      // evaluation (at steps 0, 3 and 6), which casts the weights without recording a training
+      // cast; the gradients are reduce-scattered once (one micro-batch per rank).
+      const int64_t n = parameter_count(out);
+      std::vector<int64_t> gathered, scattered;
+      for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
+        if (m.contains("comm_bytes")) {
+          gathered.push_back(m["comm_bytes"]["all_gather"].get<int64_t>());
+          scattered.push_back(m["comm_bytes"]["reduce_scatter"].get<int64_t>());
+        }
+      CHECK(scattered == std::vector<int64_t>(8, 4 * n));
+      CHECK(gathered == std::vector<int64_t>{8 * n, 4 * n, 4 * n, 8 * n, 4 * n, 4 * n, 8 * n, 4 * n});
 
-    Run part = z1;
-    part.name = "primary-part-" + std::to_string(ranks);
-    train_ok(ws.dir, ranks, part, between + " --stop-at 4");
-    const Trace resumed = train_ok(ws.dir, ranks, part, between + " --set checkpoint.resume=auto");
-    INFO("losses, stopped and resumed | straight:\n" << side_by_side(resumed.loss, b.loss));
-    CHECK(resumed.loss == b.loss);
-    CHECK(resumed.grad_norm == b.grad_norm);
+      Run part = zs;
+      part.name = "primary-part-zero" + std::to_string(stage) + "-" + std::to_string(ranks);
+      train_ok(ws.dir, ranks, part, between + " --stop-at 4");
+      const Trace resumed = train_ok(ws.dir, ranks, part, between + " --set checkpoint.resume=auto");
+      INFO("losses, stopped and resumed | straight:\n" << side_by_side(resumed.loss, b.loss));
+      CHECK(resumed.loss == b.loss);
+      CHECK(resumed.grad_norm == b.grad_norm);
+    }
+  }
+}
+
+// ZeRO-2: no rank holds the whole gradients. Each block's gradients are summed to their owners
+// as the backward pass finishes them, in rank order as ZeRO-0's all-reduce sums them, so with
+// one micro-batch per rank the training is ZeRO-0's bit for bit, on 2 ranks and on 3 (shards of
+// unequal length, which cut the buckets unevenly), in fp32 (GPT-2) and bf16 (Llama). With two
+// micro-batches per rank ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
+// after: the same additions in another FP32 order, within kLayoutLossTolerance.
+TEST_CASE("ZeRO-2 equals ZeRO-0 bit for bit with one micro-batch per rank, within FP32 order with more", "[mpi]") {
+  Workspace ws("zero2");
+  for (const int ranks : {2, 3})
+    for (const std::string mode : {"fp32", "bf16"}) {
+      const std::string tag = mode + "-" + std::to_string(ranks);
+      INFO(tag);
+      Run z0{"zero0-" + tag};
+      z0.precision = mode;
+      z0.arch = mode == "bf16" ? "llama" : "gpt2";
+      z0.batch_tokens = 256 * ranks;
+      z0.zero_stage = 0;
+      z0.checkpoint = "{every: 4}";
+      Run z2 = z0;
+      z2.name = "zero2-" + tag;
+      z2.zero_stage = 2;
+      std::string out2;
+      const Trace a = train_ok(ws.dir, ranks, z0);
+      const Trace b = train_ok(ws.dir, ranks, z2, "", &out2);
+      INFO(out2);
+      CHECK(out2.find("ZeRO stage 2") != std::string::npos);
+      if (ranks == 3 && z0.arch == "gpt2") CHECK(parameter_count(out2) % 3 != 0);  // uneven shards
+      INFO("losses, ZeRO-0 | ZeRO-2:\n" << side_by_side(a.loss, b.loss));
+      REQUIRE(a.loss.size() == 8);
+      CHECK(b.loss == a.loss);
+      CHECK(b.grad_norm == a.grad_norm);
+      CHECK(b.val_loss == a.val_loss);
+      CHECK(read_file(ws.run(z2.name) / "checkpoints/step_00000008/weights.safetensors") ==
+            read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
+      // Each step reduce-scatters every gradient once (its buckets together hold them all) and
+      // all-gathers the updated weights, as ZeRO-1 does; nothing is all-reduced.
+      const int64_t n = parameter_count(out2);
+      for (const auto& m : read_metrics(ws.run(z2.name) / "metrics.jsonl"))
+        if (m.contains("comm_bytes")) {
+          CHECK(m["comm_bytes"]["reduce_scatter"].get<int64_t>() == 4 * n);
+          CHECK(m["comm_bytes"]["all_gather"].get<int64_t>() == 4 * n);
+          CHECK(m["comm_bytes"]["all_reduce"].get<int64_t>() == 0);
+        }
+    }
+
+  INFO("two micro-batches per rank");
+  Run z0{"zero0-accumulating"};
+  z0.batch_tokens = 1024;
+  z0.zero_stage = 0;
+  Run z2 = z0;
+  z2.name = "zero2-accumulating";
+  z2.zero_stage = 2;
+  std::string out2;
+  const Trace a = train_ok(ws.dir, 2, z0);
+  const Trace b = train_ok(ws.dir, 2, z2, "", &out2);
+  INFO("losses, ZeRO-0 | ZeRO-2:\n" << side_by_side(a.loss, b.loss));
+  REQUIRE(a.loss.size() == 8);
+  CHECK(b.loss[0] == a.loss[0]);  // the same weights on the same samples
+  CHECK(max_relative_difference(b.loss, a.loss) <= kLayoutLossTolerance);
+  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kLayoutNormTolerance);
+  const int64_t n = parameter_count(out2);
+  for (const auto& m : read_metrics(ws.run(z2.name) / "metrics.jsonl"))
+    if (m.contains("comm_bytes")) CHECK(m["comm_bytes"]["reduce_scatter"].get<int64_t>() == 8 * n);
+}
+
+// A checkpoint holds the same state whatever the stage and rank count that wrote it: a ZeRO-2
+// checkpoint resumes under ZeRO-0 and ZeRO-1, a ZeRO-0 one under ZeRO-2, and each resumed run
+// equals the straight run of its layout bit for bit; on one rank (two micro-batches
+// accumulated) it follows within kLayoutLossTolerance.
+TEST_CASE("ZeRO-2 checkpoints resume under every stage and rank count", "[mpi]") {
+  Workspace ws("zero2-resume");
+  Run z2{"straight-zero2"};
+  z2.zero_stage = 2;
+  z2.checkpoint = "{every: 4}";
+  Run z0 = z2;
+  z0.name = "straight-zero0";
+  z0.zero_stage = 0;
+  const Trace straight = train_ok(ws.dir, 2, z2);
+  REQUIRE(straight.loss == train_ok(ws.dir, 2, z0).loss);
+  const std::vector<double> tail = slice(straight.loss, 4);  // steps 5..8
+  const auto from = [](const std::string& run) {
+    return "--set checkpoint.resume=runs/" + run + "/checkpoints/step_00000004";
+  };
+  CHECK(fs::exists(ws.run(z2.name) / "checkpoints/step_00000004/optimizer.rank00001-of-00002.safetensors"));
+  for (const int stage : {0, 1, 2}) {
+    INFO("the ZeRO-2 checkpoint resumed under ZeRO-" << stage);
+    Run resumed = z2;
+    resumed.name = "from-zero2-stage" + std::to_string(stage);
+    resumed.zero_stage = stage;
+    const Trace t = train_ok(ws.dir, 2, resumed, from(z2.name));
+    INFO("steps 5..8, resumed | straight:\n" << side_by_side(t.loss, tail));
+    CHECK(t.loss == tail);
+  }
+  {
+    INFO("the ZeRO-0 checkpoint resumed under ZeRO-2");
+    Run resumed = z2;
+    resumed.name = "from-zero0-stage2";
+    const Trace t = train_ok(ws.dir, 2, resumed, from(z0.name));
+    CHECK(t.loss == tail);
+  }
+  {
+    INFO("the ZeRO-2 checkpoint resumed on 1 rank");
+    Run resumed = z2;
+    resumed.name = "from-zero2-one-rank";
+    const Trace t = train_ok(ws.dir, 1, resumed, from(z2.name));
+    INFO("steps 5..8, 1 rank | 2 ranks:\n" << side_by_side(t.loss, tail));
+    REQUIRE(t.loss.size() == 4);
+    CHECK(t.loss[0] == tail[0]);
+    CHECK(max_relative_difference(t.loss, tail) <= kLayoutLossTolerance);
+  }
+  {
+    INFO("the ZeRO-2 checkpoint resumed on 3 ranks under ZeRO-2, against ZeRO-0 there");
+    Run three = z2;
+    three.name = "from-zero2-three-ranks";
+    three.batch_tokens = 768;
+    Run reference = three;
+    reference.name = "from-zero2-three-ranks-zero0";
+    reference.zero_stage = 0;
+    Run two = z2;
+    two.name = "two-ranks-768";
+    two.batch_tokens = 768;
+    // 768 tokens are 3 micro-batches: one per rank on 3 ranks, a batch 2 ranks cannot share.
+    const CommandResult refused = train(ws.dir, 2, two, from(z2.name));
+    CHECK(refused.exit_code == 2);
+    const Trace t = train_ok(ws.dir, 3, three, from(z2.name));
+    const Trace r = train_ok(ws.dir, 3, reference, from(z2.name));
+    CHECK(t.loss == r.loss);
+    CHECK(t.grad_norm == r.grad_norm);
   }
 }
 

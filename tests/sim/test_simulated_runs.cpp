@@ -1,8 +1,8 @@
 // Whole training runs of ptrain_simulated (the real binary on the simulated device) that cover
-// every axis at least once in sixteen short runs instead of the cross product: each precision
+// every axis at least once in a few dozen short runs instead of the cross product: each precision
 // mode and FP8 recipe, CUDA graphs on and off, fused and fallback attention, GPT-2 and Llama
 // blocks (cuDNN's grouped-query graph among them), one rank and two
-// under mpirun (NCCL simulated over MPI), and three with shards of uneven size. Each run
+// under mpirun (NCCL simulated over MPI) with ZeRO stages 0 to 2, and three with shards of uneven size. Each run
 // asserts that the GPU-only path ran, not a fallback, twice over: the run's own log lines (what
 // a user reads), and the simulated device's report of the operations it executed
 // (PTRAIN_SIM_REPORT): native and block-scaled FP8 GEMMs, the fused attention graphs and their
@@ -220,6 +220,13 @@ void check_run(const Axes& run) {
       CHECK(counted["all_reduce"].get<long>() + counted["reduce_scatter"].get<long>() > 0);
       if (run.zero_stage == 0) {
         CHECK(ran(ops, "ncclAllReduce") > 0);
+      } else if (run.zero_stage == 2) {
+        // Each gradient bucket goes to the ranks owning its elements, in parts of any length:
+        // one reduce per owner. The updated weights are all-gathered as under ZeRO-1.
+        CHECK(ran(ops, "ncclReduce") > 0);
+        CHECK(ran(ops, "ncclAllReduce") == 0);
+        CHECK((ran(ops, "ncclAllGather") > 0) == even);
+        CHECK((ran(ops, "ncclBroadcast") > 0) == !even);
       } else {
         CHECK((ran(ops, "ncclReduceScatter") > 0) == (even || bf16_exchange));
         CHECK((ran(ops, "ncclAllGather") > 0) == even);
@@ -305,6 +312,12 @@ const Axes kRuns[] = {
     // ZeRO-1's ranks gather the FP32 master into the gradient block to cast it: no block of its own.
     {"fp8-block-2-ranks-zero1-graphs-primary-weights", "fp8:block", "fallback", true, 2, 1, 64, "gpt2", "none", "fp32",
      true},
+    // ZeRO-2: grad buckets in place of the gradient block, and a gradient shard per rank; two
+    // micro-batches per rank add into it. Its micro-batches hand buckets on, so run as called.
+    // Primary FP8 weights gather the master into the buckets' rooms to cast it.
+    {"bf16-2-ranks-fused-zero2", "bf16", "cudnn", false, 2, 2},
+    {"fp8-current-3-ranks-zero2-uneven-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 2, 32,
+     "gpt2", "block", "fp32", true},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
