@@ -6,7 +6,6 @@
 # bytes are the CUDA backend's, so they are what a GPU run of this config would allocate; only
 # the device's own context and cuDNN's choice of kernels stay on the GPU.
 # A mode fp8:RECIPE+primary has precision.fp8.primary_weights.
-# ZeRO-2 with primary FP8 weights is not implemented: its row says so.
 #   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary"] [ZERO="0 1 2"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,10 +29,6 @@ for mode in $modes; do
   # FP32 activations have no fused attention: the fallback, as a GPU run would take.
   [[ $mode == fp32 ]] && attention=fallback || attention=auto
   for zero in $zero_stages; do
-    if [[ $zero == 2 && $mode == *+primary ]]; then
-      printf '%-20s %4s %12s %14s %12s\n' "$mode" "$zero" - - "not implemented"
-      continue
-    fi
     dir=$work/$mode-$zero
     mkdir -p "$dir"
     cat >"$dir/run.yaml" <<EOF

@@ -191,8 +191,9 @@ TEST_CASE("parameter count matches GPT-2 124M", "[model]") {
 }
 
 // Data-parallel runs sum each block's gradients as soon as the backward pass has finished it:
-// the callback must see blocks L-1 .. 0 and then the rest, each block's gradients already final,
-// and the sums over micro-batches must be those of a backward pass without it.
+// the callback must see the head (L: the final norm), blocks L-1 .. 0, then the embeddings,
+// each bucket's gradients already final, and the sums over micro-batches must be those of a
+// backward pass without it.
 TEST_CASE("backward reports each block's finished gradients, which equal a plain backward's", "[model]") {
   auto backend = make_cpu_backend(1);
   const ModelShape shape{3, 2, 16, 8, 50, 128};
@@ -225,7 +226,7 @@ TEST_CASE("backward reports each block's finished gradients, which equal a plain
         reported.push_back(values);
       });
     }
-    CHECK(order == std::vector<int>{2, 1, 0, -1});
+    CHECK(order == std::vector<int>{3, 2, 1, 0, -1});
     for (size_t k = 0; k < order.size(); ++k) {  // what was reported is what the plain pass ends with
       std::vector<float> want;
       for (const Tensor& g : plain.block_grads(order[k])) want.insert(want.end(), g.as<float>(), g.as<float>() + g.numel());

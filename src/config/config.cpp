@@ -845,23 +845,11 @@ class Loader {
     check_rollback(c);
     check_primary_weights(c);
 
-    check_zero_stage(c);
-  }
-
-  // ZeRO-2 sums each block's FP32 gradients into their owners' shards as the backward pass
-  // makes them; stage 3 (sharded parameters) is not implemented.
-  void check_zero_stage(const Config& c) {
-    const int stage = c.distributed.zero_stage;
-    if (!usable({"distributed.zero_stage"})) return;
-    if (stage > 2)
-      problem(where({"distributed.zero_stage"}), "distributed.zero_stage", std::to_string(stage) + " is not supported",
+    // ZeRO stage 3 (sharded parameters) is not implemented.
+    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage > 2)
+      problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
+              std::to_string(c.distributed.zero_stage) + " is not supported",
               "0 (replicated optimizer), 1 (sharded optimizer state and master weights) or 2 (sharded gradients too)");
-    if (stage != 2) return;
-    if (usable({"distributed.grad_reduce_dtype"}) && c.distributed.grad_reduce_dtype != GradReduceDtype::fp32)
-      problem(where({"distributed.zero_stage", "distributed.grad_reduce_dtype"}), "distributed.grad_reduce_dtype",
-              std::string(choice_name(c.distributed.grad_reduce_dtype)) +
-                  " with distributed.zero_stage 2, whose gradient buckets are summed in FP32 (not implemented)",
-              "fp32, or distributed.zero_stage 1");
   }
 
   // training.guard.action rollback reloads a checkpoint and goes on in bf16, switched in place as

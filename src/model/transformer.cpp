@@ -556,6 +556,9 @@ void Transformer::forward_and_backward(float dloss, const std::function<void(int
 std::string Transformer::record_micro_batches() {
   recording_asked_ = true;
   std::string why = backend_.cannot_record();
+  if (why.empty() && grad_buckets_)
+    why = "distributed.zero_stage 2 hands each gradient bucket to the communicator as the backward pass finishes it, "
+          "in every micro-batch";
   for (const auto& f : fp8_)
     if (why.empty() && f) why = f->unrecordable();
   recording_on_ = why.empty();

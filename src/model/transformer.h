@@ -5,7 +5,7 @@
 // MLP, no biases), final RMSNorm, LM head untied unless asked. The training loop, precision
 // policy, FP8 linears and checkpoints are the same for both. Parameters are laid out as in llm.c
 // (each tensor stacked over layers) in one buffer, gradients in a second buffer of the same
-// layout, activations in a third.
+// layout (under ZeRO-2 grad buckets instead: MasterRange), activations in a third.
 #pragma once
 
 #include <array>
@@ -86,11 +86,12 @@ struct GptActivations {
   Tensor dqkv_raw;                                // (B,T,W), QK-norm's input gradient
 };
 
-// The FP32 master weights a model keeps (with a policy that has them): all, or under ZeRO-1
-// one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
+// The FP32 master weights a model keeps (with a policy that has them): all, or under ZeRO-1 and
+// 2 one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
 // rest. A sharded model never allocates the whole master block, not even while it starts: a
-// load stages the whole in the gradient buffer, as ZeRO-1's primary FP8 weights do for their
-// casts (AdamW::gather_primary_fp8_weights).
+// load writes its range and stages the GEMMs' copy a piece at a time (load_weights), and the
+// ranks gather the master for primary FP8 weights' casts into the gradient buffer or buckets
+// (AdamW::gather_primary_fp8_weights).
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
   // ZeRO-2: no parameter-sized gradient buffer. The backward pass writes each block's weight
@@ -219,7 +220,8 @@ class Transformer {
   // primary FP8 weights the optimizer writes none: cast_primary_fp8_weights refreshes them.
   Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
-  // every mode (Megatron's main_grad), one parameter-sized buffer. The backward ops add each
+  // every mode (Megatron's main_grad), one parameter-sized buffer (with grad buckets only the
+  // embeddings' and head's tensors are here, each micro-batch's own). The backward ops add each
   // micro-batch's weight gradients into it directly (a GPU's weight-gradient GEMMs with FP32
   // C/D and beta 1, Megatron's gradient accumulation fusion), so no narrower copy of a
   // gradient is kept: only activation gradients take the policy's gradient format.

@@ -34,8 +34,7 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
     grad_shard_ = allocate(shard_.count, g.dtype, Format::fp32);
   else if (sharded())
     grad_shard_ = model.grads_flat().range(shard_.begin, shard_.count);
-  PTRAIN_CHECK(zero_stage < 2 || wire == GradReduceDtype::fp32, "AdamW: ZeRO-2 exchanges FP32 gradients");
-  const WireStaging staging = wire_staging(n, zero_stage, world_, wire);
+  const WireStaging staging = wire_staging(model.shape(), zero_stage, world_, wire);
   const DType bf16 = backend.storage_for(Format::bf16, g.dtype);
   if (staging.send > 0) wire_send_ = allocate(staging.send, bf16, Format::bf16);
   if (staging.receive > 0) wire_receive_ = allocate(staging.receive, bf16, Format::bf16);
@@ -54,9 +53,14 @@ int64_t AdamW::wire_chunk() {
   return v;
 }
 
-AdamW::WireStaging AdamW::wire_staging(int64_t n, int zero_stage, int world, GradReduceDtype wire) {
+AdamW::WireStaging AdamW::wire_staging(const ModelShape& s, int zero_stage, int world, GradReduceDtype wire) {
+  const int64_t n = param_count(s);
   if (wire != GradReduceDtype::bf16 || world <= 1 || n == 0) return {};
   const int64_t chunk = wire_chunk();
+  if (zero_stage == 2) {
+    const GradBucketSizes b = grad_bucket_sizes(s);
+    return {std::min(std::max({b.block, b.head, b.embedding}), chunk), 0};
+  }
   if (zero_stage != 1) return {std::min(n, chunk), 0};
   // Each rank's piece of a chunk is the same length (a shorter shard's padded with zeros), so
   // the communicator's reduce-scatter of the chunk hands each rank its own piece.
@@ -127,9 +131,31 @@ void AdamW::reduce_grad_bucket(int bucket, bool first_micro_batch) {
   const Tensor grads = model_.grad_bucket(bucket);
   const std::vector<Shard> parts = bucket_parts(bucket);
   const Shard mine = parts[static_cast<size_t>(comm_->rank())];
-  comm_->reduce_scatter_sum_async(grads.range(mine.begin, mine.count), grads, parts);  // in place
+  if (exchanges_bf16())
+    reduce_bucket_in_bf16(bucket, parts);
+  else
+    comm_->reduce_scatter_sum_async(grads.range(mine.begin, mine.count), grads, parts);  // in place
   pending_ = PendingBucket{bucket, first_micro_batch, mine.begin};
-  if (bucket < 0) land_pending_bucket();
+  if (bucket < 0 || exchanges_bf16()) land_pending_bucket();
+}
+
+void AdamW::reduce_bucket_in_bf16(int bucket, const std::vector<Shard>& parts) {
+  const Tensor grads = model_.grad_bucket(bucket);
+  const int64_t n = grads.numel();
+  for (int64_t at = 0; at < n; at += wire_send_.numel()) {
+    const int64_t len = std::min(wire_send_.numel(), n - at);
+    const Tensor chunk = wire_send_.range(0, len);
+    backend_.copy(chunk, grads.range(at, len));
+    // Each rank's part of the chunk: its part of the bucket cut to [at, at + len).
+    std::vector<Shard> cut;
+    for (const Shard& p : parts) {
+      const int64_t lo = std::clamp(p.begin - at, int64_t{0}, len), hi = std::clamp(p.begin + p.count - at, int64_t{0}, len);
+      cut.push_back({lo, hi - lo});
+    }
+    const Shard mine = cut[static_cast<size_t>(comm_->rank())];
+    comm_->reduce_scatter_sum(chunk.range(mine.begin, mine.count), chunk, cut);
+    if (mine.count > 0) backend_.copy(grads.range(at + mine.begin, mine.count), chunk.range(mine.begin, mine.count));
+  }
 }
 
 void AdamW::land_pending_bucket() {

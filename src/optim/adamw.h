@@ -19,7 +19,8 @@
 // communicator sums the bf16 copies in bf16 (NCCL rounds after each addition of its reduction;
 // the MPI communicator adds in rank order, rounding each addition the same way), and the sums
 // are widened back into the FP32 buffer. A gradient element is then rounded once per rank and
-// once per addition: up to 2^-8 relative each (bf16 keeps 8 significant bits; FP32 24).
+// once per addition: up to 2^-8 relative each (bf16 keeps 8 significant bits; FP32 24). ZeRO-2
+// exchanges each grad bucket so, a chunk at a time, after the backward pass has finished it.
 #pragma once
 
 #include <optional>
@@ -102,12 +103,13 @@ class AdamW {
   // kWireChunk, or $PTRAIN_GRAD_EXCHANGE_CHUNK (elements, for tests: many chunks of a small
   // model); a value that is not a positive integer is a UserError naming the variable.
   static int64_t wire_chunk();
-  // The staging blocks' element counts for n parameters on `world` ranks (none on one rank or
-  // with an FP32 exchange): the chunk every rank sends, and with ZeRO-1 the piece it receives.
+  // The staging blocks' element counts for a model of shape s on `world` ranks (none on one
+  // rank or with an FP32 exchange): the chunk every rank sends (under ZeRO-2 at most a grad
+  // bucket, summed in place), and with ZeRO-1 the piece it receives.
   struct WireStaging {
     int64_t send = 0, receive = 0;
   };
-  static WireStaging wire_staging(int64_t n, int zero_stage, int world, GradReduceDtype wire);
+  static WireStaging wire_staging(const ModelShape& s, int zero_stage, int world, GradReduceDtype wire);
   bool exchanges_bf16() const { return !wire_send_.empty(); }
 
  private:
@@ -133,6 +135,9 @@ class AdamW {
   };
   std::optional<PendingBucket> pending_;
   void land_pending_bucket();
+  // A bf16 exchange of grad bucket `bucket` (cut into `parts`): a chunk at a time rounded to bf16,
+  // summed in place in bf16, and this rank's part widened back into the bucket.
+  void reduce_bucket_in_bf16(int bucket, const std::vector<Shard>& parts);
   // Each rank's part of grad bucket `bucket` (Communicator::reduce_scatter_sum's parts).
   std::vector<Shard> bucket_parts(int bucket) const;
   Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece

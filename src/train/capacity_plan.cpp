@@ -83,14 +83,10 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   // The ranks: ZeRO-1 divides the optimizer state and master weights among them, ZeRO-2 the
   // FP32 gradients too; ZeRO-0 keeps all of it on each rank, so more ranks do not make it fit.
   const int B = spec.batch.micro_batch;
-  // What ZeRO-2 does not run with (the config refuses it).
-  const std::string without_zero2 = distributed.grad_reduce_dtype != GradReduceDtype::fp32
-                                        ? "not with distributed.grad_reduce_dtype bf16 (not implemented)"
-                                        : "";
   text += "  the fewest ranks at micro-batch " + std::to_string(B) + " that share training.batch_tokens evenly:\n";
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
     for (const int zero_stage : {0, 1, 2}) {
-      std::string found = zero_stage == 2 ? without_zero2 : "";
+      std::string found;
       for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
         if (!shares(B, d)) continue;
         const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);

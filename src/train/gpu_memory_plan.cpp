@@ -137,7 +137,7 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   }
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.
-  const AdamW::WireStaging wire = AdamW::wire_staging(n, zero_stage, world_size, distributed.grad_reduce_dtype);
+  const AdamW::WireStaging wire = AdamW::wire_staging(s, zero_stage, world_size, distributed.grad_reduce_dtype);
   p.backend = static_cast<int64_t>(kBackendFixedBytes) + block(spec.batch.accumulation * int64_t(sizeof(double))) +
               block_of(wire.send, Format::bf16) + block_of(wire.receive, Format::bf16);
   // The ops' scratch, kept between calls (cuda_backend_impl.h, enum Slot), at its largest:

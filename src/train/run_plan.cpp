@@ -414,7 +414,7 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   for (const auto& phase : spec.precision.phases)
     widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
   const AdamW::WireStaging wire =
-      AdamW::wire_staging(param_count(s), zero_stage, world, distributed.grad_reduce_dtype);
+      AdamW::wire_staging(s, zero_stage, world, distributed.grad_reduce_dtype);
   // Primary FP8 weights keep no copy of the block linears' weights beside the master.
   return {n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float)),
           policy.has_master_weights() ? shard : 0,

@@ -329,27 +329,34 @@ TEST_CASE("ZeRO-1 equals ZeRO-0 and halves per-rank optimizer memory", "[mpi]") 
 }
 
 // A bf16 gradient exchange rounds each rank's gradient to bf16 and sums in bf16, in rank order
-// on MPI: the same sums whether ZeRO-0 all-reduces them or ZeRO-1 reduce-scatters them (in
-// chunks of equal pieces, padded where 3 ranks split the parameters unevenly). Against the FP32
-// exchange, step 1 trains the same weights on the same data, and its gradient norm moves by no
-// more than bf16's rounding: 2^-8 relative per rounding, one per rank and one per addition.
-TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf16's rounding of FP32's", "[mpi]") {
+// on MPI: the same sums whether ZeRO-0 all-reduces them, ZeRO-1 reduce-scatters them (in
+// chunks of equal pieces, padded where 3 ranks split the parameters unevenly) or ZeRO-2
+// reduce-scatters each gradient bucket (with one micro-batch per rank, each rank's gradient is
+// the same FP32 sum before it is rounded). Against the FP32 exchange, step 1 trains the same
+// weights on the same data, and its gradient norm moves by no more than bf16's rounding: 2^-8
+// relative per rounding, one per rank and one per addition.
+TEST_CASE("a bf16 gradient exchange: ZeRO-1 and ZeRO-2 equal ZeRO-0 bit for bit, within bf16's rounding of FP32's",
+          "[mpi]") {
   Workspace ws("bf16-exchange");
   for (const int ranks : {2, 3}) {
     INFO(ranks << " ranks");
     Run fp32{"fp32-exchange-" + std::to_string(ranks)};
     fp32.precision = "bf16";
     fp32.batch_tokens = 256 * ranks;
-    Run z0 = fp32, z1 = fp32;
+    Run z0 = fp32, z1 = fp32, z2 = fp32;
     z0.name = "bf16-exchange-zero0-" + std::to_string(ranks);
     z0.zero_stage = 0;
     z0.grad_reduce_dtype = "bf16";
     z1.name = "bf16-exchange-zero1-" + std::to_string(ranks);
     z1.grad_reduce_dtype = "bf16";
+    z2.name = "bf16-exchange-zero2-" + std::to_string(ranks);
+    z2.zero_stage = 2;
+    z2.grad_reduce_dtype = "bf16";
     std::string out0, out1;
     const Trace reference = train_ok(ws.dir, ranks, fp32);
     const Trace a = train_ok(ws.dir, ranks, z0, "", &out0);
     const Trace b = train_ok(ws.dir, ranks, z1, "", &out1);
+    const Trace c = train_ok(ws.dir, ranks, z2);
     INFO(out1);
     CHECK(out1.find("gradients reduced in bf16") != std::string::npos);
     if (ranks == 3) CHECK(parameter_count(out1) % 3 != 0);  // the padded pieces are exercised
@@ -362,19 +369,22 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 equals ZeRO-0 bit for bit, within bf
     REQUIRE(a.loss.size() == 8);
     CHECK(b.loss == a.loss);
     CHECK(b.grad_norm == a.grad_norm);
+    INFO("losses, ZeRO-0 | ZeRO-2:\n" << side_by_side(a.loss, c.loss));
+    CHECK(c.loss == a.loss);
+    CHECK(c.grad_norm == a.grad_norm);
 
     // Staged in many small chunks (999 elements: pieces of 333 per rank, the last ragged), the
-    // sums are the same element by element, so the losses are too, under either stage.
-    for (Run chunked : {z0, z1}) {
+    // sums are the same element by element, so the losses are too, under every stage.
+    for (Run chunked : {z0, z1, z2}) {
       chunked.name += "-chunked";
       write_file(ws.dir / (chunked.name + ".yaml"), config_yaml(chunked));
       const CommandResult r = run_shell("cd '" + ws.dir.string() + "' && PTRAIN_GRAD_EXCHANGE_CHUNK=999 " +
                                         mpi_command(ranks, "train " + chunked.name + ".yaml"));
       INFO(chunked.name << ":\n" << r.output);
       REQUIRE(r.exit_code == 0);
-      const Trace c = read_trace(ws.dir, chunked.name);
-      CHECK(c.loss == b.loss);
-      CHECK(c.grad_norm == b.grad_norm);
+      const Trace t = read_trace(ws.dir, chunked.name);
+      CHECK(t.loss == b.loss);
+      CHECK(t.grad_norm == b.grad_norm);
     }
 
     INFO("gradient norms, FP32 exchange | bf16:\n" << side_by_side(reference.grad_norm, b.grad_norm));

@@ -314,8 +314,9 @@ const Axes kRuns[] = {
      true},
     // ZeRO-2: grad buckets in place of the gradient block, and a gradient shard per rank; two
     // micro-batches per rank add into it. Its micro-batches hand buckets on, so run as called.
-    // Primary FP8 weights gather the master into the buckets' rooms to cast it.
-    {"bf16-2-ranks-fused-zero2", "bf16", "cudnn", false, 2, 2},
+    // Primary FP8 weights gather the master into the buckets' rooms to cast it; a bf16 exchange
+    // stages at most a bucket.
+    {"bf16-2-ranks-fused-zero2-bf16-exchange", "bf16", "cudnn", false, 2, 2, 64, "gpt2", "none", "bf16"},
     {"fp8-current-3-ranks-zero2-uneven-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 2, 32,
      "gpt2", "block", "fp32", true},
 };
