@@ -210,6 +210,56 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
 }
 
+// ZeRO-2 and ZeRO-3 on the 8B shape, 8 ranks, bf16. Per parameter: the bf16 weights 2, and
+// sharded 16/d (the FP32 master 4, AdamW's moments 8 and the FP32 gradients 4) = 4.00 at d = 8,
+// plus ZeRO-2's gradient buckets: two rooms of one block's gradients (218,112,000 elements) and
+// the untied head's room, shared with the embedding's (206,049,280): 642,273,280 FP32 values,
+// 0.35 bytes per parameter, so FP32 grads 0.50 + 0.35. ZeRO-3 keeps 2/d of the weights (0.25)
+// and the rooms they are gathered into: two blocks' and the head's and embedding's
+// (848,318,464 bf16 values, 0.23). And a Llama-3-70B-shaped model (GPT-2's vocabulary: the
+// config's vocab_size stops at 65,536) at T 4096, micro-batch 1, recompute block: with ZeRO-3
+// it fits 32 80 GB H100s with at least 10% of the arena free, and the 8B shape fits 4.
+TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, and a 70B model on 32 H100s", "[cli]") {
+  const TempDir tmp("zero3-plans");
+  write_file(tmp.dir / "8b.yaml",
+             std::string(kLlama8b) + "training: {steps: 10, micro_batch: 1, batch_tokens: 65536, recompute: block}\n");
+  const std::string per_param = "bytes per parameter (7,391,678,464): ";
+  struct Case {
+    int stage;
+    const char* without_activations;
+  };
+  for (const Case c :
+       {Case{2, "weights 2.00 + FP32 master 0.50 + FP32 grads 0.85 + AdamW state 1.00 = 4.35 without activations"},
+        Case{3, "weights 0.48 + FP32 master 0.50 + FP32 grads 0.85 + AdamW state 1.00 = 2.83 without activations"}}) {
+    const std::string args =
+        "train 8b.yaml --dry-run --ranks 8 --set precision.mode=bf16 --set distributed.zero_stage=" + std::to_string(c.stage);
+    const CommandResult r = run_ptrain(args, tmp.dir);
+    INFO(args << "\n" << r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find(per_param + c.without_activations) != std::string::npos);
+  }
+  const auto h100_share = [&](const std::string& yaml, const std::string& args) {
+    const CommandResult r = run_ptrain("train " + yaml + " --dry-run " + args, tmp.dir);
+    INFO(args << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::string fits = "an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): fits, ";
+    const size_t at = r.output.find(fits);
+    REQUIRE(at != std::string::npos);
+    return std::stoi(r.output.substr(at + fits.size()));  // "N% of the arena"
+  };
+  CHECK(h100_share("8b.yaml", "--ranks 4 --set precision.mode=bf16 --set distributed.zero_stage=3") <= 100);
+  write_file(tmp.dir / "70b.yaml",
+             "run: {name: l70b, out_dir: runs, device: cuda}\n"
+             "model: {arch: llama, n_layer: 80, n_head: 64, n_kv_head: 8, n_embd: 8192, mlp_hidden: 28672, "
+             "seq_len: 4096, vocab_size: 50257, rope_theta: 500000}\n"
+             "data: {synthetic: {tokens: 2000000}}\n"
+             "training: {steps: 10, micro_batch: 1, batch_tokens: 1048576, recompute: block}\n"
+             "precision: {mode: bf16}\n"
+             "distributed: {zero_stage: 3}\n");
+  CHECK(h100_share("70b.yaml", "--ranks 32") <= 90);
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
 // --fit answers from the plan: the fewest ranks it names fit an 80 GB H100 and one rank fewer
 // does not, and so for the largest micro-batch; each checked against the dry run's own plan of
 // that setting. The batch (720,720 sequences, 8 times that for micro-batches on 8 ranks) lets
@@ -252,8 +302,8 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
   // "    recompute RECOMPUTE, ZeRO-S: D ranks: ..." for each setting
   int settings = 0;
   for (const char* recompute : {"none", "mlp", "block"}) {
-    int fewest[3] = {0, 0, 0};  // per stage; 0: none named
-    for (const int stage : {1, 2}) {
+    int fewest[4] = {0, 0, 0, 0};  // per stage; 0: none named
+    for (const int stage : {1, 2, 3}) {
       INFO("recompute " << recompute << ", ZeRO-" << stage);
       std::string name = std::string(recompute) + ",";
       name.resize(7, ' ');
@@ -273,10 +323,11 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
       fewest[stage] = d;
       ++settings;
     }
-    // Sharding the gradients too never needs more ranks.
+    // Sharding the gradients too, and then the weights, never needs more ranks.
     if (fewest[1] > 0) CHECK((fewest[2] > 0 && fewest[2] <= fewest[1]));
+    if (fewest[2] > 0) CHECK((fewest[3] > 0 && fewest[3] <= fewest[2]));
   }
-  CHECK(settings >= 4);  // recompute mlp and block fit a few ranks at either stage
+  CHECK(settings >= 6);  // recompute mlp and block fit a few ranks at every stage
   // ZeRO-0 keeps the whole model state (18 bytes a parameter in bf16) on every rank.
   CHECK(r.output.find("    recompute block, ZeRO-0: does not fit at any rank count") != std::string::npos);
   expect_bad_input(run_ptrain("train 8b.yaml --dry-run --fit a100", tmp.dir), {"--fit", "h100-80gb"});

@@ -243,9 +243,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointState& state
     });
   agree("the temporary directory");
 
-  // ZeRO-1 keeps the FP32 master weights in shards: rank 0 gathers them for weights.safetensors.
+  // ZeRO-1 to 3 keep the FP32 master weights in shards (ZeRO-3 in fp32 the weights themselves):
+  // rank 0 gathers them for weights.safetensors.
   std::vector<float> master;
-  if (!optimizer.master_shard().empty()) master = optimizer.master_on_main();
+  if (!optimizer.master_shard().empty() || model.has_sharded_params()) master = optimizer.master_on_main();
   // ZeRO-1: each rank writes the moments of its shard of the flat parameter vector; rank 0
   // checks the other ranks' files when it records their checksums.
   if (optimizer.sharded())

@@ -267,7 +267,7 @@ Schema make_schema(Config& c) {
              "the samples' temperature; 0 = greedy (always the most likely token)"),
       text("logging.sample_prompt", &c.logging.sample_prompt, "text the samples continue; \"\" = a document's start"),
 
-      // Valid ZeRO stages; 0 to 2 are implemented (checked in validate()).
+      // ZeRO stages: 0 to 3 (what 3 runs with is checked in validate()).
       number("distributed.zero_stage", &c.distributed.zero_stage, between(0, 3),
              "ZeRO optimizer sharding stage"),
       choice("distributed.grad_reduce_dtype", &c.distributed.grad_reduce_dtype,
@@ -845,11 +845,14 @@ class Loader {
     check_rollback(c);
     check_primary_weights(c);
 
-    // ZeRO stage 3 (sharded parameters) is not implemented.
-    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage > 2)
-      problem(where({"distributed.zero_stage"}), "distributed.zero_stage",
-              std::to_string(c.distributed.zero_stage) + " is not supported",
-              "0 (replicated optimizer), 1 (sharded optimizer state and master weights) or 2 (sharded gradients too)");
+    // ZeRO-3 gathers each block's weights in the weight format: FP8 layers, which cast and keep
+    // codes of every layer's weights, are not implemented with it.
+    if (usable({"distributed.zero_stage", "precision.mode"}) && c.distributed.zero_stage == 3 &&
+        (c.precision.mode == PrecisionMode::fp8 || !c.precision.schedule.empty()))
+      problem(where({"distributed.zero_stage", "precision.mode"}), "distributed.zero_stage",
+              "3 with precision " + std::string(c.precision.schedule.empty() ? "fp8" : "schedule") +
+                  ": sharded parameters with FP8 layers are not implemented",
+              "precision.mode fp32, bf16 or fp16, or distributed.zero_stage 2");
   }
 
   // training.guard.action rollback reloads a checkpoint and goes on in bf16, switched in place as

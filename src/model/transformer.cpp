@@ -170,7 +170,12 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   const int64_t primary = primary_fp8_weight_count(shape, policy);
   primary_fp8_ = primary > 0;
   primary_cast_ = PrimaryCast::due;
-  params_flat_ = flat(policy.weights, n - primary);
+  // ZeRO-3 keeps only this rank's range of the GEMMs' copy, and gathers each block's (and the
+  // other tensors') into a room right before the forward or backward pass reads it.
+  sharded_params_ = master_range.sharded_params;
+  PTRAIN_CHECK(!sharded_params_ || (master_range.count >= 0 && master_range.grad_buckets && !policy.fp8.enabled),
+               "sharded parameters need this rank's range, grad buckets and no FP8 layers");
+  params_flat_ = flat(policy.weights, sharded_params_ ? master_range.count : n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly; with
   // grad buckets one block's and the other tensors' at a time.
   num_params_ = n;
@@ -192,8 +197,13 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   } else if (has_master_) {
     master_flat_ = flat(Format::fp32, n);
   }
+  if (master_range.count >= 0) master_begin_ = master_range.begin;
   // Grad buckets: the block bucket, then the embeddings' and the head's (grad_bucket).
   const GradBucketSizes sizes = grad_bucket_sizes(shape);
+  // Weight rooms (ZeRO-3): two of a block's weights, then the other tensors' in the flat order.
+  if (sharded_params_)
+    weight_rooms_ = flat(policy.weights, GradBucketSizes::kBlockRooms * sizes.block + sizes.head + sizes.embedding);
+  int64_t room_offset = GradBucketSizes::kBlockRooms * sizes.block;
   const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
   int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = rest_at,
           head_offset = rest_at + (sizes.shared ? 0 : sizes.embedding);
@@ -211,7 +221,12 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
       at += count;
     }
     present_[spec.id] = true;
-    if (primary_fp8(spec.id)) {
+    if (sharded_params_) {  // a block tensor's layers are in the rooms in turn: block_param
+      params_[spec.id] = is_block_param(spec.id) ? Tensor(nullptr, params_flat_.dtype, spec.shape, backend.device())
+                                                        .with_format(policy.weights)
+                                                  : weight_rooms_.range(room_offset, count).reshaped(spec.shape);
+      if (!is_block_param(spec.id)) room_offset += count;
+    } else if (primary_fp8(spec.id)) {
       // ZeRO-1: where the gathered master is staged for the casts. ZeRO-2 stages it a bucket at
       // a time (cast_primary_fp8_bucket): the tensor has its shape, no memory.
       params_[spec.id] = !sharded_master_ ? master_flat_.range(offset, count).reshaped(spec.shape)
@@ -292,6 +307,7 @@ Transformer::~Transformer() {
   if (!rope_table_.empty()) backend_.release(rope_table_.data);
   backend_.release(act_memory_);
   backend_.release(grads_flat_.empty() ? bucket_memory_.data : grads_flat_.data);
+  if (!weight_rooms_.empty()) backend_.release(weight_rooms_.data);
   backend_.release(params_flat_.data);
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
@@ -305,28 +321,38 @@ Tensor Transformer::master(ParamId id) const {
 
 void Transformer::load_weights(ParamId id, const float* host) {
   const int64_t n = params_[id].numel(), at = offsets_[id];
-  if (!sharded_master_) {
+  if (!sharded_master_ && !sharded_params_) {
     backend_.upload(master(id), host);
     return;
   }
   // This rank's range of the FP32 values, straight into its master shard.
-  const int64_t lo = std::max(at, master_begin_), hi = std::min(at + n, master_begin_ + master_flat_.numel());
-  if (lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
+  const int64_t shard = sharded_params_ ? params_flat_.numel() : master_flat_.numel();
+  const int64_t lo = std::max(at, master_begin_), hi = std::min(at + n, master_begin_ + shard);
+  if (sharded_master_ && lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
   // The GEMMs' copy, rounded from FP32 values staged a piece at a time (primary FP8 weights
-  // keep none: their codes are cast from the gathered master before the next forward pass).
+  // keep none: their codes are cast from the gathered master before the next forward pass);
+  // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves).
   if (primary_fp8(id)) return;
   const Tensor staging = grad_buckets_ ? bucket_memory_ : grads_flat_;
-  for (int64_t done = 0; done < n; done += staging.numel()) {
-    const int64_t len = std::min(staging.numel(), n - done);
-    backend_.upload(staging.range(0, len), host + done);
-    backend_.copy(params_[id].range(done, len), staging.range(0, len));
-  }
+  const auto stage = [&](Tensor dst, const float* src) {
+    for (int64_t done = 0; done < dst.numel(); done += staging.numel()) {
+      const int64_t len = std::min(staging.numel(), dst.numel() - done);
+      backend_.upload(staging.range(0, len), src + done);
+      backend_.copy(dst.range(done, len), staging.range(0, len));
+    }
+  };
+  if (!sharded_params_)
+    stage(params_[id].range(0, n), host);
+  else if (lo < hi && has_master_)
+    stage(params_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
+  else if (lo < hi)
+    backend_.upload(params_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
 }
 
 void Transformer::weights_loaded() {
   decoded_ = 0;  // the cached keys and values came from the old weights
   if (primary_fp8_) primary_cast_ = PrimaryCast::due;
-  if (sharded_master_) {  // load_weights wrote the copies; the staging buffer is clean again
+  if (sharded_master_ || sharded_params_) {  // load_weights wrote the copies; the staging buffer is clean again
     backend_.zero(grad_buckets_ ? bucket_memory_ : grads_flat_);
   } else if (primary_fp8_) {
     copy_unprimary_weights(master_flat_);
@@ -705,9 +731,12 @@ void Transformer::forward_pass(int position, bool training) {
   Tensor wpe;
   if (shape_.arch == Arch::gpt2) wpe = position < 0 ? params_[kWpe] : params_[kWpe][position].reshaped({1, C});
 
+  PTRAIN_CHECK(position < 0 || !sharded_params_, "decoding needs the whole weights, which ZeRO-3 does not keep");
+  need_weights(-1);
   be.embedding_forward(at(a_.encoded), at(a_.tokens), params_[kWte], wpe);
   for (int l = 0; l < L; ++l) {
     NvtxRange range(block_names_[l].c_str());
+    need_weights(l);
     block_forward(l, position, training);
   }
   const Tensor lnf = at(a_.lnf);
@@ -732,13 +761,13 @@ void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   const int m = mlp_slot(l);
   const Tensor ln2 = at(a_.ln2[ln2_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[hidden_slot(l)]);
   if (shape_.arch == Arch::llama) {
-    linear_forward(fp8_linear(l, kFc), fch, ln2, params_[kMlpUpw][l], Tensor(), training);
+    linear_forward(fp8_linear(l, kFc), fch, ln2, block_param(kMlpUpw, l), Tensor(), training);
     backend_.swiglu_forward(hidden, fch);
   } else if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
-    linear_forward(fc, fch, ln2, params_[kMlpUpw][l], params_[kMlpUpb][l], training);
+    linear_forward(fc, fch, ln2, block_param(kMlpUpw, l), block_param(kMlpUpb, l), training);
     backend_.gelu_forward(hidden, fch);
   } else {
-    backend_.matmul_gelu_forward(hidden, fch, ln2, params_[kMlpUpw][l], params_[kMlpUpb][l]);
+    backend_.matmul_gelu_forward(hidden, fch, ln2, block_param(kMlpUpw, l), block_param(kMlpUpb, l));
   }
 }
 
@@ -749,14 +778,14 @@ void Transformer::gpt2_block_forward(int l, int position, bool training) {
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[ln1_slot(l)]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
   const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[ln2_slot(l)]);
   const Tensor fch_gelu = at(a_.fch_gelu[hidden_slot(l)]), fcproj = at(a_.fcproj[0]);
-  be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], params_[kNorm1b][l]);
-  linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], params_[kQkvb][l], training);
+  be.layernorm_forward(ln1, at(a_.ln1_mean[b]), at(a_.ln1_rstd[b]), x, block_param(kNorm1w, l), block_param(kNorm1b, l));
+  linear_forward(fp8_linear(l, kQkv), qkv, ln1, block_param(kQkvw, l), block_param(kQkvb, l), training);
   attention_forward(l, position);
-  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttnOutw][l], params_[kAttnOutb][l], training);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, block_param(kAttnOutw, l), block_param(kAttnOutb, l), training);
   be.add(residual2, x, attproj);
-  be.layernorm_forward(ln2, at(a_.ln2_mean[b]), at(a_.ln2_rstd[b]), residual2, params_[kNorm2w][l], params_[kNorm2b][l]);
+  be.layernorm_forward(ln2, at(a_.ln2_mean[b]), at(a_.ln2_rstd[b]), residual2, block_param(kNorm2w, l), block_param(kNorm2b, l));
   mlp_hidden_forward(l, position, training);
-  linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, params_[kMlpDownw][l], params_[kMlpDownb][l], training);
+  linear_forward(fp8_linear(l, kFcproj), fcproj, fch_gelu, block_param(kMlpDownw, l), block_param(kMlpDownb, l), training);
   be.add(at(a_.residual3[l]), residual2, fcproj);
 }
 
@@ -772,23 +801,23 @@ void Transformer::llama_block_forward(int l, int position, bool training) {
   const Tensor x = at(residual_in(l)), ln1 = at(a_.ln1[ln1_slot(l)]), qkv = at(a_.qkv[b]), atty = at(a_.atty[b]);
   const Tensor attproj = at(a_.attproj[0]), residual2 = at(a_.residual2[b]), ln2 = at(a_.ln2[ln2_slot(l)]);
   const Tensor swiglu = at(a_.fch_gelu[hidden_slot(l)]), down = at(a_.fcproj[0]);
-  be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, params_[kNorm1w][l], eps);
+  be.rmsnorm_forward(ln1, at(a_.ln1_rstd[b]), x, block_param(kNorm1w, l), eps);
   if (shape_.qk_norm) {
     // A decoded row's statistics go in the first slots: decoding never runs a backward pass.
     const Tensor raw = at(a_.qkv_raw[b]);
     const Tensor rstd = position < 0 ? a_.qk_rstd[b] : a_.qk_rstd[b].range(0, shape_.n_head + shape_.kv_heads());
-    linear_forward(fp8_linear(l, kQkv), raw, ln1, params_[kQkvw][l], Tensor(), training);
-    be.qk_norm_forward(qkv, rstd, raw, params_[kQNormw][l], params_[kKNormw][l], shape_.n_head, eps);
+    linear_forward(fp8_linear(l, kQkv), raw, ln1, block_param(kQkvw, l), Tensor(), training);
+    be.qk_norm_forward(qkv, rstd, raw, block_param(kQNormw, l), block_param(kKNormw, l), shape_.n_head, eps);
   } else {
-    linear_forward(fp8_linear(l, kQkv), qkv, ln1, params_[kQkvw][l], Tensor(), training);
+    linear_forward(fp8_linear(l, kQkv), qkv, ln1, block_param(kQkvw, l), Tensor(), training);
   }
   be.rope_forward(qkv, rope_rows(position), shape_.n_head + shape_.kv_heads());
   attention_forward(l, position);
-  linear_forward(fp8_linear(l, kAttproj), attproj, atty, params_[kAttnOutw][l], Tensor(), training);
+  linear_forward(fp8_linear(l, kAttproj), attproj, atty, block_param(kAttnOutw, l), Tensor(), training);
   be.add(residual2, x, attproj);
-  be.rmsnorm_forward(ln2, at(a_.ln2_rstd[b]), residual2, params_[kNorm2w][l], eps);
+  be.rmsnorm_forward(ln2, at(a_.ln2_rstd[b]), residual2, block_param(kNorm2w, l), eps);
   mlp_hidden_forward(l, position, training);
-  linear_forward(fp8_linear(l, kFcproj), down, swiglu, params_[kMlpDownw][l], Tensor(), training);
+  linear_forward(fp8_linear(l, kFcproj), down, swiglu, block_param(kMlpDownw, l), Tensor(), training);
   be.add(at(a_.residual3[l]), residual2, down);
 }
 
@@ -805,6 +834,33 @@ std::vector<Tensor> Transformer::block_grads(int block) const {
 Tensor Transformer::block_grad(ParamId id, int layer) const {
   if (!grad_buckets_) return grads_[id].empty() ? Tensor() : grads_[id][layer];
   return present_[id] ? layer_of(grad_bucket(layer), id) : Tensor();
+}
+
+Tensor Transformer::block_param(ParamId id, int layer) const {
+  if (!sharded_params_) return params_[id].empty() ? Tensor() : params_[id][layer];
+  return present_[id] ? layer_of(weight_room(layer), id) : Tensor();
+}
+
+Tensor Transformer::weight_room(int bucket) const {
+  PTRAIN_CHECK(sharded_params_, "weight_room: this model keeps the whole weights");
+  const GradBucketSizes sizes = grad_bucket_sizes(shape_);
+  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
+  if (bucket < 0) return weight_rooms_.range(rest_at, sizes.head + sizes.embedding);
+  return weight_rooms_.range(bucket % GradBucketSizes::kBlockRooms * sizes.block, sizes.block);
+}
+
+std::vector<FlatRange> Transformer::weight_bucket_ranges(int bucket) const {
+  if (bucket >= 0) return grad_bucket_ranges(bucket);
+  std::vector<FlatRange> out;
+  for (const ParamSpec& spec : specs_)
+    if (!is_block_param(spec.id)) out.push_back({offsets_[spec.id], shape_numel(spec.shape)});
+  return out;
+}
+
+void Transformer::need_weights(int bucket) {
+  if (!sharded_params_) return;
+  PTRAIN_CHECK(static_cast<bool>(weight_gather_), "sharded parameters: no weight gather was set (set_weight_gather)");
+  weight_gather_(bucket);
 }
 
 Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
@@ -868,6 +924,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     // What the forward pass did not keep, made again from what it kept (the same bits). The
     // last block's activations are still there from the forward pass.
     const bool still_there = l == L - 1;
+    need_weights(l);  // ZeRO-3: gathered again (the room held another block since)
     if (!still_there && recompute_ == Recompute::block) {
       NvtxRange again("recompute block");
       block_forward(l, -1, /*training=*/true);
@@ -890,65 +947,63 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
 void Transformer::gpt2_block_backward(int l) {
   Backend& be = backend_;
   const auto g = [&](ParamId id) { return block_grad(id, l); };
-  auto& p = params_;
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
   if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
     be.zero(a_.dfch_gelu);
-    linear_backward(fcproj, a_.dfch_gelu, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l]);
+    linear_backward(fcproj, a_.dfch_gelu, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], block_param(kMlpDownw, l));
     be.zero(a_.dfch);
     be.gelu_backward(a_.dfch, a_.fch[m], a_.dfch_gelu);
   } else {
-    be.matmul_gelu_backward(a_.dfch, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], p[kMlpDownw][l],
+    be.matmul_gelu_backward(a_.dfch, g(kMlpDownw), g(kMlpDownb), a_.dresidual, a_.fch_gelu[hidden_slot(l)], block_param(kMlpDownw, l),
                             a_.fch[m], a_.dfch_gelu);
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), g(kMlpUpb), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
-  be.layernorm_backward(a_.dresidual, g(kNorm2w), g(kNorm2b), a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_mean[b],
+  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), g(kMlpUpb), a_.dfch, a_.ln2[ln2_slot(l)], block_param(kMlpUpw, l));
+  be.layernorm_backward(a_.dresidual, g(kNorm2w), g(kNorm2b), a_.dln, a_.residual2[b], block_param(kNorm2w, l), a_.ln2_mean[b],
                         a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + attproj(attention(qkv(ln1(residual)))).
   be.zero(a_.datty);
   linear_backward(fp8_linear(l, kAttproj), a_.datty, g(kAttnOutw), g(kAttnOutb), a_.dresidual, a_.atty[b],
-                  p[kAttnOutw][l]);
+                  block_param(kAttnOutw, l));
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), g(kQkvb), a_.dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
-  be.layernorm_backward(a_.dresidual, g(kNorm1w), g(kNorm1b), a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_mean[b],
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), g(kQkvb), a_.dqkv, a_.ln1[ln1_slot(l)], block_param(kQkvw, l));
+  be.layernorm_backward(a_.dresidual, g(kNorm1w), g(kNorm1b), a_.dln, residual_in(l), block_param(kNorm1w, l), a_.ln1_mean[b],
                         a_.ln1_rstd[b]);
 }
 
 void Transformer::llama_block_backward(int l) {
   Backend& be = backend_;
   const auto g = [&](ParamId id) { return block_grad(id, l); };
-  auto& p = params_;
   const int b = block_slot(l), m = mlp_slot(l);
   // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
   be.zero(a_.dfch_gelu);
   linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g(kMlpDownw), Tensor(), a_.dresidual, a_.fch_gelu[hidden_slot(l)],
-                  p[kMlpDownw][l]);
+                  block_param(kMlpDownw, l));
   be.zero(a_.dfch);
   be.swiglu_backward(a_.dfch, a_.dfch_gelu, a_.fch[m]);
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), Tensor(), a_.dfch, a_.ln2[ln2_slot(l)], p[kMlpUpw][l]);
-  be.rmsnorm_backward(a_.dresidual, g(kNorm2w), a_.dln, a_.residual2[b], p[kNorm2w][l], a_.ln2_rstd[b]);
+  linear_backward(fp8_linear(l, kFc), a_.dln, g(kMlpUpw), Tensor(), a_.dfch, a_.ln2[ln2_slot(l)], block_param(kMlpUpw, l));
+  be.rmsnorm_backward(a_.dresidual, g(kNorm2w), a_.dln, a_.residual2[b], block_param(kNorm2w, l), a_.ln2_rstd[b]);
   // Attention branch: residual2 = residual + o_proj(attention(rope(qkv(rmsnorm(residual))))).
   be.zero(a_.datty);
   linear_backward(fp8_linear(l, kAttproj), a_.datty, g(kAttnOutw), Tensor(), a_.dresidual, a_.atty[b],
-                  p[kAttnOutw][l]);
+                  block_param(kAttnOutw, l));
   be.zero(a_.dqkv);
   be.attention_backward(a_.dqkv, a_.datty, a_.qkv[b], a_.atty[b], saved_attention(l), shape_.n_head);
   be.rope_backward(a_.dqkv, rope_table_, shape_.n_head + shape_.kv_heads());
   Tensor dqkv = a_.dqkv;
   if (shape_.qk_norm) {
     be.zero(a_.dqkv_raw);
-    be.qk_norm_backward(a_.dqkv_raw, g(kQNormw), g(kKNormw), a_.dqkv, a_.qkv_raw[b], p[kQNormw][l],
-                        p[kKNormw][l], a_.qk_rstd[b], shape_.n_head);
+    be.qk_norm_backward(a_.dqkv_raw, g(kQNormw), g(kKNormw), a_.dqkv, a_.qkv_raw[b], block_param(kQNormw, l),
+                        block_param(kKNormw, l), a_.qk_rstd[b], shape_.n_head);
     dqkv = a_.dqkv_raw;
   }
   be.zero(a_.dln);
-  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), Tensor(), dqkv, a_.ln1[ln1_slot(l)], p[kQkvw][l]);
-  be.rmsnorm_backward(a_.dresidual, g(kNorm1w), a_.dln, residual_in(l), p[kNorm1w][l], a_.ln1_rstd[b]);
+  linear_backward(fp8_linear(l, kQkv), a_.dln, g(kQkvw), Tensor(), dqkv, a_.ln1[ln1_slot(l)], block_param(kQkvw, l));
+  be.rmsnorm_backward(a_.dresidual, g(kNorm1w), a_.dln, residual_in(l), block_param(kNorm1w, l), a_.ln1_rstd[b]);
 }
 
 void Transformer::zero_grad() {

@@ -99,6 +99,11 @@ struct MasterRange {
   // (grad_bucket), and hands each bucket to grads_done as it completes, which must sum it into
   // the owners' shards before the bucket is used again.
   bool grad_buckets = false;
+  // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
+  // forward and backward passes ask for each block's weights (set_weight_gather) right before
+  // they read them, gathered into one of two block-sized rooms, and for the other tensors' (the
+  // embeddings, final norm, LM head) into a room of their own, once per pass.
+  bool sharded_params = false;
 };
 
 // A run of the flat parameter layout, [begin, begin + count).
@@ -181,6 +186,13 @@ class Transformer {
   // buckets are zeroed as the backward pass reaches them).
   void zero_grad();
   bool has_grad_buckets() const { return grad_buckets_; }
+  // ZeRO-3 (MasterRange::sharded_params): `gather(b)` must fill weight_room(b) with the weights
+  // of weight_bucket_ranges(b) (a block l, or -1 for the other tensors), in the weight format;
+  // every rank's model calls it at the same points of its forward and backward passes.
+  bool has_sharded_params() const { return sharded_params_; }
+  void set_weight_gather(std::function<void(int bucket)> gather) { weight_gather_ = std::move(gather); }
+  Tensor weight_room(int bucket) const;
+  std::vector<FlatRange> weight_bucket_ranges(int bucket) const;
   // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
   // grad_bucket_ranges(b), in that order (ascending).
   Tensor grad_bucket(int bucket) const;
@@ -227,12 +239,13 @@ class Transformer {
   // gradient is kept: only activation gradients take the policy's gradient format.
   Tensor grad(ParamId id) const { return grads_[id]; }
   // The copies in the policy's weight format, in the flat layout (all parameters unless
-  // primary FP8 weights keep none of the block linears').
+  // primary FP8 weights keep none of the block linears'; under ZeRO-3 this rank's range only).
   Tensor params_flat() const { return params_flat_; }
   // The weights as the optimizer and a checkpoint read them: the whole FP32 master weights, or
   // the parameters themselves in FP32; with a sharded master, the GEMMs' copy (the FP32 values
   // are in master_shard()), which primary FP8 weights do not keep whole: then empty.
   Tensor master_flat() const {
+    if (sharded_params_) return Tensor();
     if (sharded_master_) return primary_fp8_ ? Tensor() : params_flat_;
     return master_flat_.empty() ? params_flat_ : master_flat_;
   }
@@ -317,6 +330,10 @@ class Transformer {
   // Block tensor id's place in a block bucket's room (or in values staged the same way), shaped
   // as one layer of it.
   Tensor layer_of(Tensor bucket, ParamId id) const;
+  // Block `layer`'s weights of tensor id: param(id)'s slice, or under ZeRO-3 its place in the
+  // weight room that holds the layer.
+  Tensor block_param(ParamId id, int layer) const;
+  void need_weights(int bucket);  // ZeRO-3: the weight gather, before a pass reads the bucket
   // t (B,T,...) whole (position < 0), or position `position` of sequence 0 as a (1,1,width) row.
   Tensor rows_at(Tensor t, int position) const;
   void attention_forward(int layer, int position);  // whole, or one decoded row over the cache
@@ -364,6 +381,9 @@ class Transformer {
   // embeddings' and the head's (GradBucketSizes); each block tensor's place in the block bucket.
   bool grad_buckets_ = false;
   Tensor bucket_memory_;
+  bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only
+  Tensor weight_rooms_;          // two block rooms, then the other tensors' room
+  std::function<void(int bucket)> weight_gather_;
   std::array<int64_t, kNumParams> bucket_offsets_{};
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
@@ -377,7 +397,7 @@ class Transformer {
   // training cast still due (evaluated), or the step's training cast made (done).
   enum class PrimaryCast { due, evaluated, done } primary_cast_ = PrimaryCast::due;
   bool sharded_master_ = false;  // master_flat_ holds master_begin_.. of the flat layout only
-  int64_t master_begin_ = 0;
+  int64_t master_begin_ = 0;     // where this rank's range begins (sharded)
   GptActivations a_;
   Tensor rope_table_;  // llama: (T, head_size/2, 2) FP32 cos and sin
   std::vector<std::string> block_names_;  // "block 0", ...: NVTX range names

@@ -14,10 +14,12 @@ namespace ptrain {
 AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm, int zero_stage,
              GradReduceDtype wire)
     : model_(model), backend_(backend), config_(config), comm_(comm), zero_stage_(zero_stage) {
-  PTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 2, "AdamW: zero_stage must be 0, 1 or 2");
+  PTRAIN_CHECK(zero_stage >= 0 && zero_stage <= 3, "AdamW: zero_stage must be 0, 1, 2 or 3");
   world_ = comm ? comm->world_size() : 1;
-  PTRAIN_CHECK(model.has_grad_buckets() == (zero_stage == 2 && world_ > 1),
-               "AdamW: a model under ZeRO-2 keeps grad buckets (AdamW::master_range), and only then");
+  PTRAIN_CHECK(model.has_grad_buckets() == (zero_stage >= 2 && world_ > 1) &&
+                   model.has_sharded_params() == (zero_stage == 3 && world_ > 1),
+               "AdamW: a model under ZeRO-2 keeps grad buckets, under ZeRO-3 sharded parameters too "
+               "(AdamW::master_range), and only then");
   // The moments are stored as the FP32 gradients are (f32, or the CPU's compute dtype).
   const Tensor g = model.has_grad_buckets() ? model.grad_bucket(-1) : model.grads_flat();
   const int64_t n = model.num_params();
@@ -57,7 +59,7 @@ AdamW::WireStaging AdamW::wire_staging(const ModelShape& s, int zero_stage, int 
   const int64_t n = param_count(s);
   if (wire != GradReduceDtype::bf16 || world <= 1 || n == 0) return {};
   const int64_t chunk = wire_chunk();
-  if (zero_stage == 2) {
+  if (zero_stage >= 2) {
     const GradBucketSizes b = grad_bucket_sizes(s);
     return {std::min(std::max({b.block, b.head, b.embedding}), chunk), 0};
   }
@@ -82,7 +84,7 @@ Tensor AdamW::allocate(int64_t n, DType dtype, Format format) {
 MasterRange AdamW::master_range(int64_t num_params, int zero_stage, int rank, int world) {
   if (zero_stage < 1 || world <= 1) return {};
   const Shard s = shard_of(num_params, rank, world);
-  return {s.begin, s.count, zero_stage == 2};
+  return {s.begin, s.count, zero_stage >= 2, zero_stage == 3};
 }
 
 double AdamW::reduce_gradients(bool summed_in_backward) {
@@ -110,15 +112,15 @@ double AdamW::reduce_gradients(bool summed_in_backward) {
   return std::sqrt(comm_->all_reduce_sum(backend_.sum_squares(grads.range(s.begin, s.count))));
 }
 
-std::vector<Shard> AdamW::bucket_parts(int bucket) const {
-  // Rank r's part of the bucket: its elements inside shard r, one run of the bucket since the
+std::vector<Shard> AdamW::parts_of(const std::vector<FlatRange>& ranges) const {
+  // Rank r's part of a bucket: its elements inside shard r, one run of the bucket since the
   // ranges ascend and each shard is one run of the flat layout.
   std::vector<Shard> parts;
   int64_t next = 0;
   for (int r = 0; r < world_; ++r) {
     const Shard s = shard_of(model_.num_params(), r, world_);
     int64_t count = 0;
-    for (const FlatRange& f : model_.grad_bucket_ranges(bucket))
+    for (const FlatRange& f : ranges)
       count += std::max<int64_t>(0, std::min(f.begin + f.count, s.begin + s.count) - std::max(f.begin, s.begin));
     parts.push_back({next, count});
     next += count;
@@ -126,10 +128,27 @@ std::vector<Shard> AdamW::bucket_parts(int bucket) const {
   return parts;
 }
 
+void AdamW::gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tensor shard_values) {
+  const std::vector<Shard> parts = parts_of(ranges);
+  const Shard mine = parts[static_cast<size_t>(comm_->rank())];
+  int64_t at = mine.begin;
+  for (const FlatRange& f : ranges) {
+    const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
+    if (lo >= hi) continue;
+    backend_.copy(room.range(at, hi - lo), shard_values.range(lo - shard_.begin, hi - lo));
+    at += hi - lo;
+  }
+  comm_->all_gather(room, room.range(mine.begin, mine.count), parts);
+}
+
+void AdamW::gather_weights(int bucket) {
+  gather_into(model_.weight_room(bucket), model_.weight_bucket_ranges(bucket), model_.params_flat());
+}
+
 void AdamW::reduce_grad_bucket(int bucket, bool first_micro_batch) {
   land_pending_bucket();
   const Tensor grads = model_.grad_bucket(bucket);
-  const std::vector<Shard> parts = bucket_parts(bucket);
+  const std::vector<Shard> parts = parts_of(model_.grad_bucket_ranges(bucket));
   const Shard mine = parts[static_cast<size_t>(comm_->rank())];
   if (exchanges_bf16())
     reduce_bucket_in_bf16(bucket, parts);
@@ -221,8 +240,11 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
   p.grad_scale = static_cast<float>(clip / loss_scale);
 
   // The range [shard_.begin, + count) of the flat layout this rank updates, and its tensors.
+  // Under ZeRO-3 the GEMMs' copy holds that range only.
   const Tensor params = model_.params_flat();
+  const bool own_range = model_.has_sharded_params();
   const Tensor master = !master_shard().empty() ? master_shard()
+                        : own_range              ? params
                         : sharded()              ? params.range(shard_.begin, shard_.count)
                                                  : model_.master_flat();
   const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
@@ -236,14 +258,18 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
-      const Tensor copy = copies ? model_.weight_copy(spec.id) : Tensor();
+      // ZeRO-3's copy (never of primary FP8 weights) is this rank's range of params_flat.
+      const Tensor copy = own_range ? (model_.has_master_weights() ? params.range(local, len) : Tensor())
+                          : !copies || model_.weight_copy(spec.id).empty()
+                              ? Tensor()
+                              : model_.weight_copy(spec.id).range(lo - offset, len);
       p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
-                     p, copy.empty() ? Tensor() : copy.range(lo - offset, len));
+                     p, copy);
     }
     offset += n;
   }
-  if (sharded() && copies) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
+  if (sharded() && copies && !own_range) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
 }
 
 void AdamW::gather_primary_fp8_weights(bool training) {
@@ -257,18 +283,8 @@ void AdamW::gather_primary_fp8_weights(bool training) {
     for (int l = L - 1; l >= 0; --l) order.push_back(l);
     order.push_back(-1);
     for (const int bucket : order) {
-      const Tensor room = model_.grad_bucket(bucket);
-      const std::vector<Shard> parts = bucket_parts(bucket);
-      const Shard mine = parts[static_cast<size_t>(comm_->rank())];
-      int64_t at = mine.begin;
-      for (const FlatRange& f : model_.grad_bucket_ranges(bucket)) {
-        const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
-        if (lo >= hi) continue;
-        backend_.copy(room.range(at, hi - lo), master_shard().range(lo - shard_.begin, hi - lo));
-        at += hi - lo;
-      }
-      comm_->all_gather(room, room.range(mine.begin, mine.count), parts);
-      model_.cast_primary_fp8_bucket(bucket, room, training);
+      gather_into(model_.grad_bucket(bucket), model_.grad_bucket_ranges(bucket), master_shard());
+      model_.cast_primary_fp8_bucket(bucket, model_.grad_bucket(bucket), training);
     }
     return;
   }
@@ -285,9 +301,12 @@ std::vector<float> AdamW::master_on_main() const {
   const bool main = !comm_ || comm_->rank() == 0;
   const int64_t n = model_.num_params();
   std::vector<float> out(main ? static_cast<size_t>(n) : 0);
-  if (!master_shard().empty()) {
+  // ZeRO-3 in fp32 keeps no master apart: its range of the weights is the values.
+  const Tensor values = !master_shard().empty() ? master_shard() : model_.has_sharded_params() ? model_.params_flat()
+                                                                                               : Tensor();
+  if (!values.empty()) {
     std::vector<float> shard(static_cast<size_t>(shard_.count));
-    backend_.download(shard.data(), master_shard());
+    backend_.download(shard.data(), values);
     comm_->gather_shards(main ? out.data() : nullptr, shard.data(), n);
   } else if (main) {
     backend_.download(out.data(), model_.master_flat());

@@ -12,7 +12,9 @@
 // the ranks that own its elements, and each rank adds its part into its FP32 gradient shard,
 // micro-batch after micro-batch. With one micro-batch per rank and step this is ZeRO-0's sum
 // bit for bit; with more, ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
-// after, the same additions in another order (FP32 rounding apart).
+// after, the same additions in another order (FP32 rounding apart). Stage 3 (ZeRO-3) shards the
+// GEMMs' copy of the weights too: the update writes this rank's range of it, and the model's
+// passes gather each block's weights before reading them (gather_weights).
 //
 // distributed.grad_reduce_dtype: bf16 halves the gradient exchange's bytes: a chunk at a time
 // (wire_chunk() elements), each rank's FP32 sums are rounded to bf16 into a staging block, the
@@ -43,8 +45,8 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // `comm` (null: one process) must outlive the optimizer; zero_stage is 0, 1 or 2 (the model
-  // made with master_range()'s for it).
+  // `comm` (null: one process) must outlive the optimizer; zero_stage is 0 to 3 (the model made
+  // with master_range()'s for it).
   AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Communicator* comm = nullptr, int zero_stage = 0,
         GradReduceDtype wire = GradReduceDtype::fp32);
   ~AdamW();
@@ -64,6 +66,9 @@ class AdamW {
   // beside the next block's backward pass and lands in the shard when the next bucket is handed
   // on (its room is then about to be reused); the embeddings' bucket, the last, lands at once.
   void reduce_grad_bucket(int bucket, bool first_micro_batch);
+  // ZeRO-3: gathers the weights of the model's weight bucket `bucket` into its weight room from
+  // the ranks' ranges (Transformer::set_weight_gather's gather). Every rank calls it alike.
+  void gather_weights(int bucket);
   // One update with learning rate `lr`, from the gradients reduce_gradients() left. `grad_norm`
   // is the true gradient norm (after removing the loss scale) and `loss_scale` the factor the
   // stored gradients still carry.
@@ -93,8 +98,9 @@ class AdamW {
   Tensor master_shard() const { return model_.master_shard(); }
   // Bytes this rank holds for the optimizer: moments, plus the master shard it owns.
   size_t state_bytes() const { return m_.bytes() + v_.bytes() + (master_shard().empty() ? 0 : master_shard().bytes()); }
-  // The range of the master weights a model must keep to be this optimizer's under ZeRO-1 or 2
-  // with `world` ranks (all of them otherwise), and whether it keeps grad buckets (ZeRO-2).
+  // The range of the master weights a model must keep to be this optimizer's under ZeRO-1 to 3
+  // with `world` ranks (all of them otherwise), whether it keeps grad buckets (ZeRO-2 and 3) and
+  // whether it keeps only that range of its weights (ZeRO-3).
   static MasterRange master_range(int64_t num_params, int zero_stage, int rank, int world);
 
   // Elements of the gradient a bf16 exchange stages at once, over all ranks: 64 MiB of bf16,
@@ -138,8 +144,12 @@ class AdamW {
   // A bf16 exchange of grad bucket `bucket` (cut into `parts`): a chunk at a time rounded to bf16,
   // summed in place in bf16, and this rank's part widened back into the bucket.
   void reduce_bucket_in_bf16(int bucket, const std::vector<Shard>& parts);
-  // Each rank's part of grad bucket `bucket` (Communicator::reduce_scatter_sum's parts).
-  std::vector<Shard> bucket_parts(int bucket) const;
+  // Each rank's part of a bucket holding the flat layout's `ranges` in order (the parts a
+  // reduce-scatter or all-gather of it takes).
+  std::vector<Shard> parts_of(const std::vector<FlatRange>& ranges) const;
+  // Fills `room` (the flat layout's `ranges`, in order) from every rank's shard: this rank's
+  // pieces copied from `shard_values` (its shard's values), then the parts all-gathered.
+  void gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tensor shard_values);
   Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece
   std::vector<void*> memory_;
   int64_t t_ = 0;

@@ -81,12 +81,15 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
             ")\n";
 
   // The ranks: ZeRO-1 divides the optimizer state and master weights among them, ZeRO-2 the
-  // FP32 gradients too; ZeRO-0 keeps all of it on each rank, so more ranks do not make it fit.
+  // FP32 gradients too, ZeRO-3 the weights as well; ZeRO-0 keeps all of it on each rank, so more
+  // ranks do not make it fit.
   const int B = spec.batch.micro_batch;
   text += "  the fewest ranks at micro-batch " + std::to_string(B) + " that share training.batch_tokens evenly:\n";
+  // ZeRO-3 does not run FP8 layers (the config refuses it).
+  const bool fp8 = spec.precision.phases.size() > 1 || spec.precision.phases.front().policy.fp8.enabled;
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
-    for (const int zero_stage : {0, 1, 2}) {
-      std::string found;
+    for (const int zero_stage : {0, 1, 2, 3}) {
+      std::string found = zero_stage == 3 && fp8 ? "not with FP8 layers (not implemented)" : "";
       for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
         if (!shares(B, d)) continue;
         const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);

@@ -126,15 +126,18 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   // master weights, from the start (Transformer::MasterRange), and the gradients are summed into
   // the shard's part of the gradient block itself. ZeRO-2's model keeps the grad buckets (one
   // block's gradients and the other tensors') in place of the gradient block, and AdamW the
-  // gradient shard they are summed into.
+  // gradient shard they are summed into; ZeRO-3's its range of the weights and their rooms.
   const bool sharded = zero_stage >= 1 && world_size > 1;
   const int64_t shard = sharded ? (n + world_size - 1) / world_size : n;
   p.optimizer = 2 * block_of(shard, Format::fp32);
   if (sharded && policy.has_master_weights()) p.master = block_of(shard, Format::fp32);
-  if (sharded && zero_stage == 2) {
-    const GradBucketSizes buckets = grad_bucket_sizes(s);
+  const GradBucketSizes buckets = grad_bucket_sizes(s);
+  if (sharded && zero_stage >= 2)
     p.grads = block_of(buckets.total(), Format::fp32) + block_of(shard, Format::fp32);
-  }
+  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into.
+  if (sharded && zero_stage == 3)
+    p.params = block_of(shard, policy.weights) +
+               block_of(GradBucketSizes::kBlockRooms * buckets.block + buckets.head + buckets.embedding, policy.weights);
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.
   const AdamW::WireStaging wire = AdamW::wire_staging(s, zero_stage, world_size, distributed.grad_reduce_dtype);

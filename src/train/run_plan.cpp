@@ -400,14 +400,17 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   const PrecisionPolicy& policy = spec.precision.phases.front().policy;
   const int B = spec.batch.micro_batch, T = spec.batch.seq_len, world = spec.batch.world_size;
   const int64_t n = param_count(s) * static_cast<int64_t>(sizeof(float));
-  // ZeRO-1 and 2: AdamW's moments and the FP32 master weights of this rank's shard only (AdamW);
-  // ZeRO-2 also the gradients' shard, and the grad buckets in place of the whole gradients.
+  // ZeRO-1 to 3: AdamW's moments and the FP32 master weights of this rank's shard only (AdamW);
+  // ZeRO-2 and 3 also the gradients' shard, and the grad buckets in place of the whole gradients.
   const bool sharded = zero_stage >= 1 && world > 1;
   const int64_t shard = sharded ? (param_count(s) + world - 1) / world * static_cast<int64_t>(sizeof(float)) : n;
   const GradBucketSizes buckets = grad_bucket_sizes(s);
-  const int64_t grads = sharded && zero_stage == 2
-                            ? buckets.total() * static_cast<int64_t>(sizeof(float)) + shard
-                            : n;
+  const int64_t grads = sharded && zero_stage >= 2 ? buckets.total() * static_cast<int64_t>(sizeof(float)) + shard : n;
+  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into.
+  const int64_t rooms = GradBucketSizes::kBlockRooms * buckets.block + buckets.head + buckets.embedding;
+  const int64_t params = sharded && zero_stage == 3
+                             ? shard + rooms * static_cast<int64_t>(sizeof(float))
+                             : n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float));
   // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
   // phase has, so that every phase fits where the first did.
   int64_t widest_fp8 = 0;
@@ -416,7 +419,7 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   const AdamW::WireStaging wire =
       AdamW::wire_staging(s, zero_stage, world, distributed.grad_reduce_dtype);
   // Primary FP8 weights keep no copy of the block linears' weights beside the master.
-  return {n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float)),
+  return {params,
           policy.has_master_weights() ? shard : 0,
           grads,
           2 * shard,

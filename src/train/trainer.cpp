@@ -101,6 +101,8 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
                      plan.data.sample_prompt, static_cast<uint64_t>(cfg_.run.seed), cfg_.logging.sample_tokens,
                      cfg_.logging.sample_temperature);
   comm_->set_compute_stream(backend_->stream());
+  if (model_.has_sharded_params())  // ZeRO-3: the passes gather each block's weights as they reach it
+    model_.set_weight_gather([this](int bucket) { optimizer_.gather_weights(bucket); });
   // bench refuses --profile before training where the backend cannot profile.
   if (options.profile) PTRAIN_CHECK(backend_->set_profile(options.profile), "this backend cannot profile its ops");
   const int accum = spec_.batch.accumulation;
@@ -385,9 +387,14 @@ void Trainer::reduce_fp8_amax() {
 void Trainer::evaluate(int64_t step) {
   optimizer_.gather_primary_fp8_weights(false);
   std::vector<double> losses(static_cast<size_t>(val_sampler_.batches()), 0.0);
-  for (int j = comm_->rank(); j < val_sampler_.batches(); j += comm_->world_size()) {
-    val_sampler_.fill(j, inputs_.data(), targets_.data());
-    losses[static_cast<size_t>(j)] = model_.forward(inputs_.data(), targets_.data(), 0.0f);
+  const int world = comm_->world_size(), batches = val_sampler_.batches();
+  // Under ZeRO-3 every forward pass gathers weights with all ranks, so each rank runs as many:
+  // a rank past the last batch runs batch 0 again and keeps nothing of it.
+  const int rounds = model_.has_sharded_params() ? (batches + world - 1) / world : 0;
+  for (int k = 0, j = comm_->rank(); j < batches || k < rounds; ++k, j += world) {
+    val_sampler_.fill(j < batches ? j : 0, inputs_.data(), targets_.data());
+    const double loss = model_.forward(inputs_.data(), targets_.data(), 0.0f);
+    if (j < batches) losses[static_cast<size_t>(j)] = loss;
   }
   comm_->all_reduce_sum(losses.data(), losses.size());
   double sum = 0;

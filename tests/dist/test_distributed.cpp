@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -171,6 +173,11 @@ int64_t parameter_count(const std::string& log) {
     if (log[i] != ',') digits += log[i];
   return digits.empty() ? -1 : std::stoll(digits);
 }
+
+// A step's comm_bytes record.
+struct CollectiveTotals {
+  int64_t all_reduced = 0, reduce_scattered = 0, all_gathered = 0;
+};
 
 // The record rank 0 writes at the start of a multi-rank run.
 struct RanksRecord {
@@ -459,73 +466,98 @@ TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit a
 // ZeRO-2: no rank holds the whole gradients. Each block's gradients are summed to their owners
 // as the backward pass finishes them, in rank order as ZeRO-0's all-reduce sums them, so with
 // one micro-batch per rank the training is ZeRO-0's bit for bit, on 2 ranks and on 3 (shards of
-// unequal length, which cut the buckets unevenly), in fp32 (GPT-2) and bf16 (Llama). With two
-// micro-batches per rank ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
-// after: the same additions in another FP32 order, within kLayoutLossTolerance.
-TEST_CASE("ZeRO-2 equals ZeRO-0 bit for bit with one micro-batch per rank, within FP32 order with more", "[mpi]") {
+// unequal length, which cut the buckets unevenly), in fp32 (GPT-2) and bf16 (Llama). ZeRO-3
+// keeps only its range of the weights too, gathering each block's before the forward and the
+// backward pass read them: the same values, so the same training. With two micro-batches per
+// rank ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2 after: the same
+// additions in another FP32 order, within kLayoutLossTolerance.
+TEST_CASE("ZeRO-2 and ZeRO-3 equal ZeRO-0 bit for bit with one micro-batch per rank, within FP32 order with more",
+          "[mpi]") {
   Workspace ws("zero2");
   for (const int ranks : {2, 3})
     for (const std::string mode : {"fp32", "bf16"}) {
-      const std::string tag = mode + "-" + std::to_string(ranks);
-      INFO(tag);
-      Run z0{"zero0-" + tag};
+      Run z0{"zero0-" + mode + "-" + std::to_string(ranks)};
       z0.precision = mode;
       z0.arch = mode == "bf16" ? "llama" : "gpt2";
       z0.batch_tokens = 256 * ranks;
       z0.zero_stage = 0;
       z0.checkpoint = "{every: 4}";
-      Run z2 = z0;
-      z2.name = "zero2-" + tag;
-      z2.zero_stage = 2;
-      std::string out2;
       const Trace a = train_ok(ws.dir, ranks, z0);
-      const Trace b = train_ok(ws.dir, ranks, z2, "", &out2);
-      INFO(out2);
-      CHECK(out2.find("ZeRO stage 2") != std::string::npos);
-      if (ranks == 3 && z0.arch == "gpt2") CHECK(parameter_count(out2) % 3 != 0);  // uneven shards
-      INFO("losses, ZeRO-0 | ZeRO-2:\n" << side_by_side(a.loss, b.loss));
       REQUIRE(a.loss.size() == 8);
-      CHECK(b.loss == a.loss);
-      CHECK(b.grad_norm == a.grad_norm);
-      CHECK(b.val_loss == a.val_loss);
-      CHECK(read_file(ws.run(z2.name) / "checkpoints/step_00000008/weights.safetensors") ==
-            read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
-      // Each step reduce-scatters every gradient once (its buckets together hold them all) and
-      // all-gathers the updated weights, as ZeRO-1 does; nothing is all-reduced.
-      const int64_t n = parameter_count(out2);
-      for (const auto& m : read_metrics(ws.run(z2.name) / "metrics.jsonl"))
-        if (m.contains("comm_bytes")) {
-          CHECK(m["comm_bytes"]["reduce_scatter"].get<int64_t>() == 4 * n);
-          CHECK(m["comm_bytes"]["all_gather"].get<int64_t>() == 4 * n);
-          CHECK(m["comm_bytes"]["all_reduce"].get<int64_t>() == 0);
-        }
+      std::map<int, CollectiveTotals> bytes;  // per stage: a step's bytes (every step alike)
+      for (const int stage : {2, 3}) {
+        const std::string tag = mode + "-" + std::to_string(ranks) + "-zero" + std::to_string(stage);
+        INFO(tag);
+        Run zs = z0;
+        zs.name = "zero" + std::to_string(stage) + "-" + mode + "-" + std::to_string(ranks);
+        zs.zero_stage = stage;
+        std::string out;
+        const Trace b = train_ok(ws.dir, ranks, zs, "", &out);
+        INFO(out);
+        CHECK(out.find("ZeRO stage " + std::to_string(stage)) != std::string::npos);
+        if (ranks == 3 && z0.arch == "gpt2") CHECK(parameter_count(out) % 3 != 0);  // uneven shards
+        INFO("losses, ZeRO-0 | ZeRO-" << stage << ":\n" << side_by_side(a.loss, b.loss));
+        CHECK(b.loss == a.loss);
+        CHECK(b.grad_norm == a.grad_norm);
+        CHECK(b.val_loss == a.val_loss);
+        CHECK(read_file(ws.run(zs.name) / "checkpoints/step_00000008/weights.safetensors") ==
+              read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
+        std::set<std::vector<int64_t>> per_step;
+        for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
+          if (m.contains("comm_bytes"))
+            per_step.insert({m["comm_bytes"]["all_reduce"].get<int64_t>(), m["comm_bytes"]["reduce_scatter"].get<int64_t>(),
+                             m["comm_bytes"]["all_gather"].get<int64_t>()});
+        REQUIRE(per_step.size() == 1);
+        bytes[stage] = {(*per_step.begin())[0], (*per_step.begin())[1], (*per_step.begin())[2]};
+      }
+      // Each step reduce-scatters every gradient once (its buckets together hold them all);
+      // ZeRO-2 all-gathers the updated weights once, as ZeRO-1 does; ZeRO-3 gathers them in the
+      // forward pass and each block's again in the backward pass (the embeddings, final norm and
+      // LM head stay gathered): the ZeRO paper's 1.5 times ZeRO-1's traffic, less those.
+      // (4 bytes an element: the CPU keeps bf16 in FP32.)
+      const int64_t n = parameter_count(read_file(ws.run("zero2-" + mode + "-" + std::to_string(ranks)) / "log.txt"));
+      const int64_t C = 64, V = 128, T = 32;  // the config's n_embd, padded vocabulary, seq_len
+      const int64_t rest = z0.arch == "gpt2" ? V * C + T * C + 2 * C : 2 * V * C + C;  // not in a block
+      CHECK(bytes[2].all_reduced == 0);
+      CHECK(bytes[2].reduce_scattered == 4 * n);
+      CHECK(bytes[2].all_gathered == 4 * n);
+      CHECK(bytes[3].all_reduced == 0);
+      CHECK(bytes[3].reduce_scattered == 4 * n);
+      CHECK(bytes[3].all_gathered == 4 * (2 * n - rest));
+      const double ratio = static_cast<double>(bytes[3].reduce_scattered + bytes[3].all_gathered) /
+                           static_cast<double>(bytes[2].reduce_scattered + bytes[2].all_gathered);
+      CHECK(ratio == Approx(1.5 - static_cast<double>(rest) / static_cast<double>(2 * n)));
+      CHECK(ratio < 1.5);
     }
 
   INFO("two micro-batches per rank");
   Run z0{"zero0-accumulating"};
   z0.batch_tokens = 1024;
   z0.zero_stage = 0;
-  Run z2 = z0;
-  z2.name = "zero2-accumulating";
-  z2.zero_stage = 2;
-  std::string out2;
   const Trace a = train_ok(ws.dir, 2, z0);
-  const Trace b = train_ok(ws.dir, 2, z2, "", &out2);
-  INFO("losses, ZeRO-0 | ZeRO-2:\n" << side_by_side(a.loss, b.loss));
   REQUIRE(a.loss.size() == 8);
-  CHECK(b.loss[0] == a.loss[0]);  // the same weights on the same samples
-  CHECK(max_relative_difference(b.loss, a.loss) <= kLayoutLossTolerance);
-  CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kLayoutNormTolerance);
-  const int64_t n = parameter_count(out2);
-  for (const auto& m : read_metrics(ws.run(z2.name) / "metrics.jsonl"))
-    if (m.contains("comm_bytes")) CHECK(m["comm_bytes"]["reduce_scatter"].get<int64_t>() == 8 * n);
+  for (const int stage : {2, 3}) {
+    INFO("ZeRO-" << stage);
+    Run zs = z0;
+    zs.name = "zero" + std::to_string(stage) + "-accumulating";
+    zs.zero_stage = stage;
+    std::string out;
+    const Trace b = train_ok(ws.dir, 2, zs, "", &out);
+    INFO("losses, ZeRO-0 | ZeRO-" << stage << ":\n" << side_by_side(a.loss, b.loss));
+    CHECK(b.loss[0] == a.loss[0]);  // the same weights on the same samples
+    CHECK(max_relative_difference(b.loss, a.loss) <= kLayoutLossTolerance);
+    CHECK(max_relative_difference(b.grad_norm, a.grad_norm) <= kLayoutNormTolerance);
+    const int64_t n = parameter_count(out);
+    for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
+      if (m.contains("comm_bytes")) CHECK(m["comm_bytes"]["reduce_scatter"].get<int64_t>() == 8 * n);
+  }
 }
 
 // A checkpoint holds the same state whatever the stage and rank count that wrote it: a ZeRO-2
-// checkpoint resumes under ZeRO-0 and ZeRO-1, a ZeRO-0 one under ZeRO-2, and each resumed run
+// checkpoint resumes under ZeRO-0, 1 and 3, a ZeRO-0 one under ZeRO-2 and 3, and each resumed run
 // equals the straight run of its layout bit for bit; on one rank (two micro-batches
 // accumulated) it follows within kLayoutLossTolerance.
-TEST_CASE("ZeRO-2 checkpoints resume under every stage and rank count", "[mpi]") {
+TEST_CASE("ZeRO-2 checkpoints resume under every stage and rank count, and ZeRO-0's under ZeRO-3", "[mpi]") {
   Workspace ws("zero2-resume");
   Run z2{"straight-zero2"};
   z2.zero_stage = 2;
@@ -540,19 +572,29 @@ TEST_CASE("ZeRO-2 checkpoints resume under every stage and rank count", "[mpi]")
     return "--set checkpoint.resume=runs/" + run + "/checkpoints/step_00000004";
   };
   CHECK(fs::exists(ws.run(z2.name) / "checkpoints/step_00000004/optimizer.rank00001-of-00002.safetensors"));
-  for (const int stage : {0, 1, 2}) {
+  for (const int stage : {0, 1, 2, 3}) {
     INFO("the ZeRO-2 checkpoint resumed under ZeRO-" << stage);
     Run resumed = z2;
     resumed.name = "from-zero2-stage" + std::to_string(stage);
     resumed.zero_stage = stage;
-    const Trace t = train_ok(ws.dir, 2, resumed, from(z2.name));
+    // Under ZeRO-3 evaluations and samples between the steps too (each gathers the weights
+    // anew; the samples from the gathered master): the training does not change.
+    const std::string between =
+        stage == 3 ? " --set training.eval_every=3 --set logging.sample_every=4 --set logging.sample_tokens=8" : "";
+    std::string out;
+    const Trace t = train_ok(ws.dir, 2, resumed, from(z2.name) + between, &out);
     INFO("steps 5..8, resumed | straight:\n" << side_by_side(t.loss, tail));
     CHECK(t.loss == tail);
+    if (stage == 3) {
+      CHECK(out.find("sample step 8") != std::string::npos);
+      CHECK(t.val_loss.size() == 2);  // steps 6 and 8
+    }
   }
-  {
-    INFO("the ZeRO-0 checkpoint resumed under ZeRO-2");
+  for (const int stage : {2, 3}) {
+    INFO("the ZeRO-0 checkpoint resumed under ZeRO-" << stage);
     Run resumed = z2;
-    resumed.name = "from-zero0-stage2";
+    resumed.name = "from-zero0-stage" + std::to_string(stage);
+    resumed.zero_stage = stage;
     const Trace t = train_ok(ws.dir, 2, resumed, from(z0.name));
     CHECK(t.loss == tail);
   }

@@ -4,10 +4,11 @@
 // FP32 weight gradients one after another where two add per-GPU sums, so the comparison allows
 // the FP32 rounding of the gradient sums as bf16's weights show it (a master weight's changed
 // last bit can move its bf16 copy by one ulp: parts in 10^5 of the loss on the CPU, where the
-// same bound holds; see tests/dist/test_distributed.cpp); ZeRO-1 (reduce-scatter, all-gather)
-// and ZeRO-2 (gradient buckets reduced beside the backward pass) against ZeRO-0 (all-reduce
-// overlapped with the backward pass) likewise; bit for bit on the simulated device, whose NCCL
-// sums in rank order. One micro-batch per GPU, two on one GPU. Skipped with fewer than two GPUs.
+// same bound holds; see tests/dist/test_distributed.cpp); ZeRO-1 (reduce-scatter, all-gather),
+// ZeRO-2 (gradient buckets reduced beside the backward pass) and ZeRO-3 (each block's weights
+// gathered before the passes read them) against ZeRO-0 (all-reduce overlapped with the backward
+// pass) likewise; bit for bit on the simulated device, whose NCCL sums in rank order. One
+// micro-batch per GPU, two on one GPU. Skipped with fewer than two GPUs.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -49,7 +50,7 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
   }
 }
 
-TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0, ZeRO-1 and ZeRO-2", "[multigpu]") {
+TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3", "[multigpu]") {
   const fs::path dir = make_temp_dir("multigpu");
   const auto one = gpu_losses(dir, 1, "one", 0);
   const auto two = gpu_losses(dir, 2, "two", 0);
@@ -57,6 +58,7 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0, ZeRO-1 and
   // ZeRO-2's buckets are summed beside the next block's backward pass and land in the gradient
   // shards after an event wait: a missing wait adds a half-summed bucket.
   const auto two_zero2 = gpu_losses(dir, 2, "two-zero2", 2);
+  const auto two_zero3 = gpu_losses(dir, 2, "two-zero3", 3);
   // The CPU's 2-rank bf16 bound (kBf16LayoutLossTolerance in tests/dist/test_distributed.cpp).
   expect_close(two, one, 2e-4);
 #ifdef PTRAIN_SIM_DEVICE
@@ -64,9 +66,11 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0, ZeRO-1 and
   // one micro-batch per rank every stage sums each gradient as ZeRO-0's all-reduce does.
   CHECK(two_zero1 == two);
   CHECK(two_zero2 == two);
+  CHECK(two_zero3 == two);
 #else
   expect_close(two_zero1, two, 2e-4);
   expect_close(two_zero2, two, 2e-4);
+  expect_close(two_zero3, two, 2e-4);
 #endif
   fs::remove_all(dir);
 }

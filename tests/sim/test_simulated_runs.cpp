@@ -2,7 +2,7 @@
 // every axis at least once in a few dozen short runs instead of the cross product: each precision
 // mode and FP8 recipe, CUDA graphs on and off, fused and fallback attention, GPT-2 and Llama
 // blocks (cuDNN's grouped-query graph among them), one rank and two
-// under mpirun (NCCL simulated over MPI) with ZeRO stages 0 to 2, and three with shards of uneven size. Each run
+// under mpirun (NCCL simulated over MPI) with ZeRO stages 0 to 3, and three with shards of uneven size. Each run
 // asserts that the GPU-only path ran, not a fallback, twice over: the run's own log lines (what
 // a user reads), and the simulated device's report of the operations it executed
 // (PTRAIN_SIM_REPORT): native and block-scaled FP8 GEMMs, the fused attention graphs and their
@@ -227,6 +227,12 @@ void check_run(const Axes& run) {
         CHECK(ran(ops, "ncclAllReduce") == 0);
         CHECK((ran(ops, "ncclAllGather") > 0) == even);
         CHECK((ran(ops, "ncclBroadcast") > 0) == !even);
+      } else if (run.zero_stage == 3) {
+        // As ZeRO-2's gradients, each block's weights are gathered from the ranks' parts of it,
+        // one broadcast per owner; nothing is all-gathered whole.
+        CHECK(ran(ops, "ncclReduce") > 0);
+        CHECK(ran(ops, "ncclAllReduce") == 0);
+        CHECK(ran(ops, "ncclBroadcast") > 0);
       } else {
         CHECK((ran(ops, "ncclReduceScatter") > 0) == (even || bf16_exchange));
         CHECK((ran(ops, "ncclAllGather") > 0) == even);
@@ -319,6 +325,10 @@ const Axes kRuns[] = {
     {"bf16-2-ranks-fused-zero2-bf16-exchange", "bf16", "cudnn", false, 2, 2, 64, "gpt2", "none", "bf16"},
     {"fp8-current-3-ranks-zero2-uneven-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 2, 32,
      "gpt2", "block", "fp32", true},
+    // ZeRO-3: the weights' range and the rooms each block's are gathered into, in place of the
+    // whole copy; every pass gathers.
+    {"bf16-2-ranks-fused-zero3", "bf16", "cudnn", false, 2, 3},
+    {"fp16-3-ranks-zero3-uneven-recompute-block", "fp16", "fallback", false, 3, 3, 32, "gpt2", "block"},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator
