@@ -130,10 +130,24 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // Point to point, in pieces MPI's int counts can hold: a model's shards begin past 2^31
+  // elements (an 8B model's fourth of 8), which MPI_Gatherv's int displacements cannot say.
+  // Messages from one rank with one tag arrive in order.
   void gather_shards(float* full, const float* shard, int64_t n) override {
-    const Layout l = layout(n);
-    MPI_Gatherv(shard, l.counts[static_cast<size_t>(rank_)], MPI_FLOAT, full, l.counts.data(), l.displs.data(),
-                MPI_FLOAT, 0, MPI_COMM_WORLD);
+    constexpr int64_t kPiece = INT_MAX;
+    const Shard mine = shard_of(n, rank_, world_);
+    if (rank_ != 0) {
+      for (int64_t at = 0; at < mine.count; at += kPiece)
+        MPI_Send(shard + at, static_cast<int>(std::min(kPiece, mine.count - at)), MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+      return;
+    }
+    std::copy(shard, shard + mine.count, full + mine.begin);
+    for (int r = 1; r < world_; ++r) {
+      const Shard s = shard_of(n, r, world_);
+      for (int64_t at = 0; at < s.count; at += kPiece)
+        MPI_Recv(full + s.begin + at, static_cast<int>(std::min(kPiece, s.count - at)), MPI_FLOAT, r, 0, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+    }
   }
 
  protected:

@@ -319,10 +319,11 @@ Tensor Transformer::master(ParamId id) const {
       .reshaped(std::vector<int64_t>(p.shape.begin(), p.shape.begin() + p.ndim));
 }
 
-void Transformer::load_weights(ParamId id, const float* host) {
-  const int64_t n = params_[id].numel(), at = offsets_[id];
+void Transformer::load_weights(ParamId id, const float* host, int64_t begin, int64_t count) {
+  const int64_t n = count < 0 ? params_[id].numel() - begin : count, at = offsets_[id] + begin;
+  PTRAIN_CHECK(begin >= 0 && begin + n <= params_[id].numel(), "load_weights: the elements lie outside the tensor");
   if (!sharded_master_ && !sharded_params_) {
-    backend_.upload(master(id), host);
+    backend_.upload(master(id).range(begin, n), host);
     return;
   }
   // This rank's range of the FP32 values, straight into its master shard.
@@ -342,7 +343,7 @@ void Transformer::load_weights(ParamId id, const float* host) {
     }
   };
   if (!sharded_params_)
-    stage(params_[id].range(0, n), host);
+    stage(params_[id].range(begin, n), host);
   else if (lo < hi && has_master_)
     stage(params_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
   else if (lo < hi)
@@ -501,21 +502,24 @@ int64_t Transformer::native_fp8_weights() const {
 
 void Transformer::init(uint64_t seed, double std) {
   const double residual_std = std / std::sqrt(2.0 * shape_.n_layer);
+  // A piece at a time (a 70B model's stacked MLP weights are 150 GB of floats), each tensor's
+  // draws in one sequence.
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  std::vector<float> host;
   for (const ParamSpec& spec : specs_) {
     const int i = spec.id;
-    const Tensor& t = params_[i];
-    std::vector<float> host(t.numel(), 0.0f);
+    const int64_t n = shape_numel(spec.shape);
     const bool is_norm_weight = (i == kNorm1w || i == kNorm2w || i == kNormFw || i == kQNormw || i == kKNormw);
-    if (is_norm_weight) {
-      std::fill(host.begin(), host.end(), 1.0f);
-    } else if (spec.weight_decay) {  // the 2-D weights
-      const double tensor_std = (i == kAttnOutw || i == kMlpDownw) ? residual_std : std;
-      // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
-      const int64_t count = (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd : t.numel();
-      Rng rng(seed, static_cast<uint64_t>(i));
-      for (int64_t j = 0; j < count; ++j) host[j] = static_cast<float>(rng.normal() * tensor_std);
+    const double tensor_std = (i == kAttnOutw || i == kMlpDownw) ? residual_std : std;
+    // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
+    const int64_t drawn = !spec.weight_decay ? 0 : (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd : n;
+    Rng rng(seed, static_cast<uint64_t>(i));
+    for (int64_t begin = 0; begin < n; begin += kPiece) {
+      host.assign(static_cast<size_t>(std::min(kPiece, n - begin)), is_norm_weight ? 1.0f : 0.0f);
+      for (int64_t j = begin; j < std::min(drawn, begin + kPiece); ++j)  // the 2-D weights
+        host[static_cast<size_t>(j - begin)] = static_cast<float>(rng.normal() * tensor_std);
+      load_weights(spec.id, host.data(), begin, static_cast<int64_t>(host.size()));
     }
-    load_weights(spec.id, host.data());
   }
   // The master weights hold the values; the GEMMs' copy is them rounded to its format.
   weights_loaded();
@@ -583,8 +587,8 @@ std::string Transformer::record_micro_batches() {
   recording_asked_ = true;
   std::string why = backend_.cannot_record();
   if (why.empty() && grad_buckets_)
-    why = "distributed.zero_stage 2 hands each gradient bucket to the communicator as the backward pass finishes it, "
-          "in every micro-batch";
+    why = "distributed.zero_stage " + std::string(sharded_params_ ? "3" : "2") +
+          " hands each gradient bucket to the communicator as the backward pass finishes it, in every micro-batch";
   for (const auto& f : fp8_)
     if (why.empty() && f) why = f->unrecordable();
   recording_on_ = why.empty();
@@ -917,6 +921,10 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     be.rmsnorm_backward(a_.dresidual, g[kNormFw], a_.dln, residual_in(L), p[kNormFw], a_.lnf_rstd);
   else
     be.layernorm_backward(a_.dresidual, g[kNormFw], g[kNormFb], a_.dln, residual_in(L), p[kNormFw], a_.lnf_mean, a_.lnf_rstd);
+  // ZeRO-3 gathers each block's weights before the bucket before it is handed on: a gather
+  // queued behind that bucket's sum would wait for it, where the sum should run beside the
+  // block's backward pass.
+  need_weights(L - 1);
   if (grads_done) grads_done(L);
 
   for (int l = L - 1; l >= 0; --l) {
@@ -924,7 +932,6 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     // What the forward pass did not keep, made again from what it kept (the same bits). The
     // last block's activations are still there from the forward pass.
     const bool still_there = l == L - 1;
-    need_weights(l);  // ZeRO-3: gathered again (the room held another block since)
     if (!still_there && recompute_ == Recompute::block) {
       NvtxRange again("recompute block");
       block_forward(l, -1, /*training=*/true);
@@ -937,6 +944,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       llama_block_backward(l);
     else
       gpt2_block_backward(l);
+    if (l > 0) need_weights(l - 1);  // ZeRO-3: the next block's, gathered again (see above)
     if (grads_done) grads_done(l);
   }
   if (grad_buckets_ && !shape_.tied_head) be.zero(grad_bucket(-1));  // the head's bucket, handed on, shared its room

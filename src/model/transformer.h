@@ -251,13 +251,13 @@ class Transformer {
   }
   // Tensor id's FP32 master weights; with a sharded master (which has no whole tensor), param(id).
   Tensor master(ParamId id) const;
-  // New weights (init, model.init_from, a checkpoint's): tensor id's FP32 values, the whole
-  // tensor from host memory. Unsharded they go to master(); with a sharded master this rank's
+  // New weights (init, model.init_from, a checkpoint's): tensor id's FP32 values, elements
+  // [begin, begin + count) of it (all of it by default) from host memory. Unsharded they go to master(); with a sharded master this rank's
   // range of them goes to master_shard() and the GEMMs' copy is written through a staging
   // buffer, a piece at a time (the gradient buffer, free between steps, or the grad buckets),
   // so the whole FP32 master is never held. Call weights_loaded() once all are written. Not
   // while a step's gradients are there.
-  void load_weights(ParamId id, const float* host);
+  void load_weights(ParamId id, const float* host, int64_t begin = 0, int64_t count = -1);
   // After load_weights, or after master() was written unsharded: refresh the copy the GEMMs
   // read from the master where that is kept apart. Primary FP8 weights are cast afresh before
   // the next forward pass (primary_fp8_cast_due).
