@@ -179,9 +179,10 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   // The main gradients: FP32 in every mode, the backward ops adding into them directly; with
   // grad buckets one block's and the other tensors' at a time.
   num_params_ = n;
+  bucket_sizes_ = grad_bucket_sizes(shape);
   grad_buckets_ = master_range.grad_buckets;
   if (grad_buckets_) {
-    bucket_memory_ = flat(Format::fp32, grad_bucket_sizes(shape).total());
+    bucket_memory_ = flat(Format::fp32, bucket_sizes_.total());
   } else {
     grads_flat_ = flat(Format::fp32, n);
   }
@@ -199,7 +200,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   }
   if (master_range.count >= 0) master_begin_ = master_range.begin;
   // Grad buckets: the block bucket, then the embeddings' and the head's (grad_bucket).
-  const GradBucketSizes sizes = grad_bucket_sizes(shape);
+  const GradBucketSizes& sizes = bucket_sizes_;
   // Weight rooms (ZeRO-3): two of a block's weights, then the other tensors' in the flat order.
   if (sharded_params_)
     weight_rooms_ = flat(policy.weights, GradBucketSizes::kBlockRooms * sizes.block + sizes.head + sizes.embedding);
@@ -847,7 +848,7 @@ Tensor Transformer::block_param(ParamId id, int layer) const {
 
 Tensor Transformer::weight_room(int bucket) const {
   PTRAIN_CHECK(sharded_params_, "weight_room: this model keeps the whole weights");
-  const GradBucketSizes sizes = grad_bucket_sizes(shape_);
+  const GradBucketSizes& sizes = bucket_sizes_;
   const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
   if (bucket < 0) return weight_rooms_.range(rest_at, sizes.head + sizes.embedding);
   return weight_rooms_.range(bucket % GradBucketSizes::kBlockRooms * sizes.block, sizes.block);
@@ -875,7 +876,7 @@ Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
 
 Tensor Transformer::grad_bucket(int bucket) const {
   PTRAIN_CHECK(grad_buckets_, "grad_bucket: this model keeps whole gradients");
-  const GradBucketSizes sizes = grad_bucket_sizes(shape_);
+  const GradBucketSizes& sizes = bucket_sizes_;
   const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
   if (bucket == shape_.n_layer) return bucket_memory_.range(rest_at + (sizes.shared ? 0 : sizes.embedding), sizes.head);
   if (bucket < 0) return bucket_memory_.range(rest_at, sizes.embedding);

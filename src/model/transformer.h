@@ -380,6 +380,7 @@ class Transformer {
   // Grad buckets (MasterRange::grad_buckets): one allocation, the block bucket, then the
   // embeddings' and the head's (GradBucketSizes); each block tensor's place in the block bucket.
   bool grad_buckets_ = false;
+  GradBucketSizes bucket_sizes_;  // grad_bucket_sizes(shape_), read on every bucket access
   Tensor bucket_memory_;
   bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only
   Tensor weight_rooms_;          // two block rooms, then the other tensors' room
