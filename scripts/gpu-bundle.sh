@@ -8,20 +8,29 @@
 #                                   need that a bare CUDA image lacks), MANIFEST
 #
 # .gpu-bundle/ is git-ignored: name it in the device call's carry (the bundle and the repository
-# together must stay under 64 MiB; this script fails above 48). Without MPI: its libraries pull in
-# a large tree, and the machine has one GPU. Extra arguments go to cmake.
+# together must stay under 64 MiB; this script fails above 48). Without MPI by default: the
+# lent machines have one GPU. PTRAIN_GPU_BUNDLE_MPI=1 builds with MPI and adds
+# bin/ptrain_multigpu_tests and Open MPI's libraries, for a machine of several GPUs with this
+# machine's Open MPI installed (its mpirun, and the plugins libmpi loads from that install's
+# paths); gpu-check.sh then runs ZeRO-0 to 3 across its GPUs. Never run so far: no lent machine
+# has had two GPUs. Extra arguments go to cmake.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 build=build-gpu-bundle
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_CUDA=ON -DPTRAIN_MPI=OFF \
+mpi=OFF targets=(ptrain ptrain_gpu_tests) mpi_text="no MPI"
+if [ "${PTRAIN_GPU_BUNDLE_MPI:-0}" = 1 ]; then
+  mpi=ON targets+=(ptrain_multigpu_tests) mpi_text="with MPI ($(mpirun --version 2>/dev/null | head -1))"
+fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_CUDA=ON -DPTRAIN_MPI="$mpi" \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DPTRAIN_KERNEL_TESTS=OFF -DPTRAIN_NATIVE=OFF "$@" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target ptrain ptrain_gpu_tests
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/ptrain" "$build/tests/ptrain_gpu_tests" "$stage/bin/"
+[ "$mpi" = OFF ] || cp "$build/tests/ptrain_multigpu_tests" "$stage/bin/"
 strip --strip-unneeded "$stage/bin/"*
 
 # Every shared library the binaries load, except the C/C++ runtime any Linux image has and the
@@ -39,7 +48,7 @@ missing="$(for bin in "$stage/bin/"*; do ldd "$bin" | grep 'not found' || true; 
 {
   echo "ptrain GPU bundle"
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
-  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), CUDA architectures 90a, no MPI"
+  echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), CUDA architectures 90a, $mpi_text"
   echo "libraries carried:"; (cd "$stage/lib" && ls -1 | sed 's/^/  /')
   echo "libraries the device must provide:"
   for bin in "$stage/bin/"*; do ldd "$bin"; done | awk '{ print $1 }' | grep -E "$provided" | grep -E 'libcu|libnccl|libnv' \

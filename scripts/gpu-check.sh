@@ -7,8 +7,10 @@
 #   scripts/gpu-check.sh [first]         the first lease: the device and the CUDA libraries
 #                                        loaded, one short training run per precision mode on
 #                                        cuda and on cpu, loss by loss, the gpu tests, the
-#                                        Hugging Face export against transformers, then the
-#                                        benchmark rows the budget has time left for
+#                                        Hugging Face export against transformers, ZeRO-0 to 3
+#                                        across GPUs where the machine has two (else a SKIP
+#                                        line saying why), then the benchmark rows the budget
+#                                        has time left for
 #   scripts/gpu-check.sh speed [REGEX]   the benchmark table; REGEX keeps the rows whose label
 #                                        ("124m bf16", "124m fp8 recipe=block", ...) matches
 #   scripts/gpu-check.sh sanitize        compute-sanitizer: memcheck (with the arena's blocks
@@ -74,6 +76,7 @@ t_op_test=2       # each op or kernel test in it
 t_train_test=60
 t_alone=20        # a gpu test in a process of its own
 t_hf=60
+t_multigpu=240    # tests/multigpu: 5 runs of ptrain, 4 of them under mpirun on 2 GPUs
 t_memcheck=45
 t_racecheck=240
 t_finish=5        # the details tarball
@@ -86,6 +89,7 @@ limit_op_tests=300
 limit_train_tests=420
 limit_alone=150
 limit_hf=150
+limit_multigpu=420
 limit_bench=90
 limit_memcheck=150
 limit_racecheck=300
@@ -205,6 +209,9 @@ print_plan() {
       echo "  hf export: scripts/hf-check.sh cuda, a tiny gpt2 and llama trained on cuda, exported with --format hf,"
       echo "    loaded by transformers, logits against ptrain's within 1e-4 (exit 77, a failure here, when"
       echo "    transformers is missing); its python3 runs with the library path from before the bundle's"
+      echo "  ZeRO-0 to 3 across GPUs: tests/multigpu (2 GPUs under mpirun against 1) on a machine with 2 GPUs,"
+      echo "    mpirun and a bundle built with MPI (${t_multigpu} s expected, ${limit_multigpu} s at most, from the"
+      echo "    benchmark rows' time); otherwise a SKIP line saying which is missing, and no time"
       echo "  bench: ptrain bench, medians over steps 2-8, in the speed stage's order while they fit"
       ;;
     speed)
@@ -559,7 +566,31 @@ run_first() {
   echo
   echo "== Hugging Face export loaded by transformers"
   step "hf export vs transformers" "$t_hf" "$limit_hf" scripts/hf-check.sh cuda && cat "$step_log"
+  echo
+  echo "== ZeRO-0 to ZeRO-3 across GPUs"
+  run_multigpu
   run_speed
+}
+
+# tests/multigpu on this machine's GPUs: 2 GPUs under mpirun follow 1 GPU on the same global
+# batch at every ZeRO stage. It needs two GPUs, a bundle built with MPI
+# (PTRAIN_GPU_BUNDLE_MPI=1 scripts/gpu-bundle.sh) and Open MPI's mpirun on the machine; a
+# machine short of any of them gets a SKIP line that says which.
+run_multigpu() {
+  local gpus missing=""
+  gpus=$(grep -c '^cuda:[0-9]' "$work/devices.txt")
+  if [ "$gpus" -lt 2 ]; then
+    record SKIP 0 "ZeRO-0 to ZeRO-3 across GPUs: $gpus GPU on this machine, the step needs 2"
+    return
+  fi
+  [ -x "$bin/ptrain_multigpu_tests" ] || missing="a bundle built with MPI (PTRAIN_GPU_BUNDLE_MPI=1 scripts/gpu-bundle.sh)"
+  command -v mpirun >/dev/null || missing="$missing${missing:+ and }mpirun on this machine"
+  if [ -n "$missing" ]; then
+    record SKIP 0 "ZeRO-0 to ZeRO-3 across GPUs: $gpus GPUs, but the step needs $missing"
+    return
+  fi
+  step "ZeRO-0 to ZeRO-3 on 2 GPUs against 1 (tests/multigpu)" "$t_multigpu" "$limit_multigpu" \
+    env PTRAIN_MPIEXEC="$(command -v mpirun)" "$bin/ptrain_multigpu_tests" -w NoTests
 }
 
 # ---------------------------------------------------------------------------- speed

@@ -103,6 +103,12 @@ mutate zero2-bucket-wait-removed src/optim/adamw.cpp \
   '  if (!pending_) return;' \
   'GPUs follow 1 GPU'
 
+# 6. ZeRO-3's wait for a prefetched gather dropped: the next block computes with its weight room
+#    still holding the block two before it (the gather was queued a block ahead on NCCL's stream).
+mutate zero3-gather-wait-removed src/dist/nccl_communicator.cpp \
+  '  void wait_gathers() override { PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0)); }' \
+  '  void wait_gathers() override {}' \
+  'GPUs follow 1 GPU'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

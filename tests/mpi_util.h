@@ -2,6 +2,7 @@
 // (PTRAIN_MPIEXEC), for the data-parallel tests (tests/dist on CPUs, tests/multigpu on GPUs).
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -11,13 +12,20 @@ namespace ptrain::test {
 
 static_assert(sizeof(PTRAIN_MPIEXEC) > 1, "PTRAIN_MPIEXEC is empty: CMake found MPI but no mpiexec");
 
+// The launcher: the environment's PTRAIN_MPIEXEC where set (a test binary carried to another
+// machine, as scripts/gpu-check.sh does), else the one CMake found.
+inline std::string mpiexec() {
+  const char* path = std::getenv("PTRAIN_MPIEXEC");
+  return path && *path ? path : PTRAIN_MPIEXEC;
+}
+
 // `ranks` processes of the binary with `args`, as a shell command. Open MPI's flags let two ranks
 // share however few cores this machine has and run as root in containers; single-copy (CMA)
 // transfers are off because containers often forbid the ptrace access they need.
 inline std::string mpi_command(int ranks, const std::string& args) {
-  return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" PTRAIN_MPIEXEC
-         "' --oversubscribe --allow-run-as-root --bind-to none -np " +
-         std::to_string(ranks) + " '" + ptrain_binary() + "' " + args;
+  return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" + mpiexec() +
+         "' --oversubscribe --allow-run-as-root --bind-to none -np " + std::to_string(ranks) + " '" + ptrain_binary() +
+         "' " + args;
 }
 
 // Runs the binary on `ranks` ranks from `cwd`, stdout and stderr together. One rank runs the

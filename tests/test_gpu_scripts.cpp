@@ -170,11 +170,14 @@ TEST_CASE("gpu-check.sh without a bundle fails at once and leaves its summary in
   fs::remove_all(dir);
 }
 
-// Stand-ins for the bundle's binaries. ptrain: `devices` names a GPU, `train` writes 3 losses
-// where its config puts the run, `bench` prints nothing.
+// Stand-ins for the bundle's binaries. ptrain: `devices` names STAND_IN_GPUS GPUs (1 unless
+// set), `train` writes 3 losses where its config puts the run, `bench` prints nothing.
 const char* kStandInPtrain = R"SH(#!/bin/sh
 case "$1" in
-  devices) echo "loaded: CUDA runtime 13.0"; echo "cuda:0 NVIDIA H200 (stand-in)" ;;
+  devices)
+    echo "loaded: CUDA runtime 13.0"
+    i=0
+    while [ $i -lt "${STAND_IN_GPUS:-1}" ]; do echo "cuda:$i NVIDIA H200 (stand-in)"; i=$((i + 1)); done ;;
   train)
     dir=$(sed -n 's/^run: {name: \([^,]*\), out_dir: \([^,]*\),.*/\2\/\1/p' "$2")
     mkdir -p "$dir"
@@ -206,15 +209,22 @@ case "$1" in
 esac
 )SH";
 
+// dir/bundle.tar.xz: the stand-ins above, and with `with_mpi` a ptrain_multigpu_tests that
+// passes and names the launcher it was given.
+void write_stand_in_bundle(const fs::path& dir, bool with_mpi) {
+  fs::create_directories(dir / "bundle/bin");
+  write_file(dir / "bundle/bin/ptrain", kStandInPtrain);
+  write_file(dir / "bundle/bin/ptrain_gpu_tests", kStandInGpuTests);
+  if (with_mpi) write_file(dir / "bundle/bin/ptrain_multigpu_tests", "#!/bin/sh\necho \"launcher: $PTRAIN_MPIEXEC\"\n");
+  write_file(dir / "bundle/MANIFEST", "ptrain GPU bundle\ncommit: stand-in\nbuilt: stand-in\n");
+  REQUIRE(run_shell("cd '" + dir.string() + "' && chmod +x bundle/bin/* && tar -C bundle -cJf bundle.tar.xz .").exit_code ==
+          0);
+}
+
 TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alone and leaves its results in OUT",
           "[gpu-scripts]") {
   TempDir dir("gpu-check-run");
-  fs::create_directories(dir.dir / "bundle/bin");
-  write_file(dir.dir / "bundle/bin/ptrain", kStandInPtrain);
-  write_file(dir.dir / "bundle/bin/ptrain_gpu_tests", kStandInGpuTests);
-  write_file(dir.dir / "bundle/MANIFEST", "ptrain GPU bundle\ncommit: stand-in\nbuilt: stand-in\n");
-  REQUIRE(run_shell("cd '" + dir.dir.string() + "' && chmod +x bundle/bin/* && tar -C bundle -cJf bundle.tar.xz .")
-              .exit_code == 0);
+  write_stand_in_bundle(dir.dir, /*with_mpi=*/true);
   const fs::path out = dir.dir / "out";
   const CommandResult r =
       run_shell(gpu_check("", "OUT='" + out.string() + "' PTRAIN_GPU_BUNDLE='" + (dir.dir / "bundle.tar.xz").string() + "'"));
@@ -238,6 +248,8 @@ TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alon
   CHECK(has_record(summary, "PASS", "gpu test: gpu: op c, again alone with CUDA_LAUNCH_BLOCKING=1"));
   CHECK(has_record(summary, "PASS", "gpu test: gpu: op d, alone, after the group's process ended"));
   CHECK(has_record(summary, "PASS", "gpu test: gpu: train a"));
+  // One GPU: the multi-GPU step says so instead of running.
+  CHECK(has_record(summary, "SKIP", "ZeRO-0 to ZeRO-3 across GPUs: 1 GPU on this machine, the step needs 2"));
 
   const std::string failures = read_file(out / "first-failures.log");
   INFO(failures);
@@ -258,6 +270,35 @@ TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alon
   for (const char* name : {"first.log", "first-bench.txt", "first-details.tar.gz"}) {
     INFO(name);
     CHECK(fs::exists(out / name));
+  }
+}
+
+TEST_CASE("gpu-check.sh runs ZeRO-0 to ZeRO-3 across GPUs where there are two, or says what it lacks",
+          "[gpu-scripts]") {
+  TempDir dir("gpu-check-multigpu");
+  const bool with_mpi = GENERATE(true, false);
+  write_stand_in_bundle(dir.dir, with_mpi);
+  // An mpirun first on PATH, so that the step finds one on any machine.
+  fs::create_directories(dir.dir / "path");
+  write_file(dir.dir / "path/mpirun", "#!/bin/sh\nexit 0\n");
+  REQUIRE(run_shell("chmod +x '" + (dir.dir / "path/mpirun").string() + "'").exit_code == 0);
+  const fs::path out = dir.dir / "out";
+  const CommandResult r = run_shell(gpu_check("", "STAND_IN_GPUS=2 PATH='" + (dir.dir / "path").string() + "':\"$PATH\" OUT='" +
+                                                      out.string() + "' PTRAIN_GPU_BUNDLE='" +
+                                                      (dir.dir / "bundle.tar.xz").string() + "'"));
+  INFO(r.output);
+  const std::string summary = read_file(out / "first-summary.txt");
+  INFO(summary);
+  CHECK(summary.find("cuda:1 NVIDIA H200 (stand-in)") != std::string::npos);
+  if (with_mpi) {
+    CHECK(has_record(summary, "PASS", "ZeRO-0 to ZeRO-3 on 2 GPUs against 1 (tests/multigpu)"));
+    const CommandResult log = run_shell("tar -xzOf '" + (out / "first-details.tar.gz").string() +
+                                        "' --wildcards '*ZeRO-0_to_ZeRO-3*.log'");
+    CHECK(log.output.find("launcher: " + (dir.dir / "path/mpirun").string()) != std::string::npos);
+  } else {
+    CHECK(has_record(summary, "SKIP",
+                     "ZeRO-0 to ZeRO-3 across GPUs: 2 GPUs, but the step needs a bundle built with MPI "
+                     "(PTRAIN_GPU_BUNDLE_MPI=1 scripts/gpu-bundle.sh)"));
   }
 }
 

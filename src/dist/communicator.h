@@ -111,6 +111,15 @@ class Communicator {
     start_reduce_scatter(out, in, parts);
   }
   virtual void wait() {}
+  // all_gather(out, in, parts), started likewise: `out` must stay unread, and `in` unwritten,
+  // until wait_gathers() (ZeRO-3's next block's weights, gathered while this block computes).
+  void all_gather_async(Tensor out, Tensor in, const std::vector<Shard>& parts) {
+    count(traffic_.all_gathered, out);
+    start_gather(out, in, parts);
+  }
+  // Work queued on the compute stream from now on sees every gather started so far; sums started
+  // after the last of them may still be running (their wait() is separate).
+  virtual void wait_gathers() {}
   virtual bool overlaps_compute() const { return false; }
 
  protected:
@@ -124,6 +133,7 @@ class Communicator {
   virtual void start_reduce_scatter(Tensor out, Tensor in, const std::vector<Shard>& parts) {
     reduce_scatter_tensor(out, in, parts);
   }
+  virtual void start_gather(Tensor out, Tensor in, const std::vector<Shard>& parts) { gather_tensor(out, in, parts); }
 
  private:
   void count(int64_t& total, const Tensor& t) {

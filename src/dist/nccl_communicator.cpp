@@ -8,7 +8,9 @@
 // backend has queued so far); the synchronous collectives then make the compute stream wait for
 // an event recorded after them, so whatever the caller queues next sees their result. The host
 // never waits. all_reduce_sum_async skips that second step, so the sums run beside the backward
-// pass until wait() joins the streams; a bucket must not be touched before then.
+// pass until wait() joins the streams; a bucket must not be touched before then. all_gather_async
+// skips it too, and records an event of its own after the gather, so that wait_gathers() joins
+// the streams there and not behind a sum queued later.
 //
 // Uneven shards: NCCL's ReduceScatter and AllGather need equal shards, and shard_of gives the
 // first n % world ranks one element more. Padding would cost a staging copy of the tensor, so
@@ -92,6 +94,7 @@ class NcclCommunicator final : public Communicator {
       PTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming));
       PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+      PTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
       int code = 0;
       PTRAIN_NCCL_CHECK(ncclGetVersion(&code));
       version_ = version_text(code);
@@ -169,6 +172,12 @@ class NcclCommunicator final : public Communicator {
     }
   }
   void gather_tensor(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
+    start_gather(out, in, parts);
+    before_compute();
+  }
+  // On the communication stream after the compute work queued so far; wait_gathers() joins the
+  // streams at the event recorded after it.
+  void start_gather(Tensor out, Tensor in, const std::vector<Shard>& parts) override {
     const ncclDataType_t type = device_type(out, "all_gather");
     device_type(in, "all_gather");
     const int64_t n = out.numel();
@@ -190,8 +199,9 @@ class NcclCommunicator final : public Communicator {
       }
       PTRAIN_NCCL_CHECK(ncclGroupEnd());
     }
-    before_compute();
+    PTRAIN_CUDA_CHECK(cudaEventRecord(gathered_, stream_));
   }
+  void wait_gathers() override { PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0)); }
   void start_sums(const std::vector<Tensor>& bucket) override {
     for (const Tensor& t : bucket) sum_type(t, "all_reduce_sum_async");  // check all before the group opens
     after_compute();
@@ -272,10 +282,11 @@ class NcclCommunicator final : public Communicator {
       (void)(abandon ? ncclCommAbort(comm_) : ncclCommDestroy(comm_));
       comm_ = nullptr;
     }
+    if (gathered_) (void)cudaEventDestroy(gathered_);
     if (comm_done_) (void)cudaEventDestroy(comm_done_);
     if (compute_ready_) (void)cudaEventDestroy(compute_ready_);
     if (stream_) (void)cudaStreamDestroy(stream_);
-    comm_done_ = compute_ready_ = nullptr;
+    gathered_ = comm_done_ = compute_ready_ = nullptr;
     stream_ = nullptr;
   }
 
@@ -284,6 +295,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;   // NCCL's stream (non-blocking: no implicit sync with stream 0)
   cudaStream_t compute_ = nullptr;  // the backend's; null is the legacy default stream
   cudaEvent_t compute_ready_ = nullptr, comm_done_ = nullptr;
+  cudaEvent_t gathered_ = nullptr;  // recorded after each gather start_gather queued
   int device_ = 0;
   std::string version_;
   bool failed_ = false;  // an NCCL call failed: abort, do not destroy

@@ -737,11 +737,16 @@ void Transformer::forward_pass(int position, bool training) {
   if (shape_.arch == Arch::gpt2) wpe = position < 0 ? params_[kWpe] : params_[kWpe][position].reshaped({1, C});
 
   PTRAIN_CHECK(position < 0 || !sharded_params_, "decoding needs the whole weights, which ZeRO-3 does not keep");
-  need_weights(-1);
+  // ZeRO-3: each gather starts a block ahead of its use, so it runs beside the block before it
+  // (whose room it does not touch); a wait comes before each new start.
+  start_weights(-1);
+  start_weights(0);
+  await_weights();
   be.embedding_forward(at(a_.encoded), at(a_.tokens), params_[kWte], wpe);
   for (int l = 0; l < L; ++l) {
     NvtxRange range(block_names_[l].c_str());
-    need_weights(l);
+    await_weights();
+    if (l + 1 < L) start_weights(l + 1);
     block_forward(l, position, training);
   }
   const Tensor lnf = at(a_.lnf);
@@ -862,10 +867,14 @@ std::vector<FlatRange> Transformer::weight_bucket_ranges(int bucket) const {
   return out;
 }
 
-void Transformer::need_weights(int bucket) {
+void Transformer::start_weights(int bucket) {
   if (!sharded_params_) return;
-  PTRAIN_CHECK(static_cast<bool>(weight_gather_), "sharded parameters: no weight gather was set (set_weight_gather)");
-  weight_gather_(bucket);
+  PTRAIN_CHECK(weight_gather_.start && weight_gather_.wait, "sharded parameters: no weight gather was set (set_weight_gather)");
+  weight_gather_.start(bucket);
+}
+
+void Transformer::await_weights() {
+  if (sharded_params_) weight_gather_.wait();
 }
 
 Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
@@ -914,6 +923,9 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
 
   // LM head and the final norm; dresidual collects the residual stream's gradient from here
   // down to the embedding.
+  // ZeRO-3 gathers the last block's weights again (the ZeRO paper's count: every block twice a
+  // step), beside the head's backward pass.
+  start_weights(L - 1);
   be.zero(a_.dln);
   linear_backward(lm_head_fp8(), a_.dln, shape_.tied_head ? g[kWte] : g[kLmHead], Tensor(), a_.logits, a_.lnf,
                   lm_head());
@@ -922,14 +934,14 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     be.rmsnorm_backward(a_.dresidual, g[kNormFw], a_.dln, residual_in(L), p[kNormFw], a_.lnf_rstd);
   else
     be.layernorm_backward(a_.dresidual, g[kNormFw], g[kNormFb], a_.dln, residual_in(L), p[kNormFw], a_.lnf_mean, a_.lnf_rstd);
-  // ZeRO-3 gathers each block's weights before the bucket before it is handed on: a gather
-  // queued behind that bucket's sum would wait for it, where the sum should run beside the
-  // block's backward pass.
-  need_weights(L - 1);
   if (grads_done) grads_done(L);
 
   for (int l = L - 1; l >= 0; --l) {
     NvtxRange range(block_names_[l].c_str());
+    // ZeRO-3: this block's gather has landed; the next one's runs beside this block (and behind
+    // the sum of the bucket just handed on, on the same NCCL stream).
+    await_weights();
+    if (l > 0) start_weights(l - 1);
     // What the forward pass did not keep, made again from what it kept (the same bits). The
     // last block's activations are still there from the forward pass.
     const bool still_there = l == L - 1;
@@ -945,7 +957,6 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       llama_block_backward(l);
     else
       gpt2_block_backward(l);
-    if (l > 0) need_weights(l - 1);  // ZeRO-3: the next block's, gathered again (see above)
     if (grads_done) grads_done(l);
   }
   if (grad_buckets_ && !shape_.tied_head) be.zero(grad_bucket(-1));  // the head's bucket, handed on, shared its room

@@ -100,9 +100,9 @@ struct MasterRange {
   // the owners' shards before the bucket is used again.
   bool grad_buckets = false;
   // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
-  // forward and backward passes ask for each block's weights (set_weight_gather) right before
+  // forward and backward passes ask for each block's weights (set_weight_gather) a block before
   // they read them, gathered into one of two block-sized rooms, and for the other tensors' (the
-  // embeddings, final norm, LM head) into a room of their own, once per pass.
+  // embeddings, final norm, LM head) into a room of their own, once per forward pass.
   bool sharded_params = false;
 };
 
@@ -186,11 +186,17 @@ class Transformer {
   // buckets are zeroed as the backward pass reaches them).
   void zero_grad();
   bool has_grad_buckets() const { return grad_buckets_; }
-  // ZeRO-3 (MasterRange::sharded_params): `gather(b)` must fill weight_room(b) with the weights
-  // of weight_bucket_ranges(b) (a block l, or -1 for the other tensors), in the weight format;
-  // every rank's model calls it at the same points of its forward and backward passes.
+  // ZeRO-3 (MasterRange::sharded_params): `start(b)` begins filling weight_room(b) with the
+  // weights of weight_bucket_ranges(b) (a block l, or -1 for the other tensors), in the weight
+  // format; after `wait()`, what the model queues next sees every gather started so far. Every
+  // rank's model calls them at the same points of its forward and backward passes, one block
+  // ahead: the next block's gather starts before this block computes and runs beside it on GPUs.
+  struct WeightGather {
+    std::function<void(int bucket)> start;
+    std::function<void()> wait;
+  };
   bool has_sharded_params() const { return sharded_params_; }
-  void set_weight_gather(std::function<void(int bucket)> gather) { weight_gather_ = std::move(gather); }
+  void set_weight_gather(WeightGather gather) { weight_gather_ = std::move(gather); }
   Tensor weight_room(int bucket) const;
   std::vector<FlatRange> weight_bucket_ranges(int bucket) const;
   // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
@@ -333,7 +339,9 @@ class Transformer {
   // Block `layer`'s weights of tensor id: param(id)'s slice, or under ZeRO-3 its place in the
   // weight room that holds the layer.
   Tensor block_param(ParamId id, int layer) const;
-  void need_weights(int bucket);  // ZeRO-3: the weight gather, before a pass reads the bucket
+  // ZeRO-3: start the gather of a bucket's weights; wait for those started so far. No-ops else.
+  void start_weights(int bucket);
+  void await_weights();
   // t (B,T,...) whole (position < 0), or position `position` of sequence 0 as a (1,1,width) row.
   Tensor rows_at(Tensor t, int position) const;
   void attention_forward(int layer, int position);  // whole, or one decoded row over the cache
@@ -384,7 +392,7 @@ class Transformer {
   Tensor bucket_memory_;
   bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only
   Tensor weight_rooms_;          // two block rooms, then the other tensors' room
-  std::function<void(int bucket)> weight_gather_;
+  WeightGather weight_gather_;
   std::array<int64_t, kNumParams> bucket_offsets_{};
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;

@@ -138,12 +138,14 @@ void AdamW::gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tenso
     backend_.copy(room.range(at, hi - lo), shard_values.range(lo - shard_.begin, hi - lo));
     at += hi - lo;
   }
-  comm_->all_gather(room, room.range(mine.begin, mine.count), parts);
+  comm_->all_gather_async(room, room.range(mine.begin, mine.count), parts);
 }
 
-void AdamW::gather_weights(int bucket) {
+void AdamW::start_weight_gather(int bucket) {
   gather_into(model_.weight_room(bucket), model_.weight_bucket_ranges(bucket), model_.params_flat());
 }
+
+void AdamW::wait_weight_gathers() { comm_->wait_gathers(); }
 
 void AdamW::reduce_grad_bucket(int bucket, bool first_micro_batch) {
   land_pending_bucket();
@@ -284,6 +286,7 @@ void AdamW::gather_primary_fp8_weights(bool training) {
     order.push_back(-1);
     for (const int bucket : order) {
       gather_into(model_.grad_bucket(bucket), model_.grad_bucket_ranges(bucket), master_shard());
+      comm_->wait_gathers();
       model_.cast_primary_fp8_bucket(bucket, model_.grad_bucket(bucket), training);
     }
     return;

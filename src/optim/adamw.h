@@ -14,7 +14,7 @@
 // bit for bit; with more, ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
 // after, the same additions in another order (FP32 rounding apart). Stage 3 (ZeRO-3) shards the
 // GEMMs' copy of the weights too: the update writes this rank's range of it, and the model's
-// passes gather each block's weights before reading them (gather_weights).
+// passes gather each block's weights a block before reading them (start_weight_gather).
 //
 // distributed.grad_reduce_dtype: bf16 halves the gradient exchange's bytes: a chunk at a time
 // (wire_chunk() elements), each rank's FP32 sums are rounded to bf16 into a staging block, the
@@ -66,9 +66,13 @@ class AdamW {
   // beside the next block's backward pass and lands in the shard when the next bucket is handed
   // on (its room is then about to be reused); the embeddings' bucket, the last, lands at once.
   void reduce_grad_bucket(int bucket, bool first_micro_batch);
-  // ZeRO-3: gathers the weights of the model's weight bucket `bucket` into its weight room from
-  // the ranks' ranges (Transformer::set_weight_gather's gather). Every rank calls it alike.
-  void gather_weights(int bucket);
+  // ZeRO-3 (Transformer::set_weight_gather's two calls): starts gathering the weights of the
+  // model's weight bucket `bucket` into its weight room from the ranks' ranges; after
+  // wait_weight_gathers(), what the model queues next sees every gather started so far. On a
+  // communicator that overlaps_compute() the gather runs beside the compute queued meanwhile.
+  // Every rank calls them alike.
+  void start_weight_gather(int bucket);
+  void wait_weight_gathers();
   // One update with learning rate `lr`, from the gradients reduce_gradients() left. `grad_norm`
   // is the true gradient norm (after removing the loss scale) and `loss_scale` the factor the
   // stored gradients still carry.
@@ -148,7 +152,8 @@ class AdamW {
   // reduce-scatter or all-gather of it takes).
   std::vector<Shard> parts_of(const std::vector<FlatRange>& ranges) const;
   // Fills `room` (the flat layout's `ranges`, in order) from every rank's shard: this rank's
-  // pieces copied from `shard_values` (its shard's values), then the parts all-gathered.
+  // pieces copied from `shard_values` (its shard's values), then the parts all-gathered: started
+  // only; the room is read after the communicator's wait_gathers().
   void gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tensor shard_values);
   Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece
   std::vector<void*> memory_;

@@ -102,7 +102,8 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
                      cfg_.logging.sample_temperature);
   comm_->set_compute_stream(backend_->stream());
   if (model_.has_sharded_params())  // ZeRO-3: the passes gather each block's weights as they reach it
-    model_.set_weight_gather([this](int bucket) { optimizer_.gather_weights(bucket); });
+    model_.set_weight_gather({[this](int bucket) { optimizer_.start_weight_gather(bucket); },
+                              [this] { optimizer_.wait_weight_gathers(); }});
   // bench refuses --profile before training where the backend cannot profile.
   if (options.profile) PTRAIN_CHECK(backend_->set_profile(options.profile), "this backend cannot profile its ops");
   const int accum = spec_.batch.accumulation;

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sim.h"
@@ -158,6 +159,15 @@ void run_front(Stream* s) {
 }
 
 void run_until(Stream* s, uint64_t position) {
+  // First the other streams' work that s's ops up to `position` wait for, ahead of s's own
+  // earlier ops: a legal order (those waits are all it depends on; a wait of theirs on s runs s
+  // that far first), and the adversarial one, since an op of s that a reader on another stream
+  // forgot to wait for then runs after that reader. E.g. a gather queued on NCCL's stream, then
+  // an event wait for compute work that reads the gathered buffer without waiting for it.
+  std::vector<std::pair<Stream*, uint64_t>> waits;
+  for (size_t i = 0; i < s->queue.size() && s->executed + i < position; ++i)
+    if (const Op& op = s->queue[i]; op.wait_on) waits.emplace_back(op.wait_on, op.wait_until);
+  for (const auto& [other, until] : waits) run_until(other, until);
   while (s->executed < position && !s->queue.empty()) run_front(s);
 }
 

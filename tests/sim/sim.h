@@ -9,7 +9,9 @@
 //    Freed memory is poisoned with 0xFF bytes (NaN in every float format).
 //  - Deferred execution: work queues on its stream and runs only when something needs it (a
 //    synchronisation, an event wait, a copy to pageable host memory). A stream that reads
-//    another stream's results without an event wait reads them before they are written.
+//    another stream's results without an event wait reads them before they are written: a
+//    stream made to run runs the other streams' work its event waits need before its own
+//    earlier work, so a reader there that forgot its wait runs first.
 //    cudaDeviceSynchronize runs the pending streams interleaved in a seeded order
 //    (PTRAIN_SIM_SEED).
 //  - Copies from pageable host memory take their data when enqueued (CUDA stages them); copies

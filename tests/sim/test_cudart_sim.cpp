@@ -83,6 +83,33 @@ TEST_CASE("cudart: a stream reading another stream's result without an event wai
   REQUIRE(ptrain::sim::drain_all() == cudaSuccess);
 }
 
+// A stream waiting on another's event: the other's work up to the event runs first, ahead of the
+// waiting stream's own earlier work. So a reader on the other stream that should have waited
+// for that earlier work (ZeRO-3's prefetched gather on NCCL's stream, read by the next block)
+// reads the buffer unwritten even though something later made both streams run.
+TEST_CASE("cudart: a stream made to run runs the work its event waits need before its own earlier work") {
+  DeviceFloats x(1), y(1);
+  OwnedStream comm, compute;
+  cudaEvent_t written, read;
+  REQUIRE(cudaEventCreateWithFlags(&written, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&read, cudaEventDisableTiming) == cudaSuccess);
+  const float one = 1.0f;
+  REQUIRE(cudaMemcpyAsync(x.p, &one, sizeof(float), cudaMemcpyHostToDevice, comm.s) == cudaSuccess);
+  const bool waits = GENERATE(false, true);
+  if (waits) {
+    REQUIRE(cudaEventRecord(written, comm.s) == cudaSuccess);
+    REQUIRE(cudaStreamWaitEvent(compute.s, written, 0) == cudaSuccess);
+  }
+  REQUIRE(cudaMemcpyAsync(y.p, x.p, sizeof(float), cudaMemcpyDeviceToDevice, compute.s) == cudaSuccess);
+  REQUIRE(cudaEventRecord(read, compute.s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(comm.s, read, 0) == cudaSuccess);  // the next collective's wait
+  REQUIRE(cudaStreamSynchronize(comm.s) == cudaSuccess);
+  CHECK(y.read()[0] == (waits ? 1.0f : 0.0f));
+  REQUIRE(ptrain::sim::drain_all() == cudaSuccess);
+  cudaEventDestroy(written);
+  cudaEventDestroy(read);
+}
+
 TEST_CASE("cudart: a copy from pageable memory takes its data at once, one from pinned memory when it runs") {
   DeviceFloats x(1);
   OwnedStream s;
