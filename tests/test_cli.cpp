@@ -212,9 +212,10 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
 
 // ZeRO-2 and ZeRO-3 on the 8B shape, 8 ranks, bf16. Per parameter: the bf16 weights 2, and
 // sharded 16/d (the FP32 master 4, AdamW's moments 8 and the FP32 gradients 4) = 4.00 at d = 8,
-// plus ZeRO-2's gradient buckets: two rooms of one block's gradients (218,112,000 elements) and
-// the untied head's room, shared with the embedding's (206,049,280): 642,273,280 FP32 values,
-// 0.35 bytes per parameter, so FP32 grads 0.50 + 0.35. ZeRO-3 keeps 2/d of the weights (0.25)
+// plus ZeRO-2's gradient buckets: two rooms of one block's gradients (218,112,000 elements),
+// where the untied head's bucket and the embedding's (206,049,280 each) take turns with the
+// blocks': 436,224,000 FP32 values, 0.24 bytes per parameter, so FP32 grads 0.50 + 0.24. ZeRO-3
+// keeps 2/d of the weights (0.25)
 // and the rooms they are gathered into: two blocks' and the head's and embedding's
 // (848,318,464 bf16 values, 0.23). And a Llama-3-70B-shaped model (GPT-2's vocabulary: the
 // config's vocab_size stops at 65,536) at T 4096, micro-batch 1, recompute block: with ZeRO-3
@@ -229,8 +230,8 @@ TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, and 
     const char* without_activations;
   };
   for (const Case c :
-       {Case{2, "weights 2.00 + FP32 master 0.50 + FP32 grads 0.85 + AdamW state 1.00 = 4.35 without activations"},
-        Case{3, "weights 0.48 + FP32 master 0.50 + FP32 grads 0.85 + AdamW state 1.00 = 2.83 without activations"}}) {
+       {Case{2, "weights 2.00 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 4.24 without activations"},
+        Case{3, "weights 0.48 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 2.72 without activations"}}) {
     const std::string args =
         "train 8b.yaml --dry-run --ranks 8 --set precision.mode=bf16 --set distributed.zero_stage=" + std::to_string(c.stage);
     const CommandResult r = run_ptrain(args, tmp.dir);

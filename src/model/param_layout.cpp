@@ -1,6 +1,8 @@
 #include "core/tensor.h"
 #include "model/param_layout.h"
 
+#include <algorithm>
+
 namespace ptrain {
 
 ModelShape ModelShape::of(const ModelConfig& m) {
@@ -77,6 +79,7 @@ GradBucketSizes grad_bucket_sizes(const ModelShape& s) {
         shape_numel(spec.shape);
   sizes.block /= s.n_layer;
   sizes.shared = !s.tied_head;
+  sizes.in_block_rooms = sizes.shared && std::max(sizes.head, sizes.embedding) <= sizes.block;
   return sizes;
 }
 

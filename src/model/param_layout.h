@@ -86,8 +86,11 @@ constexpr bool is_head_param(ParamId id) { return id == kNormFw || id == kNormFb
 struct GradBucketSizes {
   static constexpr int kBlockRooms = 2;
   int64_t block = 0, head = 0, embedding = 0;
-  bool shared = false;  // head and embedding buckets in the same room
-  int64_t rest() const { return shared ? std::max(head, embedding) : head + embedding; }
+  bool shared = false;  // head and embedding buckets in the same room (an untied head)
+  // ... and when both fit a block's room, that room is a block room: the head's is the one
+  // block L-2 fills next, the embeddings' block 1's, each free by then.
+  bool in_block_rooms = false;
+  int64_t rest() const { return in_block_rooms ? 0 : shared ? std::max(head, embedding) : head + embedding; }
   int64_t total() const { return kBlockRooms * block + rest(); }
 };
 GradBucketSizes grad_bucket_sizes(const ModelShape& s);

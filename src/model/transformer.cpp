@@ -199,15 +199,14 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     master_flat_ = flat(Format::fp32, n);
   }
   if (master_range.count >= 0) master_begin_ = master_range.begin;
-  // Grad buckets: the block bucket, then the embeddings' and the head's (grad_bucket).
   const GradBucketSizes& sizes = bucket_sizes_;
   // Weight rooms (ZeRO-3): two of a block's weights, then the other tensors' in the flat order.
   if (sharded_params_)
     weight_rooms_ = flat(policy.weights, GradBucketSizes::kBlockRooms * sizes.block + sizes.head + sizes.embedding);
   int64_t room_offset = GradBucketSizes::kBlockRooms * sizes.block;
-  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
-  int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = rest_at,
-          head_offset = rest_at + (sizes.shared ? 0 : sizes.embedding);
+  // Grad buckets: the head's and the embeddings' tensors where grad_bucket_at puts them.
+  int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = grad_bucket_at(-1),
+          head_offset = grad_bucket_at(shape.n_layer);
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
     offsets_[spec.id] = offset;
@@ -886,10 +885,19 @@ Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
 Tensor Transformer::grad_bucket(int bucket) const {
   PTRAIN_CHECK(grad_buckets_, "grad_bucket: this model keeps whole gradients");
   const GradBucketSizes& sizes = bucket_sizes_;
-  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
-  if (bucket == shape_.n_layer) return bucket_memory_.range(rest_at + (sizes.shared ? 0 : sizes.embedding), sizes.head);
-  if (bucket < 0) return bucket_memory_.range(rest_at, sizes.embedding);
-  return bucket_memory_.range(bucket % GradBucketSizes::kBlockRooms * sizes.block, sizes.block);
+  const int64_t n = bucket == shape_.n_layer ? sizes.head : bucket < 0 ? sizes.embedding : sizes.block;
+  return bucket_memory_.range(grad_bucket_at(bucket), n);
+}
+
+int64_t Transformer::grad_bucket_at(int bucket) const {
+  const GradBucketSizes& sizes = bucket_sizes_;
+  constexpr int rooms = GradBucketSizes::kBlockRooms;
+  const bool block = bucket >= 0 && bucket < shape_.n_layer;
+  // Block l's room is l's turn; the head (L) and the embeddings (-1) take the turn after block
+  // L-1 and before block 0 (GradBucketSizes::in_block_rooms).
+  if (block || sizes.in_block_rooms) return (bucket % rooms + rooms) % rooms * sizes.block;
+  const int64_t rest_at = rooms * sizes.block;
+  return bucket < 0 || sizes.shared ? rest_at : rest_at + sizes.embedding;
 }
 
 std::vector<FlatRange> Transformer::grad_bucket_ranges(int bucket) const {

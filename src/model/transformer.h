@@ -202,6 +202,7 @@ class Transformer {
   // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
   // grad_bucket_ranges(b), in that order (ascending).
   Tensor grad_bucket(int bucket) const;
+  int64_t grad_bucket_at(int bucket) const;  // where grad_bucket(bucket) begins in its memory
   std::vector<FlatRange> grad_bucket_ranges(int bucket) const;
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
