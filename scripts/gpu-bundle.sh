@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 build=build-gpu-bundle
 mpi=OFF targets=(ptrain ptrain_gpu_tests) mpi_text="no MPI"
 if [ "${PTRAIN_GPU_BUNDLE_MPI:-0}" = 1 ]; then
+  command -v mpirun >/dev/null || { echo "gpu-bundle: PTRAIN_GPU_BUNDLE_MPI=1 needs Open MPI here (mpirun not found)" >&2; exit 1; }
   mpi=ON targets+=(ptrain_multigpu_tests) mpi_text="with MPI ($(mpirun --version 2>/dev/null | head -1))"
 fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_CUDA=ON -DPTRAIN_MPI="$mpi" \

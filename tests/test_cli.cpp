@@ -213,7 +213,7 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
 // ZeRO-2 and ZeRO-3 on the 8B shape, 8 ranks, bf16. Per parameter: the bf16 weights 2, and
 // sharded 16/d (the FP32 master 4, AdamW's moments 8 and the FP32 gradients 4) = 4.00 at d = 8,
 // plus ZeRO-2's gradient buckets: two rooms of one block's gradients (218,112,000 elements),
-// where the untied head's bucket and the embedding's (206,049,280 each) take turns with the
+// where the untied head's bucket and the embedding's (206,049,280 and 206,045,184) take turns with the
 // blocks': 436,224,000 FP32 values, 0.24 bytes per parameter, so FP32 grads 0.50 + 0.24. ZeRO-3
 // keeps 2/d of the weights (0.25)
 // and the rooms they are gathered into: two blocks' and the head's and embedding's

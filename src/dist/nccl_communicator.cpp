@@ -201,7 +201,10 @@ class NcclCommunicator final : public Communicator {
     }
     PTRAIN_CUDA_CHECK(cudaEventRecord(gathered_, stream_));
   }
-  void wait_gathers() override { PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0)); }
+  void wait_gathers() override {
+    PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, gathered_, 0));
+    check_async_error();
+  }
   void start_sums(const std::vector<Tensor>& bucket) override {
     for (const Tensor& t : bucket) sum_type(t, "all_reduce_sum_async");  // check all before the group opens
     after_compute();
@@ -268,6 +271,9 @@ class NcclCommunicator final : public Communicator {
   void before_compute() {
     PTRAIN_CUDA_CHECK(cudaEventRecord(comm_done_, stream_));
     PTRAIN_CUDA_CHECK(cudaStreamWaitEvent(compute_, comm_done_, 0));
+    check_async_error();
+  }
+  void check_async_error() {
     ncclResult_t async = ncclSuccess;
     PTRAIN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     check(async, "an earlier collective (ncclCommGetAsyncError)", __FILE__, __LINE__);

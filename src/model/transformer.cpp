@@ -171,7 +171,7 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   primary_fp8_ = primary > 0;
   primary_cast_ = PrimaryCast::due;
   // ZeRO-3 keeps only this rank's range of the GEMMs' copy, and gathers each block's (and the
-  // other tensors') into a room right before the forward or backward pass reads it.
+  // other tensors') into a room a block before the forward or backward pass reads it.
   sharded_params_ = master_range.sharded_params;
   PTRAIN_CHECK(!sharded_params_ || (master_range.count >= 0 && master_range.grad_buckets && !policy.fp8.enabled),
                "sharded parameters need this rank's range, grad buckets and no FP8 layers");
@@ -967,7 +967,8 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       gpt2_block_backward(l);
     if (grads_done) grads_done(l);
   }
-  if (grad_buckets_ && !shape_.tied_head) be.zero(grad_bucket(-1));  // the head's bucket, handed on, shared its room
+  // The untied head's bucket, or block 1's, held this room before (GradBucketSizes): landed by now.
+  if (grad_buckets_ && !shape_.tied_head) be.zero(grad_bucket(-1));
   be.embedding_backward(g[kWte], g[kWpe], a_.dresidual, a_.tokens);  // g[kWpe] is empty for llama
   if (grads_done) grads_done(-1);
 }

@@ -95,9 +95,10 @@ struct GptActivations {
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
   // ZeRO-2: no parameter-sized gradient buffer. The backward pass writes each block's weight
-  // gradients into a bucket of one block's size, and the other tensors' into a second bucket
-  // (grad_bucket), and hands each bucket to grads_done as it completes, which must sum it into
-  // the owners' shards before the bucket is used again.
+  // gradients into a bucket of one block's size, the head's and the embeddings' into buckets of
+  // their own (grad_bucket; GradBucketSizes says which rooms they take), and hands each bucket
+  // to grads_done as it completes, which must sum it into the owners' shards before the
+  // bucket is used again.
   bool grad_buckets = false;
   // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
   // forward and backward passes ask for each block's weights (set_weight_gather) a block before

@@ -101,7 +101,7 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
                      plan.data.sample_prompt, static_cast<uint64_t>(cfg_.run.seed), cfg_.logging.sample_tokens,
                      cfg_.logging.sample_temperature);
   comm_->set_compute_stream(backend_->stream());
-  if (model_.has_sharded_params())  // ZeRO-3: the passes gather each block's weights as they reach it
+  if (model_.has_sharded_params())  // ZeRO-3: the passes gather each block's weights a block ahead
     model_.set_weight_gather({[this](int bucket) { optimizer_.start_weight_gather(bucket); },
                               [this] { optimizer_.wait_weight_gathers(); }});
   // bench refuses --profile before training where the backend cannot profile.

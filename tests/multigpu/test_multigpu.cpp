@@ -24,13 +24,28 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<double> gpu_losses(const fs::path& dir, int ranks, const std::string& name, int zero_stage,
-                               const std::string& arch = "gpt2") {
+// One run's shape: GPT-2 or Llama blocks, how many, sequences per micro-batch (8: one
+// micro-batch per rank on 2 ranks, two on 1) and how often it evaluates.
+struct Run {
+  std::string arch = "gpt2";
+  int layers = 2;
+  int micro_batch = 8;
+  int eval_every = 0;
+};
+
+struct Losses {
+  std::vector<double> train, val;
+  bool operator==(const Losses& o) const { return train == o.train && val == o.val; }
+};
+
+Losses gpu_losses(const fs::path& dir, int ranks, const std::string& name, int zero_stage, const Run& run = {}) {
   write_file(dir / (name + ".yaml"),
              "run: {name: " + name + ", out_dir: runs, seed: 3, device: cuda}\n"
-             "model: {arch: " + arch + ", n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
+             "model: {arch: " + run.arch + ", n_layer: " + std::to_string(run.layers) +
+             ", n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256}\n"
              "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
-             "training: {steps: 8, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 2}\n"
+             "training: {steps: 8, batch_tokens: 1024, micro_batch: " + std::to_string(run.micro_batch) +
+             ", eval_every: " + std::to_string(run.eval_every) + ", eval_batches: 2}\n"
              "precision: {mode: bf16}\n"
              "distributed: {zero_stage: " + std::to_string(zero_stage) + "}\n"
              "checkpoint: {save_final: false}\n");
@@ -38,18 +53,26 @@ std::vector<double> gpu_losses(const fs::path& dir, int ranks, const std::string
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   if (ranks > 1) CHECK(r.output.find("data parallel: NCCL") != std::string::npos);
-  std::vector<double> losses;
-  for (const auto& m : read_metrics(dir / "runs" / name / "metrics.jsonl"))
-    if (m.contains("step") && m.contains("loss")) losses.push_back(m["loss"].get<double>());
-  REQUIRE(losses.size() == 8);
+  Losses losses;
+  for (const auto& m : read_metrics(dir / "runs" / name / "metrics.jsonl")) {
+    if (m.contains("step") && m.contains("loss")) losses.train.push_back(m["loss"].get<double>());
+    if (m.contains("val_loss")) losses.val.push_back(m["val_loss"].get<double>());
+  }
+  REQUIRE(losses.train.size() == 8);
+  if (run.eval_every > 0) REQUIRE(losses.val.size() >= static_cast<size_t>(8 / run.eval_every));
   return losses;
 }
 
 void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tolerance) {
+  REQUIRE(got.size() == want.size());
   for (size_t s = 0; s < want.size(); ++s) {
     INFO("step " << s + 1 << ": " << got[s] << " vs " << want[s]);
     CHECK(std::fabs(got[s] - want[s]) <= tolerance * std::fabs(want[s]));
   }
+}
+void expect_close(const Losses& got, const Losses& want, double tolerance) {
+  expect_close(got.train, want.train, tolerance);
+  expect_close(got.val, want.val, tolerance);
 }
 
 TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, GPT-2 and Llama blocks", "[multigpu]") {
@@ -63,10 +86,18 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   const auto two_zero3 = gpu_losses(dir, 2, "two-zero3", 3);
   // Llama's untied LM head: its gradient bucket and the embeddings' take turns with the blocks'
   // in the two block rooms (GradBucketSizes::in_block_rooms), so each must have landed before
-  // the next block's backward pass zeroes its room.
-  const auto llama = gpu_losses(dir, 2, "llama", 0, "llama");
-  const auto llama_zero2 = gpu_losses(dir, 2, "llama-zero2", 2, "llama");
-  const auto llama_zero3 = gpu_losses(dir, 2, "llama-zero3", 3, "llama");
+  // the next block's backward pass zeroes its room; 3 blocks put both in the same room. Every 4
+  // steps an evaluation gathers ZeRO-3's weights between steps.
+  const Run llama_run{"llama", 3, 8, 4};
+  const auto llama = gpu_losses(dir, 2, "llama", 0, llama_run);
+  const auto llama_zero2 = gpu_losses(dir, 2, "llama-zero2", 2, llama_run);
+  const auto llama_zero3 = gpu_losses(dir, 2, "llama-zero3", 3, llama_run);
+  // Two micro-batches per rank: ZeRO-2 and 3 add each micro-batch's sum over ranks into the
+  // shards, in another order than ZeRO-0, but alike, so ZeRO-3 (its gathers running a block
+  // ahead across micro-batches) follows ZeRO-2.
+  const Run accumulating{"llama", 3, 4, 4};
+  const auto accumulating_zero2 = gpu_losses(dir, 2, "llama-accumulating-zero2", 2, accumulating);
+  const auto accumulating_zero3 = gpu_losses(dir, 2, "llama-accumulating-zero3", 3, accumulating);
   // The CPU's 2-rank bf16 bound (kBf16LayoutLossTolerance in tests/dist/test_distributed.cpp).
   expect_close(two, one, 2e-4);
 #ifdef PTRAIN_SIM_DEVICE
@@ -77,12 +108,14 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   CHECK(two_zero3 == two);
   CHECK(llama_zero2 == llama);
   CHECK(llama_zero3 == llama);
+  CHECK(accumulating_zero3 == accumulating_zero2);
 #else
   expect_close(two_zero1, two, 2e-4);
   expect_close(two_zero2, two, 2e-4);
   expect_close(two_zero3, two, 2e-4);
   expect_close(llama_zero2, llama, 2e-4);
   expect_close(llama_zero3, llama, 2e-4);
+  expect_close(accumulating_zero3, accumulating_zero2, 2e-4);
 #endif
   fs::remove_all(dir);
 }
