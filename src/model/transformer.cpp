@@ -512,7 +512,9 @@ void Transformer::init(uint64_t seed, double std) {
     const bool is_norm_weight = (i == kNorm1w || i == kNorm2w || i == kNormFw || i == kQNormw || i == kKNormw);
     const double tensor_std = (i == kAttnOutw || i == kMlpDownw) ? residual_std : std;
     // Padded vocabulary rows stay zero: they never win a softmax and get no gradient.
-    const int64_t drawn = !spec.weight_decay ? 0 : (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd : n;
+    const int64_t drawn = !spec.weight_decay                 ? 0
+                          : (i == kWte || i == kLmHead) ? int64_t{shape_.vocab} * shape_.n_embd
+                                                        : n;
     Rng rng(seed, static_cast<uint64_t>(i));
     for (int64_t begin = 0; begin < n; begin += kPiece) {
       host.assign(static_cast<size_t>(std::min(kPiece, n - begin)), is_norm_weight ? 1.0f : 0.0f);
@@ -855,7 +857,7 @@ Tensor Transformer::weight_room(int bucket) const {
   const GradBucketSizes& sizes = bucket_sizes_;
   const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
   if (bucket < 0) return weight_rooms_.range(rest_at, sizes.head + sizes.embedding);
-  return weight_rooms_.range(bucket % GradBucketSizes::kBlockRooms * sizes.block, sizes.block);
+  return weight_rooms_.range(block_room_at(bucket), sizes.block);
 }
 
 std::vector<FlatRange> Transformer::weight_bucket_ranges(int bucket) const {
@@ -868,7 +870,8 @@ std::vector<FlatRange> Transformer::weight_bucket_ranges(int bucket) const {
 
 void Transformer::start_weights(int bucket) {
   if (!sharded_params_) return;
-  PTRAIN_CHECK(weight_gather_.start && weight_gather_.wait, "sharded parameters: no weight gather was set (set_weight_gather)");
+  PTRAIN_CHECK(weight_gather_.start && weight_gather_.wait,
+               "sharded parameters: no weight gather was set (set_weight_gather)");
   weight_gather_.start(bucket);
 }
 
@@ -891,13 +894,17 @@ Tensor Transformer::grad_bucket(int bucket) const {
 
 int64_t Transformer::grad_bucket_at(int bucket) const {
   const GradBucketSizes& sizes = bucket_sizes_;
-  constexpr int rooms = GradBucketSizes::kBlockRooms;
   const bool block = bucket >= 0 && bucket < shape_.n_layer;
-  // Block l's room is l's turn; the head (L) and the embeddings (-1) take the turn after block
-  // L-1 and before block 0 (GradBucketSizes::in_block_rooms).
-  if (block || sizes.in_block_rooms) return (bucket % rooms + rooms) % rooms * sizes.block;
-  const int64_t rest_at = rooms * sizes.block;
+  // The head (L) and the embeddings (-1) take the block rooms' turns after block L-1 and before
+  // block 0 (GradBucketSizes::in_block_rooms).
+  if (block || sizes.in_block_rooms) return block_room_at(bucket);
+  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
   return bucket < 0 || sizes.shared ? rest_at : rest_at + sizes.embedding;
+}
+
+int64_t Transformer::block_room_at(int turn) const {
+  constexpr int rooms = GradBucketSizes::kBlockRooms;
+  return (turn % rooms + rooms) % rooms * bucket_sizes_.block;
 }
 
 std::vector<FlatRange> Transformer::grad_bucket_ranges(int bucket) const {

@@ -204,6 +204,7 @@ class Transformer {
   // grad_bucket_ranges(b), in that order (ascending).
   Tensor grad_bucket(int bucket) const;
   int64_t grad_bucket_at(int bucket) const;  // where grad_bucket(bucket) begins in its memory
+  int64_t block_room_at(int turn) const;      // block rooms, weights' or gradients': turn's offset
   std::vector<FlatRange> grad_bucket_ranges(int bucket) const;
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
@@ -260,8 +261,9 @@ class Transformer {
   // Tensor id's FP32 master weights; with a sharded master (which has no whole tensor), param(id).
   Tensor master(ParamId id) const;
   // New weights (init, model.init_from, a checkpoint's): tensor id's FP32 values, elements
-  // [begin, begin + count) of it (all of it by default) from host memory. Unsharded they go to master(); with a sharded master this rank's
-  // range of them goes to master_shard() and the GEMMs' copy is written through a staging
+  // [begin, begin + count) of it (all of it by default) from host memory. Unsharded they go to
+  // master(); with a sharded master this rank's range of them goes to master_shard() and the
+  // GEMMs' copy is written through a staging
   // buffer, a piece at a time (the gradient buffer, free between steps, or the grad buckets),
   // so the whole FP32 master is never held. Call weights_loaded() once all are written. Not
   // while a step's gradients are there.
