@@ -284,18 +284,21 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
 
   CLI::App* s = data->add_subcommand("synth", "Write a corpus drawn from a random sparse order-K Markov source");
   s->footer(
-      "Writes DIR/train_000000.bin, DIR/val_000000.bin (llm.c token shards) and DIR/synthetic.json\n"
-      "with the source's parameters and the oracle loss of the val split: the floor no model can beat.\n"
+      "Writes DIR/train_000000.bin, DIR/val_000000.bin (llm.c token shards: uint16 ids, uint32 past a\n"
+      "vocabulary of 65,536) and DIR/synthetic.json with the source's parameters and the oracle loss\n"
+      "of the val split: the floor no model can beat.\n"
       "Example:\n"
       "  ptrain data synth --out data/markov --vocab 256 --order 2 --tokens 2000000 --seed 7");
   s->add_option("--out", synth.out, "Output directory: new or empty")->required();
   s->add_flag("--force", synth.force, "Replace a corpus data synth wrote at --out earlier");
-  s->add_option("--vocab", synth.vocab, "Vocabulary size V")->check(whole_number(2, 65536))->capture_default_str();
+  s->add_option("--vocab", synth.vocab, "Vocabulary size V (above 65,536: uint32 shards)")
+      ->check(whole_number(2, ptrain::kMaxVocab))
+      ->capture_default_str();
   s->add_option("--order", synth.order, "Context length K of the source")
       ->check(whole_number(1, INT32_MAX))
       ->capture_default_str();
   s->add_option("--branching", synth.branching, "Successor tokens allowed per context")
-      ->check(whole_number(1, 65536))
+      ->check(whole_number(1, ptrain::kMaxVocab))
       ->capture_default_str();
   s->add_option("--tokens", synth.tokens, "Tokens in total (train + val)")
       ->check(whole_number(1, kMaxWhole))

@@ -292,7 +292,7 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
       {"sample --checkpoint " + ck + " --tokens 2000000", "--tokens: 2000000; " + whole + "1 to 1048576"},
       {"sample --checkpoint " + ck + " --top-k -1", "--top-k: -1; " + whole + "0"},
       {"data synth --out synth --seed -1", "--seed: -1; " + whole + "0"},
-      {"data synth --out synth --vocab 0", "--vocab: 0; " + whole + "2 to 65536"},
+      {"data synth --out synth --vocab 0", "--vocab: 0; " + whole + "2 to 1048576"},
       {"data synth --out synth --tokens 1e6", "--tokens: 1e6; " + whole + "1"},
       {"data prepare --input run.yaml --out prepared --threads 100000", "--threads: 100000; " + whole + "0 to 1024"},
       {"data prepare --input run.yaml --out prepared --threads 010", "--threads: 010; " + whole + "0 to 1024"},

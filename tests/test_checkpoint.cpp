@@ -125,6 +125,9 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
       // among them).
       {"llama-bf16", "--set model.arch=llama --set model.n_kv_head=1 --set model.mlp_hidden=48 "
                      "--set model.qk_norm=true --set precision.mode=bf16"},
+      // Llama 3's vocabulary size: the corpus in uint32 shards, ids past 65,535 in every batch.
+      {"llama-128k", "--set model.arch=llama --set model.n_kv_head=1 --set model.vocab_size=128256 "
+                     "--set data.synthetic.vocab=128256 --set precision.mode=bf16"},
   };
   Workspace ws;
   for (const auto& [mode, flags] : modes) {
@@ -142,6 +145,8 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
     INFO(second.output);
     REQUIRE(second.exit_code == 0);
     CHECK(second.output.find("resumed from") != std::string::npos);
+    CHECK((straight.output.find("(llm.c's Llama 3 format, uint32 tokens)") != std::string::npos) ==
+          (mode == "llama-128k"));
 
     const auto a = loss_trace(ws.run(mode + "-straight") / "metrics.jsonl");
     const auto b = loss_trace(ws.run(mode + "-resumed") / "metrics.jsonl");

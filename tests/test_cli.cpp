@@ -217,9 +217,9 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
 // blocks': 436,224,000 FP32 values, 0.24 bytes per parameter, so FP32 grads 0.50 + 0.24. ZeRO-3
 // keeps 2/d of the weights (0.25)
 // and the rooms they are gathered into: two blocks' and the head's and embedding's
-// (848,318,464 bf16 values, 0.23). And a Llama-3-70B-shaped model (GPT-2's vocabulary: the
-// config's vocab_size stops at 65,536) at T 4096, micro-batch 1, recompute block: with ZeRO-3
-// it fits 32 80 GB H100s with at least 10% of the arena free, and the 8B shape fits 4.
+// (848,318,464 bf16 values, 0.23). And a Llama-3-70B-shaped model with Llama 3's vocabulary
+// at T 4096, micro-batch 1, recompute block: with ZeRO-3 it fits 32 80 GB H100s with at least
+// 10% of the arena free, and the 8B shape fits 4.
 TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, and a 70B model on 32 H100s", "[cli]") {
   const TempDir tmp("zero3-plans");
   write_file(tmp.dir / "8b.yaml",
@@ -252,7 +252,7 @@ TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, and 
   write_file(tmp.dir / "70b.yaml",
              "run: {name: l70b, out_dir: runs, device: cuda}\n"
              "model: {arch: llama, n_layer: 80, n_head: 64, n_kv_head: 8, n_embd: 8192, mlp_hidden: 28672, "
-             "seq_len: 4096, vocab_size: 50257, rope_theta: 500000}\n"
+             "seq_len: 4096, vocab_size: 128256, rope_theta: 500000}\n"
              "data: {synthetic: {tokens: 2000000}}\n"
              "training: {steps: 10, micro_batch: 1, batch_tokens: 1048576, recompute: block}\n"
              "precision: {mode: bf16}\n"
@@ -461,6 +461,18 @@ TEST_CASE("data errors exit 2 and create no run directory", "[cli]") {
   SECTION("size does not match the header") {
     corrupt_int(train, 2, 6000);
     expect_bad_input(ws.train(ws.config()), {"train_000000.bin", "expected"});
+  }
+  SECTION("shards of mixed widths in a split") {
+    write_shard((ws.dir / "data/train_000001.bin").string(), std::vector<uint32_t>(100, 5));
+    expect_bad_input(ws.train(ws.config()), {"data.train", "train_000001.bin", "uint32 tokens", "train_000000.bin",
+                                             "uint16 tokens", "expected the shards of one vocabulary"});
+  }
+  SECTION("splits of different widths") {
+    write_shard((ws.dir / "data/val_000000.bin").string(), std::vector<uint32_t>(5000, 5));
+    const CommandResult dry = ws.train(ws.config(), "--dry-run");
+    expect_bad_input(dry, {"data.val", "val_000000.bin", "uint32 tokens", "data.train's", "uint16 tokens",
+                           "expected both splits made with one vocabulary"});
+    expect_bad_input(ws.train(ws.config()), {"data.val", "expected both splits"});
   }
   CHECK_FALSE(ws.run_dir_exists());
 }

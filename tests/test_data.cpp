@@ -50,9 +50,9 @@ void write_raw_shard(const std::string& path, int32_t magic, int32_t version, in
   out << std::string(token_bytes, '\0');
 }
 
-std::vector<uint16_t> read_tokens(const std::string& path) {
+std::vector<uint32_t> read_tokens(const std::string& path) {
   TokenShard shard(path);
-  std::vector<uint16_t> tokens(static_cast<size_t>(shard.size()));
+  std::vector<uint32_t> tokens(static_cast<size_t>(shard.size()));
   shard.read(0, shard.size(), tokens.data());
   return tokens;
 }
@@ -88,19 +88,78 @@ TEST_CASE("a shard round-trips through write_shard and TokenShard", "[data]") {
 
   TokenShard shard(path);
   CHECK(shard.path() == path);
-  CHECK(read_tokens(path) == tokens);
+  CHECK(&shard.format() == &kUint16Shards);
+  CHECK(read_tokens(path) == std::vector<uint32_t>(tokens.begin(), tokens.end()));
 
   TokenShard moved(std::move(shard));
   CHECK(moved.size() == static_cast<int64_t>(tokens.size()));
-  uint16_t last = 0;
+  uint32_t last = 0;
   moved.read(6, 1, &last);
   CHECK(last == 65535);
 }
 
+TEST_CASE("uint32 shards are llm.c's Llama 3 format and hold ids past 65,535", "[data]") {
+  TempDir dir;
+  const std::string path = dir / "train_000000.bin";
+  // Llama 3's vocabulary ends at 128,255; the ids below cross each byte of a uint32.
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128000, 128255, 16777215, 16777216, 1000};
+  write_shard(path, tokens);
+
+  CHECK(fs::file_size(path) == 1024 + 4 * tokens.size());
+  const std::string bytes = file_bytes(path);
+  std::vector<int32_t> header(kShardHeaderInts);
+  std::memcpy(header.data(), bytes.data(), 1024);
+  CHECK(header[0] == 20240801);  // llm.c's dev/data/data_common.py, "llama-3"
+  CHECK(header[1] == 7);
+  CHECK(header[2] == static_cast<int32_t>(tokens.size()));
+  for (int i = 3; i < kShardHeaderInts; ++i) CHECK(header[i] == 0);
+  uint32_t third = 0;
+  std::memcpy(&third, bytes.data() + 1024 + 2 * 4, 4);
+  CHECK(third == 65536);  // little-endian uint32s right after the header
+
+  const TokenShard shard(path);
+  CHECK(&shard.format() == &kUint32Shards);
+  CHECK(read_tokens(path) == tokens);
+  std::vector<uint32_t> middle(3);
+  shard.read(3, 3, middle.data());
+  CHECK(middle == std::vector<uint32_t>{128000, 128255, 16777215});
+
+  // The stream checks them against the model's vocabulary as it does uint16 ids.
+  const TokenStream stream({path}, "data.train", 128256);
+  std::vector<int32_t> out(5);
+  stream.copy(0, 5, out.data());
+  CHECK(out == std::vector<int32_t>{0, 65535, 65536, 128000, 128255});
+  const std::string message = user_error([&] { stream.copy(3, 3, out.data()); });
+  CHECK(message == "data.train: token id 16777215 at position 5 of \"" + path +
+                       "\" is not below model.vocab_size 128256; expected shards made with this model's vocabulary");
+}
+
+TEST_CASE("the shard format follows the vocabulary: uint16 while every id fits", "[data]") {
+  CHECK(&shard_format_for(256) == &kUint16Shards);
+  CHECK(&shard_format_for(50257) == &kUint16Shards);
+  CHECK(&shard_format_for(65536) == &kUint16Shards);  // ids 0..65535
+  CHECK(&shard_format_for(65537) == &kUint32Shards);
+  CHECK(&shard_format_for(128256) == &kUint32Shards);
+}
+
+TEST_CASE("a split whose shards mix uint16 and uint32 is refused, naming both", "[data]") {
+  TempDir dir;
+  write_shard(dir / "train_000.bin", iota_tokens(0, 10));
+  write_shard(dir / "train_001.bin", std::vector<uint32_t>{70000, 1, 2});
+  const std::string message =
+      user_error([&] { TokenStream s(expand_shard_glob(dir / "train_*.bin", "data.train"), "data.train", 128256); });
+  CHECK(message == "data.train: \"" + (dir / "train_001.bin") +
+                       "\" is in llm.c's Llama 3 format, uint32 tokens but \"" + (dir / "train_000.bin") +
+                       "\" is in llm.c's GPT-2 format, uint16 tokens; expected the shards of one vocabulary, in one "
+                       "format");
+}
+
 TEST_CASE("an empty shard is valid", "[data]") {
   TempDir dir;
-  write_shard(dir / "empty.bin", {});
+  write_shard(dir / "empty.bin", std::vector<uint16_t>{});
   CHECK(TokenShard(dir / "empty.bin").size() == 0);
+  write_shard(dir / "empty32.bin", std::vector<uint32_t>{});
+  CHECK(TokenShard(dir / "empty32.bin").size() == 0);
 }
 
 TEST_CASE("bad shards are user errors naming the file and what was expected", "[data]") {
@@ -110,22 +169,34 @@ TEST_CASE("bad shards are user errors naming the file and what was expected", "[
   SECTION("wrong magic") {
     write_raw_shard(path, 12345, 1, 4, 8);
     message = user_error([&] { TokenShard s(path); });
-    CHECK_THAT(message, Catch::Contains("does not begin with the magic number 20240520") && !Catch::Contains("12345"));
+    CHECK_THAT(message, Catch::Contains("begins with 12345, expected the magic number 20240520 (llm.c's GPT-2 "
+                                        "format, uint16 tokens) or 20240801 (llm.c's Llama 3 format, uint32 tokens)"));
   }
   SECTION("wrong version") {
-    write_raw_shard(path, kShardMagic, 2, 4, 8);
+    write_raw_shard(path, kUint16Shards.magic, 2, 4, 8);
     message = user_error([&] { TokenShard s(path); });
-    CHECK_THAT(message, Catch::Contains("version 2"));
+    CHECK_THAT(message, Catch::Contains("magic 20240520 and version 2, expected version 1"));
+  }
+  SECTION("the other format's version: the width would be wrong") {
+    write_raw_shard(path, kUint32Shards.magic, 1, 4, 8);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("magic 20240801 and version 1, expected version 7 (llm.c's Llama 3 format, "
+                                        "uint32 tokens)"));
   }
   SECTION("truncated tokens") {
-    write_raw_shard(path, kShardMagic, 1, 4, 7);
+    write_raw_shard(path, kUint16Shards.magic, 1, 4, 7);
     message = user_error([&] { TokenShard s(path); });
     CHECK_THAT(message, Catch::Contains("1031 bytes") && Catch::Contains("1032"));
   }
   SECTION("extra bytes") {
-    write_raw_shard(path, kShardMagic, 1, 4, 10);
+    write_raw_shard(path, kUint16Shards.magic, 1, 4, 10);
     message = user_error([&] { TokenShard s(path); });
     CHECK_THAT(message, Catch::Contains("1034 bytes") && Catch::Contains("1032"));
+  }
+  SECTION("uint32 tokens counted at two bytes each") {
+    write_raw_shard(path, kUint32Shards.magic, 7, 4, 8);
+    message = user_error([&] { TokenShard s(path); });
+    CHECK_THAT(message, Catch::Contains("1032 bytes but its header says 4 tokens, expected 1024 + 4 * 4 = 1040 bytes"));
   }
   SECTION("shorter than the header") {
     std::ofstream(path) << "tiny";
@@ -146,7 +217,7 @@ TEST_CASE("a shard truncated while it is read names where it ends now", "[data]"
   write_shard(path, std::vector<uint16_t>(1000, 3));
   const TokenShard shard(path);
   std::filesystem::resize_file(path, 1024 + 100);  // 50 tokens left of 1000
-  std::vector<uint16_t> out(10);
+  std::vector<uint32_t> out(10);
   const std::string message = user_error([&] { shard.read(900, 10, out.data()); });
   CHECK_THAT(message, Catch::Contains("ends at byte 1124 although it was 3024 bytes when opened (reading byte 2824)"));
 }
@@ -155,13 +226,13 @@ TEST_CASE("a bad shard in a stream is reported with its config key", "[data]") {
   TempDir dir;
   write_raw_shard(dir / "train_000.bin", 12345, 1, 0, 0);
   const std::string message = user_error([&] { TokenStream s(expand_shard_glob(dir / "train_*.bin", "data.train"), "data.train", 256); });
-  CHECK_THAT(message, Catch::StartsWith("data.train: shard \"" + (dir / "train_000.bin") + "\" does not begin with the magic number 20240520"));
+  CHECK_THAT(message, Catch::StartsWith("data.train: shard \"" + (dir / "train_000.bin") + "\" begins with 12345, expected the magic number 20240520"));
 }
 
 TEST_CASE("expand_shard_glob sorts matches and names the key when nothing matches", "[data]") {
   TempDir dir;
   for (const char* name : {"train_002.bin", "train_000.bin", "train_001.bin", "val_000.bin"})
-    write_shard(dir / name, {1});
+    write_shard(dir / name, std::vector<uint16_t>{1});
   CHECK(expand_shard_glob(dir / "train_*.bin", "data.train") ==
         std::vector<std::string>{dir / "train_000.bin", dir / "train_001.bin", dir / "train_002.bin"});
 
@@ -192,7 +263,7 @@ TEST_CASE("a token outside the vocabulary is a user error with its position, whe
 TEST_CASE("TokenStream concatenates shards and copies across boundaries", "[data]") {
   TempDir dir;
   write_shard(dir / "s_000.bin", iota_tokens(0, 10));
-  write_shard(dir / "s_001.bin", {});
+  write_shard(dir / "s_001.bin", std::vector<uint16_t>{});
   write_shard(dir / "s_002.bin", iota_tokens(10, 5));
   write_shard(dir / "s_003.bin", iota_tokens(15, 10));
   TokenStream stream(expand_shard_glob(dir / "s_*.bin", "data.train"), "data.train", 256);
@@ -279,11 +350,11 @@ TEST_CASE("Markov rows have exactly `branching` successors with probabilities su
     spec.branching = branching;
     MarkovSource source(spec);
     for (int c = 0; c < 40; ++c) {
-      const uint16_t context[2] = {static_cast<uint16_t>(c), static_cast<uint16_t>((c * 7) % 50)};
+      const uint32_t context[2] = {static_cast<uint32_t>(c), static_cast<uint32_t>((c * 7) % 50)};
       double sum = 0;
       int nonzero = 0;
       for (int next = 0; next < spec.vocab; ++next) {
-        const double p = source.probability(context, static_cast<uint16_t>(next));
+        const double p = source.probability(context, static_cast<uint32_t>(next));
         sum += p;
         nonzero += p > 0;
       }
@@ -299,14 +370,14 @@ TEST_CASE("Markov rows depend on the seed and the context", "[data]") {
   spec.vocab = 1000;
   spec.order = 2;
   spec.branching = 3;
-  const uint16_t c1[2] = {1, 2}, c2[2] = {2, 1};
+  const uint32_t c1[2] = {1, 2}, c2[2] = {2, 1};
   MarkovSource a(spec);
   spec.seed = 2;
   MarkovSource b(spec);
-  auto successors = [](const MarkovSource& s, const uint16_t* c) {
+  auto successors = [](const MarkovSource& s, const uint32_t* c) {
     std::vector<int> out;
     for (int t = 0; t < 1000; ++t)
-      if (s.probability(c, static_cast<uint16_t>(t)) > 0) out.push_back(t);
+      if (s.probability(c, static_cast<uint32_t>(t)) > 0) out.push_back(t);
     return out;
   };
   CHECK(successors(a, c1) != successors(a, c2));
@@ -334,8 +405,9 @@ TEST_CASE("synthetic generation is deterministic and its oracle loss is the true
   CHECK(file_bytes(dir / "a/b/train_000000.bin") != file_bytes(dir / "other/train_000000.bin"));
   spec.seed = 3;
 
-  std::vector<uint16_t> stream = read_tokens(dir / "a/b/train_000000.bin");
-  const std::vector<uint16_t> val = read_tokens(dir / "a/b/val_000000.bin");
+  CHECK(&TokenShard(dir / "a/b/train_000000.bin").format() == &kUint16Shards);
+  std::vector<uint32_t> stream = read_tokens(dir / "a/b/train_000000.bin");
+  const std::vector<uint32_t> val = read_tokens(dir / "a/b/val_000000.bin");
   REQUIRE(stream.size() == 15000);
   REQUIRE(val.size() == 5000);
   stream.insert(stream.end(), val.begin(), val.end());
@@ -367,13 +439,40 @@ TEST_CASE("synthetic generation is deterministic and its oracle loss is the true
   CHECK(read->oracle_loss_val == info.oracle_loss_val);
 }
 
+TEST_CASE("a synthetic corpus past 65,536 tokens is written as uint32 shards with its ids intact", "[data]") {
+  TempDir dir;
+  SyntheticSpec spec;
+  spec.vocab = 128256;  // Llama 3's vocabulary size
+  spec.order = 1;
+  spec.branching = 3;
+  spec.tokens = 4000;
+  spec.seed = 5;
+  const SyntheticInfo info = generate_synthetic(spec, dir / "wide");
+  std::vector<uint32_t> stream;
+  for (const char* split : {"train_000000.bin", "val_000000.bin"}) {
+    CHECK(&TokenShard(dir / ("wide/" + std::string(split))).format() == &kUint32Shards);
+    const std::vector<uint32_t> part = read_tokens(dir / ("wide/" + std::string(split)));
+    stream.insert(stream.end(), part.begin(), part.end());
+  }
+  REQUIRE(stream.size() == 4000);
+  // The source draws its first token uniformly and its successors from the whole vocabulary:
+  // with 4,000 tokens ids past 65,535 occur, and the oracle recomputed from the shards equals
+  // the one generation recorded, so no id was cut to 16 bits on the way.
+  CHECK(std::any_of(stream.begin(), stream.end(), [](uint32_t id) { return id > 65535; }));
+  const MarkovSource source(spec);
+  double nll_val = 0;
+  for (size_t p = static_cast<size_t>(info.train_tokens); p < stream.size(); ++p)
+    nll_val -= std::log(source.probability(&stream[p - 1], stream[p]));
+  CHECK(std::abs(nll_val / static_cast<double>(info.val_tokens) - info.oracle_loss_val) < 1e-9);
+}
+
 TEST_CASE("synthetic specs are validated", "[data]") {
   TempDir dir;
   SyntheticSpec spec;
   spec.tokens = 1000;
   std::string key;
   SECTION("vocab") { spec.vocab = 1; key = "data.synthetic.vocab"; }
-  SECTION("vocab too large") { spec.vocab = 65537; key = "data.synthetic.vocab"; }
+  SECTION("vocab too large") { spec.vocab = (1 << 20) + 1; key = "data.synthetic.vocab"; }
   SECTION("order") { spec.order = 0; key = "data.synthetic.order"; }
   SECTION("branching") { spec.branching = 257; key = "data.synthetic.branching"; }
   SECTION("val_fraction") { spec.val_fraction = 1.0; key = "data.synthetic.val_fraction"; }

@@ -37,11 +37,13 @@ extern char** environ;
 
 namespace {
 
+// A prepared shard's ids, which the tokenizers keep below 65,536: the GPT-2 format's uint16.
 std::vector<uint16_t> shard_tokens(const std::string& path) {
   const TokenShard shard(path);
-  std::vector<uint16_t> tokens(static_cast<size_t>(shard.size()));
+  REQUIRE(&shard.format() == &kUint16Shards);
+  std::vector<uint32_t> tokens(static_cast<size_t>(shard.size()));
   shard.read(0, shard.size(), tokens.data());
-  return tokens;
+  return {tokens.begin(), tokens.end()};
 }
 
 // The val split's tokens followed by the train split's: the corpus in order (val is its end).

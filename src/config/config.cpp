@@ -165,7 +165,7 @@ Schema make_schema(Config& c) {
       text("data.vocab", &d.vocab,
            "gpt2: the vocabulary files the shards were made with (data prepare --vocab); null = the default one",
            Empty::kNull),
-      number("data.synthetic.vocab", &s.vocab, between(2, 65536), "tokens used by the corpus"),
+      number("data.synthetic.vocab", &s.vocab, between(2, kMaxVocab), "tokens used by the corpus"),
       number("data.synthetic.order", &s.order, at_least(1), "Markov chain order"),
       number("data.synthetic.branching", &s.branching, at_least(1),
              "possible next tokens per context"),

@@ -23,7 +23,8 @@ struct RunConfig {
 constexpr int kMaxLayers = 1024;
 constexpr int kMaxEmbd = 65536;
 constexpr int kMaxSeqLen = 1 << 20;
-constexpr int kMaxVocab = 65536;  // token ids are uint16 in llm.c's shards
+// Ids past 65,535 take uint32 shards; 2^20 is four times the largest vocabulary in use (262,144).
+constexpr int kMaxVocab = 1 << 20;
 
 struct ModelConfig {
   int n_layer = 0;  // required

@@ -26,9 +26,20 @@ TokenStream::TokenStream(const std::vector<std::string>& files, const std::strin
     } catch (const UserError& e) {
       throw UserError(key + ": " + e.what());
     }
+    // One split of one tokenizer: a width that changes between its shards means shards made
+    // for two vocabularies.
+    const TokenShard& first = shards_.front();
+    if (&shards_.back().format() != &first.format())
+      throw UserError(key + ": \"" + file + "\" is in " + shards_.back().format().name + " but \"" + first.path() +
+                      "\" is in " + first.format().name + "; expected the shards of one vocabulary, in one format");
     starts_.push_back(total_);
     total_ += shards_.back().size();
   }
+}
+
+const ShardFormat& TokenStream::format() const {
+  PTRAIN_CHECK(!shards_.empty(), "a token stream without shards has no format");
+  return shards_.front().format();
 }
 
 void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
@@ -37,7 +48,7 @@ void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
   // The last shard starting at or before pos holds it (an empty shard shares the next start).
   size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin()) - 1;
   int64_t offset = pos - starts_[s];
-  std::vector<uint16_t> part;
+  std::vector<uint32_t> part;
   while (n > 0) {
     const int64_t take = std::min(n, shards_[s].size() - offset);
     part.resize(static_cast<size_t>(take));
@@ -48,11 +59,11 @@ void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
     }
     // An out-of-range token would index past the embedding table.
     for (int64_t i = 0; i < take; ++i) {
-      if (part[i] >= vocab_size_)
+      if (part[i] >= static_cast<uint32_t>(vocab_size_))
         throw UserError(key_ + ": token id " + std::to_string(part[i]) + " at position " + std::to_string(offset + i) +
                         " of \"" + shards_[s].path() + "\" is not below model.vocab_size " + std::to_string(vocab_size_) +
                         "; expected shards made with this model's vocabulary");
-      out[i] = part[i];
+      out[i] = static_cast<int32_t>(part[i]);
     }
     out += take;
     n -= take;

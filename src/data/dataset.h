@@ -13,13 +13,15 @@ namespace ptrain {
 
 class TokenStream {
  public:
-  // Opens every shard in `files` and validates each one's header and size. `key` names the
-  // config key in errors (e.g. "data.train"). Tokens are checked against `vocab_size` as they
-  // are read, so opening a large corpus costs no pass over its tokens.
+  // Opens every shard in `files` and validates each one's header and size, and that all share
+  // one format (token width). `key` names the config key in errors (e.g. "data.train"). Tokens
+  // are checked against `vocab_size` as they are read, so opening a large corpus costs no pass
+  // over its tokens.
   TokenStream(const std::vector<std::string>& files, const std::string& key, int vocab_size);
 
   int64_t size() const { return total_; }
   const std::vector<std::string>& files() const { return files_; }
+  const ShardFormat& format() const;  // the shards' one format
   // Copies tokens [pos, pos + n) of the concatenated stream (may span shards) as int32. Throws
   // UserError naming the shard and position of a token id not below the vocabulary size.
   void copy(int64_t pos, int64_t n, int32_t* out) const;

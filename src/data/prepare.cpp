@@ -279,7 +279,8 @@ void write_split(const InputFile& tokens, int64_t begin, int64_t end, const fs::
     std::snprintf(file, sizeof(file), "_%s_%06lld.bin", split.c_str(), static_cast<long long>(index));
     files.push_back((dir / (name + file)).string());
     OutputFile out(files.back());
-    int32_t header[kShardHeaderInts] = {kShardMagic, kShardVersion, static_cast<int32_t>(stop - pos)};
+    int32_t header[kShardHeaderInts];
+    fill_shard_header(header, kUint16Shards, stop - pos);  // the tokenizers' ids fit uint16
     out.write(header, sizeof(header));
     for (int64_t at = pos; at < stop; at += kCopyTokens) {
       const int64_t n = std::min(kCopyTokens, stop - at);

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
 #include "core/error.h"
 #include "core/format.h"
 #include "core/input_file.h"
@@ -33,10 +34,10 @@ std::string named(const char* field, SpecSource from) {
 // Problems that make the source itself undefined (MarkovSource rejects these too).
 std::vector<std::string> source_problems(const SyntheticSpec& spec, SpecSource from) {
   std::vector<std::string> problems;
-  const bool vocab_ok = spec.vocab >= 2 && spec.vocab <= 65536;
+  const bool vocab_ok = spec.vocab >= 2 && spec.vocab <= kMaxVocab;
   if (!vocab_ok)
-    problems.push_back(named("vocab", from) + " is " + std::to_string(spec.vocab) +
-                       ", expected 2..65536 (tokens are uint16)");
+    problems.push_back(named("vocab", from) + " is " + std::to_string(spec.vocab) + ", expected 2.." +
+                       std::to_string(kMaxVocab));
   if (spec.order < 1)
     problems.push_back(named("order", from) + " is " + std::to_string(spec.order) + ", expected at least 1");
   // Measured against a vocabulary that is itself wrong, branching would be blamed for it.
@@ -77,7 +78,7 @@ namespace {
 constexpr uint64_t kSupportStream = 0x5355505030525400ull;
 
 // A 64-bit key for the K tokens of a context: the row's hash stream is keyed by it.
-uint64_t context_key(const uint16_t* context, int order) {
+uint64_t context_key(const uint32_t* context, int order) {
   uint64_t key = 0;
   for (int k = 0; k < order; ++k) key = hash_combine(key, context[k]);
   return key;
@@ -123,6 +124,15 @@ void write_info(const SyntheticInfo& info, const std::string& path) {
   write_file_atomic(path, info_to_json(info).dump(2) + "\n");
 }
 
+// Tokens [begin, end) as a shard in the format of the vocabulary (shard_format_for).
+void write_split(const std::string& path, std::vector<uint32_t>::const_iterator begin,
+                 std::vector<uint32_t>::const_iterator end, int vocab) {
+  if (&shard_format_for(vocab) == &kUint32Shards)
+    write_shard(path, std::vector<uint32_t>(begin, end));
+  else
+    write_shard(path, std::vector<uint16_t>(begin, end));
+}
+
 }  // namespace
 
 MarkovSource::MarkovSource(const SyntheticSpec& spec) : spec_(spec) {
@@ -130,7 +140,7 @@ MarkovSource::MarkovSource(const SyntheticSpec& spec) : spec_(spec) {
   if (!problems.empty()) throw UserErrors(problems);
 }
 
-MarkovSource::Row MarkovSource::row(const uint16_t* context) const {
+MarkovSource::Row MarkovSource::row(const uint32_t* context) const {
   // Which tokens may follow depends on the last token only; how likely each is depends on the
   // whole K-token context. A model first learns the sparse support from the current token
   // (a quick, visible drop in loss), then needs attention to earlier tokens to reach the floor.
@@ -141,10 +151,10 @@ MarkovSource::Row MarkovSource::row(const uint16_t* context) const {
   // Floyd's algorithm: `branching` distinct tokens with one draw each, kept sorted. Every value
   // drawn so far is below j, so j itself is new and belongs at the end.
   for (int j = spec_.vocab - spec_.branching; j < spec_.vocab; ++j) {
-    const auto t = static_cast<uint16_t>(rng.below(static_cast<uint64_t>(j) + 1));
+    const auto t = static_cast<uint32_t>(rng.below(static_cast<uint64_t>(j) + 1));
     auto at = std::lower_bound(r.successors.begin(), r.successors.end(), t);
     if (at != r.successors.end() && *at == t)
-      r.successors.push_back(static_cast<uint16_t>(j));
+      r.successors.push_back(static_cast<uint32_t>(j));
     else
       r.successors.insert(at, t);
   }
@@ -158,14 +168,14 @@ MarkovSource::Row MarkovSource::row(const uint16_t* context) const {
   return r;
 }
 
-double MarkovSource::probability(const uint16_t* context, uint16_t next) const {
+double MarkovSource::probability(const uint32_t* context, uint32_t next) const {
   const Row r = row(context);
   auto at = std::lower_bound(r.successors.begin(), r.successors.end(), next);
   if (at == r.successors.end() || *at != next) return 0.0;
   return r.probs[static_cast<size_t>(at - r.successors.begin())];
 }
 
-uint16_t MarkovSource::sample(const uint16_t* context, double u) const {
+uint32_t MarkovSource::sample(const uint32_t* context, double u) const {
   const Row r = row(context);
   double cumulative = 0;
   for (size_t i = 0; i < r.successors.size(); ++i) {
@@ -183,11 +193,11 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   const int64_t train = train_split(spec);
 
   Rng rng(spec.seed);
-  std::vector<uint16_t> stream(static_cast<size_t>(spec.tokens));
-  for (int k = 0; k < K; ++k) stream[k] = static_cast<uint16_t>(rng.below(spec.vocab));
+  std::vector<uint32_t> stream(static_cast<size_t>(spec.tokens));
+  for (int k = 0; k < K; ++k) stream[k] = static_cast<uint32_t>(rng.below(spec.vocab));
   double nll_train = 0, nll_val = 0;
   for (int64_t p = K; p < spec.tokens; ++p) {
-    const uint16_t* context = &stream[p - K];
+    const uint32_t* context = &stream[p - K];
     stream[p] = source.sample(context, rng.uniform_double());
     (p < train ? nll_train : nll_val) -= std::log(source.probability(context, stream[p]));
   }
@@ -197,8 +207,8 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   info.oracle_loss_val = nll_val / static_cast<double>(info.val_tokens);
   make_shard_dir(out_dir);
   const fs::path dir(out_dir);
-  write_shard(synthetic_train_file(out_dir), std::vector<uint16_t>(stream.begin(), stream.begin() + train));
-  write_shard(synthetic_val_file(out_dir), std::vector<uint16_t>(stream.begin() + train, stream.end()));
+  write_split(synthetic_train_file(out_dir), stream.begin(), stream.begin() + train, spec.vocab);
+  write_split(synthetic_val_file(out_dir), stream.begin() + train, stream.end(), spec.vocab);
   write_info(info, (dir / "synthetic.json").string());
   return info;
 }

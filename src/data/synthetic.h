@@ -34,16 +34,16 @@ class MarkovSource {
  public:
   explicit MarkovSource(const SyntheticSpec& spec);
   // Probability of `next` after the K tokens ending at context[K-1].
-  double probability(const uint16_t* context, uint16_t next) const;
+  double probability(const uint32_t* context, uint32_t next) const;
   // Draws the next token after `context` (K tokens) using uniform u in [0, 1).
-  uint16_t sample(const uint16_t* context, double u) const;
+  uint32_t sample(const uint32_t* context, double u) const;
 
  private:
   struct Row {
-    std::vector<uint16_t> successors;
+    std::vector<uint32_t> successors;
     std::vector<double> probs;
   };
-  Row row(const uint16_t* context) const;
+  Row row(const uint32_t* context) const;
   SyntheticSpec spec_;
 };
 

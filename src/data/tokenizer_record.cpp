@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
@@ -40,8 +41,8 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
   r.tokenizer = j["tokenizer"].get<std::string>();
   if (r.tokenizer != "bytes" && r.tokenizer != "gpt2") throw bad("\"tokenizer\": \"bytes\" or \"gpt2\"");
   if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer() || j["vocab_size"] < 2 ||
-      j["vocab_size"] > 65536)
-    throw bad("\"vocab_size\": an integer in 2..65536");
+      j["vocab_size"] > kMaxVocab)
+    throw bad("\"vocab_size\": an integer in 2.." + std::to_string(kMaxVocab));
   r.vocab_size = j["vocab_size"].get<int>();
   if (!j.contains("end_of_text") || !j["end_of_text"].is_number_integer() || j["end_of_text"] < -1 ||
       j["end_of_text"] >= r.vocab_size)

@@ -121,6 +121,10 @@ DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector
   const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
   TrainSampler(train, 0, T);
   const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
+  if (&val.format() != &train.format())
+    throw UserError("data.val: \"" + data.val_files.front() + "\" is in " + val.format().name + " but data.train's \"" +
+                    data.train_files.front() + "\" is in " + train.format().name +
+                    "; expected both splits made with one vocabulary, in one format");
   const ValSampler val_batches(val, "data.val", config.training.eval_batches, B, T);
   // The evaluation reads only these windows: their token ids are checked now, cheaply, so that
   // the step-0 evaluation cannot fail after the run directory is made.

@@ -38,7 +38,7 @@ void RunReport::announce_run(int64_t num_params, const TokenStream& train, const
             std::to_string(cfg_.training.steps) + " steps");
   log_.info("data: train " + format_thousands(static_cast<double>(train.size())) + " tokens in " +
             std::to_string(train.files().size()) + " shard(s), val " + format_thousands(static_cast<double>(val.size())) +
-            " tokens; eval on " + std::to_string(eval_batches) + " batches");
+            " tokens (" + train.format().name + "); eval on " + std::to_string(eval_batches) + " batches");
   if (synthetic_)
     log_.info("synthetic source: vocab " + std::to_string(synthetic_->spec.vocab) + ", order " +
               std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +

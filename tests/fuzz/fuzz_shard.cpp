@@ -1,5 +1,5 @@
-// llm.c token shards: the header checks, then every token read back through the stream the
-// samplers use (positional reads, the vocabulary check as tokens are read).
+// llm.c token shards, uint16 and uint32: the header checks, then every token read back through
+// the stream the samplers use (positional reads, the vocabulary check as tokens are read).
 #include <algorithm>
 #include <vector>
 
