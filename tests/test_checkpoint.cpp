@@ -171,6 +171,53 @@ TEST_CASE("stopping and resuming equals an uninterrupted run bit for bit", "[che
   }
 }
 
+TEST_CASE("two sources weighted 0.7 and 0.3 give those shares over 200 steps, and a resume in the middle is bit for bit",
+          "[checkpoint]") {
+  const fs::path dir = make_temp_dir("blend");
+  for (const auto& [name, seed] : {std::pair{"web", "1"}, std::pair{"code", "2"}})
+    REQUIRE(run_ptrain(std::string("data synth --vocab 64 --tokens 30000 --seed ") + seed + " --out " + name, dir)
+                .exit_code == 0);
+  write_file(dir / "run.yaml",
+             "run: {name: r, out_dir: runs}\n"
+             "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: 64}\n"
+             "data:\n"
+             "  sources: [{train: \"web/train_*.bin\", weight: 0.7}, {train: \"code/train_*.bin\", weight: 0.3}]\n"
+             "  val: \"web/val_*.bin\"\n"
+             "training: {steps: 200, batch_tokens: 256, micro_batch: 8, eval_every: 50, eval_batches: 2}\n"
+             "checkpoint: {every: 0}\n");
+  const CommandResult straight = run_ptrain("train run.yaml --set run.name=straight", dir);
+  INFO(straight.output);
+  REQUIRE(straight.exit_code == 0);
+  REQUIRE(run_ptrain("train run.yaml --set run.name=resumed --stop-at 100", dir).exit_code == 0);
+  const CommandResult resumed = run_ptrain("train run.yaml --set run.name=resumed --set checkpoint.resume=auto", dir);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from") != std::string::npos);
+
+  // 200 steps of 16 samples: each source's share of the samples drawn, step by step.
+  const auto shares = [&](const std::string& run) {
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& r : read_metrics(dir / "runs" / run / "metrics.jsonl"))
+      if (r.contains("source_samples")) out.push_back(r["source_samples"].get<std::vector<int64_t>>());
+    return out;
+  };
+  const std::vector<std::vector<int64_t>> drawn = shares("straight");
+  REQUIRE(drawn.size() == 200);
+  CHECK(drawn.back()[0] + drawn.back()[1] == 200 * 16);
+  CHECK(std::abs(static_cast<double>(drawn.back()[0]) / (200 * 16) - 0.7) < 0.01);
+  const nlohmann::json summary = nlohmann::json::parse(read_file(dir / "runs/straight/summary.json"));
+  CHECK(std::abs(summary["sources"][1]["share"].get<double>() - 0.3) < 0.01);
+  CHECK(summary["sources"][1]["train"] == "code/train_*.bin");
+  CHECK(straight.output.find("data sources, samples drawn over the run's 3,200: \"web/train_*.bin\" 70.0%") !=
+        std::string::npos);
+
+  CHECK(loss_trace(dir / "runs/resumed/metrics.jsonl") == loss_trace(dir / "runs/straight/metrics.jsonl"));
+  const std::vector<std::vector<int64_t>> after_resume = shares("resumed");
+  CHECK(std::vector<std::vector<int64_t>>(after_resume.end() - 100, after_resume.end()) ==
+        std::vector<std::vector<int64_t>>(drawn.end() - 100, drawn.end()));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a checkpoint of one architecture does not resume under the other", "[checkpoint][llama]") {
   Workspace ws;
   const std::string llama = " --set model.arch=llama --set model.n_kv_head=1";

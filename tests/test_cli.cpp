@@ -467,6 +467,18 @@ TEST_CASE("data errors exit 2 and create no run directory", "[cli]") {
     expect_bad_input(ws.train(ws.config()), {"data.train", "train_000001.bin", "uint32 tokens", "train_000000.bin",
                                              "uint16 tokens", "expected the shards of one vocabulary"});
   }
+  SECTION("a source of data.sources that matches nothing, or is in another format") {
+    const std::string blend =
+        "data.sources=[{train: \"data/train_*.bin\", weight: 1}, {train: \"data/more_*.bin\", weight: 1}]";
+    expect_bad_input(ws.train(ws.config(), "--set data.train=null --set '" + blend + "'"),
+                     {"data.sources[2].train: no files match", "data/more_*.bin"});
+    write_shard((ws.dir / "data/more_000000.bin").string(), std::vector<uint32_t>(100, 5));
+    expect_bad_input(ws.train(ws.config(), "--set data.train=null --set '" + blend + "'"),
+                     {"data.sources[2].train", "more_000000.bin", "uint32 tokens", "data.sources[1].train's", "uint16 tokens",
+                      "expected every source made with one vocabulary"});
+    expect_bad_input(ws.train(ws.config(), "--set data.train=null --set 'data.sources=[{train: a, weight: -1}]'"),
+                     {"data.sources[1].weight: -1 is out of range"});
+  }
   SECTION("splits of different widths") {
     write_shard((ws.dir / "data/val_000000.bin").string(), std::vector<uint32_t>(5000, 5));
     const CommandResult dry = ws.train(ws.config(), "--dry-run");

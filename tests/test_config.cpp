@@ -378,7 +378,7 @@ TEST_CASE("data needs synthetic or both train and val", "[config]") {
       "model: {n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64, vocab_size: 256}\n";
   const auto missing = only_problem(model);
   check_shape(missing, "cfg.yaml", "data");
-  CHECK(contains(missing, "expected either data.synthetic, or both data.train and data.val"));
+  CHECK(contains(missing, "expected either data.synthetic, or data.val with data.train or data.sources"));
 
   const auto empty = only_problem(model + "data: {}\n");
   check_shape(empty, "cfg.yaml:2:1", "data");
@@ -708,4 +708,60 @@ TEST_CASE("the nesting pre-check counts levels as YAML nests them, and refuses o
   }
   CHECK_THAT(nesting("run: \"" + std::string(300, '[') + "\"\n"), Catch::Contains("more than 256 levels deep"));
   CHECK_THAT(nesting("run:\n  - " + std::string(200, '-') + "\n"), !Catch::Contains("levels deep"));
+}
+
+TEST_CASE("data.sources blends shard globs by weight, in place of data.train", "[config]") {
+  const std::string base =
+      "model: {n_layer: 2, n_head: 4, n_embd: 64, seq_len: 64, vocab_size: 256}\n"
+      "data:\n"
+      "  val: \"v/val_*.bin\"\n";
+  const std::string sources =
+      "  sources:\n"
+      "    - {train: \"web/train_*.bin\", weight: 0.7}\n"
+      "    - {train: \"code/train_*.bin\", weight: 0.3}\n";
+  const Config c = parse_config(base + sources, "cfg.yaml");
+  REQUIRE(c.data.sources.size() == 2);
+  CHECK(c.data.sources[0].train == "web/train_*.bin");
+  CHECK(c.data.sources[0].weight == 0.7);
+  CHECK(c.data.sources[1].train == "code/train_*.bin");
+  CHECK(c.data.sources[1].weight == 0.3);
+  CHECK(c.data.train.empty());
+  // The resolved config lists them and reads back the same.
+  const Config again = parse_config(config_to_yaml(c), "resolved.yaml");
+  REQUIRE(again.data.sources.size() == 2);
+  CHECK(again.data.sources[1].train == "code/train_*.bin");
+  CHECK(again.data.sources[1].weight == 0.3);
+  // --set replaces the list, and null removes it.
+  const Config one = parse_config(base + sources, "cfg.yaml", {"data.sources=[{train: \"x_*.bin\", weight: 2}]"});
+  REQUIRE(one.data.sources.size() == 1);
+  CHECK(one.data.sources[0].weight == 2);
+  CHECK(contains(only_problem(base + sources, {"data.sources=null"}), "data.train: missing while data.val is set"));
+  // A weight of 0 turns a source off; a source of some weight is needed.
+  CHECK(parse_config(base + sources, "cfg.yaml", {"data.sources=[{train: a, weight: 0}, {train: b, weight: 1}]"})
+            .data.sources[0]
+            .weight == 0);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"data.sources=[{train: a, weight: -0.5}, {train: b, weight: 1}]",
+       "data.sources[1].weight: -0.5 is out of range; expected a number >= 0"},
+      {"data.sources=[{train: a, weight: 0}, {train: b, weight: 0}]",
+       "data.sources: every weight is 0; expected at least one weight above 0"},
+      {"data.sources=[{train: a}]", "data.sources[1].weight: missing; expected a number >= 0"},
+      {"data.sources=[{weight: 1}]", "data.sources[1].train: missing; expected a glob of token shards"},
+      {"data.sources=[{train: \"\", weight: 1}]", "data.sources[1].train: an empty glob"},
+      {"data.sources=[{train: a, weight: 1, val: b}]", "data.sources[1].val: unknown key; expected train or weight"},
+      {"data.sources=[{train: a, weight: 1, weight: 2}]", "duplicate key"},
+      {"data.sources=[]", "data.sources: got an empty list; expected a list of maps {train: GLOB, weight: W}"},
+      {"data.sources=a_*.bin", "data.sources: got"},
+      {"data.sources=[a_*.bin]", "data.sources[1]: got"},
+      {"data.sources=[{train: a, weight: .nan}]", "data.sources[1].weight"},
+      {"data.train=t_*.bin", "data.sources: given beside data.train; expected one of data.train (one glob) and "
+                             "data.sources"},
+      {"data.synthetic.vocab=64", "data.sources: cannot be combined with data.synthetic"},
+  };
+  for (const auto& [flag, expected] : bad) {
+    CAPTURE(flag);
+    const std::string message = only_problem(base + sources, {flag});
+    CHECK(contains(message, expected));
+  }
 }

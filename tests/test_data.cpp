@@ -10,10 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "data/blend.h"
 #include "data/dataset.h"
 #include "data/shard.h"
 #include "data/synthetic.h"
@@ -501,4 +503,76 @@ TEST_CASE("read_synthetic_info is empty without the file and rejects a malformed
   std::ofstream(dir / "synthetic.json") << "{\"vocab\": 256}";
   const std::string message = user_error([&] { read_synthetic_info(dir.path.string()); });
   CHECK_THAT(message, Catch::Contains("synthetic.json") && Catch::Contains("malformed"));
+}
+
+TEST_CASE("a blend gives each source its weight's share of every prefix of the samples, within a sample per source", "[data]") {
+  struct Case {
+    std::vector<double> weights;
+  };
+  for (const Case& c : {Case{{0.7, 0.3}}, Case{{1, 2, 3}}, Case{{0.5, 0, 0.5}}, Case{{3, 0}}, Case{{0.1, 0.2, 0.3, 0.4}},
+                        Case{{1}}}) {
+    CAPTURE(c.weights);
+    const SourceBlend blend(c.weights);
+    REQUIRE(blend.sources() == static_cast<int>(c.weights.size()));
+    const double total = std::accumulate(c.weights.begin(), c.weights.end(), 0.0);
+    std::vector<int64_t> drawn(c.weights.size(), 0);
+    for (int64_t n = 1; n <= 5000; ++n) {
+      ++drawn[static_cast<size_t>(blend.source_of(n - 1))];
+      // What counts() says is what source_of() drew, and each is within one sample per source
+      // of the exact share.
+      REQUIRE(blend.counts(n) == drawn);
+      for (size_t k = 0; k < drawn.size(); ++k) {
+        const double exact = static_cast<double>(n) * c.weights[k] / total;
+        REQUIRE(std::abs(static_cast<double>(drawn[k]) - exact) <= static_cast<double>(c.weights.size()));
+        if (c.weights[k] == 0) REQUIRE(drawn[k] == 0);
+      }
+    }
+  }
+  // Far into a long run the rule is the same function of the index.
+  const SourceBlend blend({0.7, 0.3});
+  const std::vector<int64_t> late = blend.counts(int64_t{1} << 40);
+  CHECK(late[0] == static_cast<int64_t>(std::floor(0.7 * static_cast<double>(int64_t{1} << 40))));
+  CHECK(late[0] + late[1] == int64_t{1} << 40);
+}
+
+TEST_CASE("a blended sampler draws each window whole from the source the blend names", "[data]") {
+  TempDir dir;
+  // Source a holds ids 0..99, source b ids 100..199: a window's first id says where it came from.
+  std::vector<uint16_t> a, b;
+  for (int i = 0; i < 3000; ++i) {
+    a.push_back(static_cast<uint16_t>(i % 100));
+    b.push_back(static_cast<uint16_t>(100 + i % 100));
+  }
+  write_shard(dir / "a.bin", a);
+  write_shard(dir / "b.bin", b);
+  const TokenStream sa({dir / "a.bin"}, "data.sources[1].train", 200), sb({dir / "b.bin"}, "data.sources[2].train", 200);
+  const int T = 8, B = 16, steps = 200;
+  const TrainSampler blended({&sa, &sb}, {0.7, 0.3}, 11, T);
+  const TrainSampler only_a(sa, 11, T);
+  std::vector<int32_t> inputs(B * T), targets(B * T), alone(B * T), alone_targets(B * T);
+  int64_t from_a = 0;
+  for (int step = 0; step < steps; ++step) {
+    blended.fill(int64_t{step} * B, B, inputs.data(), targets.data());
+    only_a.fill(int64_t{step} * B, B, alone.data(), alone_targets.data());
+    for (int s = 0; s < B; ++s) {
+      const int64_t sample = int64_t{step} * B + s;
+      const bool in_a = inputs[s * T] < 100;
+      REQUIRE(in_a == (blended.blend().source_of(sample) == 0));
+      for (int t = 0; t < T; ++t) REQUIRE((inputs[s * T + t] < 100) == in_a);
+      // A window from a is the one a sampler over a alone draws for that sample index.
+      if (in_a) REQUIRE(std::equal(alone.begin() + s * T, alone.begin() + (s + 1) * T, inputs.begin() + s * T));
+      from_a += in_a;
+    }
+  }
+  CHECK(std::abs(static_cast<double>(from_a) / (steps * B) - 0.7) < 0.01);
+}
+
+TEST_CASE("a blend source too short for a window is named by its key", "[data]") {
+  TempDir dir;
+  write_shard(dir / "a.bin", iota_tokens(0, 100));
+  write_shard(dir / "b.bin", iota_tokens(0, 8));
+  const TokenStream sa({dir / "a.bin"}, "data.sources[1].train", 256), sb({dir / "b.bin"}, "data.sources[2].train", 256);
+  const std::string message = user_error([&] { TrainSampler s({&sa, &sb}, {1, 1}, 0, 8); });
+  CHECK(message == "data.sources[2].train: the training data has 8 tokens, expected at least seq_len + 1 = 9 for one "
+                   "training window (lower training.seq_len or add data)");
 }

@@ -433,8 +433,13 @@ std::string nearest_multiples(int64_t value, int64_t m) {
 }
 
 // The model keys only model.arch: llama reads.
-// precision.schedule is a list, read by the Loader itself rather than through the schema.
+// precision.schedule and data.sources are lists, read by the Loader itself rather than through
+// the schema.
 constexpr const char* kScheduleKey = "precision.schedule";
+constexpr const char* kSourcesKey = "data.sources";
+const char* const kSourcesExpected =
+    "a list of maps {train: GLOB, weight: W}, e.g. [{train: \"web/train_*.bin\", weight: 0.7}, "
+    "{train: \"code/train_*.bin\", weight: 0.3}]";
 const char* const kPhaseExpected =
     "a list of phases, each a map of mode (bf16 or fp8), optionally fp8 (a map of precision.fp8's keys) and, "
     "in all but the last, until_step or until_fraction";
@@ -743,19 +748,25 @@ class Loader {
               "a non-empty name without '/' or control characters (not . or ..); put the parent folder in "
               "run.out_dir");
 
-    if (usable({"data.train", "data.val"})) {
-      const bool train = !c.data.train.empty(), val = !c.data.val.empty();
-      const std::string either = "either data.synthetic, or both data.train and data.val";
-      if (c.data.synthetic_enabled && (train || val)) {
-        const std::string key = train ? "data.train" : "data.val";
+    if (usable({"data.train", "data.val"}) && !rejected(kSourcesKey)) {
+      // data.sources stands for data.train: a blend of globs instead of one.
+      const bool sources = !c.data.sources.empty();
+      const bool train = !c.data.train.empty() || sources, val = !c.data.val.empty();
+      const std::string train_key = sources ? kSourcesKey : "data.train";
+      const std::string either = "either data.synthetic, or data.val with data.train or data.sources";
+      if (sources && !c.data.train.empty()) {
+        problem(where({kSourcesKey}), kSourcesKey, "given beside data.train",
+                "one of data.train (one glob) and data.sources (a weighted blend of globs)");
+      } else if (c.data.synthetic_enabled && (train || val)) {
+        const std::string key = train ? train_key : "data.val";
         problem(where({key}), key, "cannot be combined with data.synthetic", either);
       } else if (!c.data.synthetic_enabled && !train && !val) {
         problem(where({"data"}), "data", "no training data given", either);
       } else if (train != val) {
-        const std::string given = train ? "data.train" : "data.val";
+        const std::string given = train ? train_key : "data.val";
         const std::string missing = train ? "data.val" : "data.train";
         problem(where({given}), missing, "missing while " + given + " is set",
-                "both data.train and data.val (globs of token shards)");
+                "data.val and data.train (globs of token shards), or data.val and data.sources");
       }
     }
 
@@ -1009,6 +1020,8 @@ class Loader {
              const Source& source) {
     if (key == kScheduleKey) {
       read_schedule(value, location, source);
+    } else if (key == kSourcesKey) {
+      read_sources(value, location, source);
     } else if (const auto field = index_.find(key); field != index_.end()) {
       set_field(schema_.fields[field->second], value, location);
     } else if (sections_.count(key)) {
@@ -1102,6 +1115,63 @@ class Loader {
       }
       schedule_.push_back(std::move(phase));
     }
+  }
+
+  // data.sources: null (none) or a list of {train, weight} maps; replaces any earlier list.
+  void read_sources(const YAML::Node& value, const Location& location, const Source& source) {
+    std::vector<DataSource>& sources = config_.data.sources;
+    seen_[kSourcesKey] = location;
+    mark_present(parent(kSourcesKey), location);
+    sources.clear();
+    bad_.erase(kSourcesKey);
+    if (value.IsNull()) return;
+    if (!value.IsSequence() || value.size() == 0) {
+      bad_.insert(kSourcesKey);
+      problem(location, kSourcesKey, "got " + (value.IsSequence() ? std::string("an empty list") : describe(value)),
+              kSourcesExpected);
+      return;
+    }
+    for (size_t i = 0; i < value.size(); ++i) {
+      const YAML::Node node = value[i];
+      const std::string name = std::string(kSourcesKey) + "[" + std::to_string(i + 1) + "]";
+      const Location at = source.at(node.Mark());
+      DataSource given;
+      const Field train = text(name + ".train", &given.train, "");
+      const Field weight = number(name + ".weight", &given.weight, at_least(0), "");
+      std::set<std::string> keys;
+      if (!node.IsMap()) {
+        reject_source(at, name, "got " + describe(node), "a map with keys train and weight");
+        continue;
+      }
+      for (const auto& entry : node) {
+        const Location key_at = source.at(entry.first.Mark());
+        const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string();
+        const Field* f = key == "train" ? &train : key == "weight" ? &weight : nullptr;
+        if (f == nullptr) {
+          reject_source(key_at, name + (key.empty() ? std::string() : "." + key),
+                 key.empty() ? "a key is " + describe(entry.first) : "unknown key", "train or weight");
+        } else if (!keys.insert(key).second) {
+          reject_source(key_at, f->key, "duplicate key", "each key at most once");
+        } else if (const std::string wrong = assign(*f, entry.second); !wrong.empty()) {
+          reject_source(key_at, f->key, wrong, key == "train" ? "a glob of token shards" : expected_value(*f));
+        } else if (key == "train" && given.train.empty()) {
+          reject_source(key_at, f->key, "an empty glob", "a glob of token shards");
+        }
+      }
+      for (const Field* f : {&train, &weight})
+        if (!keys.count(last_segment(f->key)))
+          reject_source(at, f->key, "missing", f == &train ? "a glob of token shards" : "a number >= 0");
+      sources.push_back(given);
+    }
+    if (!rejected(kSourcesKey) &&
+        std::none_of(sources.begin(), sources.end(), [](const DataSource& d) { return d.weight > 0; }))
+      reject_source(location, kSourcesKey, "every weight is 0", "at least one weight above 0 (weights are relative)");
+  }
+
+  void reject_source(const Location& location, const std::string& key, const std::string& wrong,
+                     const std::string& expected) {
+    bad_.insert(kSourcesKey);
+    problem(location, key, wrong, expected);
   }
 
   static std::string phase_name(size_t i) { return std::string(kScheduleKey) + "[" + std::to_string(i + 1) + "]"; }
@@ -1220,6 +1290,7 @@ class Loader {
     for (const auto& [section, flag] : schema_.presence)
       if (under(section)) *flag = false;
     if (under(kScheduleKey)) schedule_.clear();
+    if (under(kSourcesKey)) config_.data.sources.clear();
     for (auto it = seen_.begin(); it != seen_.end();) it = under(it->first) ? seen_.erase(it) : std::next(it);
     for (auto it = bad_.begin(); it != bad_.end();) it = under(*it) ? bad_.erase(it) : std::next(it);
   }
@@ -1258,6 +1329,7 @@ class Loader {
     for (const Field& f : schema_.fields) consider(f.key);
     for (const std::string& s : sections_) consider(s);
     consider(kScheduleKey);
+    consider(kSourcesKey);
     if (!best.empty()) return "\"" + best + "\"";
     std::vector<std::string> same_name;
     for (const Field& f : schema_.fields)
@@ -1276,6 +1348,7 @@ class Loader {
       if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
     }
     if (section == parent(kScheduleKey)) names.push_back(last_segment(kScheduleKey));
+    if (section == parent(kSourcesKey)) names.push_back(last_segment(kSourcesKey));
     return join(names, ", ");
   }
 
@@ -1401,6 +1474,16 @@ void emit_schedule(YAML::Emitter& out, const std::vector<PrecisionPhase>& phases
   out << YAML::EndSeq;
 }
 
+// data.sources, each source's glob and weight as given.
+void emit_sources(YAML::Emitter& out, const std::vector<DataSource>& sources) {
+  out << YAML::Key << last_segment(kSourcesKey) << YAML::Value
+      << YAML::Comment("training shards blended by weight (instead of data.train)") << YAML::BeginSeq;
+  for (const DataSource& source : sources)
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "train" << YAML::Value << source.train << YAML::Key << "weight"
+        << YAML::Value << format_double(source.weight) << YAML::EndMap;
+  out << YAML::EndSeq;
+}
+
 }  // namespace
 
 std::string config_to_yaml(const Config& config) {
@@ -1412,8 +1495,11 @@ std::string config_to_yaml(const Config& config) {
   out << YAML::BeginMap;
   std::vector<std::string> open;  // sections currently open, outermost first
   std::string last_precision_key;  // the schedule follows the precision section's keys
-  for (const Field& f : schema.fields)
+  std::string last_data_key;       // and data.sources the data section's own (data.vocab)
+  for (const Field& f : schema.fields) {
     if (f.key.rfind(parent(kScheduleKey) + ".", 0) == 0) last_precision_key = f.key;
+    if (parent(f.key) == parent(kSourcesKey)) last_data_key = f.key;
+  }
   for (const Field& f : schema.fields) {
     const std::string section = parent(f.key);
     bool absent = false;
@@ -1439,6 +1525,7 @@ std::string config_to_yaml(const Config& config) {
       for (; open.size() > 1; open.pop_back()) out << YAML::EndMap;  // back to the precision map
       emit_schedule(out, copy.precision.schedule);
     }
+    if (f.key == last_data_key && !copy.data.sources.empty()) emit_sources(out, copy.data.sources);
   }
   for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
   out << YAML::EndMap;

@@ -66,8 +66,15 @@ struct SyntheticDataConfig {
   double val_fraction = 0.1;
 };
 
+// One of data.sources: training shards and how much of the training batches they make.
+struct DataSource {
+  std::string train;  // glob of llm.c token shards
+  double weight = 0;  // relative to the other sources' (>= 0, not all 0)
+};
+
 struct DataConfig {
   std::string train;  // glob of llm.c token shards
+  std::vector<DataSource> sources;  // instead of train: a weighted blend of shard globs
   std::string val;    // glob of llm.c token shards
   // What made the shards. auto reads the shards' ptrain-tokenizer.json (the run plan holds what it
   // resolved to).

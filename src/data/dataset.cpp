@@ -73,22 +73,29 @@ void TokenStream::copy(int64_t pos, int64_t n, int32_t* out) const {
 }
 
 TrainSampler::TrainSampler(const TokenStream& stream, uint64_t seed, int seq_len)
-    : stream_(stream), seed_(seed), seq_len_(seq_len) {
+    : TrainSampler({&stream}, {1.0}, seed, seq_len) {}
+
+TrainSampler::TrainSampler(std::vector<const TokenStream*> streams, const std::vector<double>& weights, uint64_t seed,
+                           int seq_len)
+    : streams_(std::move(streams)), blend_(weights), seed_(seed), seq_len_(seq_len) {
   PTRAIN_CHECK(seq_len > 0, "sequence length must be positive");
-  if (stream.size() < static_cast<int64_t>(seq_len) + 1)
-    throw UserError("data.train: the training data has " + std::to_string(stream.size()) +
-                    " tokens, expected at least seq_len + 1 = " + std::to_string(seq_len + 1) +
-                    " for one training window (lower training.seq_len or add data)");
+  PTRAIN_CHECK(streams_.size() == weights.size(), "one weight per stream");
+  for (const TokenStream* stream : streams_)
+    if (stream->size() < static_cast<int64_t>(seq_len) + 1)
+      throw UserError(stream->key() + ": the training data has " + std::to_string(stream->size()) +
+                      " tokens, expected at least seq_len + 1 = " + std::to_string(seq_len + 1) +
+                      " for one training window (lower training.seq_len or add data)");
 }
 
 void TrainSampler::fill(int64_t first_sample, int batch, int32_t* inputs, int32_t* targets) const {
   PTRAIN_CHECK(first_sample >= 0 && batch >= 0, "sample indices must be non-negative");
-  const uint64_t starts = static_cast<uint64_t>(stream_.size() - seq_len_);
   std::vector<int32_t> window(static_cast<size_t>(seq_len_) + 1);
   for (int b = 0; b < batch; ++b) {
-    const uint64_t sample = static_cast<uint64_t>(first_sample + b);
-    const int64_t start = static_cast<int64_t>(hash_combine(seed_, sample) % starts);
-    stream_.copy(start, seq_len_ + 1, window.data());
+    const int64_t sample = first_sample + b;
+    const TokenStream& stream = *streams_[static_cast<size_t>(blend_.source_of(sample))];
+    const uint64_t starts = static_cast<uint64_t>(stream.size() - seq_len_);
+    const int64_t start = static_cast<int64_t>(hash_combine(seed_, static_cast<uint64_t>(sample)) % starts);
+    stream.copy(start, seq_len_ + 1, window.data());
     split_window(window, seq_len_, inputs + static_cast<int64_t>(b) * seq_len_, targets + static_cast<int64_t>(b) * seq_len_);
   }
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "data/blend.h"
 #include "data/shard.h"
 
 namespace ptrain {
@@ -20,6 +21,7 @@ class TokenStream {
   TokenStream(const std::vector<std::string>& files, const std::string& key, int vocab_size);
 
   int64_t size() const { return total_; }
+  const std::string& key() const { return key_; }
   const std::vector<std::string>& files() const { return files_; }
   const ShardFormat& format() const;  // the shards' one format
   // Copies tokens [pos, pos + n) of the concatenated stream (may span shards) as int32. Throws
@@ -35,15 +37,21 @@ class TokenStream {
   int vocab_size_;
 };
 
-// Training windows: sample i starts at hash(seed, i) mod (size - T), uniformly over the stream.
+// Training windows: sample i starts at hash(seed, i) mod (size - T), uniformly over the stream;
+// over a blend of streams (data.sources), over the stream SourceBlend gives sample i.
 class TrainSampler {
  public:
   TrainSampler(const TokenStream& stream, uint64_t seed, int seq_len);
+  // `weights` (>= 0, not all 0) are the streams' shares of the samples.
+  TrainSampler(std::vector<const TokenStream*> streams, const std::vector<double>& weights, uint64_t seed,
+               int seq_len);
   // Fills inputs/targets (B*T each) with samples first_sample .. first_sample + B - 1.
   void fill(int64_t first_sample, int batch, int32_t* inputs, int32_t* targets) const;
+  const SourceBlend& blend() const { return blend_; }
 
  private:
-  const TokenStream& stream_;
+  std::vector<const TokenStream*> streams_;
+  SourceBlend blend_;
   uint64_t seed_;
   int seq_len_;
 };

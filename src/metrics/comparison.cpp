@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
 #include "core/paths.h"
@@ -67,7 +68,15 @@ nlohmann::json comparable_keys(const Config& c) {
     j["data.synthetic.seed"] = s.seed;
     j["data.synthetic.val_fraction"] = s.val_fraction;
   } else {
-    j["data.train"] = c.data.train;
+    if (c.data.sources.empty()) {
+      j["data.train"] = c.data.train;
+    } else {
+      // One text, so that runs of other weights or globs differ in it.
+      std::string blend;
+      for (const DataSource& source : c.data.sources)
+        blend += (blend.empty() ? "" : " + ") + source.train + " x " + format_number("%.10g", source.weight);
+      j["data.sources"] = blend;
+    }
     j["data.val"] = c.data.val;
   }
   return j;

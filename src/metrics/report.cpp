@@ -113,7 +113,8 @@ std::vector<std::string> summary_lines(const Comparison& c) {
           ? "synthetic (vocab " + key("data.synthetic.vocab") + ", order " + key("data.synthetic.order") +
                 ", branching " + key("data.synthetic.branching") + ", " + key("data.synthetic.tokens") +
                 " tokens, seed " + key("data.synthetic.seed") + ")"
-          : "shards (train " + key("data.train") + ", val " + key("data.val") + ")";
+          : "shards (train " + (config_find(config, "data.sources") ? key("data.sources") : key("data.train")) +
+                ", val " + key("data.val") + ")";
   const std::string llama = config_find(config, "model.n_kv_head")
                                 ? "llama (n_kv_head " + key("model.n_kv_head") + ", mlp_hidden " + key("model.mlp_hidden") +
                                       ", rope_theta " + key("model.rope_theta") + ") "

@@ -109,21 +109,31 @@ DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector
     if (!problems.empty()) throw UserErrors(problems);
     const std::string dir = (fs::path(run_dir) / "data").string();
     data.train_files = {synthetic_train_file(dir)};
+    data.sources = {{"data.train", data.train_files.front(), 1, data.train_files}};
     data.val_files = {synthetic_val_file(dir)};
     plan_samples(config, data, warnings);
     return data;
   }
-  data.train_files = expand_shard_glob(config.data.train, "data.train");
+  if (config.data.sources.empty())
+    data.sources.push_back({"data.train", config.data.train, 1, expand_shard_glob(config.data.train, "data.train")});
+  for (size_t i = 0; i < config.data.sources.size(); ++i) {
+    const DataSource& source = config.data.sources[i];
+    const std::string key = "data.sources[" + std::to_string(i + 1) + "].train";
+    data.sources.push_back({key, source.train, source.weight, expand_shard_glob(source.train, key)});
+  }
+  for (const TrainSource& source : data.sources)
+    data.train_files.insert(data.train_files.end(), source.files.begin(), source.files.end());
   data.val_files = expand_shard_glob(config.data.val, "data.val");
   data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
                                            config.model.vocab_size, warnings);
   plan_samples(config, data, warnings);
-  const TokenStream& train = data.train.emplace(data.train_files, "data.train", config.model.vocab_size);
-  TrainSampler(train, 0, T);
+  data.open_train(config.model.vocab_size);
+  data.train_sampler(0, T);  // every source holds a window
   const TokenStream& val = data.val.emplace(data.val_files, "data.val", config.model.vocab_size);
+  const TokenStream& train = data.train.front();
   if (&val.format() != &train.format())
-    throw UserError("data.val: \"" + data.val_files.front() + "\" is in " + val.format().name + " but data.train's \"" +
-                    data.train_files.front() + "\" is in " + train.format().name +
+    throw UserError("data.val: \"" + data.val_files.front() + "\" is in " + val.format().name + " but " + train.key() +
+                    "'s \"" + train.files().front() + "\" is in " + train.format().name +
                     "; expected both splits made with one vocabulary, in one format");
   const ValSampler val_batches(val, "data.val", config.training.eval_batches, B, T);
   // The evaluation reads only these windows: their token ids are checked now, cheaply, so that
@@ -388,6 +398,47 @@ void plan_machine(RunPlan& plan, int planned_ranks) {
 
 }  // namespace
 
+void DataPlan::open_train(int vocab_size) {
+  train.clear();
+  train.reserve(sources.size());  // the sampler points into it
+  for (const TrainSource& source : sources) {
+    const TokenStream& stream = train.emplace_back(source.files, source.key, vocab_size);
+    const TokenStream& first = train.front();
+    if (&stream.format() != &first.format())
+      throw UserError(source.key + ": \"" + source.files.front() + "\" is in " + stream.format().name + " but " +
+                      first.key() + "'s \"" + first.files().front() + "\" is in " + first.format().name +
+                      "; expected every source made with one vocabulary, in one format");
+  }
+}
+
+TrainSampler DataPlan::train_sampler(uint64_t seed, int seq_len) const {
+  PTRAIN_CHECK(!train.empty() && train.size() == sources.size(),
+               "the training shards are not open: a Trainer needs a plan prepare_run has prepared");
+  std::vector<const TokenStream*> streams;
+  std::vector<double> weights;
+  for (size_t k = 0; k < train.size(); ++k) {
+    streams.push_back(&train[k]);
+    weights.push_back(sources[k].weight);
+  }
+  return TrainSampler(std::move(streams), weights, seed, seq_len);
+}
+
+std::string train_sources_text(const DataPlan& data) {
+  int64_t tokens = 0;
+  double weights = 0;
+  for (const TokenStream& stream : data.train) tokens += stream.size();
+  for (const TrainSource& source : data.sources) weights += source.weight;
+  std::string text = format_thousands(static_cast<double>(tokens)) + " tokens in " +
+                     std::to_string(data.train_files.size()) + " shard(s)";
+  if (data.sources.size() < 2) return text;
+  text += " from " + std::to_string(data.sources.size()) + " sources by weight:";
+  for (size_t k = 0; k < data.sources.size(); ++k)
+    text += std::string(k == 0 ? " " : "; ") + in_quotes(data.sources[k].pattern) + " " +
+            format_number("%.1f", 100 * data.sources[k].weight / weights) + "% (" +
+            format_thousands(static_cast<double>(data.train[k].size())) + " tokens)";
+  return text;
+}
+
 std::string MemoryPlan::describe() const {
   return format_mib(total()) + " = " + format_mib(params) + " params + " +
          (master ? format_mib(master) + " FP32 master weights + " : std::string()) + format_mib(grads) +
@@ -501,8 +552,7 @@ std::string describe_plan(const RunPlan& plan) {
     line("data: a synthetic corpus of " + format_thousands(static_cast<double>(plan.data.synthetic->tokens)) +
          " tokens, generated into " + (fs::path(plan.run_dir) / "data").string());
   else
-    line("data: train " + format_thousands(static_cast<double>(plan.data.train->size())) + " tokens in " +
-         std::to_string(plan.data.train_files.size()) + " shard(s), val " +
+    line("data: train " + train_sources_text(plan.data) + ", val " +
          format_thousands(static_cast<double>(plan.data.val->size())) + " tokens in " +
          std::to_string(plan.data.val_files.size()) + " shard(s), tokenizer " +
          (plan.data.tokenizer.empty() ? "unknown" : plan.data.tokenizer) +

@@ -26,16 +26,35 @@ namespace ptrain {
 // Marks a directory as a ptrain run directory, the only kind run.overwrite may delete.
 constexpr const char* kRunMarker = ".ptrain-run";
 
+// Where training samples come from: data.train (one source of weight 1), or each of data.sources.
+struct TrainSource {
+  std::string key;      // "data.train" or "data.sources[N].train", for messages
+  std::string pattern;  // the glob its files matched
+  double weight = 1;    // as configured: relative to the other sources'
+  std::vector<std::string> files;
+};
+
 struct DataPlan {
-  std::vector<std::string> train_files, val_files;  // exact paths: nothing is globbed after planning
+  std::vector<TrainSource> sources;
+  std::vector<std::string> train_files, val_files;  // exact paths (train: every source's, in
+                                                    // order): nothing is globbed after planning
   std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
   std::optional<SyntheticInfo> info;                // the source of the val shards, when known
   std::string tokenizer;                            // bytes, gpt2, or "" unknown (data.tokenizer resolved)
   std::optional<Tokenizer> sample_tokenizer;        // loaded for logging.sample_every when known
   std::vector<int32_t> sample_prompt;               // logging.sample_prompt encoded
-  std::optional<TokenStream> train, val;            // the shards opened and checked (not yet for a
-                                                    // corpus still to generate)
+  // The shards opened and checked, train's one stream per source (not yet for a corpus still to
+  // generate).
+  std::vector<TokenStream> train;
+  std::optional<TokenStream> val;
+  // What the trainer samples from: train's streams, blended by the sources' weights.
+  TrainSampler train_sampler(uint64_t seed, int seq_len) const;
+  // Opens the train sources' streams and checks their formats against each other.
+  void open_train(int vocab_size);
 };
+
+// "N tokens in S shard(s)", and with several sources each one's glob, share and tokens.
+std::string train_sources_text(const DataPlan& data);
 
 // What the run does to <out_dir>/<name>.
 enum class RunDirAction {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <numeric>
 
 #include "backend/device.h"
 #include "core/format.h"
@@ -20,7 +21,17 @@ nlohmann::json collective_json(const CollectiveBytes& b) {
 }
 }  // namespace
 
-void RunReport::announce_run(int64_t num_params, const TokenStream& train, const TokenStream& val, int eval_batches) {
+std::vector<int64_t> RunReport::source_samples(int64_t step) const {
+  return blend_->counts(step * (cfg_.training.batch_tokens / spec_.batch.seq_len));
+}
+
+void RunReport::announce_run(int64_t num_params, const DataPlan& data, int eval_batches) {
+  if (data.sources.size() > 1) {
+    sources_ = data.sources;
+    std::vector<double> weights;
+    for (const TrainSource& source : sources_) weights.push_back(source.weight);
+    blend_.emplace(weights);
+  }
   const ModelShape& shape = spec_.shape;
   const int B = spec_.batch.micro_batch, T = spec_.batch.seq_len;
   const bool llama = shape.arch == Arch::llama;
@@ -36,9 +47,8 @@ void RunReport::announce_run(int64_t num_params, const TokenStream& train, const
             " accumulation steps" +
             (comm_.world_size() > 1 ? " x " + std::to_string(comm_.world_size()) + " ranks" : std::string()) + " | " +
             std::to_string(cfg_.training.steps) + " steps");
-  log_.info("data: train " + format_thousands(static_cast<double>(train.size())) + " tokens in " +
-            std::to_string(train.files().size()) + " shard(s), val " + format_thousands(static_cast<double>(val.size())) +
-            " tokens (" + train.format().name + "); eval on " + std::to_string(eval_batches) + " batches");
+  log_.info("data: train " + train_sources_text(data) + ", val " + format_thousands(static_cast<double>(data.val->size())) +
+            " tokens (" + data.val->format().name + "); eval on " + std::to_string(eval_batches) + " batches");
   if (synthetic_)
     log_.info("synthetic source: vocab " + std::to_string(synthetic_->spec.vocab) + ", order " +
               std::to_string(synthetic_->spec.order) + ", branching " + std::to_string(synthetic_->spec.branching) +
@@ -169,6 +179,7 @@ void RunReport::step(const Step& s) {
   const Backend::MemoryUse device_memory = backend_.memory_use();
   if (device_memory.capacity > 0) record["device_memory_peak_mib"] = static_cast<double>(device_memory.peak) / (1 << 20);
   if (mfu_mix && *mfu_mix > 1) record["ceiling_stale"] = true;
+  if (blend_) record["source_samples"] = source_samples(s.step);
   if (comm_.world_size() > 1) {  // since the step before: an evaluation's or a load's gather counts too
     const CollectiveBytes now = comm_.collective_bytes();
     record["comm_bytes"] = collective_json(now - reported_bytes_);
@@ -317,6 +328,21 @@ size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
             format_number("%.1f", 100.0 * (1.0 - gap / start_gap)) + "% of the gap from ln(V))";
   }
   log_.info(line);
+  if (blend_) {
+    const std::vector<int64_t> counts = source_samples(cfg_.training.steps);
+    const int64_t samples = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    std::string shares;
+    summary["sources"] = nlohmann::json::array();
+    for (size_t k = 0; k < sources_.size(); ++k) {
+      const double share = static_cast<double>(counts[k]) / static_cast<double>(samples);
+      summary["sources"].push_back(
+          {{"train", sources_[k].pattern}, {"weight", sources_[k].weight}, {"samples", counts[k]}, {"share", share}});
+      shares += std::string(k ? "; " : "") + "\"" + sources_[k].pattern + "\" " +
+                format_number("%.1f", 100 * share) + "% (" + format_thousands(static_cast<double>(counts[k])) + ")";
+    }
+    log_.info("data sources, samples drawn over the run's " + format_thousands(static_cast<double>(samples)) +
+              ": " + shares);
+  }
   if (comm_.world_size() > 1 && steps_here > 0) {
     const CollectiveBytes total = comm_.collective_bytes();
     const CollectiveBytes per_step{total.all_reduced / steps_here, total.reduce_scattered / steps_here,

@@ -19,6 +19,7 @@
 #include "metrics/device_peak.h"
 #include "metrics/run_log.h"
 #include "model/fp8_linear.h"
+#include "train/run_plan.h"
 #include "train/run_spec.h"
 
 namespace ptrain {
@@ -29,8 +30,10 @@ class RunReport {
             std::optional<SyntheticInfo> synthetic)
       : log_(log), cfg_(config), spec_(spec), comm_(comm), backend_(backend), synthetic_(std::move(synthetic)) {}
 
-  // The model, the batch, the data and the memory plan, in the run's opening lines.
-  void announce_run(int64_t num_params, const TokenStream& train, const TokenStream& val, int eval_batches);
+  // The model, the batch, the data and the memory plan, in the run's opening lines. A blend of
+  // several training sources is remembered: each step's record and the summary count the
+  // samples drawn from each.
+  void announce_run(int64_t num_params, const DataPlan& data, int eval_batches);
   // The peaks MFU is quoted against, stated once: a GPU's from the data-sheet table (the BF16
   // dense peak and the run's precision mix's), a CPU's measured sgemm rate (no BF16 peak: the
   // CPU backend's GEMMs are FP32 sgemm whatever the precision).
@@ -84,6 +87,8 @@ class RunReport {
 
  private:
   void recheck_cpu_ceiling(double flops_per_s);
+  // Samples drawn from each source in the steps up to `step` (all ranks).
+  std::vector<int64_t> source_samples(int64_t step) const;
 
   RunLog& log_;
   const Config& cfg_;
@@ -91,6 +96,8 @@ class RunReport {
   Communicator& comm_;
   Backend& backend_;
   std::optional<SyntheticInfo> synthetic_;
+  std::vector<TrainSource> sources_;    // with several, their blend
+  std::optional<SourceBlend> blend_;
   std::optional<MfuPeaks> peaks_;       // absent: a GPU without a known peak
   std::optional<CpuPeak> cpu_ceiling_;  // a one-rank CPU run's sgemm ceiling, for the recheck
   bool ceiling_rechecked_ = false;

@@ -51,7 +51,7 @@ void prepare_run(RunPlan& plan, Communicator& comm) {
   if (data.synthetic) {  // generated just now by rank 0
     const int vocab = plan.config.model.vocab_size;
     data.info = read_synthetic_info((fs::path(plan.run_dir) / "data").string());
-    data.train.emplace(data.train_files, "data.train", vocab);
+    data.open_train(vocab);
     data.val.emplace(data.val_files, "data.val", vocab);
   }
 }

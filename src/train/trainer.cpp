@@ -76,7 +76,7 @@ Trainer::Trainer(RunPlan& plan, TrainerDevices devices, const TrainOptions& opti
       policy_(phases_.policy(slot_)),
       comm_(std::move(devices.comm)),
       log_(comm_->is_main() ? RunLog(plan.run_dir) : RunLog::silent()),
-      train_sampler_(opened(plan.data.train, "data.train"), static_cast<uint64_t>(cfg_.run.seed), spec_.batch.seq_len),
+      train_sampler_(plan.data.train_sampler(static_cast<uint64_t>(cfg_.run.seed), spec_.batch.seq_len)),
       val_sampler_(opened(plan.data.val, "data.val"), "data.val", cfg_.training.eval_batches, spec_.batch.micro_batch,
                    spec_.batch.seq_len),
       device_choice_(std::move(devices.device_choice)),
@@ -421,7 +421,7 @@ void Trainer::announce() {
   const std::string fp8_gemms = model_.fp8_gemm_summary();
   if (!fp8_gemms.empty()) log_.info("fp8: " + fp8_gemms);
   for (const std::string& warning : backend_->performance_warnings()) log_.warn(warning);
-  report_.announce_run(model_.num_params(), *plan_.data.train, *plan_.data.val, val_sampler_.batches());
+  report_.announce_run(model_.num_params(), plan_.data, val_sampler_.batches());
   report_.announce_peaks(model_.native_fp8_weights());
 }
 
