@@ -1057,19 +1057,23 @@ class Loader {
     std::vector<GivenValue> values;
   };
 
+  // Starts reading a list key given at `location` (an earlier value already forgotten): false
+  // for null (no list) or for what is not a non-empty list, reported with `expected`.
+  bool start_list(const char* key, const YAML::Node& value, const Location& location, const char* expected) {
+    seen_[key] = location;
+    mark_present(parent(key), location);
+    bad_.erase(key);
+    if (value.IsNull()) return false;
+    if (value.IsSequence() && value.size() > 0) return true;
+    bad_.insert(key);
+    problem(location, key, "got " + (value.IsSequence() ? std::string("an empty list") : describe(value)), expected);
+    return false;
+  }
+
   // precision.schedule: null (no schedule) or a list of phase maps; replaces any earlier one.
   void read_schedule(const YAML::Node& value, const Location& location, const Source& source) {
-    seen_[kScheduleKey] = location;
-    mark_present(parent(kScheduleKey), location);
     schedule_.clear();
-    bad_.erase(kScheduleKey);
-    if (value.IsNull()) return;
-    if (!value.IsSequence() || value.size() == 0) {
-      bad_.insert(kScheduleKey);
-      problem(location, kScheduleKey, "got " + (value.IsSequence() ? std::string("an empty list") : describe(value)),
-              kPhaseExpected);
-      return;
-    }
+    if (!start_list(kScheduleKey, value, location, kPhaseExpected)) return;
     for (size_t i = 0; i < value.size(); ++i) {
       const YAML::Node node = value[i];
       const std::string name = phase_name(i);
@@ -1120,17 +1124,8 @@ class Loader {
   // data.sources: null (none) or a list of {train, weight} maps; replaces any earlier list.
   void read_sources(const YAML::Node& value, const Location& location, const Source& source) {
     std::vector<DataSource>& sources = config_.data.sources;
-    seen_[kSourcesKey] = location;
-    mark_present(parent(kSourcesKey), location);
     sources.clear();
-    bad_.erase(kSourcesKey);
-    if (value.IsNull()) return;
-    if (!value.IsSequence() || value.size() == 0) {
-      bad_.insert(kSourcesKey);
-      problem(location, kSourcesKey, "got " + (value.IsSequence() ? std::string("an empty list") : describe(value)),
-              kSourcesExpected);
-      return;
-    }
+    if (!start_list(kSourcesKey, value, location, kSourcesExpected)) return;
     for (size_t i = 0; i < value.size(); ++i) {
       const YAML::Node node = value[i];
       const std::string name = std::string(kSourcesKey) + "[" + std::to_string(i + 1) + "]";
