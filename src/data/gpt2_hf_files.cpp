@@ -44,6 +44,49 @@ std::vector<std::string> merge_below(const Gpt2Vocabulary& v, std::string_view b
   return parts;
 }
 
+// The merges of merges.txt, as tokenizer.json lists them.
+nlohmann::ordered_json merge_list(const std::string& merges_txt) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  size_t at = merges_txt.find('\n') + 1;  // after "#version: 0.2"
+  while (at < merges_txt.size()) {
+    const size_t end = merges_txt.find('\n', at);
+    list.push_back(merges_txt.substr(at, end - at));
+    at = end + 1;
+  }
+  return list;
+}
+
+// tokenizer.json's byte-level BPE model. `regex`: the pre-tokenizer splits with GPT-2's pattern
+// first (ByteLevel's use_regex).
+nlohmann::ordered_json byte_level_tokenizer(nlohmann::ordered_json added_tokens, nlohmann::ordered_json vocab,
+                                            nlohmann::ordered_json merges, bool regex) {
+  const auto byte_level = [&](bool add_prefix_space, bool trim_offsets) {
+    return nlohmann::ordered_json{{"type", "ByteLevel"},
+                                  {"add_prefix_space", add_prefix_space},
+                                  {"trim_offsets", trim_offsets},
+                                  {"use_regex", regex}};
+  };
+  nlohmann::ordered_json j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = std::move(added_tokens);
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = byte_level(false, true);
+  j["post_processor"] = byte_level(true, false);
+  j["decoder"] = byte_level(true, true);
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", ""},
+                {"end_of_word_suffix", ""},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"vocab", std::move(vocab)},
+                {"merges", std::move(merges)}};
+  return j;
+}
+
 }  // namespace
 
 std::string gpt2_vocab_json(const Gpt2Vocabulary& v) {
@@ -83,5 +126,37 @@ std::string gpt2_tokenizer_config(int model_max_length) {
   j["add_prefix_space"] = false;
   return j.dump(2) + "\n";
 }
+
+std::string gpt2_tokenizer_json(const std::string& vocab_json, const std::string& merges_txt, uint32_t end_of_text) {
+  const nlohmann::ordered_json added = {{"id", end_of_text}, {"content", kEndOfText}, {"single_word", false},
+                                        {"lstrip", false},   {"rstrip", false},        {"normalized", false},
+                                        {"special", true}};
+  return byte_level_tokenizer(nlohmann::ordered_json::array({added}), nlohmann::ordered_json::parse(vocab_json),
+                              merge_list(merges_txt), true)
+             .dump() +
+         "\n";
+}
+
+std::string gpt2_special_tokens_map() {
+  const nlohmann::ordered_json j = {{"bos_token", kEndOfText}, {"eos_token", kEndOfText}, {"unk_token", kEndOfText}};
+  return j.dump(2) + "\n";
+}
+
+std::string bytes_tokenizer_json() {
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  for (int byte = 0; byte < 256; ++byte) vocab[spelled(std::string(1, static_cast<char>(byte)))] = byte;
+  return byte_level_tokenizer(nlohmann::ordered_json::array(), std::move(vocab), nlohmann::ordered_json::array(), false)
+             .dump() +
+         "\n";
+}
+
+std::string bytes_tokenizer_config(int model_max_length) {
+  nlohmann::ordered_json j;
+  j["tokenizer_class"] = "PreTrainedTokenizerFast";
+  j["model_max_length"] = model_max_length;
+  return j.dump(2) + "\n";
+}
+
+std::string bytes_special_tokens_map() { return "{}\n"; }
 
 }  // namespace ptrain

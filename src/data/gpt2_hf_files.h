@@ -1,7 +1,10 @@
-// GPT-2's vocabulary written as Hugging Face's tokenizer files, for a model export: vocab.json
-// (each token's bytes spelled by gpt2_byte_to_unicode, mapped to its id) and merges.txt (one
-// "left right" pair per merge, in priority order). Gpt2Vocabulary::from_hf_files reads them
-// back to the same vocabulary.
+// ptrain's tokenizers written as Hugging Face's tokenizer files, for a model export. GPT-2's:
+// vocab.json (each token's bytes spelled by gpt2_byte_to_unicode, mapped to its id) and
+// merges.txt (one "left right" pair per merge, in priority order), which
+// Gpt2Vocabulary::from_hf_files reads back to the same vocabulary, and tokenizer.json, the one
+// file fast tokenizers load (a byte-level BPE model of the same vocabulary and merges, with
+// GPT-2's pre-tokenizer pattern). The bytes tokenizer's tokenizer.json is byte-level BPE
+// without merges: each byte its own id.
 #pragma once
 
 #include <string>
@@ -17,5 +20,17 @@ std::string gpt2_vocab_json(const Gpt2Vocabulary& vocabulary);
 std::string gpt2_merges_txt(const Gpt2Vocabulary& vocabulary);
 // tokenizer_config.json for GPT2Tokenizer, with <|endoftext|> as bos, eos and unk.
 std::string gpt2_tokenizer_config(int model_max_length);
+// tokenizer.json from the vocabulary's vocab.json and merges.txt (as the functions above write
+// them: the merges take a while to recover), with token `end_of_text` <|endoftext|> an added
+// special token, as in GPT-2's own file.
+std::string gpt2_tokenizer_json(const std::string& vocab_json, const std::string& merges_txt, uint32_t end_of_text);
+// special_tokens_map.json: <|endoftext|> as bos, eos and unk.
+std::string gpt2_special_tokens_map();
+
+// The bytes tokenizer's tokenizer.json, tokenizer_config.json (PreTrainedTokenizerFast) and
+// special_tokens_map.json (none).
+std::string bytes_tokenizer_json();
+std::string bytes_tokenizer_config(int model_max_length);
+std::string bytes_special_tokens_map();
 
 }  // namespace ptrain

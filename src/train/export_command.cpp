@@ -65,9 +65,15 @@ void export_hf(const HfExportOptions& o) {
   if (ckpt.state.tokenizer == "gpt2") {
     const Tokenizer tokenizer = Tokenizer::load("gpt2", o.vocabulary);
     end_of_text = tokenizer.end_of_text();
-    contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
-    contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());
+    const std::string& vocab = contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
+    const std::string& merges = contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());
     contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
+    contents.text_files["tokenizer.json"] = gpt2_tokenizer_json(vocab, merges, tokenizer.end_of_text());
+    contents.text_files["special_tokens_map.json"] = gpt2_special_tokens_map();
+  } else if (ckpt.state.tokenizer == "bytes") {
+    contents.text_files["tokenizer.json"] = bytes_tokenizer_json();
+    contents.text_files["tokenizer_config.json"] = bytes_tokenizer_config(m.seq_len);
+    contents.text_files["special_tokens_map.json"] = bytes_special_tokens_map();
   }
   const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::bf16 ? "bfloat16" : "float16";
   contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
@@ -76,7 +82,10 @@ void export_hf(const HfExportOptions& o) {
   const std::vector<std::string> files = write_hf_directory(target, contents);
   std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
               m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
-              files.size(), files.size() == 1 ? "" : "s", end_of_text >= 0 ? ", GPT-2 tokenizer files" : "");
+              files.size(), files.size() == 1 ? "" : "s",
+              ckpt.state.tokenizer == "gpt2"    ? ", GPT-2 tokenizer files"
+              : ckpt.state.tokenizer == "bytes" ? ", bytes tokenizer files"
+                                                : "");
 }
 
 }  // namespace ptrain

@@ -1,4 +1,5 @@
-// The tiktoken oracle tests' entry point: they run tiktoken's WebAssembly build under node.
+// The oracle tests' entry point: they run tiktoken's WebAssembly build and Hugging Face's
+// tokenizers under node.
 // Where node or the package is missing, every test reports "skipped" to ctest (exit 77), with
 // the reason, never "passed".
 #define CATCH_CONFIG_RUNNER
@@ -19,12 +20,13 @@ int main(int argc, char** argv) {
       std::printf("skipped: these tests run tiktoken under node, and node is not installed\n");
       return 77;
     }
-    const auto package = std::filesystem::path(ptrain::data_cache_dir()) / "tiktoken" / "tiktoken_bg.wasm";
-    if (!std::filesystem::exists(package)) {
-      std::printf("skipped: tiktoken's WebAssembly build is not at %s (./scripts/fetch-data.sh fetches it)\n",
-                  package.c_str());
-      return 77;
-    }
+    const std::filesystem::path cache = ptrain::data_cache_dir();
+    for (const auto& [package, what] : {std::pair{cache / "tiktoken" / "tiktoken_bg.wasm", "tiktoken's WebAssembly build"},
+                                        std::pair{cache / "hf-tokenizers" / "index.js", "Hugging Face's tokenizers"}})
+      if (!std::filesystem::exists(package)) {
+        std::printf("skipped: %s is not at %s (./scripts/fetch-data.sh fetches it)\n", what, package.c_str());
+        return 77;
+      }
   }
   return Catch::Session().run(argc, argv);
 }

@@ -1,0 +1,154 @@
+// The tokenizer.json files ptrain's Hugging Face exports write, loaded by Hugging Face's own
+// tokenizers (its Rust library's node binding, Tokenizer.fromFile): GPT-2's gives ptrain's ids
+// (tiktoken's) on random text of the contexts GPT-2's pattern tells apart and on real speeches,
+// and the bytes tokenizer's gives each byte of the UTF-8 text as its id. Then the same through
+// `ptrain export` itself.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/paths.h"
+#include "data/gpt2_hf_files.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain;
+using ptrain::test::read_file;
+using ptrain::test::TempDir;
+using ptrain::test::write_file;
+
+namespace {
+
+const Tokenizer& gpt2() {
+  static const Tokenizer t = Tokenizer::load("gpt2");
+  return t;
+}
+
+// Hugging Face's ids for each string under `tokenizer_json`.
+std::vector<std::vector<int32_t>> hf_ids(const fs::path& tokenizer_json, const std::vector<std::string>& strings,
+                                         const fs::path& dir) {
+  write_file(dir / "in.json", nlohmann::json(strings).dump());
+  const std::string script = (ptrain::test::source_dir() / "tests/oracle/hf_tokenizers.js").string();
+  const ptrain::test::CommandResult r =
+      ptrain::test::run_shell("node '" + script + "' strings '" + tokenizer_json.string() + "' '" +
+                              (dir / "in.json").string() + "' '" + (dir / "out.json").string() + "'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  return nlohmann::json::parse(read_file(dir / "out.json")).get<std::vector<std::vector<int32_t>>>();
+}
+
+std::vector<int32_t> gpt2_ids(const std::string& text) {
+  const std::vector<uint16_t> ids = gpt2().encode(text, "text");
+  return {ids.begin(), ids.end()};
+}
+
+std::vector<int32_t> byte_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (const char c : text) ids.push_back(static_cast<unsigned char>(c));
+  return ids;
+}
+
+// Random strings over the characters GPT-2's pattern tells apart: letters, contractions, digits,
+// spaces, line breaks, other whitespace, punctuation, combining marks, CJK, emoji. Without the
+// literal "<|endoftext|>", which tokenizer.json makes the special token (as GPT-2's own file
+// does) where `data prepare` encodes text as tiktoken's encode_ordinary.
+std::vector<std::string> random_text(unsigned seed, int count) {
+  std::mt19937 rng(seed);
+  const std::vector<std::string> alphabet = {"a", "Z", "s", "t", "l", "e", "'", "\xE2\x80\x99", " ", " ", "  ", "\n",
+                                             "\r\n", "\t", "\xC2\xA0", "\xE3\x80\x80", "\xC2\x85", "\x0B", "9", "0",
+                                             "\xD9\xA3", "\xC2\xBD", ".", "!", "?", "-", "_", "\xC3\xA9",
+                                             "\xCC\x81", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80", "\xE2\x80\x8D",
+                                             "\xEF\xBB\xBF", "\xE1\xA0\x8E", "<|", "|>", "end"};
+  std::vector<std::string> out;
+  for (int i = 0; i < count; ++i) {
+    std::string s;
+    for (int n = 1 + static_cast<int>(rng() % 60); n > 0; --n) s += alphabet[rng() % alphabet.size()];
+    out.push_back(s);
+  }
+  return out;
+}
+
+// The last `n` State of the Union addresses, whole.
+std::vector<std::string> speeches(size_t n) {
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(fs::path(data_cache_dir()) / "text/sotu")) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= n);
+  std::vector<std::string> texts;
+  for (size_t i = files.size() - n; i < files.size(); ++i) texts.push_back(read_file(files[i]));
+  return texts;
+}
+
+// Compares ids string by string; reports the first few that differ.
+void expect_same(const std::vector<std::string>& strings, const std::vector<std::vector<int32_t>>& theirs,
+                 std::vector<int32_t> (*ours)(const std::string&)) {
+  REQUIRE(theirs.size() == strings.size());
+  int differ = 0;
+  for (size_t i = 0; i < strings.size(); ++i)
+    if (ours(strings[i]) != theirs[i] && ++differ <= 5) UNSCOPED_INFO("differs on " << nlohmann::json(strings[i]).dump());
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json encodes as ptrain does, on random text and speeches",
+          "[oracle]") {
+  TempDir dir("hf-oracle");
+  const Gpt2Vocabulary& v = *gpt2().gpt2();
+  write_file(dir.dir / "tokenizer.json",
+             gpt2_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), gpt2().end_of_text()));
+  std::vector<std::string> strings = random_text(4242, 3000);
+  for (const std::string& speech : speeches(10)) strings.push_back(speech);
+  expect_same(strings, hf_ids(dir.dir / "tokenizer.json", strings, dir.dir), gpt2_ids);
+  // And the special token, which tokenizer.json knows by name.
+  CHECK(hf_ids(dir.dir / "tokenizer.json", {"a<|endoftext|>b"}, dir.dir)[0] ==
+        std::vector<int32_t>{gpt2_ids("a")[0], 50256, gpt2_ids("b")[0]});
+}
+
+TEST_CASE("tokenizers oracle: the bytes tokenizer's tokenizer.json gives each byte its id", "[oracle]") {
+  TempDir dir("hf-oracle");
+  write_file(dir.dir / "tokenizer.json", bytes_tokenizer_json());
+  std::vector<std::string> strings = random_text(77, 500);
+  strings.push_back(speeches(1)[0]);
+  expect_same(strings, hf_ids(dir.dir / "tokenizer.json", strings, dir.dir), byte_ids);
+}
+
+TEST_CASE("tokenizers oracle: ptrain export writes a tokenizer.json that Hugging Face loads, for each tokenizer",
+          "[oracle]") {
+  TempDir dir("hf-oracle");
+  const std::string text = speeches(2)[0];
+  write_file(dir.dir / "corpus.txt", text);
+  for (const std::string tokenizer : {"gpt2", "bytes"}) {
+    CAPTURE(tokenizer);
+    const std::string vocab = tokenizer == "gpt2" ? "50257" : "256";
+    REQUIRE(ptrain::test::run_ptrain("data prepare --input corpus.txt --out " + tokenizer + " --tokenizer " + tokenizer,
+                                     dir.dir)
+                .exit_code == 0);
+    write_file(dir.dir / "run.yaml",
+               "run: {name: " + tokenizer + ", out_dir: runs}\n"
+               "model: {n_layer: 1, n_head: 2, n_embd: 16, seq_len: 16, vocab_size: " + vocab + "}\n"
+               "data: {train: \"" + tokenizer + "/" + tokenizer + "_train_*.bin\", val: \"" + tokenizer + "/" +
+               tokenizer + "_val_*.bin\"}\n"
+               "training: {steps: 1, batch_tokens: 64, micro_batch: 4, eval_every: 0, eval_batches: 1}\n");
+    const ptrain::test::CommandResult trained = ptrain::test::run_ptrain("train run.yaml", dir.dir);
+    INFO(trained.output);
+    REQUIRE(trained.exit_code == 0);
+    const ptrain::test::CommandResult exported = ptrain::test::run_ptrain(
+        "export --format hf --checkpoint runs/" + tokenizer + "/checkpoints/step_00000001 --out hf-" + tokenizer,
+        dir.dir);
+    INFO(exported.output);
+    REQUIRE(exported.exit_code == 0);
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+      CHECK(fs::is_regular_file(dir.dir / ("hf-" + tokenizer) / file));
+    const std::vector<std::string> strings = {text.substr(0, 4000)};
+    expect_same(strings, hf_ids(dir.dir / ("hf-" + tokenizer) / "tokenizer.json", strings, dir.dir),
+                tokenizer == "gpt2" ? gpt2_ids : byte_ids);
+  }
+}
