@@ -212,9 +212,6 @@ TEST_CASE("two sources weighted 0.7 and 0.3 give those shares over 200 steps, an
         std::string::npos);
 
   CHECK(loss_trace(dir / "runs/resumed/metrics.jsonl") == loss_trace(dir / "runs/straight/metrics.jsonl"));
-  const std::vector<std::vector<int64_t>> after_resume = shares("resumed");
-  CHECK(std::vector<std::vector<int64_t>>(after_resume.end() - 100, after_resume.end()) ==
-        std::vector<std::vector<int64_t>>(drawn.end() - 100, drawn.end()));
   fs::remove_all(dir);
 }
 

@@ -746,6 +746,8 @@ TEST_CASE("data.sources blends shard globs by weight, in place of data.train", "
        "data.sources[1].weight: -0.5 is out of range; expected a number >= 0"},
       {"data.sources=[{train: a, weight: 0}, {train: b, weight: 0}]",
        "data.sources: every weight is 0; expected at least one weight above 0"},
+      {"data.sources=[{train: a, weight: 1e308}, {train: b, weight: 1e308}]",
+       "data.sources: the weights sum past the largest number"},
       {"data.sources=[{train: a}]", "data.sources[1].weight: missing; expected a number >= 0"},
       {"data.sources=[{weight: 1}]", "data.sources[1].train: missing; expected a glob of token shards"},
       {"data.sources=[{train: \"\", weight: 1}]", "data.sources[1].train: an empty glob"},

@@ -505,7 +505,8 @@ TEST_CASE("read_synthetic_info is empty without the file and rejects a malformed
   CHECK_THAT(message, Catch::Contains("synthetic.json") && Catch::Contains("malformed"));
 }
 
-TEST_CASE("a blend gives each source its weight's share of every prefix of the samples, within a sample per source", "[data]") {
+TEST_CASE("a blend gives each source its weight's share of every prefix of the samples, within K - 1 of K sources",
+          "[data]") {
   struct Case {
     std::vector<double> weights;
   };
@@ -523,7 +524,7 @@ TEST_CASE("a blend gives each source its weight's share of every prefix of the s
       REQUIRE(blend.counts(n) == drawn);
       for (size_t k = 0; k < drawn.size(); ++k) {
         const double exact = static_cast<double>(n) * c.weights[k] / total;
-        REQUIRE(std::abs(static_cast<double>(drawn[k]) - exact) <= static_cast<double>(c.weights.size()));
+        REQUIRE(std::abs(static_cast<double>(drawn[k]) - exact) <= std::max(1.0, c.weights.size() - 1.0));
         if (c.weights[k] == 0) REQUIRE(drawn[k] == 0);
       }
     }
@@ -531,7 +532,7 @@ TEST_CASE("a blend gives each source its weight's share of every prefix of the s
   // Far into a long run the rule is the same function of the index.
   const SourceBlend blend({0.7, 0.3});
   const std::vector<int64_t> late = blend.counts(int64_t{1} << 40);
-  CHECK(late[0] == static_cast<int64_t>(std::floor(0.7 * static_cast<double>(int64_t{1} << 40))));
+  CHECK(std::abs(static_cast<double>(late[0]) - 0.7 * static_cast<double>(int64_t{1} << 40)) <= 1);
   CHECK(late[0] + late[1] == int64_t{1} << 40);
 }
 

@@ -1158,9 +1158,11 @@ class Loader {
           reject_source(at, f->key, "missing", f == &train ? "a glob of token shards" : "a number >= 0");
       sources.push_back(given);
     }
-    if (!rejected(kSourcesKey) &&
-        std::none_of(sources.begin(), sources.end(), [](const DataSource& d) { return d.weight > 0; }))
-      reject_source(location, kSourcesKey, "every weight is 0", "at least one weight above 0 (weights are relative)");
+    double sum = 0;
+    for (const DataSource& d : sources) sum += d.weight;
+    if (!rejected(kSourcesKey) && !(sum > 0 && std::isfinite(sum)))
+      reject_source(location, kSourcesKey, sum > 0 ? "the weights sum past the largest number" : "every weight is 0",
+                    "at least one weight above 0, all summing to a finite number (weights are relative)");
   }
 
   void reject_source(const Location& location, const std::string& key, const std::string& wrong,

@@ -22,7 +22,7 @@ SourceBlend::SourceBlend(const std::vector<double>& weights) {
     PTRAIN_CHECK(std::isfinite(weights[k]) && weights[k] >= 0, "source weights must be finite and >= 0");
     rest[k] = weights[k] + rest[k + 1];
   }
-  PTRAIN_CHECK(rest[0] > 0, "source weights must not all be 0");
+  PTRAIN_CHECK(rest[0] > 0 && std::isfinite(rest[0]), "source weights must not all be 0, nor sum past a double");
   for (size_t k = 0; k < weights.size(); ++k) split_.push_back(rest[k] > 0 ? weights[k] / rest[k] : 0.0);
 }
 

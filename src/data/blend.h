@@ -3,11 +3,13 @@
 // rank count draw the same samples from the same sources.
 //
 // Sources are split off one at a time. Source 0 takes sample r exactly when floor(q0 (r + 1))
-// passes floor(q0 r), with q0 its share of the weight: among the first n samples it takes
-// floor(q0 n), spread evenly. The samples it leaves are numbered afresh and source 1 takes its
-// share q1 = w1 / (w1 + w2 + ...) of those in the same way, and so on. Every source's count over the first n samples is within one sample per source of
-// its weight's share, from the first step on (Megatron-LM's blended dataset interleaves
-// sources as evenly, by a running error it keeps in a table).
+// passes floor(q0 r), with q0 its share of the weight (in double precision, the same on every
+// CPU): among the first n samples it takes floor(q0 n), spread evenly. The samples it leaves
+// are numbered afresh and source 1 takes its share q1 = w1 / (w1 + w2 + ...) of those in the
+// same way, and so on. With K sources each one's count over the first n samples stays within
+// K - 1 samples of its weight's share (one, for two sources), from the first step on
+// (Megatron-LM's blended dataset interleaves sources as evenly, by a running error it keeps in
+// a table).
 #pragma once
 
 #include <cstdint>

@@ -68,27 +68,27 @@ ShardHeader read_shard_header(const int32_t (&header)[kShardHeaderInts], int64_t
 namespace {
 
 template <typename Token>
-void write_tokens(const std::string& path, const std::vector<Token>& tokens, const ShardFormat& format) {
+void write_tokens(const std::string& path, const Token* tokens, size_t count, const ShardFormat& format) {
   static_assert(sizeof(Token) == 2 || sizeof(Token) == 4, "tokens are uint16 or uint32");
-  if (tokens.size() > static_cast<size_t>(INT32_MAX))
-    throw UserError("shard " + quoted(path) + " would hold " + std::to_string(tokens.size()) +
+  if (count > static_cast<size_t>(INT32_MAX))
+    throw UserError("shard " + quoted(path) + " would hold " + std::to_string(count) +
                     " tokens, expected at most 2147483647 (the header's int32 count)");
   int32_t header[kShardHeaderInts];
-  fill_shard_header(header, format, static_cast<int64_t>(tokens.size()));
+  fill_shard_header(header, format, static_cast<int64_t>(count));
   AtomicFile out(path);
   out.write(header, kHeaderBytes);
-  out.write(tokens.data(), tokens.size() * sizeof(Token));
+  out.write(tokens, count * sizeof(Token));
   out.commit();
 }
 
 }  // namespace
 
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  write_tokens(path, tokens, kUint16Shards);
+void write_shard(const std::string& path, const uint16_t* tokens, size_t count) {
+  write_tokens(path, tokens, count, kUint16Shards);
 }
 
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens) {
-  write_tokens(path, tokens, kUint32Shards);
+void write_shard(const std::string& path, const uint32_t* tokens, size_t count) {
+  write_tokens(path, tokens, count, kUint32Shards);
 }
 
 TokenShard::TokenShard(const std::string& path) : file_(path, "shard " + quoted(path)) {

@@ -4,6 +4,7 @@
 // vocabularies past 65,536. Shards made for llm.c train unchanged, and ours train in llm.c.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,8 +34,14 @@ void make_shard_dir(const std::string& dir);
 // Writes a shard atomically (temporary file, fsync, rename): uint16 tokens in the GPT-2
 // format, uint32 tokens in the Llama 3 format. Throws EnvironmentError on I/O failure, naming
 // the file.
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
-void write_shard(const std::string& path, const std::vector<uint32_t>& tokens);
+void write_shard(const std::string& path, const uint16_t* tokens, size_t count);
+void write_shard(const std::string& path, const uint32_t* tokens, size_t count);
+inline void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard(path, tokens.data(), tokens.size());
+}
+inline void write_shard(const std::string& path, const std::vector<uint32_t>& tokens) {
+  write_shard(path, tokens.data(), tokens.size());
+}
 
 // The header of `format` for `count` tokens.
 void fill_shard_header(int32_t (&header)[kShardHeaderInts], const ShardFormat& format, int64_t count);

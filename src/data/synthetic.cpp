@@ -124,13 +124,12 @@ void write_info(const SyntheticInfo& info, const std::string& path) {
   write_file_atomic(path, info_to_json(info).dump(2) + "\n");
 }
 
-// Tokens [begin, end) as a shard in the format of the vocabulary (shard_format_for).
-void write_split(const std::string& path, std::vector<uint32_t>::const_iterator begin,
-                 std::vector<uint32_t>::const_iterator end, int vocab) {
+// `count` tokens as a shard in the format of the vocabulary (shard_format_for).
+void write_split(const std::string& path, const uint32_t* tokens, size_t count, int vocab) {
   if (&shard_format_for(vocab) == &kUint32Shards)
-    write_shard(path, std::vector<uint32_t>(begin, end));
+    write_shard(path, tokens, count);
   else
-    write_shard(path, std::vector<uint16_t>(begin, end));
+    write_shard(path, std::vector<uint16_t>(tokens, tokens + count));
 }
 
 }  // namespace
@@ -207,8 +206,8 @@ SyntheticInfo generate_synthetic(const SyntheticSpec& spec, const std::string& o
   info.oracle_loss_val = nll_val / static_cast<double>(info.val_tokens);
   make_shard_dir(out_dir);
   const fs::path dir(out_dir);
-  write_split(synthetic_train_file(out_dir), stream.begin(), stream.begin() + train, spec.vocab);
-  write_split(synthetic_val_file(out_dir), stream.begin() + train, stream.end(), spec.vocab);
+  write_split(synthetic_train_file(out_dir), stream.data(), static_cast<size_t>(train), spec.vocab);
+  write_split(synthetic_val_file(out_dir), stream.data() + train, static_cast<size_t>(info.val_tokens), spec.vocab);
   write_info(info, (dir / "synthetic.json").string());
   return info;
 }

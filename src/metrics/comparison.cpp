@@ -71,10 +71,12 @@ nlohmann::json comparable_keys(const Config& c) {
     if (c.data.sources.empty()) {
       j["data.train"] = c.data.train;
     } else {
-      // One text, so that runs of other weights or globs differ in it.
+      // One text, so that runs of other shares or globs differ in it (weights 7 and 3 are 0.7 and 0.3).
+      double total = 0;
+      for (const DataSource& source : c.data.sources) total += source.weight;
       std::string blend;
       for (const DataSource& source : c.data.sources)
-        blend += (blend.empty() ? "" : " + ") + source.train + " x " + format_number("%.10g", source.weight);
+        blend += (blend.empty() ? "" : " + ") + source.train + " x " + format_number("%.10g", source.weight / total);
       j["data.sources"] = blend;
     }
     j["data.val"] = c.data.val;

@@ -516,7 +516,7 @@ RunPlan plan_run(const Config& config, int planned_ranks) {
   const std::string& trained_on = plan.resume ? plan.resume->state.tokenizer : std::string();
   if (!trained_on.empty() && !plan.data.tokenizer.empty() && trained_on != plan.data.tokenizer)
     throw UserError("checkpoint.resume: " + plan.resume->path + " was trained on " + trained_on +
-                    " tokens, but the shards of data.train are " + plan.data.tokenizer +
+                    " tokens, but the training shards are " + plan.data.tokenizer +
                     " tokens; expected shards made by the checkpoint's tokenizer (" + trained_on + ")");
   return plan;
 }
