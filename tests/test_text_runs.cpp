@@ -217,3 +217,38 @@ TEST_CASE("data.vocab names the vocabulary the shards were made with", "[text]")
                  {"GPT-2 vocabulary", "missing", "not found"});
   CHECK_FALSE(fs::exists(ws.dir / "runs"));
 }
+
+TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and resume refuse another by hash",
+          "[text]") {
+  TextWorkspace ws;
+  const std::string cache = ptrain::data_cache_dir();
+  // The same tokenizer with its own vocabulary files (GPT-2's, as Hugging Face's vocab.json and
+  // merges.txt): another SHA-256 than the default r50k_base.tiktoken.
+  REQUIRE(run_ptrain("data prepare --input book.txt --out hf --tokenizer gpt2 --vocab " + cache + "/gpt2-hf", ws.dir)
+              .exit_code == 0);
+  const CommandResult trained = ws.train(shards("hf"), 50257);
+  INFO(trained.output);
+  REQUIRE(trained.exit_code == 0);
+  const fs::path checkpoint = ws.dir / "runs/r/checkpoints/step_00000002";
+  const nlohmann::json state = nlohmann::json::parse(read_file(checkpoint / "state.json"));
+  const nlohmann::json record = nlohmann::json::parse(read_file(ws.dir / "hf/ptrain-tokenizer.json"));
+  CHECK(state["vocabulary_sha256"] == record["vocabulary_sha256"]);
+
+  const std::string hf_sha = record["vocabulary_sha256"];
+  expect_refused(run_ptrain("sample --checkpoint " + checkpoint.string() + " --tokens 2", ws.dir),
+                 {"the default GPT-2 vocabulary", "r50k_base.tiktoken", hf_sha.c_str(), "--vocab"});
+  const CommandResult named =
+      run_ptrain("sample --checkpoint " + checkpoint.string() + " --tokens 2 --prompt Call --vocab " + cache + "/gpt2-hf",
+                 ws.dir);
+  INFO(named.output);
+  CHECK(named.exit_code == 0);
+  expect_refused(run_ptrain("export --format hf --checkpoint " + checkpoint.string() + " --out hf-export", ws.dir),
+                 {"SHA-256", hf_sha.c_str()});
+  CHECK_FALSE(fs::exists(ws.dir / "hf-export"));
+
+  // Resumed on the shards of the default vocabulary: same tokenizer, other ids.
+  const std::string before = read_file(checkpoint / "weights.safetensors");
+  expect_refused(ws.train(shards("gpt2"), 50257, "--set checkpoint.resume=auto --set run.overwrite=false"),
+                 {"checkpoint.resume", hf_sha.c_str(), "ptrain-tokenizer.json", "the checkpoint's vocabulary"});
+  CHECK(read_file(checkpoint / "weights.safetensors") == before);
+}

@@ -129,6 +129,7 @@ json state_to_json(const CheckpointState& s) {
           {"best_val_step", s.best_val_step},
           {"precision", s.precision},
           {"tokenizer", s.tokenizer.empty() ? json() : json(s.tokenizer)},
+          {"vocabulary_sha256", s.vocabulary_sha256.empty() ? json() : json(s.vocabulary_sha256)},
           {"model", s.model},
           {"model_hash", model_hash(s.model)},
           {"schedule", s.schedule}};
@@ -212,6 +213,13 @@ CheckpointState state_from_json(const json& j) {
                       "fp8:current+primary", "fp8:block+primary"});  // PrecisionPolicy::label()
   // Checkpoints from before tokenizers were recorded have none: unknown.
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) s.tokenizer = text(j, "", "tokenizer", {"bytes", "gpt2"});
+  if (j.contains("vocabulary_sha256") && !j["vocabulary_sha256"].is_null()) {
+    const json& hash = j["vocabulary_sha256"];
+    const bool hex = hash.is_string() && hash.get<std::string>().size() == 64 &&
+                     hash.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex) bad("vocabulary_sha256", hash, "null or 64 lowercase hexadecimal digits");
+    s.vocabulary_sha256 = hash.get<std::string>();
+  }
   s.model = member(j, "", "model");
   model_from_json(s.model);  // checked here, so that no reader builds a model from a bad shape
   // The fingerprint is of the section as written: a section edited afterwards no longer matches.

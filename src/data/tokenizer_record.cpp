@@ -53,8 +53,9 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
   return r;
 }
 
-std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
-                                    TokenizerChoice configured_choice, int vocab_size, std::vector<std::string>& warnings) {
+ShardTokenizer resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
+                                       TokenizerChoice configured_choice, int vocab_size,
+                                       std::vector<std::string>& warnings) {
   // "" under auto: the records, or model.vocab_size, tell.
   const std::string configured = configured_choice == TokenizerChoice::auto_ ? "" : choice_name(configured_choice);
   std::vector<std::string> dirs;
@@ -75,7 +76,7 @@ std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const
     }
     const std::string where = "\"" + (fs::path(dir) / kTokenizerRecord).string() + "\"";
     if (found && (record->tokenizer != found->tokenizer || record->vocabulary_sha256 != found->vocabulary_sha256))
-      throw UserError("data.train / data.val: " + where + " says the shards were made by " + record->tokenizer +
+      throw UserError("the training and validation shards: " + where + " says they were made by " + record->tokenizer +
                       " but " + found_in + " says " + found->tokenizer +
                       (record->tokenizer == found->tokenizer ? " with another vocabulary" : "") +
                       "; expected one tokenizer for all the shards");
@@ -112,7 +113,7 @@ std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const
     }
     warnings.push_back(note);
   }
-  return resolved;
+  return {resolved, found ? found->vocabulary_sha256 : std::string()};
 }
 
 }  // namespace ptrain

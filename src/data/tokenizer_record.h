@@ -27,13 +27,16 @@ void write_tokenizer_record(const std::string& dir, const TokenizerRecord& recor
 // is malformed.
 std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir);
 
+struct ShardTokenizer {
+  std::string tokenizer;          // bytes or gpt2, or "" when nothing tells
+  std::string vocabulary_sha256;  // the records' ("" without a record, and for bytes)
+};
 // The tokenizer of a run's shards: the records in the directories of `train` and `val` checked
 // against each other, `configured` (data.tokenizer) and `vocab_size` (model.vocab_size).
-// Returns bytes or gpt2, or "" when nothing tells. Shards without a record (llm.c's) are taken
-// as `configured` with a warning, or, under auto, as gpt2 when vocab_size is GPT-2's (50257, or
-// padded up to 50304) and bytes when it is 256, also with a warning. Throws UserError naming
-// both sides when they disagree.
-std::string resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
-                                    TokenizerChoice configured, int vocab_size, std::vector<std::string>& warnings);
+// Shards without a record (llm.c's) are taken as `configured` with a warning, or, under auto,
+// as gpt2 when vocab_size is GPT-2's (50257, or padded up to 50304) and bytes when it is 256,
+// also with a warning. Throws UserError naming both sides when they disagree.
+ShardTokenizer resolve_shard_tokenizer(const std::vector<std::string>& train, const std::vector<std::string>& val,
+                                       TokenizerChoice configured, int vocab_size, std::vector<std::string>& warnings);
 
 }  // namespace ptrain

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
+#include "data/tokenizer.h"
 #include "model/transformer.h"
 
 namespace ptrain {
@@ -35,5 +36,10 @@ std::string int8_note(const ModelConfig& m);
 
 // A checkpoint's weights as ptrain's flat parameter vector (the order of param_specs).
 std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig& m);
+
+// The checkpoint's tokenizer with the vocabulary `vocabulary` names ("" the default; bytes
+// takes none), refused (UserError naming --vocab) when its files hash otherwise than those the
+// checkpoint's shards were made with, whose ids the embeddings learned.
+Tokenizer checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name, const std::string& vocabulary);
 
 }  // namespace ptrain

@@ -63,7 +63,7 @@ void export_hf(const HfExportOptions& o) {
   }
   int end_of_text = -1;
   if (ckpt.state.tokenizer == "gpt2") {
-    const Tokenizer tokenizer = Tokenizer::load("gpt2", o.vocabulary);
+    const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, "gpt2", o.vocabulary);
     end_of_text = tokenizer.end_of_text();
     const std::string& vocab = contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
     const std::string& merges = contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());

@@ -124,8 +124,10 @@ DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector
   for (const TrainSource& source : data.sources)
     data.train_files.insert(data.train_files.end(), source.files.begin(), source.files.end());
   data.val_files = expand_shard_glob(config.data.val, "data.val");
-  data.tokenizer = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
-                                           config.model.vocab_size, warnings);
+  const ShardTokenizer made_by = resolve_shard_tokenizer(data.train_files, data.val_files, config.data.tokenizer,
+                                                         config.model.vocab_size, warnings);
+  data.tokenizer = made_by.tokenizer;
+  data.vocabulary_sha256 = made_by.vocabulary_sha256;
   plan_samples(config, data, warnings);
   data.open_train(config.model.vocab_size);
   data.train_sampler(0, T);  // every source holds a window
@@ -518,6 +520,13 @@ RunPlan plan_run(const Config& config, int planned_ranks) {
     throw UserError("checkpoint.resume: " + plan.resume->path + " was trained on " + trained_on +
                     " tokens, but the training shards are " + plan.data.tokenizer +
                     " tokens; expected shards made by the checkpoint's tokenizer (" + trained_on + ")");
+  // And on one vocabulary: the same tokenizer with other files gives other ids.
+  const std::string& vocabulary = plan.resume ? plan.resume->state.vocabulary_sha256 : std::string();
+  if (!vocabulary.empty() && !plan.data.vocabulary_sha256.empty() && vocabulary != plan.data.vocabulary_sha256)
+    throw UserError("checkpoint.resume: " + plan.resume->path + " was trained on the " + trained_on +
+                    " vocabulary with SHA-256 " + vocabulary + ", but the training shards' " + kTokenizerRecord +
+                    " records SHA-256 " + plan.data.vocabulary_sha256 +
+                    "; expected shards made with the checkpoint's vocabulary (data prepare --vocab)");
   return plan;
 }
 

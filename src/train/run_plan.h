@@ -41,6 +41,7 @@ struct DataPlan {
   std::optional<SyntheticSpec> synthetic;           // a corpus to generate into <run dir>/data first
   std::optional<SyntheticInfo> info;                // the source of the val shards, when known
   std::string tokenizer;                            // bytes, gpt2, or "" unknown (data.tokenizer resolved)
+  std::string vocabulary_sha256;                    // the shards' records', "" without one (and for bytes)
   std::optional<Tokenizer> sample_tokenizer;        // loaded for logging.sample_every when known
   std::vector<int32_t> sample_prompt;               // logging.sample_prompt encoded
   // The shards opened and checked, train's one stream per source (not yet for a corpus still to

@@ -104,6 +104,7 @@ bool Trainer::save(int64_t step, bool final_save) {
   }
   st.precision = policy_.label();
   st.tokenizer = plan_.data.tokenizer;
+  st.vocabulary_sha256 = plan_.data.vocabulary_sha256;
   st.model = model_json(cfg_.model);
   st.data_seed = static_cast<uint64_t>(cfg_.run.seed);
   st.next_sample = step * spec_.batch.accumulation * comm_->world_size() * spec_.batch.micro_batch;
