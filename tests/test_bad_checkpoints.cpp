@@ -83,6 +83,9 @@ TEST_CASE("state.json fields out of range are refused by every command that read
       {"/optimizer_steps", -1, "optimizer_steps"},
       {"/loss_scaler/scale", 0, "loss_scaler.scale"},
       {"/precision", "fp4", "precision"},
+      {"/vocabulary_sha256", "ABC", "vocabulary_sha256"},  // a vocabulary's hash or null
+      {"/vocabulary_sha256", std::string(64, 'A'), "vocabulary_sha256"},
+      {"/vocabulary_sha256", 7, "vocabulary_sha256"},
       {"/format_version", 99, "newer ptrain"},
       {"/step", nlohmann::json::parse(std::string(5000, '[') + std::string(5000, ']')), "nested more than 64 levels"},
   };

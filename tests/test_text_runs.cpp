@@ -251,4 +251,16 @@ TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and r
   expect_refused(ws.train(shards("gpt2"), 50257, "--set checkpoint.resume=auto --set run.overwrite=false"),
                  {"checkpoint.resume", hf_sha.c_str(), "ptrain-tokenizer.json", "the checkpoint's vocabulary"});
   CHECK(read_file(checkpoint / "weights.safetensors") == before);
+
+  // Resumed on its own shards without their record (as llm.c's come): the checkpoints after it
+  // still know the vocabulary.
+  fs::remove(ws.dir / "hf/ptrain-tokenizer.json");
+  const CommandResult resumed = ws.train(shards("hf", ", tokenizer: gpt2"), 50257,
+                                         "--set checkpoint.resume=auto --set run.overwrite=false --set training.steps=3");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const nlohmann::json later =
+      nlohmann::json::parse(read_file(ws.dir / "runs/r/checkpoints/step_00000003/state.json"));
+  CHECK(later["vocabulary_sha256"] == hf_sha);
+  CHECK(later["tokenizer"] == "gpt2");
 }

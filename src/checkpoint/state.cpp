@@ -215,9 +215,8 @@ CheckpointState state_from_json(const json& j) {
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) s.tokenizer = text(j, "", "tokenizer", {"bytes", "gpt2"});
   if (j.contains("vocabulary_sha256") && !j["vocabulary_sha256"].is_null()) {
     const json& hash = j["vocabulary_sha256"];
-    const bool hex = hash.is_string() && hash.get<std::string>().size() == 64 &&
-                     hash.get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (!hex) bad("vocabulary_sha256", hash, "null or 64 lowercase hexadecimal digits");
+    if (!hash.is_string() || !is_sha256_hex(hash.get<std::string>()))
+      bad("vocabulary_sha256", hash, "null or 64 lowercase hexadecimal digits");
     s.vocabulary_sha256 = hash.get<std::string>();
   }
   s.model = member(j, "", "model");

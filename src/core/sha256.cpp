@@ -95,4 +95,8 @@ std::string sha256_hex(const void* data, size_t bytes) {
   return hash.hex_digest();
 }
 
+bool is_sha256_hex(const std::string& text) {
+  return text.size() == 64 && text.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
 }  // namespace ptrain

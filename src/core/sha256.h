@@ -25,5 +25,7 @@ class Sha256 {
 
 // The hex SHA-256 of `bytes` bytes at `data`.
 std::string sha256_hex(const void* data, size_t bytes);
+// Whether `text` is a digest as sha256_hex writes it: 64 lowercase hexadecimal digits.
+bool is_sha256_hex(const std::string& text);
 
 }  // namespace ptrain

@@ -47,11 +47,11 @@ std::vector<std::string> merge_below(const Gpt2Vocabulary& v, std::string_view b
 // The merges of merges.txt, as tokenizer.json lists them.
 nlohmann::ordered_json merge_list(const std::string& merges_txt) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
-  size_t at = merges_txt.find('\n') + 1;  // after "#version: 0.2"
-  while (at < merges_txt.size()) {
-    const size_t end = merges_txt.find('\n', at);
-    list.push_back(merges_txt.substr(at, end - at));
-    at = end + 1;
+  size_t at = merges_txt.find('\n');  // after "#version: 0.2"
+  while (at != std::string::npos && at + 1 < merges_txt.size()) {
+    const size_t end = merges_txt.find('\n', at + 1);
+    list.push_back(merges_txt.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1));
+    at = end;
   }
   return list;
 }

@@ -11,6 +11,7 @@
 #include "core/json_input.h"
 #include "core/output_file.h"
 #include "core/paths.h"
+#include "core/sha256.h"
 
 namespace ptrain {
 
@@ -48,7 +49,10 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
       j["end_of_text"] >= r.vocab_size)
     throw bad("\"end_of_text\": -1 or a token id below vocab_size");
   r.end_of_text = j["end_of_text"].get<int>();
-  if (!j.contains("vocabulary_sha256") || !j["vocabulary_sha256"].is_string()) throw bad("\"vocabulary_sha256\": a string");
+  // Checkpoints copy it: one they could not read back would be lost.
+  const bool hex = j.contains("vocabulary_sha256") && j["vocabulary_sha256"].is_string() &&
+                   (j["vocabulary_sha256"] == "" || is_sha256_hex(j["vocabulary_sha256"].get<std::string>()));
+  if (!hex) throw bad("\"vocabulary_sha256\": \"\" or 64 lowercase hexadecimal digits");
   r.vocabulary_sha256 = j["vocabulary_sha256"].get<std::string>();
   return r;
 }

@@ -68,12 +68,13 @@ std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig&
 Tokenizer checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name, const std::string& vocabulary) {
   Tokenizer tokenizer = Tokenizer::load(name, name == "gpt2" ? vocabulary : "");
   const std::string& trained = ckpt.state.vocabulary_sha256;
-  if (!trained.empty() && tokenizer.vocabulary_sha256() != trained)
+  if (name == "gpt2" && !trained.empty() && tokenizer.vocabulary_sha256() != trained)
     throw UserError((vocabulary.empty() ? "the default GPT-2 vocabulary (" + default_gpt2_vocabulary() + ")"
                                         : "--vocab " + vocabulary) +
                     " has SHA-256 " + tokenizer.vocabulary_sha256() + ", but --checkpoint " + ckpt.path +
                     " was trained on shards made with the vocabulary of SHA-256 " + trained +
-                    "; expected --vocab naming the files given to data prepare --vocab");
+                    "; expected the files the shards were made with: --vocab naming those given to data prepare "
+                    "--vocab, or no --vocab for the default one");
   return tokenizer;
 }
 

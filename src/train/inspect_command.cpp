@@ -45,6 +45,9 @@ void inspect_checkpoint(const fs::path& p) {
   const nlohmann::json model = state.value("model", nlohmann::json::object());
   const nlohmann::json arch = model.is_object() ? model.value("arch", nlohmann::json("gpt2")) : nlohmann::json();
   std::printf("  architecture %s\n", arch.is_string() ? arch.get<std::string>().c_str() : arch.dump().c_str());
+  if (state.contains("tokenizer"))
+    std::printf("  tokenizer %s, vocabulary SHA-256 %s\n", state["tokenizer"].dump().c_str(),
+                state.value("vocabulary_sha256", nlohmann::json()).dump().c_str());
   if (state.contains("loss_scaler")) std::printf("  loss scaler %s\n", state["loss_scaler"].dump().c_str());
   if (state.contains("fp8")) std::printf("  fp8 tensors with scaling state: %zu\n", state["fp8"].size());
   for (const auto& [file, expected] : state["sha256"].items()) {

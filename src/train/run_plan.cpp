@@ -527,6 +527,9 @@ RunPlan plan_run(const Config& config, int planned_ranks) {
                     " vocabulary with SHA-256 " + vocabulary + ", but the training shards' " + kTokenizerRecord +
                     " records SHA-256 " + plan.data.vocabulary_sha256 +
                     "; expected shards made with the checkpoint's vocabulary (data prepare --vocab)");
+  // Shards without a record, resumed: the checkpoints after it keep what the checkpoint knew.
+  if (plan.data.tokenizer.empty()) plan.data.tokenizer = trained_on;
+  if (plan.data.vocabulary_sha256.empty()) plan.data.vocabulary_sha256 = vocabulary;
   return plan;
 }
 

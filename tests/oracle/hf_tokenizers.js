@@ -4,6 +4,8 @@
 //   node hf_tokenizers.js strings TOKENIZER.json IN.json OUT.json
 //       each string of a JSON array -> its ids, as Tokenizer.fromFile(TOKENIZER.json) encodes
 //       it without added special tokens
+//   node hf_tokenizers.js roundtrip TOKENIZER.json IN.json OUT.json
+//       each string -> whether decoding its ids gives it back
 //   RAYON_NUM_THREADS=N node hf_tokenizers.js bench FILE...
 //       MB/s of encodeBatch over the files (one sequence each) on N threads, median of 5, with
 //       GPT-2's tokenizer as Hugging Face builds it from OpenAI's files (the cache's gpt2-hf/)
@@ -22,6 +24,12 @@ async function main() {
     const strings = JSON.parse(fs.readFileSync(args[1], 'utf8'));
     const encodings = await tokenizer.encodeBatch(strings, { addSpecialTokens: false });
     fs.writeFileSync(args[2], JSON.stringify(encodings.map((e) => e.getIds())));
+  } else if (mode === 'roundtrip') {
+    const tokenizer = Tokenizer.fromFile(args[0]);
+    const strings = JSON.parse(fs.readFileSync(args[1], 'utf8'));
+    const encodings = await tokenizer.encodeBatch(strings, { addSpecialTokens: false });
+    const texts = await tokenizer.decodeBatch(encodings.map((e) => e.getIds()), false);
+    fs.writeFileSync(args[2], JSON.stringify(texts.map((t, i) => t === strings[i])));
   } else if (mode === 'bench') {
     const hf = path.join(cache, 'gpt2-hf');
     const tokenizer = new Tokenizer(await BPE.fromFile(path.join(hf, 'vocab.json'), path.join(hf, 'merges.txt')));
@@ -37,7 +45,7 @@ async function main() {
     rates.sort((a, b) => a - b);
     console.log(rates[2].toFixed(2));
   } else {
-    throw new Error(`unknown mode ${mode}; expected strings or bench`);
+    throw new Error(`unknown mode ${mode}; expected strings, roundtrip or bench`);
   }
 }
 

@@ -27,6 +27,14 @@ int main(int argc, char** argv) {
         std::printf("skipped: %s is not at %s (./scripts/fetch-data.sh fetches it)\n", what, package.c_str());
         return 77;
       }
+    // The fetch keeps the binding's x86-64 glibc build only.
+    const std::string binding = (cache / "hf-tokenizers" / "index.js").string();
+    if (ptrain::test::run_shell("node -e \"require('" + binding + "')\"").exit_code != 0) {
+      std::printf("skipped: Hugging Face's tokenizers (%s) does not load on this machine (its fetched build is "
+                  "x86-64 glibc Linux's)\n",
+                  binding.c_str());
+      return 77;
+    }
   }
   return Catch::Session().run(argc, argv);
 }

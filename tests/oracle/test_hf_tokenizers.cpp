@@ -1,8 +1,8 @@
 // The tokenizer.json files ptrain's Hugging Face exports write, loaded by Hugging Face's own
 // tokenizers (its Rust library's node binding, Tokenizer.fromFile): GPT-2's gives ptrain's ids
 // (tiktoken's) on random text of the contexts GPT-2's pattern tells apart and on real speeches,
-// and the bytes tokenizer's gives each byte of the UTF-8 text as its id. Then the same through
-// `ptrain export` itself.
+// and the bytes tokenizer's gives each byte of the UTF-8 text as its id; both decode those ids
+// back to the text. Then the same through `ptrain export` itself.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -31,17 +31,30 @@ const Tokenizer& gpt2() {
   return t;
 }
 
-// Hugging Face's ids for each string under `tokenizer_json`.
-std::vector<std::vector<int32_t>> hf_ids(const fs::path& tokenizer_json, const std::vector<std::string>& strings,
-                                         const fs::path& dir) {
+// What hf_tokenizers.js `mode` says of each string under `tokenizer_json`.
+nlohmann::json run_oracle(const std::string& mode, const fs::path& tokenizer_json,
+                          const std::vector<std::string>& strings, const fs::path& dir) {
   write_file(dir / "in.json", nlohmann::json(strings).dump());
   const std::string script = (ptrain::test::source_dir() / "tests/oracle/hf_tokenizers.js").string();
   const ptrain::test::CommandResult r =
-      ptrain::test::run_shell("node '" + script + "' strings '" + tokenizer_json.string() + "' '" +
+      ptrain::test::run_shell("node '" + script + "' " + mode + " '" + tokenizer_json.string() + "' '" +
                               (dir / "in.json").string() + "' '" + (dir / "out.json").string() + "'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  return nlohmann::json::parse(read_file(dir / "out.json")).get<std::vector<std::vector<int32_t>>>();
+  return nlohmann::json::parse(read_file(dir / "out.json"));
+}
+
+// Hugging Face's ids for each string.
+std::vector<std::vector<int32_t>> hf_ids(const fs::path& tokenizer_json, const std::vector<std::string>& strings,
+                                         const fs::path& dir) {
+  return run_oracle("strings", tokenizer_json, strings, dir).get<std::vector<std::vector<int32_t>>>();
+}
+
+// How many strings Hugging Face's decode does not give back from their ids.
+size_t lost_in_decoding(const fs::path& tokenizer_json, const std::vector<std::string>& strings, const fs::path& dir) {
+  const std::vector<bool> same = run_oracle("roundtrip", tokenizer_json, strings, dir).get<std::vector<bool>>();
+  REQUIRE(same.size() == strings.size());
+  return static_cast<size_t>(std::count(same.begin(), same.end(), false));
 }
 
 std::vector<int32_t> gpt2_ids(const std::string& text) {
@@ -107,6 +120,7 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json encodes as ptrain does, on 
   std::vector<std::string> strings = random_text(4242, 3000);
   for (const std::string& speech : speeches(10)) strings.push_back(speech);
   expect_same(strings, hf_ids(dir.dir / "tokenizer.json", strings, dir.dir), gpt2_ids);
+  CHECK(lost_in_decoding(dir.dir / "tokenizer.json", strings, dir.dir) == 0);
   // And the special token, which tokenizer.json knows by name.
   CHECK(hf_ids(dir.dir / "tokenizer.json", {"a<|endoftext|>b"}, dir.dir)[0] ==
         std::vector<int32_t>{gpt2_ids("a")[0], 50256, gpt2_ids("b")[0]});
@@ -118,6 +132,7 @@ TEST_CASE("tokenizers oracle: the bytes tokenizer's tokenizer.json gives each by
   std::vector<std::string> strings = random_text(77, 500);
   strings.push_back(speeches(1)[0]);
   expect_same(strings, hf_ids(dir.dir / "tokenizer.json", strings, dir.dir), byte_ids);
+  CHECK(lost_in_decoding(dir.dir / "tokenizer.json", strings, dir.dir) == 0);
 }
 
 TEST_CASE("tokenizers oracle: ptrain export writes a tokenizer.json that Hugging Face loads, for each tokenizer",
