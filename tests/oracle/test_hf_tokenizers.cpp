@@ -16,20 +16,14 @@
 #include "core/paths.h"
 #include "data/gpt2_hf_files.h"
 #include "data/tokenizer.h"
+#include "gpt2_ids.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace ptrain;
-using ptrain::test::read_file;
-using ptrain::test::TempDir;
-using ptrain::test::write_file;
+using namespace ptrain::test;
 
 namespace {
-
-const Tokenizer& gpt2() {
-  static const Tokenizer t = Tokenizer::load("gpt2");
-  return t;
-}
 
 // What hf_tokenizers.js `mode` says of each string under `tokenizer_json`.
 nlohmann::json run_oracle(const std::string& mode, const fs::path& tokenizer_json,
@@ -55,11 +49,6 @@ size_t lost_in_decoding(const fs::path& tokenizer_json, const std::vector<std::s
   const std::vector<bool> same = run_oracle("roundtrip", tokenizer_json, strings, dir).get<std::vector<bool>>();
   REQUIRE(same.size() == strings.size());
   return static_cast<size_t>(std::count(same.begin(), same.end(), false));
-}
-
-std::vector<int32_t> gpt2_ids(const std::string& text) {
-  const std::vector<uint16_t> ids = gpt2().encode(text, "text");
-  return {ids.begin(), ids.end()};
 }
 
 std::vector<int32_t> byte_ids(const std::string& text) {

@@ -17,20 +17,18 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "core/utf8.h"
+#include "gpt2_ids.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace ptrain;
+using ptrain::test::gpt2;
+using ptrain::test::gpt2_ids;
 using ptrain::test::read_file;
 using ptrain::test::TempDir;
 using ptrain::test::write_file;
 
 namespace {
-
-const Tokenizer& gpt2() {
-  static const Tokenizer t = Tokenizer::load("gpt2");
-  return t;
-}
 
 std::string oracle_script() { return (ptrain::test::source_dir() / "tests/oracle/tiktoken.js").string(); }
 
@@ -45,11 +43,6 @@ std::vector<std::vector<int32_t>> tiktoken_ids(const std::vector<std::string>& s
   write_file(dir / "in.json", nlohmann::json(strings).dump());
   run_oracle("strings '" + (dir / "in.json").string() + "' '" + (dir / "out.json").string() + "'");
   return nlohmann::json::parse(read_file(dir / "out.json")).get<std::vector<std::vector<int32_t>>>();
-}
-
-std::vector<int32_t> ptrain_ids(const std::string& text) {
-  const std::vector<uint16_t> ids = gpt2().encode(text, "text");
-  return {ids.begin(), ids.end()};
 }
 
 std::string utf8(char32_t c) {
@@ -78,7 +71,7 @@ void expect_same(const std::vector<std::string>& strings, const fs::path& dir) {
   REQUIRE(expected.size() == strings.size());
   int differ = 0;
   for (size_t i = 0; i < strings.size(); ++i) {
-    if (ptrain_ids(strings[i]) == expected[i]) continue;
+    if (gpt2_ids(strings[i]) == expected[i]) continue;
     if (++differ <= 5) {
       UNSCOPED_INFO("differs on " << nlohmann::json(strings[i]).dump());
     }
@@ -176,7 +169,7 @@ TEST_CASE("tiktoken oracle: invalid UTF-8 replaced as node's TextDecoder does", 
     run_oracle("bytes '" + (dir.dir / "in.bin").string() + "' '" + (dir.dir / "out.json").string() + "'");
     const auto theirs = nlohmann::json::parse(read_file(dir.dir / "out.json")).get<std::vector<int32_t>>();
     INFO("bytes " << i);
-    CHECK(ptrain_ids(replace_invalid_utf8(bytes)) == theirs);
+    CHECK(gpt2_ids(replace_invalid_utf8(bytes)) == theirs);
     ++compared;
   }
   CHECK(compared == 60);
