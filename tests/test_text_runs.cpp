@@ -254,6 +254,7 @@ TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and r
 
   // Resumed on its own shards without their record (as llm.c's come): the checkpoints after it
   // still know the vocabulary.
+  const std::string record_text = read_file(ws.dir / "hf/ptrain-tokenizer.json");
   fs::remove(ws.dir / "hf/ptrain-tokenizer.json");
   const CommandResult resumed = ws.train(shards("hf", ", tokenizer: gpt2"), 50257,
                                          "--set checkpoint.resume=auto --set run.overwrite=false --set training.steps=3");
@@ -263,4 +264,18 @@ TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and r
       nlohmann::json::parse(read_file(ws.dir / "runs/r/checkpoints/step_00000003/state.json"));
   CHECK(later["vocabulary_sha256"] == hf_sha);
   CHECK(later["tokenizer"] == "gpt2");
+
+  // eval measures the checkpoint on val shards of its own tokenizer and vocabulary only.
+  write_file(ws.dir / "hf/ptrain-tokenizer.json", record_text);
+  const auto eval_on = [&](const std::string& split) {
+    write_file(ws.dir / "eval.yaml", read_file(ws.dir / "run.yaml"));
+    return run_ptrain("eval eval.yaml --checkpoint " + checkpoint.string() + " --set data.val=\"" + split +
+                          "/" + split + "_val_*.bin\"",
+                      ws.dir);
+  };
+  const CommandResult own = eval_on("hf");
+  INFO(own.output);
+  CHECK(own.exit_code == 0);
+  expect_refused(eval_on("gpt2"), {"data.val", "ptrain-tokenizer.json", hf_sha.c_str(), "the checkpoint's vocabulary"});
+  expect_refused(eval_on("bytes"), {"data.val", "made by bytes", "trained on gpt2 tokens"});
 }

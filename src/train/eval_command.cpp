@@ -8,6 +8,7 @@
 #include "core/output_file.h"
 #include "data/dataset.h"
 #include "data/synthetic.h"
+#include "data/tokenizer_record.h"
 #include "train/output_policy.h"
 
 namespace fs = std::filesystem;
@@ -73,6 +74,25 @@ struct ValData {
                 config.training.effective_seq_len(config.model)) {}
 };
 
+// The embeddings learned the ids of the checkpoint's tokenizer and vocabulary: val shards whose
+// record names another are refused (shards without a record, or a checkpoint that knows none,
+// pass), as a resume refuses them.
+void check_val_tokenizer(const LoadedCheckpoint& ckpt, const TokenStream& val) {
+  const std::string dir = fs::path(val.files().front()).parent_path().string();
+  const std::optional<TokenizerRecord> record = read_tokenizer_record(dir.empty() ? "." : dir);
+  if (!record) return;
+  const std::string where = "data.val: \"" + (fs::path(dir) / kTokenizerRecord).string() + "\"";
+  const CheckpointState& s = ckpt.state;
+  if (!s.tokenizer.empty() && record->tokenizer != s.tokenizer)
+    throw UserError(where + " says the shards were made by " + record->tokenizer + ", but --checkpoint " + ckpt.path +
+                    " was trained on " + s.tokenizer + " tokens; expected val shards made by the checkpoint's tokenizer");
+  if (!s.vocabulary_sha256.empty() && !record->vocabulary_sha256.empty() &&
+      record->vocabulary_sha256 != s.vocabulary_sha256)
+    throw UserError(where + " records vocabulary SHA-256 " + record->vocabulary_sha256 + ", but --checkpoint " +
+                    ckpt.path + " was trained on the vocabulary of SHA-256 " + s.vocabulary_sha256 +
+                    "; expected val shards made with the checkpoint's vocabulary");
+}
+
 LoadedCheckpoint load_checkpoint_of_shape(const std::string& checkpoint, const ModelConfig& model) {
   LoadedCheckpoint ckpt = load_checkpoint(checkpoint);
   const auto differences = model_differences(ckpt.state.model, model_json(model));
@@ -89,6 +109,7 @@ LoadedCheckpoint load_checkpoint_of_shape(const std::string& checkpoint, const M
 CheckpointLosses checkpoint_val_losses(const Config& config, const std::string& checkpoint, WeightFormat weights) {
   const LoadedCheckpoint ckpt = load_checkpoint_of_shape(checkpoint, config.model);
   const ValData val(config);
+  check_val_tokenizer(ckpt, val.stream);
   const int B = config.training.micro_batch, T = config.training.effective_seq_len(config.model);
   CheckpointLosses out;
   out.step = ckpt.state.step;
