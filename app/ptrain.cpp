@@ -234,7 +234,7 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   sample->add_option("--seed", a.sample.seed, "Seed of the draws")
       ->check(whole_number(0, kMaxWhole))
       ->capture_default_str();
-  sample->add_option("--vocab", a.sample.vocabulary, "gpt2: the vocabulary the shards were made with, if not the default");
+  sample->add_option("--vocab", a.sample.vocabulary, "BPE tokenizers: the vocabulary the shards were made with, if not the default");
   sample->add_flag("--ignore-eot", a.sample.ignore_end_of_text, "Go on past <|endoftext|> instead of stopping");
   sample->add_flag("--no-kv-cache{false}", a.sample.kv_cache,
                    "Run the whole window for every token instead of the KV cache (same tokens, O(T) times the work)");
@@ -267,7 +267,7 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   exp->add_option("--max-shard-size", a.exported.max_shard_size, "hf: the largest safetensors file (5GB, 200MB, bytes)")
       ->capture_default_str();
   exp->add_flag("--force", a.exported.force, "Replace an earlier export of the same format at --out");
-  exp->add_option("--vocab", a.exported.vocabulary, "hf, gpt2 tokenizer: the vocabulary the shards were made with, if not the default");
+  exp->add_option("--vocab", a.exported.vocabulary, "hf, BPE tokenizers: the vocabulary the shards were made with, if not the default");
 }
 
 struct SynthArgs {
@@ -312,8 +312,8 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
 
   CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (GPT-2's BPE or bytes) into llm.c token shards");
   p->footer(
-      "Each file is a document (or each part between --separator strings); with gpt2, <|endoftext|>\n"
-      "precedes every document, as llm.c's data scripts do. The last tokens are the val split.\n"
+      "Each file is a document (or each part between --separator strings); with a BPE tokenizer,\n"
+      "<|endoftext|> precedes every document, as llm.c's data scripts do. The last tokens are the val split.\n"
       "Writes DIR/NAME_val_000000.bin, DIR/NAME_train_000000.bin, ... (NAME: DIR's base name, as\n"
       "llm.c names its shards) and DIR/ptrain-tokenizer.json, which train checks against the config.\n"
       "Examples:\n"
@@ -321,12 +321,16 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
       "  ptrain data prepare --input ~/.cache/ptrain/text/sotu --out data/sotu --val-tokens 100000");
   p->add_option("--input", prepare.inputs, "Text files and directories (their files, sorted), in order")->required();
   p->add_option("--out", prepare.out_dir, "Output directory: new or empty")->required();
-  p->add_option("--tokenizer", prepare.tokenizer, "gpt2 (tiktoken-exact) or bytes")
-      ->check(CLI::IsMember({"gpt2", "bytes"}))
+  p->add_option("--tokenizer", prepare.tokenizer,
+                "gpt2, cl100k_base or o200k_base (each exact to tiktoken's encoding of that name), llama3 or "
+                "hf (exact to Hugging Face's tokenizers on Llama 3's tokenizer.json, or on the one --vocab "
+                "names), or bytes")
+      ->check(CLI::IsMember({"gpt2", "cl100k_base", "o200k_base", "llama3", "hf", "bytes"}))
       ->capture_default_str();
   p->add_option("--vocab", prepare.vocabulary,
-                "gpt2: a .tiktoken file, or a directory with vocab.json and merges.txt (default: "
-                "~/.cache/ptrain/gpt2/r50k_base.tiktoken, fetched by scripts/fetch-data.sh)");
+                "The tokenizer's file: a .tiktoken file (gpt2, cl100k_base, o200k_base), a directory with "
+                "vocab.json and merges.txt (gpt2), a tokenizer.json (llama3, hf; required for hf). Default: the "
+                "one scripts/fetch-data.sh fetched into ~/.cache/ptrain");
   auto* fraction = p->add_option("--val-fraction", prepare.val_fraction, "Share of tokens in the val split")
                        ->capture_default_str();
   p->add_option("--val-tokens", prepare.val_tokens, "Tokens in the val split (instead of --val-fraction)")

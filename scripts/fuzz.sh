@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config set_override shard safetensors state llmc tokenizer hf_config hf_index)
+[ ${#targets[@]} -gt 0 ] || targets=(config set_override shard safetensors state llmc tokenizer tokenizer_json hf_config hf_index)
 
 # The build's output is kept and printed only when it fails (CI would otherwise show a bare exit 1).
 mkdir -p build-fuzz

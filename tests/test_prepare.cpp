@@ -38,7 +38,7 @@ extern char** environ;
 namespace {
 
 // A prepared shard's ids, which the tokenizers keep below 65,536: the GPT-2 format's uint16.
-std::vector<uint16_t> shard_tokens(const std::string& path) {
+std::vector<uint32_t> shard_tokens(const std::string& path) {
   const TokenShard shard(path);
   REQUIRE(&shard.format() == &kUint16Shards);
   std::vector<uint32_t> tokens(static_cast<size_t>(shard.size()));
@@ -47,10 +47,10 @@ std::vector<uint16_t> shard_tokens(const std::string& path) {
 }
 
 // The val split's tokens followed by the train split's: the corpus in order (val is its end).
-std::vector<uint16_t> corpus_of(const PrepareResult& r) {
-  std::vector<uint16_t> train, val;
+std::vector<uint32_t> corpus_of(const PrepareResult& r) {
+  std::vector<uint32_t> train, val;
   for (const std::string& f : r.files) {
-    std::vector<uint16_t> t = shard_tokens(f);
+    std::vector<uint32_t> t = shard_tokens(f);
     auto& split = f.find("_val_") != std::string::npos ? val : train;
     split.insert(split.end(), t.begin(), t.end());
   }
@@ -104,7 +104,7 @@ TEST_CASE("data prepare (bytes): llm.c's shard names, the val split at the end, 
   CHECK(r.files == std::vector<std::string>{out / "tiny_val_000000.bin", out / "tiny_train_000000.bin",
                                             out / "tiny_train_000001.bin", out / "tiny_train_000002.bin"});
   CHECK(shard_tokens(out / "tiny_train_000002.bin").size() == 26);
-  std::vector<uint16_t> bytes;
+  std::vector<uint32_t> bytes;
   for (const char c : text) bytes.push_back(static_cast<unsigned char>(c));
   CHECK(corpus_of(r) == bytes);
   const auto record = read_tokenizer_record(out.string());
@@ -129,10 +129,10 @@ TEST_CASE("data prepare (gpt2): <|endoftext|> before each document, files of dir
   o.separator = "===";
   const PrepareResult r = prepare_text(o);
   CHECK(r.documents == 4);
-  std::vector<uint16_t> expected;
+  std::vector<uint32_t> expected;
   for (const std::string doc : {"Hello world, it's me.", "Second document.\n", "Third one", "Fourth one"}) {
     expected.push_back(50256);
-    const std::vector<uint16_t> ids = gpt2().encode(doc, "doc");
+    const std::vector<uint32_t> ids = gpt2().encode(doc, "doc");
     expected.insert(expected.end(), ids.begin(), ids.end());
   }
   CHECK(corpus_of(r) == expected);
@@ -162,13 +162,13 @@ TEST_CASE("data prepare (gpt2): the same ids on 1 and 2 threads, equal to each d
   one.threads = 1;
   PrepareOptions two = options({(dir.dir / "all.txt").string(), sotu.string()}, dir.dir / "two");
   two.threads = 2;
-  const std::vector<uint16_t> a = corpus_of(prepare_text(one)), b = corpus_of(prepare_text(two));
-  std::vector<uint16_t> expected = {50256};
-  const std::vector<uint16_t> whole = gpt2().encode(big, "all.txt");
+  const std::vector<uint32_t> a = corpus_of(prepare_text(one)), b = corpus_of(prepare_text(two));
+  std::vector<uint32_t> expected = {50256};
+  const std::vector<uint32_t> whole = gpt2().encode(big, "all.txt");
   expected.insert(expected.end(), whole.begin(), whole.end());
   for (const std::string& f : files) {
     expected.push_back(50256);
-    const std::vector<uint16_t> ids = gpt2().encode(read_file(f), f);
+    const std::vector<uint32_t> ids = gpt2().encode(read_file(f), f);
     expected.insert(expected.end(), ids.begin(), ids.end());
   }
   CHECK(a.size() == expected.size());
@@ -191,11 +191,11 @@ TEST_CASE("data prepare: invalid UTF-8 is refused with file and offset, or repla
   CHECK_FALSE(fs::exists(dir.dir / "out"));  // nothing written
 
   o.replace_invalid_utf8 = true;
-  const std::vector<uint16_t> ids = corpus_of(prepare_text(o));
-  std::vector<uint16_t> expected;
+  const std::vector<uint32_t> ids = corpus_of(prepare_text(o));
+  std::vector<uint32_t> expected;
   for (const std::string& doc : {std::string("fine text\n"), replace_invalid_utf8(text)}) {
     expected.push_back(50256);
-    const std::vector<uint16_t> part = gpt2().encode(doc, "doc");
+    const std::vector<uint32_t> part = gpt2().encode(doc, "doc");
     expected.insert(expected.end(), part.begin(), part.end());
   }
   CHECK(ids == expected);

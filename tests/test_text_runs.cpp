@@ -3,6 +3,7 @@
 // checkpoint records the tokenizer, and `sample` encodes the prompt and decodes with it.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -214,7 +215,7 @@ TEST_CASE("data.vocab names the vocabulary the shards were made with", "[text]")
   expect_refused(ws.train(shards("bytes", ", vocab: " + cache + "/gpt2-hf"), 256, "--dry-run"),
                  {"data.vocab", "tokenizer is bytes"});
   expect_refused(ws.train(shards("hf", ", vocab: " + cache + "/missing"), 50257, "--dry-run"),
-                 {"GPT-2 vocabulary", "missing", "not found"});
+                 {"gpt2 vocabulary", "missing", "not found"});
   CHECK_FALSE(fs::exists(ws.dir / "runs"));
 }
 
@@ -236,7 +237,7 @@ TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and r
 
   const std::string hf_sha = record["vocabulary_sha256"];
   expect_refused(run_ptrain("sample --checkpoint " + checkpoint.string() + " --tokens 2", ws.dir),
-                 {"the default GPT-2 vocabulary", "r50k_base.tiktoken", hf_sha.c_str(), "--vocab"});
+                 {"the default gpt2 vocabulary", "r50k_base.tiktoken", hf_sha.c_str(), "--vocab"});
   const CommandResult named =
       run_ptrain("sample --checkpoint " + checkpoint.string() + " --tokens 2 --prompt Call --vocab " + cache + "/gpt2-hf",
                  ws.dir);
@@ -278,4 +279,59 @@ TEST_CASE("the checkpoint records its vocabulary's SHA-256: sample, export and r
   CHECK(own.exit_code == 0);
   expect_refused(eval_on("gpt2"), {"data.val", "ptrain-tokenizer.json", hf_sha.c_str(), "the checkpoint's vocabulary"});
   expect_refused(eval_on("bytes"), {"data.val", "made by bytes", "trained on gpt2 tokens"});
+}
+
+TEST_CASE("a Llama model on Llama 3's 128,256-token vocabulary trains from uint32 shards, resumes bit-exactly, "
+          "samples text and exports its tokenizer",
+          "[text]") {
+  TempDir tmp("llama3");
+  const fs::path& dir = tmp.dir;
+  const std::string book = read_file(fs::path(ptrain::data_cache_dir()) / "text/moby-dick.txt");
+  write_file(dir / "book.txt", book.substr(0, 100000));
+  const CommandResult prepared = run_ptrain("data prepare --input book.txt --out l3 --tokenizer llama3", dir);
+  INFO(prepared.output);
+  REQUIRE(prepared.exit_code == 0);
+  // llm.c's uint32 header: magic 20240801, version 7.
+  const std::string shard = read_file(dir / "l3/l3_train_000000.bin");
+  int32_t header[2];
+  std::memcpy(header, shard.data(), sizeof header);
+  CHECK(header[0] == 20240801);
+  CHECK(header[1] == 7);
+
+  const auto train = [&](const std::string& name, const std::string& flags) {
+    write_file(dir / "run.yaml",
+               "run: {name: " + name + ", out_dir: runs}\n"
+               "model: {arch: llama, n_layer: 1, n_head: 2, n_kv_head: 1, n_embd: 16, mlp_hidden: 32, seq_len: 16, "
+               "vocab_size: 128256}\n"
+               "data: {train: \"l3/l3_train_*.bin\", val: \"l3/l3_val_*.bin\", tokenizer: llama3}\n"
+               "training: {steps: 4, batch_tokens: 64, micro_batch: 4, eval_batches: 1, eval_every: 0}\n"
+               "checkpoint: {every: 2}\n");
+    return run_ptrain("train run.yaml " + flags, dir);
+  };
+  const CommandResult whole = train("whole", "");
+  INFO(whole.output);
+  REQUIRE(whole.exit_code == 0);
+  CHECK_THAT(whole.output, Catch::Contains("uint32"));
+  const CommandResult first = train("parts", "--set training.steps=2");
+  REQUIRE(first.exit_code == 0);
+  const CommandResult resumed = train("parts", "--set checkpoint.resume=auto --set run.overwrite=false");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const auto a = losses_by_step(dir / "runs/whole/metrics.jsonl"), b = losses_by_step(dir / "runs/parts/metrics.jsonl");
+  REQUIRE(a.size() == 4);
+  CHECK(a == b);  // bit for bit: the losses are printed in full
+
+  const fs::path ckpt = dir / "runs/whole/checkpoints/step_00000004";
+  CHECK(nlohmann::json::parse(read_file(ckpt / "state.json"))["tokenizer"] == "llama3");
+  const CommandResult sampled =
+      run_ptrain("sample --checkpoint " + ckpt.string() + " --prompt 'Call me Ishmael' --tokens 20 --seed 3", dir);
+  INFO(sampled.output);
+  REQUIRE(sampled.exit_code == 0);
+  CHECK(sampled.output.rfind("Call me Ishmael", 0) == 0);
+  const CommandResult exported = run_ptrain("export --format hf --checkpoint " + ckpt.string() + " --out hf", dir);
+  INFO(exported.output);
+  REQUIRE(exported.exit_code == 0);
+  // The export's tokenizer.json is Llama 3's file itself (tests/oracle loads it in Hugging Face's tokenizers).
+  CHECK(read_file(dir / "hf/tokenizer.json") == read_file(ptrain::default_vocabulary("llama3")));
+  CHECK(nlohmann::json::parse(read_file(dir / "hf/config.json"))["bos_token_id"] == 128000);
 }

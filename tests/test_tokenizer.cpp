@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/gpt2_encoder.h"
+#include "data/bpe_encoder.h"
 #include "data/gpt2_pieces.h"
 #include "data/tokenizer.h"
 #include "core/utf8.h"
@@ -31,16 +31,16 @@ namespace {
 // tests fail, saying so, rather than pass having checked nothing.
 const Tokenizer& gpt2() {
   static const Tokenizer t = [] {
-    if (!fs::exists(default_gpt2_vocabulary()))
-      FAIL("GPT-2's vocabulary is not at " << default_gpt2_vocabulary() << "; run ./scripts/fetch-data.sh");
+    if (!fs::exists(default_vocabulary("gpt2")))
+      FAIL("GPT-2's vocabulary is not at " << default_vocabulary("gpt2") << "; run ./scripts/fetch-data.sh");
     return Tokenizer::load("gpt2");
   }();
   return t;
 }
 
-std::vector<int32_t> ids_of(const std::vector<uint16_t>& ids) { return {ids.begin(), ids.end()}; }
+std::vector<int32_t> ids_of(const std::vector<uint32_t>& ids) { return {ids.begin(), ids.end()}; }
 
-std::vector<uint16_t> encode(const std::string& text) { return gpt2().encode(text, "test text"); }
+std::vector<uint32_t> encode(const std::string& text) { return gpt2().encode(text, "test text"); }
 
 // Random valid UTF-8 drawn from characters that exercise every class: ASCII letters, digits,
 // punctuation, white space of several kinds, apostrophes, accented and CJK letters, combining
@@ -75,18 +75,18 @@ TEST_CASE("gpt2: decode(encode(x)) == x for valid UTF-8", "[tokenizer]") {
   std::mt19937 rng(11);
   for (int i = 0; i < 300; ++i) {
     const std::string text = random_text(rng, 1 + rng() % 200);
-    const std::vector<uint16_t> ids = encode(text);
+    const std::vector<uint32_t> ids = encode(text);
     CHECK(gpt2().decode(ids_of(ids)) == text);
   }
   CHECK(gpt2().decode({50256}) == "<|endoftext|>");
-  CHECK(encode("<|endoftext|>") == std::vector<uint16_t>{27, 91, 437, 1659, 5239, 91, 29});  // text, not the token
+  CHECK(encode("<|endoftext|>") == std::vector<uint32_t>{27, 91, 437, 1659, 5239, 91, 29});  // text, not the token
 }
 
 TEST_CASE("bytes: every byte is its own id, high bytes too", "[tokenizer]") {
   const Tokenizer bytes = Tokenizer::load("bytes");
   CHECK(bytes.vocab_size() == 256);
   CHECK_FALSE(bytes.has_end_of_text());
-  CHECK(bytes.encode("a\xE2\xFF", "t") == std::vector<uint16_t>{97, 226, 255});
+  CHECK(bytes.encode("a\xE2\xFF", "t") == std::vector<uint32_t>{97, 226, 255});
   CHECK(bytes.decode({97, 226, 255}) == "a\xE2\xFF");
 }
 
@@ -105,13 +105,13 @@ TEST_CASE("gpt2: invalid UTF-8 is refused with its byte offset", "[tokenizer]") 
 }
 
 TEST_CASE("gpt2: merging by scan and by priority queue agree", "[tokenizer]") {
-  Gpt2Encoder encoder(*gpt2().gpt2());
+  BpeEncoder encoder(*gpt2().bpe(), *gpt2().pretokenizer());
   std::mt19937 rng(5);
   std::vector<std::string> pieces = {std::string(1000, ' '), std::string(777, 'a'), "abcabcabcabc",
                                      std::string(500, '!')};
   for (int i = 0; i < 200; ++i) pieces.push_back(random_text(rng, 1 + rng() % 300));
   for (const std::string& piece : pieces) {
-    std::vector<uint16_t> scan, queue;
+    std::vector<uint32_t> scan, queue;
     encoder.merge_by_scan(piece, scan);
     encoder.merge_by_queue(piece, queue);
     INFO("piece of " << piece.size() << " bytes");
@@ -124,10 +124,10 @@ TEST_CASE("gpt2: text cut at a safe place encodes to the same ids in parts", "[t
   int cuts = 0;
   for (int i = 0; i < 200; ++i) {
     const std::string text = random_text(rng, 50 + rng() % 150);
-    const std::vector<uint16_t> whole = encode(text);
+    const std::vector<uint32_t> whole = encode(text);
     for (size_t cut = gpt2_safe_cut(text, 1); cut < text.size(); cut = gpt2_safe_cut(text, cut + 1)) {
-      std::vector<uint16_t> parts = encode(text.substr(0, cut));
-      const std::vector<uint16_t> rest = encode(text.substr(cut));
+      std::vector<uint32_t> parts = encode(text.substr(0, cut));
+      const std::vector<uint32_t> rest = encode(text.substr(cut));
       parts.insert(parts.end(), rest.begin(), rest.end());
       INFO("text " << nlohmann::json(text).dump() << " cut at " << cut);
       REQUIRE(parts == whole);
@@ -148,7 +148,7 @@ TEST_CASE("gpt2: vocab.json + merges.txt give the same ids as r50k_base.tiktoken
   CHECK(own.end_of_text() == 50256);
   const std::string book = ptrain::test::read_file(fs::path(data_cache_dir()) / "text/moby-dick.txt");
   REQUIRE(book.size() > 1000000);
-  const std::vector<uint16_t> ids = own.encode(book, "moby-dick.txt");
+  const std::vector<uint32_t> ids = own.encode(book, "moby-dick.txt");
   CHECK(ids == gpt2().encode(book, "moby-dick.txt"));
   CHECK(ids.size() == 317756);  // as tiktoken counts it (tests/oracle compares every id)
 }
@@ -158,7 +158,7 @@ TEST_CASE("gpt2: a missing or damaged vocabulary is an error naming the file and
   std::string message = user_error([&] { Tokenizer::load("gpt2", (dir.dir / "none.tiktoken").string()); });
   CHECK_THAT(message, Catch::Contains("none.tiktoken") && Catch::Contains("fetch-data.sh"));
 
-  std::string text = ptrain::test::read_file(default_gpt2_vocabulary());
+  std::string text = ptrain::test::read_file(default_vocabulary("gpt2"));
   text[100] ^= 1;  // one bit
   ptrain::test::write_file(dir.dir / "damaged.tiktoken", text);
   message = user_error([&] { Tokenizer::load("gpt2", (dir.dir / "damaged.tiktoken").string()); });

@@ -212,7 +212,10 @@ CheckpointState state_from_json(const json& j) {
                      {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block", "fp8:delayed+primary",
                       "fp8:current+primary", "fp8:block+primary"});  // PrecisionPolicy::label()
   // Checkpoints from before tokenizers were recorded have none: unknown.
-  if (j.contains("tokenizer") && !j["tokenizer"].is_null()) s.tokenizer = text(j, "", "tokenizer", {"bytes", "gpt2"});
+  if (j.contains("tokenizer") && !j["tokenizer"].is_null()) {
+    const auto& names = ChoiceNames<TokenizerChoice>::names;  // "auto" is a config value, not a tokenizer
+    s.tokenizer = text(j, "", "tokenizer", std::vector<std::string>(names.begin() + 1, names.end()));
+  }
   if (j.contains("vocabulary_sha256") && !j["vocabulary_sha256"].is_null()) {
     const json& hash = j["vocabulary_sha256"];
     if (!hash.is_string() || !is_sha256_hex(hash.get<std::string>()))

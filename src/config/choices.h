@@ -15,7 +15,7 @@ enum class DeviceRequest { auto_, cpu, cuda };            // run.device
 enum class AttentionRequest { auto_, cudnn, fallback };   // model.attention
 enum class Arch { gpt2, llama };                          // model.arch
 enum class TieEmbeddings { auto_, yes, no };              // model.tie_embeddings
-enum class TokenizerChoice { auto_, bytes, gpt2 };        // data.tokenizer
+enum class TokenizerChoice { auto_, bytes, gpt2, cl100k_base, o200k_base, llama3, hf };  // data.tokenizer (auto_ first)
 enum class Recompute { none, mlp, block };                // training.recompute
 enum class GuardAction { stop, skip, rollback };          // training.guard.action
 enum class Decay { cosine, linear, constant, wsd };       // schedule.decay
@@ -39,7 +39,7 @@ PTRAIN_CHOICE_NAMES(DeviceRequest, "auto", "cpu", "cuda");
 PTRAIN_CHOICE_NAMES(AttentionRequest, "auto", "cudnn", "fallback");
 PTRAIN_CHOICE_NAMES(Arch, "gpt2", "llama");
 PTRAIN_CHOICE_NAMES(TieEmbeddings, "auto", "true", "false");
-PTRAIN_CHOICE_NAMES(TokenizerChoice, "auto", "bytes", "gpt2");
+PTRAIN_CHOICE_NAMES(TokenizerChoice, "auto", "bytes", "gpt2", "cl100k_base", "o200k_base", "llama3", "hf");
 PTRAIN_CHOICE_NAMES(Recompute, "none", "mlp", "block");
 PTRAIN_CHOICE_NAMES(GuardAction, "stop", "skip", "rollback");
 PTRAIN_CHOICE_NAMES(Decay, "cosine", "linear", "constant", "wsd");

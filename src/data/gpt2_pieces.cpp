@@ -37,14 +37,20 @@ const std::vector<CharClass>& bmp_classes() {
   return table;
 }
 
+}  // namespace
+
+CharClass char_class_at(std::string_view text, size_t i, int& length) {
+  static const std::vector<CharClass>& bmp = bmp_classes();
+  const char32_t c = decode_utf8(text, i, length);
+  return c < 0x10000 ? bmp[c] : icu_class(c);
+}
+
+namespace {
+
 struct Scanner {
   std::string_view text;
-  const std::vector<CharClass>& bmp = bmp_classes();
 
-  CharClass class_at(size_t i, int& length) const {
-    const char32_t c = decode_utf8(text, i, length);
-    return c < 0x10000 ? bmp[c] : icu_class(c);
-  }
+  CharClass class_at(size_t i, int& length) const { return char_class_at(text, i, length); }
   // The end of the run of class `k` that starts at i.
   size_t run_end(size_t i, CharClass k) const {
     int length;

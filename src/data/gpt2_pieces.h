@@ -11,20 +11,14 @@
 
 namespace ptrain {
 
+// \p{L}, \p{N}, \s (Unicode's White_Space) and everything else: disjoint.
 enum class CharClass : unsigned char { letter, number, space, other };
+
+// The class of the character at byte `i` of valid UTF-8 `text`; `length` gets its bytes.
+CharClass char_class_at(std::string_view text, size_t i, int& length);
 
 // The end of the piece that starts at `begin` of valid UTF-8 `text` (begin < text.size()).
 size_t gpt2_piece_end(std::string_view text, size_t begin);
-
-// Calls `piece(begin, end)` for each piece of valid UTF-8 `text`, in order.
-template <typename F>
-void for_each_gpt2_piece(std::string_view text, F&& piece) {
-  for (size_t begin = 0; begin < text.size();) {
-    const size_t end = gpt2_piece_end(text, begin);
-    piece(begin, end);
-    begin = end;
-  }
-}
 
 // The first place at or after `from` where `text` may be cut with no piece crossing it, so
 // that the halves tokenize independently to the same ids; text.size() if there is none. Two

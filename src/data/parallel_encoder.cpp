@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "data/gpt2_pieces.h"
 
 namespace ptrain {
 
@@ -17,12 +16,12 @@ constexpr size_t kMinPartBytes = 1 << 16;
 
 ParallelEncoder::ParallelEncoder(const Tokenizer& tokenizer, int threads)
     : tokenizer_(tokenizer), threads_(std::max(1, threads)) {
-  if (tokenizer.gpt2())
-    for (int t = 0; t < threads_; ++t) encoders_.emplace_back(*tokenizer.gpt2());
+  if (tokenizer.bpe())
+    for (int t = 0; t < threads_; ++t) encoders_.emplace_back(*tokenizer.bpe(), *tokenizer.pretokenizer());
 }
 
-void ParallelEncoder::encode(std::string_view text, std::vector<uint16_t>& out) {
-  if (!tokenizer_.gpt2()) {
+void ParallelEncoder::encode(std::string_view text, std::vector<uint32_t>& out) {
+  if (!tokenizer_.bpe()) {
     for (const char c : text) out.push_back(static_cast<unsigned char>(c));
     return;
   }
@@ -31,7 +30,7 @@ void ParallelEncoder::encode(std::string_view text, std::vector<uint16_t>& out) 
   const size_t wanted = std::max<size_t>(1, std::min<size_t>(4 * threads_, text.size() / kMinPartBytes));
   std::vector<size_t> cuts = {0};
   for (size_t k = 1; k < wanted; ++k) {
-    const size_t cut = gpt2_safe_cut(text, std::max(cuts.back() + 1, text.size() * k / wanted));
+    const size_t cut = tokenizer_.pretokenizer()->safe_cut(text, std::max(cuts.back() + 1, text.size() * k / wanted));
     if (cut >= text.size()) break;
     cuts.push_back(cut);
   }
@@ -47,12 +46,12 @@ void ParallelEncoder::encode(std::string_view text, std::vector<uint16_t>& out) 
 }
 
 size_t ParallelEncoder::settled_prefix(std::string_view text) const {
-  if (!tokenizer_.gpt2()) return text.size();
+  if (!tokenizer_.bpe()) return text.size();
   // The last safe place: look in the last 64 KiB, then in ever longer tails.
   for (size_t tail = 1 << 16;; tail *= 4) {
     const size_t from = text.size() > tail ? text.size() - tail : 0;
     size_t last = 0;
-    for (size_t cut = gpt2_safe_cut(text, from); cut < text.size(); cut = gpt2_safe_cut(text, cut + 1)) last = cut;
+    for (size_t cut = tokenizer_.pretokenizer()->safe_cut(text, from); cut < text.size(); cut = tokenizer_.pretokenizer()->safe_cut(text, cut + 1)) last = cut;
     if (last > 0 || from == 0) return last;
   }
 }

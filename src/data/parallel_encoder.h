@@ -1,5 +1,5 @@
-// Tokenizing a long text on all cores: the text is cut at places no GPT-2 piece crosses
-// (data/gpt2_pieces.h), the parts are encoded by one encoder per thread, and the ids joined
+// Tokenizing a long text on all cores: the text is cut at places no piece crosses
+// (Pretokenizer::safe_cut), the parts are encoded by one encoder per thread, and the ids joined
 // in text order, so the result is the same as one encode of the whole, on any thread count.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/gpt2_encoder.h"
+#include "data/bpe_encoder.h"
 #include "data/tokenizer.h"
 
 namespace ptrain {
@@ -17,17 +17,17 @@ class ParallelEncoder {
   ParallelEncoder(const Tokenizer& tokenizer, int threads);
 
   int threads() const { return threads_; }
-  // Appends the ids of `text` (valid UTF-8 for gpt2) to `out`.
-  void encode(std::string_view text, std::vector<uint16_t>& out);
+  // Appends the ids of `text` (valid UTF-8 for BPE) to `out`.
+  void encode(std::string_view text, std::vector<uint32_t>& out);
   // How much of `text` may be encoded before the rest of its document is read: up to its last
-  // place that no piece crosses (gpt2), all of it (bytes). 0 when there is no such place.
+  // place that no piece crosses (BPE), all of it (bytes). 0 when there is no such place.
   size_t settled_prefix(std::string_view text) const;
 
  private:
   const Tokenizer& tokenizer_;
   int threads_;
-  std::vector<Gpt2Encoder> encoders_;  // one per thread, each keeping its cache across calls
-  std::vector<std::vector<uint16_t>> parts_;
+  std::vector<BpeEncoder> encoders_;  // one per thread, each keeping its cache across calls
+  std::vector<std::vector<uint32_t>> parts_;
 };
 
 }  // namespace ptrain

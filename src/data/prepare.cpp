@@ -90,8 +90,9 @@ void check_options(const PrepareOptions& o) {
                     std::to_string(kMaxPrepareThreads));
   if (o.tokenizer == "bytes" && !o.separator.empty())
     throw UserError("--separator: the bytes tokenizer has no end-of-text token to mark documents with");
-  if (o.tokenizer == "gpt2" && first_invalid_utf8(o.separator) != kValidUtf8)
-    throw UserError("--separator: not valid UTF-8; expected text, as GPT-2's tokenizer reads the documents as text");
+  if (o.tokenizer != "bytes" && first_invalid_utf8(o.separator) != kValidUtf8)
+    throw UserError("--separator: not valid UTF-8; expected text, as the " + o.tokenizer +
+                    " tokenizer reads the documents as text");
   if (o.tokenizer == "bytes" && o.replace_invalid_utf8)
     throw UserError("--invalid-utf8 replace: the bytes tokenizer takes any bytes as they are");
 }
@@ -155,8 +156,9 @@ class Progress {
 class TokenWriter {
  public:
   TokenWriter(const PrepareOptions& o, const Tokenizer& tokenizer, const std::string& path, int64_t total_bytes)
-      : o_(o), tokenizer_(tokenizer), encoder_(tokenizer, o.threads > 0 ? o.threads : omp_get_max_threads()),
-        out_(path), progress_(o.progress, total_bytes) {}
+      : o_(o), tokenizer_(tokenizer), format_(shard_format_for(tokenizer.vocab_size())),
+        encoder_(tokenizer, o.threads > 0 ? o.threads : omp_get_max_threads()), out_(path),
+        progress_(o.progress, total_bytes) {}
 
   void add_file(const std::string& path) {
     const InputFile in(path, "input " + in_quotes(path));
@@ -166,7 +168,7 @@ class TokenWriter {
     const size_t block = kReadBytes * static_cast<size_t>(encoder_.threads());
     int64_t offset = 0;
     do {
-      // raw: what was read and not yet moved to `buffer`; for gpt2 it is checked (or mended)
+      // raw: what was read and not yet moved to `buffer`; for BPE it is checked (or mended)
       // as UTF-8 first, less an incomplete character at its end, which waits for the next read.
       const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(block), in.size() - offset));
       const size_t old = raw.size();
@@ -175,9 +177,9 @@ class TokenWriter {
       const int64_t raw_offset = offset - static_cast<int64_t>(old);
       offset += static_cast<int64_t>(n);
       const bool at_end = offset == in.size();
-      const size_t whole = tokenizer_.gpt2() && !at_end ? complete_utf8_prefix(raw) : raw.size();
+      const size_t whole = tokenizer_.bpe() && !at_end ? complete_utf8_prefix(raw) : raw.size();
       const std::string_view text = std::string_view(raw).substr(0, whole);
-      const size_t bad = tokenizer_.gpt2() ? first_invalid_utf8(text) : kValidUtf8;
+      const size_t bad = tokenizer_.bpe() ? first_invalid_utf8(text) : kValidUtf8;
       if (bad == kValidUtf8) {
         buffer.append(text);
       } else if (o_.replace_invalid_utf8) {
@@ -231,13 +233,19 @@ class TokenWriter {
   }
 
   // Encodes `text` of the current document, all of it when `complete`, else up to its last
-  // place that no GPT-2 piece crosses; returns how much was consumed.
+  // place that no piece crosses; returns how much was consumed.
   size_t encode_text(std::string_view text, bool complete) {
     const size_t take = complete ? text.size() : encoder_.settled_prefix(text);
-    if (take == 0 && text.size() > kMaxUncutBytes)
+    if (take == 0 && text.size() > kMaxUncutBytes) {
+      if (tokenizer_.pretokenizer()->kind() == Pretokenizer::Kind::regex)
+        throw UserError("input " + in_quotes(file_) + ": a document of more than " +
+                        std::to_string(kMaxUncutBytes >> 20) + " MiB; the " + tokenizer_.name() +
+                        " tokenizer's pattern runs on a regex engine, which takes each document whole; expected "
+                        "smaller documents (--separator splits a file into documents)");
       throw UserError("input " + in_quotes(file_) + ": " + std::to_string(text.size() >> 20) +
-                      " MiB of text with no place to cut between GPT-2 pieces; expected text (a run of one "
-                      "character class this long would be one piece)");
+                      " MiB of text with no place to cut between " + tokenizer_.name() +
+                      " pieces; expected text (a run of one character class this long would be one piece)");
+    }
     if (take > 0 && document_pending_) {
       // A document's <|endoftext|> goes out with its first text: empty documents (an empty
       // file, separators side by side) add nothing.
@@ -252,27 +260,37 @@ class TokenWriter {
 
   void start_document() { document_pending_ = true; }
 
+  // The token file holds ids as the shards will (uint16 where they fit).
   void flush_ids() {
-    out_.write(ids_.data(), ids_.size() * sizeof(uint16_t));
+    if (format_.token_bytes == 2) {
+      narrow_.assign(ids_.begin(), ids_.end());
+      out_.write(narrow_.data(), narrow_.size() * sizeof(uint16_t));
+    } else {
+      out_.write(ids_.data(), ids_.size() * sizeof(uint32_t));
+    }
     tokens_ += static_cast<int64_t>(ids_.size());
     ids_.clear();
   }
 
   const PrepareOptions& o_;
   const Tokenizer& tokenizer_;
+  const ShardFormat& format_;
   ParallelEncoder encoder_;
   OutputFile out_;
   Progress progress_;
-  std::vector<uint16_t> ids_;
+  std::vector<uint32_t> ids_;
+  std::vector<uint16_t> narrow_;
   std::string file_;
   bool document_pending_ = false;
   int64_t done_bytes_ = 0, tokens_ = 0, documents_ = 0;
 };
 
 // Tokens [begin, end) of the token file as shards <dir>/<name>_<split>_NNNNNN.bin.
-void write_split(const InputFile& tokens, int64_t begin, int64_t end, const fs::path& dir, const std::string& name,
-                 const std::string& split, int64_t shard_tokens, std::vector<std::string>& files) {
-  std::vector<uint16_t> buffer;
+void write_split(const InputFile& tokens, const ShardFormat& format, int64_t begin, int64_t end, const fs::path& dir,
+                 const std::string& name, const std::string& split, int64_t shard_tokens,
+                 std::vector<std::string>& files) {
+  std::vector<char> buffer;
+  const int64_t width = format.token_bytes;
   for (int64_t index = 0, pos = begin; pos < end; ++index, pos += shard_tokens) {
     const int64_t stop = std::min(end, pos + shard_tokens);
     char file[64];
@@ -280,13 +298,13 @@ void write_split(const InputFile& tokens, int64_t begin, int64_t end, const fs::
     files.push_back((dir / (name + file)).string());
     OutputFile out(files.back());
     int32_t header[kShardHeaderInts];
-    fill_shard_header(header, kUint16Shards, stop - pos);  // the tokenizers' ids fit uint16
+    fill_shard_header(header, format, stop - pos);
     out.write(header, sizeof(header));
     for (int64_t at = pos; at < stop; at += kCopyTokens) {
       const int64_t n = std::min(kCopyTokens, stop - at);
-      buffer.resize(static_cast<size_t>(n));
-      tokens.read_at(at * 2, buffer.data(), buffer.size() * sizeof(uint16_t));
-      out.write(buffer.data(), buffer.size() * sizeof(uint16_t));
+      buffer.resize(static_cast<size_t>(n * width));
+      tokens.read_at(at * width, buffer.data(), buffer.size());
+      out.write(buffer.data(), buffer.size());
     }
     out.finish();
   }
@@ -351,10 +369,11 @@ PrepareResult prepare_text(const PrepareOptions& o) {
   {
     const InputFile tokens(token_file, "token file " + in_quotes(token_file));
     std::vector<std::string> staged;
-    write_split(tokens, result.train_tokens, total, guard.staging, name, "val", o.shard_tokens, staged);
-    write_split(tokens, 0, result.train_tokens, guard.staging, name, "train", o.shard_tokens, staged);
+    const ShardFormat& format = shard_format_for(tokenizer.vocab_size());
+    write_split(tokens, format, result.train_tokens, total, guard.staging, name, "val", o.shard_tokens, staged);
+    write_split(tokens, format, 0, result.train_tokens, guard.staging, name, "train", o.shard_tokens, staged);
     write_tokenizer_record(guard.staging.string(), {tokenizer.name(), tokenizer.vocab_size(),
-                                                    tokenizer.has_end_of_text() ? tokenizer.end_of_text() : -1,
+                                                    tokenizer.has_end_of_text() ? static_cast<int>(tokenizer.end_of_text()) : -1,
                                                     tokenizer.vocabulary_sha256()});
     // Shards first, the record last: a directory with the record is complete.
     guard.moved = &result.files;

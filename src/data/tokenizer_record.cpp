@@ -12,6 +12,7 @@
 #include "core/output_file.h"
 #include "core/paths.h"
 #include "core/sha256.h"
+#include "data/tokenizer.h"
 
 namespace ptrain {
 
@@ -38,9 +39,9 @@ std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir) {
   if (!j.is_object() || !j.contains("format") || j["format"] != "ptrain-tokenizer") throw bad("\"format\": \"ptrain-tokenizer\"");
   if (!j.contains("version") || j["version"] != 1) throw bad("\"version\": 1");
   TokenizerRecord r;
-  if (!j.contains("tokenizer") || !j["tokenizer"].is_string()) throw bad("\"tokenizer\": \"bytes\" or \"gpt2\"");
+  if (!j.contains("tokenizer") || !j["tokenizer"].is_string() || !is_tokenizer_name(j["tokenizer"].get<std::string>()))
+    throw bad("\"tokenizer\": " + tokenizer_names());
   r.tokenizer = j["tokenizer"].get<std::string>();
-  if (r.tokenizer != "bytes" && r.tokenizer != "gpt2") throw bad("\"tokenizer\": \"bytes\" or \"gpt2\"");
   if (!j.contains("vocab_size") || !j["vocab_size"].is_number_integer() || j["vocab_size"] < 2 ||
       j["vocab_size"] > kMaxVocab)
     throw bad("\"vocab_size\": an integer in 2.." + std::to_string(kMaxVocab));
@@ -108,8 +109,8 @@ ShardTokenizer resolve_shard_tokenizer(const std::vector<std::string>& train, co
     } else {
       note += "; taking them as " + resolved;
       // Said by data.tokenizer alone: the model still needs an output for each of its ids.
-      const int ids = configured_choice == TokenizerChoice::bytes ? 256 : 50257;
-      if (!found && vocab_size < ids)
+      const int ids = tokenizer_ids(resolved);
+      if (!found && ids > 0 && vocab_size < ids)
         throw UserError("model.vocab_size is " + std::to_string(vocab_size) + ", below the " + std::to_string(ids) +
                         " ids of the " + resolved + " tokenizer data.tokenizer names for shards without a " +
                         kTokenizerRecord + "; expected model.vocab_size: " + std::to_string(ids) +

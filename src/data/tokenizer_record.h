@@ -15,7 +15,7 @@ namespace ptrain {
 constexpr const char* kTokenizerRecord = "ptrain-tokenizer.json";
 
 struct TokenizerRecord {
-  std::string tokenizer;          // "bytes" or "gpt2"
+  std::string tokenizer;          // a tokenizer_names() name
   int vocab_size = 0;             // token ids are below this
   int end_of_text = -1;           // the document separator's id, -1: none
   std::string vocabulary_sha256;  // "" for bytes
@@ -28,7 +28,7 @@ void write_tokenizer_record(const std::string& dir, const TokenizerRecord& recor
 std::optional<TokenizerRecord> read_tokenizer_record(const std::string& dir);
 
 struct ShardTokenizer {
-  std::string tokenizer;          // bytes or gpt2, or "" when nothing tells
+  std::string tokenizer;          // a tokenizer_names() name, or "" when nothing tells
   std::string vocabulary_sha256;  // the records' ("" without a record, and for bytes)
 };
 // The tokenizer of a run's shards: the records in the directories of `train` and `val` checked

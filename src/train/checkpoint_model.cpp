@@ -66,10 +66,10 @@ std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig&
 }
 
 Tokenizer checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name, const std::string& vocabulary) {
-  Tokenizer tokenizer = Tokenizer::load(name, name == "gpt2" ? vocabulary : "");
+  Tokenizer tokenizer = Tokenizer::load(name, name == "bytes" ? "" : vocabulary);
   const std::string& trained = ckpt.state.vocabulary_sha256;
-  if (name == "gpt2" && !trained.empty() && tokenizer.vocabulary_sha256() != trained)
-    throw UserError((vocabulary.empty() ? "the default GPT-2 vocabulary (" + default_gpt2_vocabulary() + ")"
+  if (name != "bytes" && !trained.empty() && tokenizer.vocabulary_sha256() != trained)
+    throw UserError((vocabulary.empty() ? "the default " + name + " vocabulary (" + default_vocabulary(name) + ")"
                                         : "--vocab " + vocabulary) +
                     " has SHA-256 " + tokenizer.vocabulary_sha256() + ", but --checkpoint " + ckpt.path +
                     " was trained on shards made with the vocabulary of SHA-256 " + trained +

@@ -8,8 +8,9 @@
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/paths.h"
-#include "data/gpt2_hf_files.h"
+#include "data/hf_tokenizer_files.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint_model.h"
 #include "train/output_policy.h"
@@ -62,18 +63,35 @@ void export_hf(const HfExportOptions& o) {
     throw UserError("--checkpoint " + o.checkpoint + ": " + e.what());
   }
   int end_of_text = -1;
-  if (ckpt.state.tokenizer == "gpt2") {
+  const std::string& name = ckpt.state.tokenizer;
+  if (name == "gpt2") {
     const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, "gpt2", o.vocabulary);
-    end_of_text = tokenizer.end_of_text();
-    const std::string& vocab = contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.gpt2());
-    const std::string& merges = contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.gpt2());
+    end_of_text = static_cast<int>(tokenizer.end_of_text());
+    const std::string& vocab = contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.bpe());
+    const std::string& merges = contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.bpe());
     contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
     contents.text_files["tokenizer.json"] = gpt2_tokenizer_json(vocab, merges, tokenizer.end_of_text());
     contents.text_files["special_tokens_map.json"] = gpt2_special_tokens_map();
-  } else if (ckpt.state.tokenizer == "bytes") {
+  } else if (name == "bytes") {
     contents.text_files["tokenizer.json"] = bytes_tokenizer_json();
-    contents.text_files["tokenizer_config.json"] = bytes_tokenizer_config(m.seq_len);
-    contents.text_files["special_tokens_map.json"] = bytes_special_tokens_map();
+    contents.text_files["tokenizer_config.json"] = fast_tokenizer_config(m.seq_len, "");
+    contents.text_files["special_tokens_map.json"] = special_tokens_map("");
+  } else if (!name.empty()) {
+    const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, name, o.vocabulary);
+    const BpeVocabulary& v = *tokenizer.bpe();
+    std::string document_token;
+    if (tokenizer.has_end_of_text()) {
+      end_of_text = static_cast<int>(tokenizer.end_of_text());
+      document_token = std::string(v.bytes(tokenizer.end_of_text()));
+    }
+    // A tokenizer read from a tokenizer.json is exported as that file; a tiktoken encoding's is
+    // written from its ranks.
+    contents.text_files["tokenizer.json"] =
+        is_tokenizer_json_name(name)
+            ? InputFile(v.source(), "tokenizer.json \"" + v.source() + "\"").read_all(int64_t{256} << 20)
+            : tiktoken_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), v, tokenizer.pretokenizer()->pattern());
+    contents.text_files["tokenizer_config.json"] = fast_tokenizer_config(m.seq_len, document_token);
+    contents.text_files["special_tokens_map.json"] = special_tokens_map(document_token);
   }
   const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::bf16 ? "bfloat16" : "float16";
   contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
@@ -83,9 +101,7 @@ void export_hf(const HfExportOptions& o) {
   std::printf("wrote %s: Hugging Face %s model (%s), %zu tensors in %zu safetensors file%s%s\n", o.out.c_str(),
               m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
               files.size(), files.size() == 1 ? "" : "s",
-              ckpt.state.tokenizer == "gpt2"    ? ", GPT-2 tokenizer files"
-              : ckpt.state.tokenizer == "bytes" ? ", bytes tokenizer files"
-                                                : "");
+              name.empty() ? "" : (", " + name + " tokenizer files").c_str());
 }
 
 }  // namespace ptrain

@@ -62,11 +62,11 @@ void check_synthetic_split_sizes(const SyntheticDataConfig& s, int eval_batches,
 void plan_samples(const Config& config, DataPlan& data, std::vector<std::string>& warnings) {
   const LoggingConfig& log = config.logging;
   const std::string& vocab = config.data.vocab;
-  if (!vocab.empty() && data.tokenizer != "gpt2")
-    throw UserError("data.vocab: " + in_quotes(vocab) + " is given, but only gpt2 shards take a vocabulary and "
+  if (!vocab.empty() && (data.tokenizer.empty() || data.tokenizer == "bytes"))
+    throw UserError("data.vocab: " + in_quotes(vocab) + " is given, but only BPE shards take a vocabulary and "
                     "these shards' tokenizer is " +
                     (data.tokenizer.empty() ? std::string("not known") : data.tokenizer) +
-                    "; expected data.vocab only with gpt2 shards");
+                    "; expected data.vocab only with shards of a BPE tokenizer (" + tokenizer_names() + ", less bytes)");
   if (log.sample_every == 0 && vocab.empty()) return;
   if (!data.tokenizer.empty()) {
     const Tokenizer tokenizer = Tokenizer::load(data.tokenizer, vocab);
@@ -92,10 +92,10 @@ void plan_samples(const Config& config, DataPlan& data, std::vector<std::string>
   if (log.sample_every == 0 || log.sample_prompt.empty()) return;
   if (!data.sample_tokenizer)
     throw UserError("logging.sample_prompt: the shards' tokenizer is not known here, so the prompt cannot be "
-                    "encoded; expected data.tokenizer: bytes or gpt2 (with data.vocab if the shards were not made "
-                    "with the default vocabulary), or no sample_prompt (samples then print token ids)");
-  for (const uint16_t id : data.sample_tokenizer->encode(log.sample_prompt, "logging.sample_prompt"))
-    data.sample_prompt.push_back(id);
+                    "encoded; expected data.tokenizer: " + tokenizer_names() + " (with data.vocab if the shards "
+                    "were not made with the default vocabulary), or no sample_prompt (samples then print token ids)");
+  for (const uint32_t id : data.sample_tokenizer->encode(log.sample_prompt, "logging.sample_prompt"))
+    data.sample_prompt.push_back(static_cast<int32_t>(id));
 }
 
 DataPlan plan_data(const Config& config, const std::string& run_dir, std::vector<std::string>& warnings) {

@@ -22,7 +22,7 @@ namespace {
 std::vector<int32_t> encode_prompt(const std::string& prompt, const Tokenizer* tokenizer, int vocab) {
   std::vector<int32_t> ids;
   if (tokenizer) {
-    for (const uint16_t id : tokenizer->encode(prompt, "--prompt")) ids.push_back(id);
+    for (const uint32_t id : tokenizer->encode(prompt, "--prompt")) ids.push_back(static_cast<int32_t>(id));
     return ids;
   }
   std::istringstream in(prompt);

@@ -16,7 +16,7 @@ inline const Tokenizer& gpt2() {
 
 // ptrain's ids for `text`.
 inline std::vector<int32_t> gpt2_ids(const std::string& text) {
-  const std::vector<uint16_t> ids = gpt2().encode(text, "text");
+  const std::vector<uint32_t> ids = gpt2().encode(text, "text");
   return {ids.begin(), ids.end()};
 }
 

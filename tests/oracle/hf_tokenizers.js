@@ -4,11 +4,14 @@
 //   node hf_tokenizers.js strings TOKENIZER.json IN.json OUT.json
 //       each string of a JSON array -> its ids, as Tokenizer.fromFile(TOKENIZER.json) encodes
 //       it without added special tokens
+//   node hf_tokenizers.js documents TOKENIZER.json ID OUT.bin FILE...
+//       token ID + the ids of each file, as uint32 (as ptrain's shards of a 128k vocabulary)
 //   node hf_tokenizers.js roundtrip TOKENIZER.json IN.json OUT.json
 //       each string -> whether decoding its ids gives it back
-//   RAYON_NUM_THREADS=N node hf_tokenizers.js bench FILE...
+//   RAYON_NUM_THREADS=N [HF_TOKENIZER_JSON=FILE] node hf_tokenizers.js bench FILE...
 //       MB/s of encodeBatch over the files (one sequence each) on N threads, median of 5, with
-//       GPT-2's tokenizer as Hugging Face builds it from OpenAI's files (the cache's gpt2-hf/)
+//       the tokenizer.json named, else GPT-2's tokenizer as Hugging Face builds it from OpenAI's
+//       files (the cache's gpt2-hf/)
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -24,6 +27,14 @@ async function main() {
     const strings = JSON.parse(fs.readFileSync(args[1], 'utf8'));
     const encodings = await tokenizer.encodeBatch(strings, { addSpecialTokens: false });
     fs.writeFileSync(args[2], JSON.stringify(encodings.map((e) => e.getIds())));
+  } else if (mode === 'documents') {
+    const tokenizer = Tokenizer.fromFile(args[0]);
+    const out = fs.openSync(args[2], 'w');
+    for (const file of args.slice(3)) {
+      const encoding = await tokenizer.encode(fs.readFileSync(file, 'utf8'), null, { addSpecialTokens: false });
+      fs.writeSync(out, Buffer.from(Uint32Array.from([Number(args[1]), ...encoding.getIds()]).buffer));
+    }
+    fs.closeSync(out);
   } else if (mode === 'roundtrip') {
     const tokenizer = Tokenizer.fromFile(args[0]);
     const strings = JSON.parse(fs.readFileSync(args[1], 'utf8'));
@@ -31,9 +42,14 @@ async function main() {
     const texts = await tokenizer.decodeBatch(encodings.map((e) => e.getIds()), false);
     fs.writeFileSync(args[2], JSON.stringify(texts.map((t, i) => t === strings[i])));
   } else if (mode === 'bench') {
-    const hf = path.join(cache, 'gpt2-hf');
-    const tokenizer = new Tokenizer(await BPE.fromFile(path.join(hf, 'vocab.json'), path.join(hf, 'merges.txt')));
-    tokenizer.setPreTokenizer(byteLevelPreTokenizer(false, true));
+    let tokenizer;
+    if (process.env.HF_TOKENIZER_JSON) {
+      tokenizer = Tokenizer.fromFile(process.env.HF_TOKENIZER_JSON);
+    } else {
+      const hf = path.join(cache, 'gpt2-hf');
+      tokenizer = new Tokenizer(await BPE.fromFile(path.join(hf, 'vocab.json'), path.join(hf, 'merges.txt')));
+      tokenizer.setPreTokenizer(byteLevelPreTokenizer(false, true));
+    }
     const texts = args.map((f) => fs.readFileSync(f, 'utf8'));
     const bytes = texts.reduce((n, t) => n + Buffer.byteLength(t), 0);
     const rates = [];
@@ -45,7 +61,7 @@ async function main() {
     rates.sort((a, b) => a - b);
     console.log(rates[2].toFixed(2));
   } else {
-    throw new Error(`unknown mode ${mode}; expected strings, roundtrip or bench`);
+    throw new Error(`unknown mode ${mode}; expected strings, documents, roundtrip or bench`);
   }
 }
 

@@ -2,11 +2,13 @@
 // tokenizers (its Rust library's node binding, Tokenizer.fromFile): GPT-2's gives ptrain's ids
 // (tiktoken's) on random text of the contexts GPT-2's pattern tells apart and on real speeches,
 // and the bytes tokenizer's gives each byte of the UTF-8 text as its id; both decode those ids
-// back to the text. Then the same through `ptrain export` itself.
+// back to the text. Then the same through `ptrain export` itself, for every tokenizer (cl100k_base's
+// and o200k_base's tokenizer.json written from their ranks, Llama 3's the file itself).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/paths.h"
-#include "data/gpt2_hf_files.h"
+#include "data/hf_tokenizer_files.h"
 #include "data/tokenizer.h"
 #include "gpt2_ids.h"
 #include "test_util.h"
@@ -90,7 +92,7 @@ std::vector<std::string> speeches(size_t n) {
 
 // Compares ids string by string; reports the first few that differ.
 void expect_same(const std::vector<std::string>& strings, const std::vector<std::vector<int32_t>>& theirs,
-                 std::vector<int32_t> (*ours)(const std::string&)) {
+                 const std::function<std::vector<int32_t>(const std::string&)>& ours) {
   REQUIRE(theirs.size() == strings.size());
   int differ = 0;
   for (size_t i = 0; i < strings.size(); ++i)
@@ -103,7 +105,7 @@ void expect_same(const std::vector<std::string>& strings, const std::vector<std:
 TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json encodes as ptrain does, on random text and speeches",
           "[oracle]") {
   TempDir dir("hf-oracle");
-  const Gpt2Vocabulary& v = *gpt2().gpt2();
+  const BpeVocabulary& v = *gpt2().bpe();
   write_file(dir.dir / "tokenizer.json",
              gpt2_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), gpt2().end_of_text()));
   std::vector<std::string> strings = random_text(4242, 3000);
@@ -129,9 +131,9 @@ TEST_CASE("tokenizers oracle: ptrain export writes a tokenizer.json that Hugging
   TempDir dir("hf-oracle");
   const std::string text = speeches(2)[0];
   write_file(dir.dir / "corpus.txt", text);
-  for (const std::string tokenizer : {"gpt2", "bytes"}) {
+  for (const std::string tokenizer : {"gpt2", "bytes", "cl100k_base", "o200k_base", "llama3"}) {
     CAPTURE(tokenizer);
-    const std::string vocab = tokenizer == "gpt2" ? "50257" : "256";
+    const std::string vocab = std::to_string(tokenizer_ids(tokenizer));
     REQUIRE(ptrain::test::run_ptrain("data prepare --input corpus.txt --out " + tokenizer + " --tokenizer " + tokenizer,
                                      dir.dir)
                 .exit_code == 0);
@@ -151,8 +153,14 @@ TEST_CASE("tokenizers oracle: ptrain export writes a tokenizer.json that Hugging
     REQUIRE(exported.exit_code == 0);
     for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
       CHECK(fs::is_regular_file(dir.dir / ("hf-" + tokenizer) / file));
-    const std::vector<std::string> strings = {text.substr(0, 4000)};
+    std::vector<std::string> strings = random_text(4243, 300);
+    strings.push_back(text.substr(0, 4000));
+    const Tokenizer ours = Tokenizer::load(tokenizer);
     expect_same(strings, hf_ids(dir.dir / ("hf-" + tokenizer) / "tokenizer.json", strings, dir.dir),
-                tokenizer == "gpt2" ? gpt2_ids : byte_ids);
+                [&](const std::string& s) {
+                  const std::vector<uint32_t> ids = ours.encode(s, "text");
+                  return std::vector<int32_t>(ids.begin(), ids.end());
+                });
+    CHECK(lost_in_decoding(dir.dir / ("hf-" + tokenizer) / "tokenizer.json", strings, dir.dir) == 0);
   }
 }

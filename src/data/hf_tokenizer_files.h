@@ -1,7 +1,7 @@
 // ptrain's tokenizers written as Hugging Face's tokenizer files, for a model export. GPT-2's:
 // vocab.json (each token's bytes spelled by gpt2_byte_to_unicode, mapped to its id) and
 // merges.txt (one "left right" pair per merge, in priority order), which
-// Gpt2Vocabulary::from_hf_files reads back to the same vocabulary, and tokenizer.json, the one
+// BpeVocabulary::from_hf_files reads back to the same vocabulary, and tokenizer.json, the one
 // file fast tokenizers load (a byte-level BPE model of the same vocabulary and merges, with
 // GPT-2's pre-tokenizer pattern). The bytes tokenizer's tokenizer.json is byte-level BPE
 // without merges: each byte its own id.
@@ -9,15 +9,15 @@
 
 #include <string>
 
-#include "data/gpt2_vocabulary.h"
+#include "data/bpe_vocabulary.h"
 
 namespace ptrain {
 
-std::string gpt2_vocab_json(const Gpt2Vocabulary& vocabulary);
+std::string gpt2_vocab_json(const BpeVocabulary& vocabulary);
 // Each merge is recovered from the priorities alone (a tiktoken file has no merge list): a
 // token's two halves are what byte-pair encoding of its bytes leaves when only the merges of
 // higher priority may apply.
-std::string gpt2_merges_txt(const Gpt2Vocabulary& vocabulary);
+std::string gpt2_merges_txt(const BpeVocabulary& vocabulary);
 // tokenizer_config.json for GPT2Tokenizer, with <|endoftext|> as bos, eos and unk.
 std::string gpt2_tokenizer_config(int model_max_length);
 // tokenizer.json from the vocabulary's vocab.json and merges.txt (as the functions above write
@@ -27,10 +27,17 @@ std::string gpt2_tokenizer_json(const std::string& vocab_json, const std::string
 // special_tokens_map.json: <|endoftext|> as bos, eos and unk.
 std::string gpt2_special_tokens_map();
 
-// The bytes tokenizer's tokenizer.json, tokenizer_config.json (PreTrainedTokenizerFast) and
-// special_tokens_map.json (none).
+// A tiktoken encoding's tokenizer.json (cl100k_base, o200k_base): vocab.json and merges.txt as
+// above (holes left out), its special tokens as added tokens, a Split by its pattern before
+// ByteLevel, and ignore_merges, as tiktoken merges.
+std::string tiktoken_tokenizer_json(const std::string& vocab_json, const std::string& merges_txt,
+                                    const BpeVocabulary& vocabulary, const std::string& pattern);
+// tokenizer_config.json for PreTrainedTokenizerFast, and special_tokens_map.json, with the
+// token that marks documents (if any) as bos and eos.
+std::string fast_tokenizer_config(int model_max_length, const std::string& document_token);
+std::string special_tokens_map(const std::string& document_token);
+
+// The bytes tokenizer's tokenizer.json: byte-level BPE without merges.
 std::string bytes_tokenizer_json();
-std::string bytes_tokenizer_config(int model_max_length);
-std::string bytes_special_tokens_map();
 
 }  // namespace ptrain

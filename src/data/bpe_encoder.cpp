@@ -1,8 +1,9 @@
-#include "data/gpt2_encoder.h"
+#include "data/bpe_encoder.h"
 
 #include <queue>
 
 #include "core/error.h"
+#include "data/cl100k_pieces.h"
 #include "data/gpt2_pieces.h"
 
 namespace ptrain {
@@ -12,18 +13,31 @@ namespace {
 constexpr size_t kScanLimit = 128;        // longer pieces merge by priority queue
 constexpr size_t kCachedPieceBytes = 64;  // longer pieces are rare: not worth caching
 constexpr size_t kCacheEntries = 1 << 18;
-constexpr uint32_t kNone = Gpt2Vocabulary::kNone;
+constexpr uint32_t kNone = BpeVocabulary::kNone;
 
 }  // namespace
 
-void Gpt2Encoder::encode(std::string_view text, std::vector<uint16_t>& out) {
-  for_each_gpt2_piece(text, [&](size_t begin, size_t end) { encode_piece(text.substr(begin, end - begin), out); });
+BpeEncoder::BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pretokenizer)
+    : vocabulary_(vocabulary), pretokenizer_(pretokenizer) {
+  if (pretokenizer.regex()) regex_.emplace(*pretokenizer.regex());
 }
 
-void Gpt2Encoder::encode_piece(std::string_view piece, std::vector<uint16_t>& out) {
-  const uint32_t whole = vocabulary_.id(piece);
+void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
+  std::string normalized;
+  if (!pretokenizer_.normalizer().empty()) normalized = normalize_unicode(original, pretokenizer_.normalizer());
+  const std::string_view text = pretokenizer_.normalizer().empty() ? original : std::string_view(normalized);
+  const auto piece = [&](size_t begin, size_t end) { encode_piece(text.substr(begin, end - begin), out); };
+  switch (pretokenizer_.kind()) {
+    case Pretokenizer::Kind::gpt2: for_each_piece(text, gpt2_piece_end, piece); break;
+    case Pretokenizer::Kind::cl100k: for_each_piece(text, cl100k_piece_end, piece); break;
+    case Pretokenizer::Kind::regex: regex_->for_each(text, piece); break;
+  }
+}
+
+void BpeEncoder::encode_piece(std::string_view piece, std::vector<uint32_t>& out) {
+  const uint32_t whole = vocabulary_.whole_pieces_first() ? vocabulary_.id(piece) : kNone;
   if (whole != kNone) {
-    out.push_back(static_cast<uint16_t>(whole));
+    out.push_back(whole);
     return;
   }
   if (piece.size() > kScanLimit) {
@@ -37,14 +51,14 @@ void Gpt2Encoder::encode_piece(std::string_view piece, std::vector<uint16_t>& ou
   auto found = cache_.find(std::string(piece));
   if (found == cache_.end()) {
     if (cache_.size() >= kCacheEntries) cache_.clear();
-    std::vector<uint16_t> ids;
+    std::vector<uint32_t> ids;
     merge_by_scan(piece, ids);
     found = cache_.emplace(std::string(piece), std::move(ids)).first;
   }
   out.insert(out.end(), found->second.begin(), found->second.end());
 }
 
-void Gpt2Encoder::merge_by_scan(std::string_view piece, std::vector<uint16_t>& out) const {
+void BpeEncoder::merge_by_scan(std::string_view piece, std::vector<uint32_t>& out) const {
   // starts[i]: where part i begins; part i is piece[starts[i], starts[i + 1]).
   // joined[i]: the priority of parts i and i + 1 joined (kNone: not a token).
   const size_t n = piece.size();
@@ -63,8 +77,7 @@ void Gpt2Encoder::merge_by_scan(std::string_view piece, std::vector<uint16_t>& o
   for (size_t i = 0; i <= n; ++i) s[i] = static_cast<uint32_t>(i);
   auto priority_of = [&](size_t i) {  // parts i and i + 1 joined
     if (i + 1 >= parts) return kNone;
-    const uint32_t id = vocabulary_.id(piece.substr(s[i], s[i + 2] - s[i]));
-    return id == kNone ? kNone : vocabulary_.priority(id);
+    return vocabulary_.join_priority(piece.substr(s[i], s[i + 2] - s[i]), s[i + 1] - s[i]);
   };
   for (size_t i = 0; i + 1 < parts; ++i) p[i] = priority_of(i);
   while (parts > 1) {
@@ -82,11 +95,11 @@ void Gpt2Encoder::merge_by_scan(std::string_view piece, std::vector<uint16_t>& o
   for (size_t i = 0; i < parts; ++i) {
     const uint32_t id = vocabulary_.id(piece.substr(s[i], s[i + 1] - s[i]));
     PTRAIN_CHECK(id != kNone, "a BPE part is not a token");
-    out.push_back(static_cast<uint16_t>(id));
+    out.push_back(id);
   }
 }
 
-void Gpt2Encoder::merge_by_queue(std::string_view piece, std::vector<uint16_t>& out) const {
+void BpeEncoder::merge_by_queue(std::string_view piece, std::vector<uint32_t>& out) const {
   // Parts as a linked list over their first bytes; candidate joins in a queue ordered by
   // (priority, position), which is the scan's choice. A candidate is stale once either part
   // has changed: its recorded ends no longer match.
@@ -106,8 +119,8 @@ void Gpt2Encoder::merge_by_queue(std::string_view piece, std::vector<uint16_t>& 
   auto offer = [&](uint32_t left) {
     if (left >= n || next[left] >= n) return;
     const uint32_t right = next[left];
-    const uint32_t id = vocabulary_.id(piece.substr(left, end[right] - left));
-    if (id != kNone) queue.push({vocabulary_.priority(id), left, right, end[right]});
+    const uint32_t priority = vocabulary_.join_priority(piece.substr(left, end[right] - left), right - left);
+    if (priority != kNone) queue.push({priority, left, right, end[right]});
   };
   for (uint32_t i = 0; i + 1 < n; ++i) offer(i);
   while (!queue.empty()) {
@@ -125,7 +138,7 @@ void Gpt2Encoder::merge_by_queue(std::string_view piece, std::vector<uint16_t>& 
   for (uint32_t i = 0; i < n; i = next[i]) {
     const uint32_t id = vocabulary_.id(piece.substr(i, end[i] - i));
     PTRAIN_CHECK(id != kNone, "a BPE part is not a token");
-    out.push_back(static_cast<uint16_t>(id));
+    out.push_back(id);
   }
 }
 

@@ -1,0 +1,42 @@
+// Byte-pair encoding of text, exact to its reference (tiktoken's encode_ordinary, or Hugging
+// Face's tokenizers without added tokens: "<|endoftext|>" in the text is text). Text is cut into
+// pieces (data/pretokenizer.h); within a piece, the adjacent pair of parts with the lowest
+// join priority is joined, the leftmost first on ties, until no pair may join. One encoder per
+// thread: it caches the ids of pieces it has seen (most of a corpus is a few thousand words).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "data/bpe_vocabulary.h"
+#include "data/pretokenizer.h"
+
+namespace ptrain {
+
+class BpeEncoder {
+ public:
+  BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pretokenizer);
+
+  // Appends the ids of valid UTF-8 `text` to `out` (the caller validates: core/utf8.h).
+  void encode(std::string_view text, std::vector<uint32_t>& out);
+
+  // The merges of one piece, by rescanning every pair after each merge (quadratic, fast for
+  // words) or by a priority queue (n log n, for long pieces such as runs of one character).
+  // Public so that a test can check the two agree.
+  void merge_by_scan(std::string_view piece, std::vector<uint32_t>& out) const;
+  void merge_by_queue(std::string_view piece, std::vector<uint32_t>& out) const;
+
+ private:
+  void encode_piece(std::string_view piece, std::vector<uint32_t>& out);
+
+  const BpeVocabulary& vocabulary_;
+  const Pretokenizer& pretokenizer_;
+  std::optional<RegexPieces> regex_;  // this thread's matcher, for a regex pretokenizer
+  std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+};
+
+}  // namespace ptrain

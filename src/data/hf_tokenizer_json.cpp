@@ -1,0 +1,169 @@
+#include "data/hf_tokenizer_json.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/input_file.h"
+#include "core/json_input.h"
+#include "core/sha256.h"
+#include "data/pretokenizer.h"
+
+namespace ptrain {
+
+namespace {
+
+constexpr int64_t kMaxTokenizerJsonBytes = 256 << 20;
+
+using json = nlohmann::json;
+
+std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
+
+bool flag(const json& j, const char* key, bool otherwise) {
+  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : otherwise;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)), what_("tokenizer.json \"" + path_ + "\"") {}
+
+  [[noreturn]] void refuse(const std::string& part, const std::string& found, const std::string& expected) const {
+    throw UserError(what_ + ": " + part + " is " + found + "; ptrain runs " + expected +
+                    " (a tokenizer it would run otherwise than Hugging Face's is refused)");
+  }
+
+  std::vector<UnicodeForm> normalizer(const json& n) const {
+    if (n.is_null()) return {};
+    const std::string type = type_of(n);
+    if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
+      std::vector<UnicodeForm> forms;
+      for (const json& part : n["normalizers"])
+        for (const UnicodeForm f : normalizer(part)) forms.push_back(f);
+      return forms;
+    }
+    if (type == "NFC") return {UnicodeForm::nfc};
+    if (type == "NFD") return {UnicodeForm::nfd};
+    if (type == "NFKC") return {UnicodeForm::nfkc};
+    if (type == "NFKD") return {UnicodeForm::nfkd};
+    refuse("normalizer", type.empty() ? n.dump().substr(0, 80) : type,
+           "no normalizer, NFC, NFD, NFKC, NFKD or a Sequence of them");
+  }
+
+  void byte_level(const json& b, bool own_regex) const {
+    if (flag(b, "add_prefix_space", false)) refuse("ByteLevel's add_prefix_space", "true", "it false");
+    if (flag(b, "use_regex", true) != own_regex)
+      refuse("ByteLevel's use_regex", own_regex ? "false without a Split before it" : "true after a Split",
+             "ByteLevel with GPT-2's regex, or a Split then ByteLevel without one");
+  }
+
+  // The pre-tokenizer's regex.
+  std::string pattern(const json& p) const {
+    const std::string expected = "byte-level BPE: a ByteLevel pre-tokenizer, or a Sequence of a Split (a Regex, "
+                                 "behavior Isolated) and ByteLevel";
+    const std::string type = type_of(p);
+    if (type == "ByteLevel") {
+      byte_level(p, true);
+      return kGpt2Pattern;
+    }
+    if (type != "Sequence" || !p.contains("pretokenizers") || !p["pretokenizers"].is_array())
+      refuse("pre_tokenizer", type.empty() ? p.dump().substr(0, 80) : type, expected);
+    const json& parts = p["pretokenizers"];
+    if (parts.size() == 1 && type_of(parts[0]) == "ByteLevel") return pattern(parts[0]);
+    if (parts.size() != 2 || type_of(parts[0]) != "Split" || type_of(parts[1]) != "ByteLevel") {
+      std::string types;
+      for (const json& part : parts) types += (types.empty() ? "" : ", ") + type_of(part);
+      refuse("pre_tokenizer", "a Sequence of [" + types + "]", expected);
+    }
+    const json& split = parts[0];
+    if (!split.contains("pattern") || !split["pattern"].is_object() || !split["pattern"].contains("Regex") ||
+        !split["pattern"]["Regex"].is_string())
+      refuse("the Split's pattern", split.value("pattern", json()).dump().substr(0, 80), "a Split by a Regex");
+    if (split.value("behavior", json()) != "Isolated")
+      refuse("the Split's behavior", split.value("behavior", json()).dump(), "\"Isolated\"");
+    if (flag(split, "invert", false)) refuse("the Split's invert", "true", "false");
+    byte_level(parts[1], false);
+    return split["pattern"]["Regex"].get<std::string>();
+  }
+
+  std::vector<HfMerge> merges(const json& list) const {
+    if (!list.is_array()) refuse("model.merges", list.type_name(), "a list of merges");
+    std::vector<HfMerge> out;
+    out.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      const json& m = list[i];
+      const std::string where = what_ + " model.merges[" + std::to_string(i) + "]";
+      if (m.is_string()) {  // "left right"
+        const std::string text = m.get<std::string>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos)
+          throw UserError(where + ": expected \"left right\"");
+        out.push_back({text.substr(0, space), text.substr(space + 1), where});
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["left", "right"]
+        out.push_back({m[0].get<std::string>(), m[1].get<std::string>(), where});
+      } else {
+        throw UserError(where + ": expected \"left right\" or [\"left\", \"right\"]");
+      }
+    }
+    return out;
+  }
+
+  TokenizerJson read(const std::string& document_token, const std::string& sha256, const std::string& hint) {
+    const std::string text = InputFile(path_, what_).read_all(kMaxTokenizerJsonBytes);
+    const std::string hash = sha256_hex(text.data(), text.size());
+    if (!sha256.empty() && hash != sha256)
+      throw UserError(what_ + " has SHA-256 " + hash + ", expected " + sha256 +
+                      ": the file is damaged or another vocabulary; " + hint);
+    const json j = parse_json(text, what_);
+    if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+      throw UserError(what_ + ": expected a JSON object with a \"model\", as Hugging Face's tokenizers writes");
+    const json& model = j["model"];
+    const std::string type = type_of(model);
+    if (!type.empty() && type != "BPE") refuse("model.type", type, "BPE models only");
+    if (flag(model, "byte_fallback", false))
+      refuse("model.byte_fallback", "true (SentencePiece-style BPE)", "byte-level BPE, without byte fallback");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+        refuse(std::string("model.") + key, model[key].dump(), "byte-level BPE, without one");
+    if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0)
+      refuse("model.dropout", model["dropout"].dump(), "BPE without dropout");
+    if (!model.contains("vocab") || !model.contains("merges"))
+      throw UserError(what_ + ": expected model.vocab and model.merges");
+
+    TokenizerJson t;
+    t.normalizer = normalizer(j.value("normalizer", json()));
+    if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+      refuse("pre_tokenizer", "missing", "byte-level BPE (a ByteLevel pre-tokenizer)");
+    t.pattern = pattern(j["pre_tokenizer"]);
+
+    std::vector<SpecialToken> added;
+    bool has_document_token = document_token.empty();
+    if (j.contains("added_tokens")) {
+      if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
+      for (const json& a : j["added_tokens"]) {
+        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() || !a.contains("content") ||
+            !a["content"].is_string())
+          throw UserError(what_ + ": added_tokens: expected {\"id\": N, \"content\": \"...\"}, found " +
+                          a.dump().substr(0, 80));
+        added.push_back({a["content"].get<std::string>(), a["id"].get<uint32_t>()});
+        has_document_token = has_document_token || added.back().text == document_token;
+      }
+    }
+    if (!has_document_token)
+      throw UserError(what_ + ": expected the added token " + document_token + ", which marks documents");
+    t.vocabulary = std::make_shared<BpeVocabulary>(BpeVocabulary::from_hf_model(
+        model["vocab"], merges(model["merges"]), added, flag(model, "ignore_merges", false),
+        document_token.empty() ? kEndOfText : document_token, what_, hash, path_));
+    return t;
+  }
+
+ private:
+  std::string path_, what_;
+};
+
+}  // namespace
+
+TokenizerJson read_tokenizer_json(const std::string& path, const std::string& document_token,
+                                  const std::string& sha256, const std::string& hint) {
+  return Reader(path).read(document_token, sha256, hint);
+}
+
+}  // namespace ptrain

@@ -1,0 +1,34 @@
+// Hugging Face's tokenizer.json, read for the tokenizers ptrain can run exactly: a BPE model over
+// GPT-2's byte-to-unicode spelling (byte-level BPE), with
+// - a pre-tokenizer that is ByteLevel with its own regex (GPT-2's pattern), or a Split by a
+//   regex (behavior Isolated) followed by ByteLevel without one (Llama 3's layout);
+// - no normalizer, or Unicode normalization (NFC, NFD, NFKC, NFKD, or a Sequence of them);
+// - ignore_merges as the file says; added tokens as special tokens.
+// Anything else is refused by name (a Unigram or WordPiece model, byte-fallback BPE as
+// SentencePiece converts, a Metaspace pre-tokenizer, a Lowercase normalizer, ...), so that a
+// file ptrain would tokenize differently from Hugging Face is never used.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/bpe_vocabulary.h"
+#include "data/unicode_normalizer.h"
+
+namespace ptrain {
+
+struct TokenizerJson {
+  std::shared_ptr<const BpeVocabulary> vocabulary;  // its sha256() is the file's
+  std::string pattern;                              // the pre-tokenizer's regex
+  std::vector<UnicodeForm> normalizer;              // applied in order; empty: none
+};
+
+// Reads `path`; `document_token` names the added token that marks documents ("" picks
+// <|endoftext|> when the file has it, else none); a non-empty `sha256` is the only content
+// taken (`hint` then says where the right file comes from). Throws UserError naming the file
+// and the part of it that ptrain cannot run.
+TokenizerJson read_tokenizer_json(const std::string& path, const std::string& document_token,
+                                  const std::string& sha256 = "", const std::string& hint = "");
+
+}  // namespace ptrain

@@ -1,0 +1,60 @@
+// What a tokenizer does to text before byte-pair merges: Unicode normalization where its
+// tokenizer.json sets one, then cutting into pieces (merges never cross a piece's edge). The patterns of GPT-2 and of cl100k_base (also Llama 3's) have scanners of their own;
+// any other pattern runs on ICU's regex engine (data/regex_pieces.h).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <vector>
+
+#include "data/regex_pieces.h"
+#include "data/unicode_normalizer.h"
+
+namespace ptrain {
+
+// tiktoken's patterns, as its encodings and Hugging Face's tokenizer.json files spell them.
+extern const char* const kGpt2Pattern;
+extern const char* const kCl100kPattern;
+extern const char* const kO200kPattern;
+
+class Pretokenizer {
+ public:
+  enum class Kind { gpt2, cl100k, regex };
+
+  // The scanner for a known pattern, else the pattern on ICU's regex (UserError naming
+  // `what` when it does not compile); `normalizer` first.
+  static Pretokenizer from_pattern(const std::string& pattern, const std::string& what,
+                                   std::vector<UnicodeForm> normalizer = {});
+
+  Kind kind() const { return kind_; }
+  const std::string& pattern() const { return pattern_; }
+  const PiecePattern* regex() const { return regex_.get(); }
+  const std::vector<UnicodeForm>& normalizer() const { return normalizer_; }
+
+  // The first place at or after `from` where valid UTF-8 `text` may be cut so that the halves
+  // give the pieces the whole does; text.size() when there is none (a regex's pieces are
+  // taken whole: nothing is known about where they may end; so is normalized text, as a cut
+  // may fall inside what normalization joins).
+  size_t safe_cut(std::string_view text, size_t from) const;
+
+ private:
+  Kind kind_ = Kind::gpt2;
+  std::string pattern_;
+  std::shared_ptr<const PiecePattern> regex_;
+  std::vector<UnicodeForm> normalizer_;
+};
+
+// Calls `piece(begin, end)` for each piece `piece_end` finds in `text`, in order.
+template <typename End, typename F>
+void for_each_piece(std::string_view text, End&& piece_end, F&& piece) {
+  for (size_t begin = 0; begin < text.size();) {
+    const size_t end = piece_end(text, begin);
+    piece(begin, end);
+    begin = end;
+  }
+}
+
+}  // namespace ptrain

@@ -1,0 +1,29 @@
+// Hugging Face's tokenizer.json as ptrain reads it (any bytes: the JSON, the model, the
+// pre-tokenizer's regex, the normalizer): refused with a UserError, or a tokenizer that encodes
+// text into ids of its vocabulary which decode back to the text (normalized, where it says so).
+#include <string>
+#include <vector>
+
+#include "data/bpe_encoder.h"
+#include "data/hf_tokenizer_json.h"
+#include "data/pretokenizer.h"
+#include "fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const ptrain::fuzz::MemoryFile file(data, size);
+  ptrain::TokenizerJson t;
+  if (!ptrain::fuzz::accepted([&] { t = ptrain::read_tokenizer_json(file.path(), ""); })) return 0;
+  ptrain::Pretokenizer pretokenizer;
+  if (!ptrain::fuzz::accepted([&] { pretokenizer = ptrain::Pretokenizer::from_pattern(t.pattern, "fuzz", t.normalizer); }))
+    return 0;
+  const std::string text = "Hello, world's 12345 caf\xC3\xA9 \xEF\xAC\x81 \xE4\xB8\xAD\n\n  x";
+  std::vector<uint32_t> ids;
+  ptrain::BpeEncoder(*t.vocabulary, pretokenizer).encode(text, ids);
+  std::string decoded;
+  for (const uint32_t id : ids) {
+    if (!t.vocabulary->has(id) || t.vocabulary->is_special(id)) throw std::logic_error("an id outside the vocabulary");
+    decoded += t.vocabulary->bytes(id);
+  }
+  if (decoded != ptrain::normalize_unicode(text, t.normalizer)) throw std::logic_error("decode(encode(x)) != x");
+  return 0;
+}

@@ -1,0 +1,218 @@
+// The pre-tokenisers of cl100k_base (also Llama 3's) and GPT-2, each a scanner written for its
+// pattern, against ICU's regex engine running the same pattern: every code point of the Basic
+// Multilingual Plane and some beyond, in the contexts the patterns tell apart, and random text.
+// Then the cl100k_base and o200k_base tokenizers: safe cuts, both merge procedures, round
+// trips, and their vocabularies' errors. (tests/oracle compares the ids with tiktoken's.)
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/utf8.h"
+#include "data/bpe_encoder.h"
+#include "data/cl100k_pieces.h"
+#include "data/gpt2_pieces.h"
+#include "data/regex_pieces.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+#include "user_error.h"
+
+namespace fs = std::filesystem;
+using namespace ptrain;
+using ptrain::test::TempDir;
+using ptrain::test::user_error;
+
+namespace {
+
+using Pieces = std::vector<std::pair<size_t, size_t>>;
+
+const Tokenizer& loaded(const std::string& name) {
+  static std::map<std::string, Tokenizer> cache;
+  auto found = cache.find(name);
+  if (found == cache.end()) {
+    if (!fs::exists(default_vocabulary(name)))
+      FAIL(name << "'s vocabulary is not at " << default_vocabulary(name) << "; run ./scripts/fetch-data.sh");
+    found = cache.emplace(name, Tokenizer::load(name)).first;
+  }
+  return found->second;
+}
+
+std::string utf8(char32_t c) {
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else if (c < 0x800) {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else if (c < 0x10000) {
+    s += static_cast<char>(0xE0 | (c >> 12));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (c >> 18));
+    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// Random valid UTF-8 from characters of every class the patterns tell apart.
+std::string random_text(std::mt19937& rng, size_t chars) {
+  static const std::vector<std::string> alphabet = {
+      "a", "B", "e", "s", "S", "t", "l", "L", "d", "m", "r", "R", "v", "E", "0", "7", "'", "'", "!", ".", "/",
+      " ", " ", " ", "  ", "\n", "\n", "\r", "\t", "\xC2\xA0", "\xE3\x80\x80", "\xC3\xA9", "\xC3\x89",
+      "\xE4\xB8\xAD", "\xCC\x81", "\xF0\x9F\x98\x80", "\xE2\x80\x8B", "\xC2\x85", "\x0B", "\xD9\xA3",
+      "\xE2\x85\xAB", "\xC5\xBF", "\xCA\xB0", "\xC7\x85"};
+  std::string text;
+  for (size_t i = 0; i < chars; ++i) text += alphabet[rng() % alphabet.size()];
+  return text;
+}
+
+// Every code point that is a character (no surrogates), the BMP and a sample beyond it.
+std::vector<char32_t> code_points() {
+  std::vector<char32_t> all;
+  for (char32_t c = 1; c < 0x10000; ++c)
+    if (c < 0xD800 || c > 0xDFFF) all.push_back(c);
+  for (char32_t c = 0x10000; c < 0x110000; c += 97) all.push_back(c);
+  return all;
+}
+
+// Each code point in the contexts the patterns distinguish, as one text per kind of context:
+// the pieces of a long text are checked, so a wrong cut anywhere shows.
+std::vector<std::string> contexts() {
+  const std::vector<std::pair<std::string, std::string>> around = {
+      {"", ""},   {"a", "b"},   {" ", "a"},   {"'", "s"},  {"x'", "LL"}, {"1", "2"},  {" ", "!"},
+      {"\n", "a"}, {"a", "\n"}, {"  ", "a"}, {"!", "\r\n"}, {"'", ""},   {"\t", "\t"}, {"A", "bc"}};
+  std::vector<std::string> texts;
+  for (const auto& [before, after] : around) {
+    std::string text;
+    for (const char32_t c : code_points()) text += before + utf8(c) + after + "|";
+    texts.push_back(std::move(text));
+  }
+  return texts;
+}
+
+Pieces scanned(const std::string& text, size_t (*piece_end)(std::string_view, size_t)) {
+  Pieces pieces;
+  for_each_piece(text, piece_end, [&](size_t b, size_t e) { pieces.emplace_back(b, e); });
+  return pieces;
+}
+
+Pieces matched(const std::string& text, const PiecePattern& pattern) {
+  Pieces pieces;
+  RegexPieces regex(pattern);
+  regex.for_each(text, [&](size_t b, size_t e) { pieces.emplace_back(b, e); });
+  return pieces;
+}
+
+// Where two piece lists first differ, shown as text.
+std::string first_difference(const std::string& text, const Pieces& a, const Pieces& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (a[i] != b[i]) {
+      const size_t from = std::min(a[i].first, b[i].first);
+      return nlohmann::json(text.substr(from > 20 ? from - 20 : 0, 60)).dump() + ": scanner [" +
+             std::to_string(a[i].first) + ", " + std::to_string(a[i].second) + "), regex [" +
+             std::to_string(b[i].first) + ", " + std::to_string(b[i].second) + ")";
+    }
+  return "one list is longer";
+}
+
+void check_scanner(const std::string& name, size_t (*piece_end)(std::string_view, size_t), const char* pattern) {
+  const PiecePattern regex(pattern, name);
+  std::mt19937 rng(17);
+  std::vector<std::string> texts = contexts();
+  for (int i = 0; i < 300; ++i) texts.push_back(random_text(rng, 1 + rng() % 300));
+  for (const std::string& text : texts) {
+    const Pieces a = scanned(text, piece_end), b = matched(text, regex);
+    INFO(name << ": " << (a == b ? "" : first_difference(text, a, b)));
+    REQUIRE(a == b);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pretokenizers: the cl100k_base scanner cuts the pieces ICU's regex cuts", "[tokenizer]") {
+  check_scanner("cl100k_base", cl100k_piece_end, kCl100kPattern);
+}
+
+TEST_CASE("pretokenizers: the GPT-2 scanner cuts the pieces ICU's regex cuts", "[tokenizer]") {
+  check_scanner("gpt2", gpt2_piece_end, kGpt2Pattern);
+}
+
+TEST_CASE("pretokenizers: a known pattern gets its scanner, any other the regex engine", "[tokenizer]") {
+  CHECK(Pretokenizer::from_pattern(kGpt2Pattern, "t").kind() == Pretokenizer::Kind::gpt2);
+  CHECK(Pretokenizer::from_pattern(kCl100kPattern, "t").kind() == Pretokenizer::Kind::cl100k);
+  const Pretokenizer o200k = Pretokenizer::from_pattern(kO200kPattern, "t");
+  CHECK(o200k.kind() == Pretokenizer::Kind::regex);
+  CHECK(o200k.safe_cut("some text\nmore", 1) == 14);  // a regex's pieces are not cut
+  // \s is Unicode's White_Space, as in Rust's regex: U+000B and U+0085 are white space.
+  const PiecePattern spaces(R"(\s+|\S+)", "t");
+  CHECK(matched("a\x0B\xC2\x85z", spaces) == Pieces{{0, 1}, {1, 4}, {4, 5}});
+  CHECK_THAT(user_error([] { PiecePattern("(unclosed", "tokenizer.json pre_tokenizer"); }),
+             Catch::Contains("tokenizer.json pre_tokenizer") && Catch::Contains("(unclosed"));
+}
+
+TEST_CASE("cl100k_base and o200k_base: safe cuts change no id, and both merge procedures agree", "[tokenizer]") {
+  std::mt19937 rng(3);
+  for (const char* name : {"cl100k_base", "o200k_base"}) {
+    const Tokenizer& t = loaded(name);
+    BpeEncoder encoder(*t.bpe(), *t.pretokenizer());
+    int cuts = 0;
+    for (int i = 0; i < 150; ++i) {
+      const std::string text = random_text(rng, 50 + rng() % 150);
+      const std::vector<uint32_t> whole = t.encode(text, "text");
+      CHECK(t.decode(std::vector<int32_t>(whole.begin(), whole.end())) == text);
+      for (size_t cut = t.pretokenizer()->safe_cut(text, 1); cut < text.size();
+           cut = t.pretokenizer()->safe_cut(text, cut + 1)) {
+        std::vector<uint32_t> parts = t.encode(text.substr(0, cut), "left");
+        const std::vector<uint32_t> rest = t.encode(text.substr(cut), "right");
+        parts.insert(parts.end(), rest.begin(), rest.end());
+        INFO(name << ": text " << nlohmann::json(text).dump() << " cut at " << cut);
+        REQUIRE(parts == whole);
+        ++cuts;
+      }
+      std::vector<uint32_t> scan, queue;
+      encoder.merge_by_scan(text, scan);
+      encoder.merge_by_queue(text, queue);
+      CHECK(scan == queue);
+    }
+    CHECK(cuts > (std::string(name) == "cl100k_base" ? 1000 : -1));
+  }
+}
+
+TEST_CASE("cl100k_base and o200k_base: sizes, end of text, and special tokens as text", "[tokenizer]") {
+  const Tokenizer& cl = loaded("cl100k_base");
+  CHECK(cl.vocab_size() == 100277);
+  CHECK(cl.end_of_text() == 100257);
+  CHECK(cl.decode({100257, 100276}) == "<|endoftext|><|endofprompt|>");
+  CHECK(cl.decode({100256, 100261}).empty());  // ids no token has
+  CHECK(cl.encode("<|endoftext|>", "t").size() > 1);  // text, not the token
+  const Tokenizer& o = loaded("o200k_base");
+  CHECK(o.vocab_size() == 200019);
+  CHECK(o.end_of_text() == 199999);
+  CHECK(tokenizer_ids("o200k_base") == o.vocab_size());
+  CHECK(tokenizer_ids("cl100k_base") == cl.vocab_size());
+}
+
+TEST_CASE("cl100k_base: another vocabulary file or a directory is an error naming it", "[tokenizer]") {
+  TempDir dir("vocab");
+  std::string text = ptrain::test::read_file(default_vocabulary("cl100k_base"));
+  text[200] ^= 1;
+  ptrain::test::write_file(dir.dir / "other.tiktoken", text);
+  std::string message = user_error([&] { Tokenizer::load("cl100k_base", (dir.dir / "other.tiktoken").string()); });
+  CHECK_THAT(message, Catch::Contains("other.tiktoken") && Catch::Contains("SHA-256") &&
+                          Catch::Contains("fetch-data.sh"));
+  message = user_error([&] { Tokenizer::load("cl100k_base", dir.dir.string()); });
+  CHECK_THAT(message, Catch::Contains("is a directory") && Catch::Contains(".tiktoken"));
+  message = user_error([&] { Tokenizer::load("cl100k_base", default_vocabulary("gpt2")); });
+  CHECK_THAT(message, Catch::Contains("SHA-256"));
+  message = user_error([&] { Tokenizer::load("p50k_base"); });
+  CHECK_THAT(message, Catch::Contains("p50k_base") && Catch::Contains("cl100k_base"));
+}
