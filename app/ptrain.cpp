@@ -215,7 +215,7 @@ void add_checkpoint_commands(CLI::App& app, std::string& config_path, std::vecto
   CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint (its run's tokenizer decodes)");
   sample->footer(
       "Deterministic for a given --seed. The tokenizer is the one the run's shards were made with\n"
-      "(bytes or gpt2); gpt2 stops at <|endoftext|>. A run on data with no known tokenizer\n"
+      "(bytes or a BPE one); BPE samples stop at its document token (<|endoftext|>). A run on data with no known tokenizer\n"
       "(synthetic, llm.c shards without data.tokenizer) takes and prints token ids. A KV cache\n"
       "computes each new token alone while the text fits the model's context; past it the window\n"
       "slides over the last seq_len tokens, rerun whole for each token (positions are learned).\n"
@@ -310,10 +310,11 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
       ->check(real_number(0, 1))
       ->capture_default_str();
 
-  CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (GPT-2's BPE or bytes) into llm.c token shards");
+  CLI::App* p = data->add_subcommand("prepare", "Tokenize text files (byte-level BPE or bytes) into llm.c token shards");
   p->footer(
-      "Each file is a document (or each part between --separator strings); with a BPE tokenizer,\n"
-      "<|endoftext|> precedes every document, as llm.c's data scripts do. The last tokens are the val split.\n"
+      "Each file is a document (or each part between --separator strings); with a BPE tokenizer, its\n"
+      "document token (<|endoftext|>, Llama 3's <|begin_of_text|>) precedes every document, as llm.c's\n"
+      "data scripts do. The last tokens are the val split.\n"
       "Writes DIR/NAME_val_000000.bin, DIR/NAME_train_000000.bin, ... (NAME: DIR's base name, as\n"
       "llm.c names its shards) and DIR/ptrain-tokenizer.json, which train checks against the config.\n"
       "Examples:\n"
@@ -325,7 +326,7 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
                 "gpt2, cl100k_base or o200k_base (each exact to tiktoken's encoding of that name), llama3 or "
                 "hf (exact to Hugging Face's tokenizers on Llama 3's tokenizer.json, or on the one --vocab "
                 "names), or bytes")
-      ->check(CLI::IsMember({"gpt2", "cl100k_base", "o200k_base", "llama3", "hf", "bytes"}))
+      ->check(CLI::IsMember(ptrain::tokenizer_name_list()))
       ->capture_default_str();
   p->add_option("--vocab", prepare.vocabulary,
                 "The tokenizer's file: a .tiktoken file (gpt2, cl100k_base, o200k_base), a directory with "

@@ -706,7 +706,7 @@ TEST_CASE("gpt2: the exported vocab.json and merges.txt are GPT-2's own files", 
   REQUIRE(fs::exists(default_vocabulary("gpt2")));
   REQUIRE(fs::exists(fs::path(hf) / "vocab.json"));
   const Tokenizer tiktoken = Tokenizer::load("gpt2");
-  CHECK(json::parse(gpt2_vocab_json(*tiktoken.bpe())) == json::parse(read_file(fs::path(hf) / "vocab.json")));
+  CHECK(json::parse(bpe_vocab_json(*tiktoken.bpe())) == json::parse(read_file(fs::path(hf) / "vocab.json")));
   // merges.txt line by line (OpenAI's vocab.bpe ends with a blank line).
   const auto lines = [](const std::string& text) {
     std::vector<std::string> out;
@@ -716,7 +716,7 @@ TEST_CASE("gpt2: the exported vocab.json and merges.txt are GPT-2's own files", 
       if (!line.empty()) out.push_back(line);
     return out;
   };
-  const std::vector<std::string> ours = lines(gpt2_merges_txt(*tiktoken.bpe()));
+  const std::vector<std::string> ours = lines(bpe_merges_txt(*tiktoken.bpe()));
   const std::vector<std::string> theirs = lines(read_file(fs::path(hf) / "merges.txt"));
   CHECK(ours.size() == 50001);
   CHECK(ours == theirs);

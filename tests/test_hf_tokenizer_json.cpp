@@ -35,7 +35,7 @@ const Tokenizer& gpt2() {
 json gpt2_json() {
   static const json j = [] {
     const BpeVocabulary& v = *gpt2().bpe();
-    return json::parse(gpt2_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), 50256));
+    return json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
   }();
   return j;
 }
@@ -121,6 +121,23 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j = gpt2_json();
   j["model"]["vocab"]["\xC4\xA0the"] = 7;  // an id twice
   CHECK_THAT(refused(j), Catch::Contains("appears twice"));
+  j = gpt2_json();
+  j["added_tokens"][0]["special"] = false;  // Hugging Face would cut it out of ordinary text
+  CHECK_THAT(refused(j), Catch::Contains("not special"));
+  j = gpt2_json();
+  j["added_tokens"][0]["id"] = 4294967296 + 100;
+  CHECK_THAT(refused(j), Catch::Contains("added_tokens") && Catch::Contains("below"));
+  j = gpt2_json();
+  j["model"]["ignore_merges"] = "yes";
+  CHECK_THAT(refused(j), Catch::Contains("\"ignore_merges\" is \"yes\"") && Catch::Contains("true or false"));
+  j = gpt2_json();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "^\\s+|[^\\s]+"}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  CHECK_THAT(refused(j), Catch::Contains("anchor ^"));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[^\\s$]+|\\s+";  // in a class: no anchor
+  CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
   CHECK_THAT(user_error([] { Tokenizer::load("hf"); }), Catch::Contains("tokenizer.json") && Catch::Contains("--vocab"));
 }
 

@@ -45,7 +45,7 @@ struct CheckpointState {
   uint64_t data_seed = 0;      // the training sampler: window i starts at hash(seed, i)
   int64_t next_sample = 0;     // the next training window's index
   std::string precision;       // the mode label at save time
-  std::string tokenizer;       // bytes or gpt2, "" unknown (synthetic data, llm.c shards), so sample can decode
+  std::string tokenizer;       // a tokenizer's name (data/tokenizer.h), "" unknown (synthetic data, llm.c shards), so sample can decode
   std::string vocabulary_sha256;  // of the files the shards were made with ("" unknown, or bytes)
   nlohmann::json model;        // the model config section: resume refuses another shape
   nlohmann::json schedule;     // keys that shape the rest of the run: resume warns when they change

@@ -134,7 +134,7 @@ Schema make_schema(Config& c) {
       required(number("model.n_embd", &m.n_embd, between(1, kMaxEmbd), "width; a multiple of n_head")),
       required(number("model.seq_len", &m.seq_len, between(1, kMaxSeqLen), "context length")),
       required(number("model.vocab_size", &m.vocab_size, between(2, kMaxVocab),
-                      "tokens (uint16); padded to a multiple of 128 internally")),
+                      "tokens (ids past 65,535 take uint32 shards); padded to a multiple of 128 internally")),
       text("model.init_from", &m.init_from, "llm.c model file or Hugging Face model directory to start from; null = random init",
            Empty::kNull),
       choice("model.attention", &m.attention,
@@ -163,7 +163,7 @@ Schema make_schema(Config& c) {
       choice("data.tokenizer", &d.tokenizer,
              "what made the shards; auto reads their ptrain-tokenizer.json"),
       text("data.vocab", &d.vocab,
-           "gpt2: the vocabulary files the shards were made with (data prepare --vocab); null = the default one",
+           "BPE tokenizers: the vocabulary file the shards were made with (data prepare --vocab); null = the default one",
            Empty::kNull),
       number("data.synthetic.vocab", &s.vocab, between(2, kMaxVocab), "tokens used by the corpus"),
       number("data.synthetic.order", &s.order, at_least(1), "Markov chain order"),
@@ -804,7 +804,7 @@ class Loader {
 
     if (usable({"data.vocab", "data.tokenizer"}) && !c.data.vocab.empty() && c.data.tokenizer == TokenizerChoice::bytes)
       problem(where({"data.vocab", "data.tokenizer"}), "data.vocab",
-              c.data.vocab + " with data.tokenizer: bytes, which has no vocabulary file", "null, or data.tokenizer: gpt2");
+              c.data.vocab + " with data.tokenizer: bytes, which has no vocabulary file", "null, or a BPE data.tokenizer");
     const SyntheticDataConfig& s = c.data.synthetic;
     if (c.data.synthetic_enabled) {
       if (usable({"data.tokenizer"}) && c.data.tokenizer != TokenizerChoice::auto_)

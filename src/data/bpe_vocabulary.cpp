@@ -231,7 +231,7 @@ BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const st
     for (const auto& [part, part_id] : {std::pair{m.left, l}, {m.right, r}, {m.left + m.right, id}})
       if (part_id == kNone) throw UserError(m.where + ": \"" + part + "\" is not a token of " + what);
     const auto priority = static_cast<uint32_t>(line + 1);
-    v.pair_priority_.emplace((uint64_t{l} << 32) | r, priority);  // a repeated pair keeps its first line
+    v.pair_priority_[(uint64_t{l} << 32) | r] = priority;  // a repeated pair takes its last line, as in tokenizers
     if (v.priorities_[id] == kNone) v.priorities_[id] = priority;
   }
   // A token no merge makes stays: with ignore_merges a piece may still be it as a whole.

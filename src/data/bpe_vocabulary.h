@@ -4,8 +4,8 @@
 // - by rank (tiktoken): two adjacent parts may join when their bytes together are a token; the
 //   token's rank is the priority. Read from a .tiktoken file (base64 bytes and rank per line).
 // - by pair (Hugging Face): two adjacent parts join only when they are the halves of a listed
-//   merge; the merge's line is the priority. Read from vocab.json + merges.txt (byte strings
-//   spelled by gpt2_byte_to_unicode).
+//   merge; the merge's line is the priority. Read from vocab.json + merges.txt, or a
+//   tokenizer.json's model (byte strings spelled by gpt2_byte_to_unicode).
 // Special tokens (<|endoftext|> and the like) have ids but never come out of a merge; ids no
 // token has (tiktoken's cl100k_base skips some below its specials) are holes. Immutable once
 // loaded: threads share one.

@@ -2,7 +2,7 @@
 
 #include <cstdint>
 
-#include "data/gpt2_pieces.h"
+#include "data/char_class.h"
 
 namespace ptrain {
 

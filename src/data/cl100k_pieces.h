@@ -3,7 +3,7 @@
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
 //   \s*[\r\n]+|\s+(?!\S)|\s+
 // (first alternative that matches wins), found by a scanner over the character classes of
-// data/gpt2_pieces.h instead of a regex engine; tested against ICU's regex on the same pattern
+// data/char_class.h instead of a regex engine; tested against ICU's regex on the same pattern
 // and against tiktoken and Hugging Face's tokenizers.
 #pragma once
 
@@ -20,7 +20,7 @@ size_t cl100k_piece_end(std::string_view text, size_t begin);
 // is not white space, after a character p where
 // - p is a carriage return or line feed (no piece runs from a line break into text), or
 // - p is a letter and h is not (runs of letters end there, and so do contractions), or
-// - p is a number and h is not, or p is neither and h is a number.
+// - p is a number and h is not, or p is neither letter, number nor white space and h is a number.
 size_t cl100k_safe_cut(std::string_view text, size_t from);
 
 }  // namespace ptrain

@@ -9,13 +9,9 @@
 #include <cstddef>
 #include <string_view>
 
+#include "data/char_class.h"
+
 namespace ptrain {
-
-// \p{L}, \p{N}, \s (Unicode's White_Space) and everything else: disjoint.
-enum class CharClass : unsigned char { letter, number, space, other };
-
-// The class of the character at byte `i` of valid UTF-8 `text`; `length` gets its bytes.
-CharClass char_class_at(std::string_view text, size_t i, int& length);
 
 // The end of the piece that starts at `begin` of valid UTF-8 `text` (begin < text.size()).
 size_t gpt2_piece_end(std::string_view text, size_t begin);

@@ -117,7 +117,7 @@ nlohmann::ordered_json added_token(const SpecialToken& s) {
 
 }  // namespace
 
-std::string gpt2_vocab_json(const BpeVocabulary& v) {
+std::string bpe_vocab_json(const BpeVocabulary& v) {
   std::vector<std::pair<std::string, int>> entries;
   for (int id = 0; id < v.size(); ++id) {
     const auto token = static_cast<uint32_t>(id);
@@ -127,7 +127,7 @@ std::string gpt2_vocab_json(const BpeVocabulary& v) {
   return vocab_object(entries);
 }
 
-std::string gpt2_merges_txt(const BpeVocabulary& v) {
+std::string bpe_merges_txt(const BpeVocabulary& v) {
   std::vector<uint32_t> merged;  // the tokens a merge makes, in priority order
   for (int id = 0; id < v.size(); ++id) {
     const auto token = static_cast<uint32_t>(id);

@@ -13,11 +13,11 @@
 
 namespace ptrain {
 
-std::string gpt2_vocab_json(const BpeVocabulary& vocabulary);
+std::string bpe_vocab_json(const BpeVocabulary& vocabulary);
 // Each merge is recovered from the priorities alone (a tiktoken file has no merge list): a
 // token's two halves are what byte-pair encoding of its bytes leaves when only the merges of
 // higher priority may apply.
-std::string gpt2_merges_txt(const BpeVocabulary& vocabulary);
+std::string bpe_merges_txt(const BpeVocabulary& vocabulary);
 // tokenizer_config.json for GPT2Tokenizer, with <|endoftext|> as bos, eos and unk.
 std::string gpt2_tokenizer_config(int model_max_length);
 // tokenizer.json from the vocabulary's vocab.json and merges.txt (as the functions above write

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/json_input.h"
+#include "config/config.h"
 #include "core/sha256.h"
 #include "data/pretokenizer.h"
 
@@ -18,13 +19,17 @@ using json = nlohmann::json;
 
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : ""; }
 
-bool flag(const json& j, const char* key, bool otherwise) {
-  return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : otherwise;
-}
 
 class Reader {
  public:
   explicit Reader(std::string path) : path_(std::move(path)), what_("tokenizer.json \"" + path_ + "\"") {}
+
+  // A boolean key; a value of another type is refused, as Hugging Face's tokenizers refuses it.
+  bool flag(const json& j, const char* key, bool otherwise) const {
+    if (!j.contains(key) || j[key].is_null()) return otherwise;
+    if (!j[key].is_boolean()) throw UserError(what_ + ": \"" + key + "\" is " + j[key].dump() + "; expected true or false");
+    return j[key].get<bool>();
+  }
 
   [[noreturn]] void refuse(const std::string& part, const std::string& found, const std::string& expected) const {
     throw UserError(what_ + ": " + part + " is " + found + "; ptrain runs " + expected +
@@ -139,10 +144,17 @@ class Reader {
     if (j.contains("added_tokens")) {
       if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
       for (const json& a : j["added_tokens"]) {
-        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() || !a.contains("content") ||
+        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_unsigned() ||
+            a["id"].get<uint64_t>() >= static_cast<uint64_t>(kMaxVocab) || !a.contains("content") ||
             !a["content"].is_string())
-          throw UserError(what_ + ": added_tokens: expected {\"id\": N, \"content\": \"...\"}, found " +
-                          a.dump().substr(0, 80));
+          throw UserError(what_ + ": added_tokens: expected {\"id\": N below " + std::to_string(kMaxVocab) +
+                          ", \"content\": \"...\"}, found " + a.dump().substr(0, 80));
+        // Hugging Face cuts every added token out of the text before the model sees it; ptrain,
+        // as tiktoken's encode_ordinary, reads the text of a special token as text. A token that
+        // is not special (a word added to the vocabulary) would split ordinary text otherwise.
+        if (!flag(a, "special", false))
+          refuse("added token " + a["content"].dump(), "not special",
+                 "added tokens that are special tokens only (Hugging Face cuts others out of any text)");
         added.push_back({a["content"].get<std::string>(), a["id"].get<uint32_t>()});
         has_document_token = has_document_token || added.back().text == document_token;
       }

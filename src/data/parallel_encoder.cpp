@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <exception>
 
 
 namespace ptrain {
@@ -37,11 +38,19 @@ void ParallelEncoder::encode(std::string_view text, std::vector<uint32_t>& out) 
   cuts.push_back(text.size());
   const int parts = static_cast<int>(cuts.size()) - 1;
   parts_.resize(static_cast<size_t>(parts));
+  // An exception may not leave a parallel region: the first one is kept and thrown after it.
+  std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int p = 0; p < parts; ++p) {
     parts_[p].clear();
-    encoders_[omp_get_thread_num()].encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), parts_[p]);
+    try {
+      encoders_[omp_get_thread_num()].encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), parts_[p]);
+    } catch (...) {
+#pragma omp critical(parallel_encoder_failure)
+      if (!failure) failure = std::current_exception();
+    }
   }
+  if (failure) std::rethrow_exception(failure);
   for (int p = 0; p < parts; ++p) out.insert(out.end(), parts_[p].begin(), parts_[p].end());
 }
 

@@ -237,11 +237,13 @@ class TokenWriter {
   size_t encode_text(std::string_view text, bool complete) {
     const size_t take = complete ? text.size() : encoder_.settled_prefix(text);
     if (take == 0 && text.size() > kMaxUncutBytes) {
-      if (tokenizer_.pretokenizer()->kind() == Pretokenizer::Kind::regex)
+      const Pretokenizer& p = *tokenizer_.pretokenizer();
+      if (p.kind() == Pretokenizer::Kind::regex || !p.normalizer().empty())
         throw UserError("input " + in_quotes(file_) + ": a document of more than " +
-                        std::to_string(kMaxUncutBytes >> 20) + " MiB; the " + tokenizer_.name() +
-                        " tokenizer's pattern runs on a regex engine, which takes each document whole; expected "
-                        "smaller documents (--separator splits a file into documents)");
+                        std::to_string(kMaxUncutBytes >> 20) + " MiB; the " + tokenizer_.name() + " tokenizer " +
+                        (p.normalizer().empty() ? "runs its pattern on a regex engine" : "normalizes its text") +
+                        ", and so takes each document whole; expected smaller documents (--separator splits a "
+                        "file into documents)");
       throw UserError("input " + in_quotes(file_) + ": " + std::to_string(text.size() >> 20) +
                       " MiB of text with no place to cut between " + tokenizer_.name() +
                       " pieces; expected text (a run of one character class this long would be one piece)");

@@ -1,9 +1,30 @@
 #include "data/pretokenizer.h"
 
+#include "data/char_class.h"
 #include "data/cl100k_pieces.h"
 #include "data/gpt2_pieces.h"
 
+#include <algorithm>
+
 namespace ptrain {
+
+namespace {
+
+// o200k_base's pattern runs on the regex engine, but where it may be cut is known: after a
+// carriage return or line feed, before a character that is neither white space nor '/'. No
+// piece runs from a line break into text: the only alternatives that take a line break are
+// " ?[^\s\p{L}\p{N}]+[\r\n/]*" (which goes on through '/' and more breaks) and the white-space
+// ones (which stop at text); and a piece's end there reads nothing past it.
+size_t o200k_safe_cut(std::string_view text, size_t from) {
+  for (size_t i = std::max<size_t>(from, 1); i < text.size(); ++i) {
+    if ((text[i - 1] != '\n' && text[i - 1] != '\r') || text[i] == '/') continue;
+    int length;
+    if (char_class_at(text, i, length) != CharClass::space) return i;
+  }
+  return text.size();
+}
+
+}  // namespace
 
 const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* const kCl100kPattern =
@@ -34,7 +55,7 @@ size_t Pretokenizer::safe_cut(std::string_view text, size_t from) const {
   switch (kind_) {
     case Kind::gpt2: return gpt2_safe_cut(text, from);
     case Kind::cl100k: return cl100k_safe_cut(text, from);
-    case Kind::regex: break;
+    case Kind::regex: return pattern_ == kO200kPattern ? o200k_safe_cut(text, from) : text.size();
   }
   return text.size();
 }

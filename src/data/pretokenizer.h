@@ -36,8 +36,8 @@ class Pretokenizer {
 
   // The first place at or after `from` where valid UTF-8 `text` may be cut so that the halves
   // give the pieces the whole does; text.size() when there is none (a regex's pieces are
-  // taken whole: nothing is known about where they may end; so is normalized text, as a cut
-  // may fall inside what normalization joins).
+  // taken whole, o200k_base's apart: nothing is known about where they may end; so is
+  // normalized text, as a cut may fall inside what normalization joins).
   size_t safe_cut(std::string_view text, size_t from) const;
 
  private:

@@ -10,13 +10,28 @@ namespace ptrain {
 namespace {
 
 constexpr int32_t kStackBytes = 256 << 20;
-constexpr int32_t kTimeSteps = 2000;  // ICU's steps are about a millisecond each
 
-// \s -> \p{White_Space}, \S -> \P{White_Space}, inside classes too; other escapes unchanged.
-std::string with_unicode_white_space(const std::string& pattern) {
+// The pattern in ICU's dialect: \s -> \p{White_Space}, \S -> \P{White_Space}, inside classes
+// too; other escapes unchanged. ^ and $ outside a class are refused: Oniguruma (Hugging Face's
+// engine) takes them at every line, ICU at the text's ends only.
+std::string icu_pattern(const std::string& pattern, const std::string& what) {
   std::string out;
+  int class_depth = 0;
   for (size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+    const char c = pattern[i];
+    if (c == '[') {
+      ++class_depth;
+      out += c;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];  // negation, not an anchor
+      continue;
+    } else if (c == ']' && class_depth > 0) {
+      --class_depth;
+    } else if ((c == '^' || c == '$') && class_depth == 0) {
+      throw UserError(what + ": the pattern \"" + pattern + "\" has the anchor " + std::string(1, c) +
+                      ", which Hugging Face's regex engine and ICU's read differently; expected a pattern "
+                      "without ^ and $");
+    }
+    if (c == '\\' && i + 1 < pattern.size()) {
       const char next = pattern[++i];
       if (next == 's')
         out += "\\p{White_Space}";
@@ -25,7 +40,7 @@ std::string with_unicode_white_space(const std::string& pattern) {
       else
         out += {'\\', next};
     } else {
-      out += pattern[i];
+      out += c;
     }
   }
   return out;
@@ -36,8 +51,8 @@ std::string with_unicode_white_space(const std::string& pattern) {
 PiecePattern::PiecePattern(const std::string& pattern, const std::string& what) : text_(pattern) {
   UErrorCode status = U_ZERO_ERROR;
   UParseError where{};
-  compiled_.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(with_unicode_white_space(pattern)), 0,
-                                             where, status));
+  compiled_.reset(
+      icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu_pattern(pattern, what)), 0, where, status));
   if (U_FAILURE(status))
     throw UserError(what + ": the pattern \"" + pattern + "\" does not compile (" + u_errorName(status) +
                     " near offset " + std::to_string(where.offset) + ")");
@@ -54,9 +69,9 @@ RegexPieces::RegexPieces(const PiecePattern& pattern) : text_(std::make_unique<U
   UErrorCode status = U_ZERO_ERROR;
   matcher_.reset(pattern.compiled().matcher(status));
   // Backtracking over a long run (of white space, say) may need more than ICU's default 8 MB;
-  // a pattern that backtracks without end is stopped (about 2 s per match) and refused.
+  // a pattern that needs more than kStackBytes is refused. (ICU's time limit would count over
+  // the whole text, not per match, so none is set.)
   if (U_SUCCESS(status)) matcher_->setStackLimit(kStackBytes, status);
-  if (U_SUCCESS(status)) matcher_->setTimeLimit(kTimeSteps, status);
   PTRAIN_CHECK(U_SUCCESS(status), "ICU could not make a matcher of a compiled pattern");
 }
 
@@ -75,7 +90,7 @@ bool RegexPieces::next_match(size_t& begin, size_t& end) {
   if (!matcher_->find(status)) {
     if (U_FAILURE(status))
       throw UserError(std::string("the pre-tokenizer's pattern failed on the text (ICU: ") + u_errorName(status) +
-                      "): it backtracks too far; expected a pattern such as tokenizers' own");
+                      "): it backtracks too deep; expected a pattern such as tiktoken's and Llama 3's");
     return false;
   }
   // Indexes into UTF-8 UText are byte offsets.

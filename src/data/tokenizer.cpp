@@ -84,10 +84,15 @@ std::string fetch_hint(const TiktokenEncoding& e) {
 
 }  // namespace
 
-std::string tokenizer_names() {
+std::vector<std::string> tokenizer_name_list() {
   std::vector<std::string> names = {"bytes"};
   for (const TiktokenEncoding& e : encodings()) names.push_back(e.name);
   for (const JsonTokenizer& t : json_tokenizers()) names.push_back(t.name);
+  return names;
+}
+
+std::string tokenizer_names() {
+  const std::vector<std::string> names = tokenizer_name_list();
   std::string text;
   for (size_t i = 0; i < names.size(); ++i) text += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
   return text;
@@ -145,8 +150,8 @@ Tokenizer Tokenizer::load(const std::string& name, const std::string& vocabulary
 Tokenizer Tokenizer::load_json(const JsonTokenizer& spec, const std::string& vocabulary) {
   const std::string name = spec.name;
   if (vocabulary.empty() && !*spec.file)
-    throw UserError("the " + name + " tokenizer reads a Hugging Face tokenizer.json: expected its path (data prepare "
-                    "--vocab, or data.vocab)");
+    throw UserError("the " + name + " tokenizer reads a Hugging Face tokenizer.json: expected its path (--vocab, "
+                    "or data.vocab in a config)");
   std::string path = vocabulary.empty() ? default_vocabulary(name) : vocabulary;
   const std::string what = name + " tokenizer";
   PathKind kind = path_kind(path, what);

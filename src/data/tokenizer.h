@@ -30,6 +30,7 @@ std::string tokenizer_names();
 // Whether `name` is one of them, and whether it is read from a tokenizer.json (llama3, hf).
 bool is_tokenizer_name(const std::string& name);
 bool is_tokenizer_json_name(const std::string& name);
+std::vector<std::string> tokenizer_name_list();
 
 // The ids tokenizer `name` may give (one past the largest), known without loading it; 0 for hf
 // (its file tells).

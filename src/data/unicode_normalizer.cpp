@@ -21,16 +21,6 @@ const icu::Normalizer2* instance(UnicodeForm form, UErrorCode& status) {
 
 }  // namespace
 
-const char* form_name(UnicodeForm form) {
-  switch (form) {
-    case UnicodeForm::nfc: return "NFC";
-    case UnicodeForm::nfd: return "NFD";
-    case UnicodeForm::nfkc: return "NFKC";
-    case UnicodeForm::nfkd: return "NFKD";
-  }
-  return "?";
-}
-
 std::string normalize_unicode(std::string_view text, const std::vector<UnicodeForm>& forms) {
   std::string current(text);
   for (const UnicodeForm form : forms) {

@@ -13,6 +13,4 @@ enum class UnicodeForm { nfc, nfd, nfkc, nfkd };
 // `text` in each form of `forms`, in order.
 std::string normalize_unicode(std::string_view text, const std::vector<UnicodeForm>& forms);
 
-const char* form_name(UnicodeForm form);
-
 }  // namespace ptrain

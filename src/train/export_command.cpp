@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/paths.h"
+#include "core/sha256.h"
 #include "data/hf_tokenizer_files.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint_model.h"
@@ -67,8 +68,8 @@ void export_hf(const HfExportOptions& o) {
   if (name == "gpt2") {
     const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, "gpt2", o.vocabulary);
     end_of_text = static_cast<int>(tokenizer.end_of_text());
-    const std::string& vocab = contents.text_files["vocab.json"] = gpt2_vocab_json(*tokenizer.bpe());
-    const std::string& merges = contents.text_files["merges.txt"] = gpt2_merges_txt(*tokenizer.bpe());
+    const std::string& vocab = contents.text_files["vocab.json"] = bpe_vocab_json(*tokenizer.bpe());
+    const std::string& merges = contents.text_files["merges.txt"] = bpe_merges_txt(*tokenizer.bpe());
     contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
     contents.text_files["tokenizer.json"] = gpt2_tokenizer_json(vocab, merges, tokenizer.end_of_text());
     contents.text_files["special_tokens_map.json"] = gpt2_special_tokens_map();
@@ -86,10 +87,15 @@ void export_hf(const HfExportOptions& o) {
     }
     // A tokenizer read from a tokenizer.json is exported as that file; a tiktoken encoding's is
     // written from its ranks.
-    contents.text_files["tokenizer.json"] =
-        is_tokenizer_json_name(name)
-            ? InputFile(v.source(), "tokenizer.json \"" + v.source() + "\"").read_all(int64_t{256} << 20)
-            : tiktoken_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), v, tokenizer.pretokenizer()->pattern());
+    if (is_tokenizer_json_name(name)) {
+      std::string& file = contents.text_files["tokenizer.json"] =
+          InputFile(v.source(), "tokenizer.json \"" + v.source() + "\"").read_all(int64_t{256} << 20);
+      if (sha256_hex(file.data(), file.size()) != v.sha256())
+        throw UserError("tokenizer.json \"" + v.source() + "\" changed while the export read it; expected it unchanged");
+    } else {
+      contents.text_files["tokenizer.json"] =
+          tiktoken_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), v, tokenizer.pretokenizer()->pattern());
+    }
     contents.text_files["tokenizer_config.json"] = fast_tokenizer_config(m.seq_len, document_token);
     contents.text_files["special_tokens_map.json"] = special_tokens_map(document_token);
   }

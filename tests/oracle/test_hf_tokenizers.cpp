@@ -107,7 +107,7 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json encodes as ptrain does, on 
   TempDir dir("hf-oracle");
   const BpeVocabulary& v = *gpt2().bpe();
   write_file(dir.dir / "tokenizer.json",
-             gpt2_tokenizer_json(gpt2_vocab_json(v), gpt2_merges_txt(v), gpt2().end_of_text()));
+             gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), gpt2().end_of_text()));
   std::vector<std::string> strings = random_text(4242, 3000);
   for (const std::string& speech : speeches(10)) strings.push_back(speech);
   expect_same(strings, hf_ids(dir.dir / "tokenizer.json", strings, dir.dir), gpt2_ids);
