@@ -43,25 +43,6 @@ const Tokenizer& loaded(const std::string& name) {
   return found->second;
 }
 
-std::string utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
-}
 
 // Random valid UTF-8 from characters of every class the patterns tell apart.
 std::string random_text(std::mt19937& rng, size_t chars) {
@@ -93,7 +74,7 @@ std::vector<std::string> contexts() {
   std::vector<std::string> texts;
   for (const auto& [before, after] : around) {
     std::string text;
-    for (const char32_t c : code_points()) text += before + utf8(c) + after + "|";
+    for (const char32_t c : code_points()) text += before + encode_utf8(c) + after + "|";
     texts.push_back(std::move(text));
   }
   return texts;

@@ -26,6 +26,9 @@ size_t complete_utf8_prefix(std::string_view text);
 std::string replace_invalid_utf8(std::string_view text);
 
 // The code point starting at text[i] of valid UTF-8, and its length in bytes.
+// The UTF-8 bytes of code point `c` (below U+110000, not a surrogate).
+std::string encode_utf8(char32_t c);
+
 inline char32_t decode_utf8(std::string_view text, size_t i, int& length) {
   const auto b0 = static_cast<uint8_t>(text[i]);
   if (b0 < 0x80) {

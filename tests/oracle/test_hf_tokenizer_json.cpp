@@ -12,7 +12,6 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <unicode/uchar.h>
 
 #include "core/paths.h"
 #include "data/hf_tokenizer_files.h"
@@ -20,6 +19,8 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "gpt2_ids.h"
+#include "core/utf8.h"
+#include "oracle_texts.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -51,99 +52,30 @@ std::vector<size_t> differences(const Tokenizer& tokenizer, const fs::path& file
   return differ;
 }
 
-std::string utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
-}
-
-std::vector<std::string> random_strings(uint32_t seed, int count) {
-  std::mt19937 rng(seed);
-  const std::vector<std::string> alphabet = {
-      "a", "Z", "s", "S", "t", "l", "L", "e", "D", "'", "\xE2\x80\x99", " ", " ", "  ", "\n", "\r\n", "\r", "\t",
-      "\xC2\xA0", "\xE3\x80\x80", "\xC2\x85", "\x0B", "9", "0", "123", "\xD9\xA3", "\xC2\xBD", ".", "!", "?", "/",
-      "-", "_", "\xC3\xA9", "e\xCC\x81", "\xEF\xAC\x81", "\xEF\xBC\x91", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
-      "\xE2\x80\x8D", "\xEF\xBB\xBF", "\xC5\xBF", "\xCA\xB0", "\xC7\x85", "\xE0\xA4\x95\xE0\xA5\x8D"};
-  std::vector<std::string> strings;
-  for (int i = 0; i < count; ++i) {
-    std::string s;
-    for (int n = 1 + static_cast<int>(rng() % 60); n > 0; --n) s += alphabet[rng() % alphabet.size()];
-    strings.push_back(s);
-  }
-  return strings;
-}
 
 }  // namespace
 
-// As with tiktoken (test_tiktoken_encodings.cpp): a difference may only be at a code point
-// Unicode 15.0 (ptrain's ICU 72) leaves unassigned.
+// As with tiktoken (oracle_texts.h): a difference may only be at a code point Unicode 15.0
+// (ptrain's ICU 72) leaves unassigned.
 TEST_CASE("tokenizers oracle: Llama 3's tokenizer.json on every code point in context", "[oracle]") {
   TempDir dir("oracle");
-  const Tokenizer& llama3 = Tokenizer::load("llama3");
+  const Tokenizer llama3 = Tokenizer::load("llama3");
   const fs::path file = default_vocabulary("llama3");
-  std::vector<std::string> strings;
-  std::vector<char32_t> points;
-  for (char32_t c = 0; c <= 0x10FFFF; ++c) {
-    if (c >= 0xD800 && c <= 0xDFFF) continue;
-    points.push_back(c);
-    const std::string s = utf8(c);
-    strings.push_back("a" + s + "1 " + s + "x" + s + s + "!" + s + "\n" + s + " '" + s + "  " + s + "A" + s +
-                      "b's" + s + "\r\n" + s);
-  }
-  int newer = 0, assigned = 0;
-  for (size_t begin = 0; begin < strings.size(); begin += 200000) {
-    const std::vector<std::string> part(strings.begin() + begin,
-                                        strings.begin() + std::min(strings.size(), begin + 200000));
-    for (const size_t i : differences(llama3, file, part, dir.dir)) {
-      if (u_charType(static_cast<UChar32>(points[begin + i])) == U_UNASSIGNED) {
-        ++newer;
-      } else if (++assigned <= 5) {
-        UNSCOPED_INFO("differs at U+" << std::hex << static_cast<uint32_t>(points[begin + i]) << std::dec << ": "
-                                      << nlohmann::json(part[i]).dump());
-      }
-    }
-  }
-  INFO(newer << " differences at code points Unicode 15.0 leaves unassigned");
-  CHECK(assigned == 0);
-  CHECK(newer < 6000);
+  ptrain::test::expect_differences_only_past_unicode_15(
+      "llama3", ptrain::test::code_point_texts(),
+      [&](const std::vector<std::string>& part) { return differences(llama3, file, part, dir.dir); });
 }
 
 TEST_CASE("tokenizers oracle: Llama 3's tokenizer.json on random text and through data prepare", "[oracle]") {
   TempDir dir("oracle");
-  const Tokenizer& llama3 = Tokenizer::load("llama3");
+  const Tokenizer llama3 = Tokenizer::load("llama3");
   const fs::path file = default_vocabulary("llama3");
-  CHECK(differences(llama3, file, random_strings(2028, 5000), dir.dir).empty());
+  CHECK(differences(llama3, file, ptrain::test::random_strings(2028, 5000, false), dir.dir).empty());
 
-  const fs::path text = fs::path(data_cache_dir()) / "text";
-  std::vector<std::string> files = {(text / "moby-dick.txt").string()};
-  for (const auto& e : fs::directory_iterator(text / "sotu")) files.push_back(e.path().string());
-  std::sort(files.begin() + 1, files.end());
-  PrepareOptions o;
-  o.tokenizer = "llama3";
-  o.inputs = {(text / "moby-dick.txt").string(), (text / "sotu").string()};
-  o.out_dir = (dir.dir / "real").string();
-  const PrepareResult r = prepare_text(o);
-  std::string ours;
-  for (const char* split : {"train", "val"})
-    for (const std::string& f : r.files)
-      if (f.find(std::string("_") + split + "_") != std::string::npos) {
-        CHECK(&TokenShard(f).format() == &kUint32Shards);
-        ours += read_file(f).substr(1024);
-      }
+  const std::vector<std::string> files = ptrain::test::corpus_files();
+  const ptrain::test::PreparedCorpus prepared = ptrain::test::prepared_corpus("llama3", dir.dir, kUint32Shards);
+  const PrepareResult& r = prepared.result;
+  const std::string& ours = prepared.ids;
   std::string args = "documents '" + file.string() + "' 128000 '" + (dir.dir / "hf.bin").string() + "'";
   for (const std::string& f : files) args += " '" + f + "'";
   oracle(args);
@@ -157,7 +89,7 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json, as exported and with norma
   TempDir dir("oracle");
   const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
   nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
-  const std::vector<std::string> strings = random_strings(2029, 3000);
+  const std::vector<std::string> strings = ptrain::test::random_strings(2029, 3000, false);
   for (const char* normalizer : {"null", R"({"type": "NFC"})", R"({"type": "NFKC"})",
                                  R"({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]})",
                                  "repeated merge"}) {

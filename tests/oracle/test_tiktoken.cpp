@@ -18,6 +18,7 @@
 #include "data/tokenizer.h"
 #include "core/utf8.h"
 #include "gpt2_ids.h"
+#include "oracle_texts.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -45,25 +46,6 @@ std::vector<std::vector<int32_t>> tiktoken_ids(const std::vector<std::string>& s
   return nlohmann::json::parse(read_file(dir / "out.json")).get<std::vector<std::vector<int32_t>>>();
 }
 
-std::string utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else if (c < 0x800) {
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    s += static_cast<char>(0xE0 | (c >> 12));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (c >> 18));
-    s += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
-}
 
 // Compares ptrain with tiktoken on each string; reports the first few that differ.
 void expect_same(const std::vector<std::string>& strings, const fs::path& dir) {
@@ -86,7 +68,7 @@ TEST_CASE("tiktoken oracle: every code point in the contexts the pattern tells a
   std::vector<std::string> strings;
   for (char32_t c = 0; c <= 0x10FFFF; ++c) {
     if (c >= 0xD800 && c <= 0xDFFF) continue;  // surrogates are not characters
-    const std::string s = utf8(c);
+    const std::string s = encode_utf8(c);
     // Before and after a letter, a digit, punctuation, a space, a line feed; doubled; after an
     // apostrophe.
     strings.push_back("a" + s + "1 " + s + "x" + s + s + "!" + s + "\n" + s + " '" + s + "  " + s);
@@ -127,24 +109,10 @@ TEST_CASE("tiktoken oracle: random text and the golden file's edge cases", "[ora
 
 TEST_CASE("tiktoken oracle: data prepare on Moby-Dick and 233 State of the Union addresses", "[oracle]") {
   TempDir dir("oracle");
-  const fs::path text = fs::path(data_cache_dir()) / "text";
-  std::vector<std::string> files = {(text / "moby-dick.txt").string()};
-  for (const auto& e : fs::directory_iterator(text / "sotu")) files.push_back(e.path().string());
-  std::sort(files.begin() + 1, files.end());
-  REQUIRE(files.size() == 234);
-
-  PrepareOptions o;
-  o.inputs = {(text / "moby-dick.txt").string(), (text / "sotu").string()};
-  o.out_dir = (dir.dir / "real").string();
-  o.val_fraction = 0.1;
-  const PrepareResult r = prepare_text(o);
-  std::string ours;
-  for (const char* split : {"train", "val"})
-    for (const std::string& f : r.files) {
-      if (f.find(std::string("_") + split + "_") == std::string::npos) continue;
-      const std::string shard = read_file(f);
-      ours += shard.substr(1024);  // the tokens after llm.c's header
-    }
+  const std::vector<std::string> files = ptrain::test::corpus_files();
+  const ptrain::test::PreparedCorpus prepared = ptrain::test::prepared_corpus("gpt2", dir.dir, kUint16Shards);
+  const PrepareResult& r = prepared.result;
+  const std::string& ours = prepared.ids;
 
   std::string args = "documents '" + (dir.dir / "tiktoken.bin").string() + "'";
   for (const std::string& f : files) args += " '" + f + "'";
