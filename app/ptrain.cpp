@@ -278,7 +278,8 @@ struct SynthArgs {
   bool force = false;
 };
 
-void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& prepare, std::string& invalid_utf8) {
+void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& prepare, std::string& invalid_utf8,
+                       ptrain::HfTokenizerExportOptions& hf_tokenizer) {
   CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, tokenized text");
   data->require_subcommand(1);
 
@@ -348,6 +349,22 @@ void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& 
                 "gpt2: error (name the file and byte offset) or replace (U+FFFD, as Python's errors=\"replace\")")
       ->check(CLI::IsMember({"error", "replace"}))
       ->capture_default_str();
+
+  CLI::App* h = data->add_subcommand("hf-tokenizer", "Write a tokenizer's Hugging Face files (tokenizer.json and its configs)");
+  h->footer(
+      "Writes DIR/tokenizer.json, tokenizer_config.json and special_tokens_map.json (gpt2: also vocab.json and\n"
+      "merges.txt), as export --format hf does for a model: Hugging Face's tokenizers loads them and encodes\n"
+      "as ptrain does (a tiktoken encoding becomes byte-level BPE with its pattern and merges).\n"
+      "Example:\n"
+      "  ptrain data hf-tokenizer --tokenizer o200k_base --out o200k-hf");
+  h->add_option("--tokenizer", hf_tokenizer.tokenizer, "One of " + ptrain::tokenizer_names())
+      ->check(CLI::IsMember(ptrain::tokenizer_name_list()))
+      ->required();
+  h->add_option("--vocab", hf_tokenizer.vocabulary, "The tokenizer's file, as data prepare --vocab takes it");
+  h->add_option("--out", hf_tokenizer.out, "Output directory: new or empty")->required();
+  h->add_option("--max-length", hf_tokenizer.model_max_length, "model_max_length in tokenizer_config.json")
+      ->check(whole_number(1, INT32_MAX));
+  h->add_flag("--force", hf_tokenizer.force, "Replace what data hf-tokenizer wrote at --out earlier");
 }
 
 std::vector<std::string> split_commas(const std::string& text) {
@@ -391,7 +408,8 @@ int run(int argc, char** argv) {
   SynthArgs synth;
   ptrain::PrepareOptions prepare;
   std::string invalid_utf8 = "error";
-  add_data_commands(app, synth, prepare, invalid_utf8);
+  ptrain::HfTokenizerExportOptions hf_tokenizer;
+  add_data_commands(app, synth, prepare, invalid_utf8, hf_tokenizer);
   CompareArgs compare;
   add_compare_command(app, overrides, compare);
 
@@ -479,6 +497,10 @@ int run(int argc, char** argv) {
     std::printf("wrote %lld train + %lld val tokens to %s\noracle loss: train %.6f, val %.6f (ln V = %.6f)\n",
                 static_cast<long long>(info.train_tokens), static_cast<long long>(info.val_tokens), synth.out.c_str(),
                 info.oracle_loss_train, info.oracle_loss_val, std::log(static_cast<double>(synth.vocab)));
+    return 0;
+  }
+  if (data->got_subcommand("hf-tokenizer")) {
+    ptrain::export_hf_tokenizer(hf_tokenizer);
     return 0;
   }
   prepare.out_dir = ptrain::output_landing(prepare.out_dir);  // where the checks look is where it writes

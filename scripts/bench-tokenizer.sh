@@ -6,9 +6,10 @@
 # writing the shards, not loading the vocabulary) of the addresses concatenated, tiktoken's
 # encode_ordinary of that text in memory (its encodings: gpt2, cl100k_base, o200k_base), and
 # tokenizers' encodeBatch of the 233 addresses in memory, one sequence each, on 1 thread and on
-# all cores (RAYON_NUM_THREADS), for GPT-2 (built from OpenAI's files) and Llama 3 (its
-# tokenizer.json). Each figure is the median of 5 runs; "-" where the peer has no such
-# tokenizer. Results go to build/bench-tokenizer/.
+# all cores (RAYON_NUM_THREADS), for GPT-2 (built from OpenAI's files), cl100k_base and
+# o200k_base (the tokenizer.json `ptrain data hf-tokenizer` writes, which the oracle tests show
+# encodes as tiktoken does) and Llama 3 (its tokenizer.json). Each figure is the median of 5
+# runs; "-" where the peer has no such tokenizer. Results go to build/bench-tokenizer/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh
@@ -35,12 +36,18 @@ printf '%-12s %12s %12s %12s %12s %12s\n' "MB/s" "ptrain 1t" "ptrain ${n}t" "tik
 for tokenizer in gpt2 cl100k_base o200k_base llama3; do
   one=$(prepare_rate "$tokenizer" 1)
   all=$(prepare_rate "$tokenizer" "$n")
-  peer=- hf_one=- hf_all=-
+  peer=-
   [ "$tokenizer" = llama3 ] || peer=$(TIKTOKEN_ENCODING=$tokenizer node tests/oracle/tiktoken.js bench "$out/sotu.txt")
   case $tokenizer in
-    gpt2) hf_one=$(hf_rate "" 1) hf_all=$(hf_rate "" "$n") ;;
-    llama3) hf_one=$(hf_rate "$cache/llama3/tokenizer.json" 1) hf_all=$(hf_rate "$cache/llama3/tokenizer.json" "$n") ;;
+    gpt2) file="" ;;
+    llama3) file="$cache/llama3/tokenizer.json" ;;
+    *)
+      ./build/ptrain data hf-tokenizer --tokenizer "$tokenizer" --out "$out/hf-$tokenizer" >/dev/null
+      file="$out/hf-$tokenizer/tokenizer.json"
+      ;;
   esac
+  hf_one=$(hf_rate "$file" 1)
+  hf_all=$(hf_rate "$file" "$n")
   printf '%-12s %12s %12s %12s %12s %12s\n' "$tokenizer" "$one" "$all" "$peer" "$hf_one" "$hf_all"
 done
 echo "(tiktoken 1.0.22, WebAssembly under node; HF tokenizers 0.23.2, Rust through its node binding)"

@@ -111,8 +111,21 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
                         {"pretokenizers",
                          {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}, {"invert", false}},
                           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
-  CHECK_THAT(refused(j), Catch::Contains("behavior is \"Removed\""));
-  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Isolated";
+  CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));  // any behavior runs
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Splits";
+  CHECK_THAT(refused(j), Catch::Contains("behavior is \"Splits\"") && Catch::Contains("MergedWithNext"));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", ""}};
+  CHECK_THAT(refused(j), Catch::Contains("pattern is {\"String\":\"\"}") && Catch::Contains("non-empty String"));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", "-"}};
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Contiguous";
+  std::swap(j["pre_tokenizer"]["pretokenizers"][0], j["pre_tokenizer"]["pretokenizers"][1]);
+  CHECK_THAT(refused(j), Catch::Contains("ByteLevel before its end"));
+  j["pre_tokenizer"]["pretokenizers"].erase(0);
+  CHECK_THAT(refused(j), Catch::Contains("without ByteLevel at its end"));
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers",
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   CHECK_THAT(refused(j), Catch::Contains("(unclosed") && Catch::Contains("does not compile"));
   j = gpt2_json();

@@ -56,6 +56,8 @@ TEST_CASE("commands that write a path they are given never overwrite what they d
       expect_refused(ws, before, ws.ptrain("data synth --out " + target + " --vocab 64 --tokens 4000" + force), 2,
                      {"--out"});
       expect_refused(ws, before, ws.ptrain("compare " + run + " " + run + " --out " + target + force), 2, {"--out"});
+      expect_refused(ws, before, ws.ptrain("data hf-tokenizer --tokenizer bytes --out " + target + force), 2,
+                     {"--out"});
     }
   }
   expect_refused(ws, before, ws.ptrain("data prepare --input text.txt --out " + ws.ck + "/prepared"), 2,
@@ -72,7 +74,12 @@ TEST_CASE("a command's --force replaces its own earlier output and nothing else"
   OutputWorkspace ws;
   REQUIRE(ws.ptrain("export --checkpoint " + ws.ck + " --out model.bin").exit_code == 0);
   REQUIRE(ws.ptrain("eval run.yaml --checkpoint " + ws.ck + " --dump-logits logits.json").exit_code == 0);
+  REQUIRE(ws.ptrain("data hf-tokenizer --tokenizer bytes --out tok").exit_code == 0);
   const auto before = ws.snapshot();
+  expect_refused(ws, before, ws.ptrain("data hf-tokenizer --tokenizer bytes --out tok"), 2, {"not empty", "--force"});
+  expect_refused(ws, before, ws.ptrain("data hf-tokenizer --tokenizer bytes --out synth --force"), 2,
+                 {"not an earlier output of ptrain data hf-tokenizer"});
+  expect_refused(ws, before, ws.ptrain("data hf-tokenizer --tokenizer p50k_base --out fresh"), 2, {"--tokenizer"});
   expect_refused(ws, before, ws.ptrain("export --checkpoint " + ws.ck + " --out model.bin"), 2,
                  {"--out \"model.bin\" exists", "--force"});
   expect_refused(ws, before, ws.ptrain("eval run.yaml --checkpoint " + ws.ck + " --dump-logits logits.json"), 2,
@@ -93,6 +100,9 @@ TEST_CASE("a command's --force replaces its own earlier output and nothing else"
   CHECK(read_file(ws.dir / "logits.json") == before.at("logits.json"));  // the same logits again
   CHECK(ws.ptrain("data synth --out synth --vocab 64 --tokens 5000 --force").exit_code == 0);
   CHECK(read_file(ws.dir / "synth/train_000000.bin") != before.at("synth/train_000000.bin"));
+  CHECK(ws.ptrain("data hf-tokenizer --tokenizer bytes --out tok --max-length 64 --force").exit_code == 0);
+  CHECK_THAT(read_file(ws.dir / "tok/tokenizer_config.json"), Catch::Contains("\"model_max_length\": 64"));
+  CHECK_FALSE(before.at("tok/tokenizer_config.json").find("model_max_length") != std::string::npos);
 }
 
 TEST_CASE("outputs are planned whole: a missing directory or a link is refused before any work", "[hardening]") {

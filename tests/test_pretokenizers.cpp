@@ -1,6 +1,7 @@
-// The pre-tokenisers of cl100k_base (also Llama 3's) and GPT-2, each a scanner written for its
-// pattern, against ICU's regex engine running the same pattern: every code point of the Basic
-// Multilingual Plane and some beyond, in the contexts the patterns tell apart, and random text.
+// The pre-tokenisers of GPT-2, cl100k_base (also Llama 3's) and o200k_base, each a scanner
+// written for its pattern, against ICU's regex engine running the same pattern: every code
+// point of the Basic Multilingual Plane and some beyond, in the contexts the patterns tell
+// apart, and random text; both with Unicode 16.0's character classes.
 // Then the cl100k_base and o200k_base tokenizers: safe cuts, both merge procedures, round
 // trips, and their vocabularies' errors. (tests/oracle compares the ids with tiktoken's.)
 #include <catch2/catch.hpp>
@@ -17,7 +18,9 @@
 #include "core/utf8.h"
 #include "data/bpe_encoder.h"
 #include "data/cl100k_pieces.h"
+#include "data/char_class.h"
 #include "data/gpt2_pieces.h"
+#include "data/o200k_pieces.h"
 #include "data/regex_pieces.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
@@ -50,7 +53,8 @@ std::string random_text(std::mt19937& rng, size_t chars) {
       "a", "B", "e", "s", "S", "t", "l", "L", "d", "m", "r", "R", "v", "E", "0", "7", "'", "'", "!", ".", "/",
       " ", " ", " ", "  ", "\n", "\n", "\n/", "\r", "\t", "\xC2\xA0", "\xE3\x80\x80", "\xC3\xA9", "\xC3\x89",
       "\xE4\xB8\xAD", "\xCC\x81", "\xF0\x9F\x98\x80", "\xE2\x80\x8B", "\xC2\x85", "\x0B", "\xD9\xA3",
-      "\xE2\x85\xAB", "\xC5\xBF", "\xCA\xB0", "\xC7\x85"};
+      "\xE2\x85\xAB", "\xC5\xBF", "\xCA\xB0", "\xC7\x85", "\xE1\xB2\x89", "\xE1\xB2\x8A", "\xE0\xA2\x97",
+      "\xF0\xAE\xAF\xB0"};  // the last four: Unicode 16.0's Lu, Ll, Mn and CJK extension I's Lo
   std::string text;
   for (size_t i = 0; i < chars; ++i) text += alphabet[rng() % alphabet.size()];
   return text;
@@ -62,6 +66,8 @@ std::vector<char32_t> code_points() {
   for (char32_t c = 1; c < 0x10000; ++c)
     if (c < 0xD800 || c > 0xDFFF) all.push_back(c);
   for (char32_t c = 0x10000; c < 0x110000; c += 97) all.push_back(c);
+  for (const char32_t c : {0x10D40, 0x113B8, 0x1612A, 0x2EBF0, 0x2EE5D})  // Unicode 16.0's Nd, Mc, Lo
+    all.push_back(c);
   return all;
 }
 
@@ -127,11 +133,72 @@ TEST_CASE("pretokenizers: the GPT-2 scanner cuts the pieces ICU's regex cuts", "
   check_scanner("gpt2", gpt2_piece_end, kGpt2Pattern);
 }
 
+TEST_CASE("pretokenizers: the o200k_base scanner cuts the pieces ICU's regex cuts", "[tokenizer]") {
+  check_scanner("o200k_base", o200k_piece_end, kO200kPattern);
+}
+
+TEST_CASE("pretokenizers: the characters Unicode 15.1 and 16.0 added are letters, marks and numbers", "[tokenizer]") {
+  auto kind = [](char32_t c) {
+    int length;
+    return char_kind_at(encode_utf8(c), 0, length);
+  };
+  CHECK(kind(0x1C89) == CharKind::upper);   // CYRILLIC CAPITAL LETTER TJE
+  CHECK(kind(0x1C8A) == CharKind::lower);   // CYRILLIC SMALL LETTER TJE
+  CHECK(kind(0x0897) == CharKind::mark);    // ARABIC PEPET
+  CHECK(kind(0x2EBF0) == CharKind::caseless);  // CJK extension I
+  CHECK(kind(0x11BF0) == CharKind::number);    // SUNUWAR DIGIT ZERO
+  CHECK(kind(0x2EE5E) == CharKind::other);     // still unassigned
+  CHECK(kind(0x0041) == CharKind::upper);
+  // The regex engine's \p{..}, \P{..} and \d know them too, named in any of the usual ways.
+  const std::string tje = encode_utf8(0x1C89), ext_i = encode_utf8(0x2EBF0), digit = encode_utf8(0x11BF0);
+  CHECK(matched("x" + ext_i + "y!", PiecePattern(R"(\p{L}+)", "t")) == Pieces{{0, 6}, {6, 7}});
+  CHECK(matched("!" + ext_i, PiecePattern(R"(\P{Letter}+)", "t")) == Pieces{{0, 1}, {1, 5}});
+  CHECK(matched("!" + ext_i, PiecePattern(R"([^\p{L}]+)", "t")) == Pieces{{0, 1}, {1, 5}});
+  CHECK(matched(tje + "a", PiecePattern(R"(\p{gc=Uppercase_Letter})", "t")) == Pieces{{0, 3}, {3, 4}});
+  CHECK(matched(digit + "1x", PiecePattern(R"(\d+)", "t")) == Pieces{{0, 5}, {5, 6}});
+  CHECK(matched(digit + "x", PiecePattern(R"(\D+)", "t")) == Pieces{{0, 4}, {4, 5}});
+}
+
+// Hugging Face's documentation of SplitDelimiterBehavior (tokenizers/src/tokenizer/normalizer.rs)
+// splits "the-final--countdown" on '-' so.
+TEST_CASE("pretokenizers: a Split keeps, drops or joins its matches as Hugging Face's behaviors say", "[tokenizer]") {
+  const std::string text = "the-final--countdown";
+  const PiecePattern dash("-", "t");
+  RegexPieces matcher(dash);
+  auto pieces = [&](SplitBehavior behavior, bool invert) {
+    std::vector<Span> spans;
+    matcher.split(text, SplitRule{"-", behavior, invert}, 0, spans);
+    std::vector<std::string> out;
+    for (const auto& [b, e] : spans) out.push_back(text.substr(b, e - b));
+    return out;
+  };
+  using V = std::vector<std::string>;
+  CHECK(pieces(SplitBehavior::removed, false) == V{"the", "final", "countdown"});
+  CHECK(pieces(SplitBehavior::isolated, false) == V{"the", "-", "final", "-", "-", "countdown"});
+  CHECK(pieces(SplitBehavior::merged_with_previous, false) == V{"the-", "final-", "-", "countdown"});
+  CHECK(pieces(SplitBehavior::merged_with_next, false) == V{"the", "-final", "-", "-countdown"});
+  CHECK(pieces(SplitBehavior::contiguous, false) == V{"the", "-", "final", "--", "countdown"});
+  CHECK(pieces(SplitBehavior::removed, true) == V{"-", "-", "-"});  // inverted: the words go
+  // Splits in turn, each on the pieces of the one before; none: the text whole.
+  const Pretokenizer two = Pretokenizer::from_splits(
+      {{"[0-9]+", SplitBehavior::isolated, false}, {"\\s+", SplitBehavior::removed, false}}, "t");
+  CHECK(two.kind() == Pretokenizer::Kind::regex);
+  RegexSplitter splitter(two.splits(), two.regexes());
+  Pieces got;
+  splitter.for_each("ab12 cd  3e", [&](size_t b, size_t e) { got.emplace_back(b, e); });
+  CHECK(got == Pieces{{0, 2}, {2, 4}, {5, 7}, {9, 10}, {10, 11}});
+  const Pretokenizer none = Pretokenizer::from_splits({}, "t");
+  RegexSplitter whole(none.splits(), none.regexes());
+  got.clear();
+  whole.for_each("a b", [&](size_t b, size_t e) { got.emplace_back(b, e); });
+  CHECK(got == Pieces{{0, 3}});
+}
+
 TEST_CASE("pretokenizers: a known pattern gets its scanner, any other the regex engine", "[tokenizer]") {
   CHECK(Pretokenizer::from_pattern(kGpt2Pattern, "t").kind() == Pretokenizer::Kind::gpt2);
   CHECK(Pretokenizer::from_pattern(kCl100kPattern, "t").kind() == Pretokenizer::Kind::cl100k);
   const Pretokenizer o200k = Pretokenizer::from_pattern(kO200kPattern, "t");
-  CHECK(o200k.kind() == Pretokenizer::Kind::regex);
+  CHECK(o200k.kind() == Pretokenizer::Kind::o200k);
   CHECK(o200k.safe_cut("some text\nmore", 1) == 10);  // o200k_base's: after a line break
   CHECK(o200k.safe_cut("a.\n/b\n c\nd", 1) == 9);    // not before '/' or white space
   const Pretokenizer other = Pretokenizer::from_pattern(R"(\S+|\s+)", "t");

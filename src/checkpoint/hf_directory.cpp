@@ -112,6 +112,8 @@ std::vector<std::string> write_hf_directory(const std::string& out, const HfDire
     names.push_back(shards.size() == 1 ? kSingleFile : buf);
   }
 
+  if (c.specs.empty()) shards.clear(), names.clear();  // text files only
+
   const fs::path target = resolved(out);
   const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".ptrain-export-tmp");
   const fs::path old = target.parent_path() / ("." + target.filename().string() + ".ptrain-export-old");

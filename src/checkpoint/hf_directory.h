@@ -35,7 +35,7 @@ struct HfDirectoryContents {
 };
 
 // Writes the directory (replacing `out` when it exists: train/output_policy.h first) and returns
-// the safetensors file names written. EnvironmentError on I/O failure; `out` is then untouched.
+// the safetensors file names written (none without specs: text files only). EnvironmentError on I/O failure; `out` is then untouched.
 std::vector<std::string> write_hf_directory(const std::string& out, const HfDirectoryContents& contents);
 
 struct HfWeights {

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "data/cl100k_pieces.h"
 #include "data/gpt2_pieces.h"
+#include "data/o200k_pieces.h"
 
 namespace ptrain {
 
@@ -19,7 +20,7 @@ constexpr uint32_t kNone = BpeVocabulary::kNone;
 
 BpeEncoder::BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pretokenizer)
     : vocabulary_(vocabulary), pretokenizer_(pretokenizer) {
-  if (pretokenizer.regex()) regex_.emplace(*pretokenizer.regex());
+  if (pretokenizer.kind() == Pretokenizer::Kind::regex) regex_.emplace(pretokenizer.splits(), pretokenizer.regexes());
 }
 
 void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
@@ -30,6 +31,7 @@ void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
   switch (pretokenizer_.kind()) {
     case Pretokenizer::Kind::gpt2: for_each_piece(text, gpt2_piece_end, piece); break;
     case Pretokenizer::Kind::cl100k: for_each_piece(text, cl100k_piece_end, piece); break;
+    case Pretokenizer::Kind::o200k: for_each_piece(text, o200k_piece_end, piece); break;
     case Pretokenizer::Kind::regex: regex_->for_each(text, piece); break;
   }
 }

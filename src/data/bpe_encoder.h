@@ -35,7 +35,7 @@ class BpeEncoder {
 
   const BpeVocabulary& vocabulary_;
   const Pretokenizer& pretokenizer_;
-  std::optional<RegexPieces> regex_;  // this thread's matcher, for a regex pretokenizer
+  std::optional<RegexSplitter> regex_;  // this thread's matchers, for a regex pretokenizer
   std::unordered_map<std::string, std::vector<uint32_t>> cache_;
 };
 

@@ -10,9 +10,16 @@ namespace {
 
 bool is_line_break(char c) { return c == '\r' || c == '\n'; }
 
-// (?i:'s|'t|'re|'ve|'m|'ll|'d) at i (an apostrophe there): its length, or 0. Case-insensitive
-// as the reference's regex engines fold case: 's' also matches U+017F (long s).
-size_t contraction(std::string_view text, size_t i) {
+size_t run_end(std::string_view text, size_t i, CharClass k) {
+  int length;
+  while (i < text.size() && char_class_at(text, i, length) == k) i += length;
+  return i;
+}
+
+}  // namespace
+
+size_t contraction_length(std::string_view text, size_t i) {
+  if (i >= text.size() || text[i] != '\'') return 0;
   auto letter = [&](size_t at, char lower) {
     if (at >= text.size()) return size_t{0};
     const char c = text[at];
@@ -32,18 +39,8 @@ size_t contraction(std::string_view text, size_t i) {
   return 0;
 }
 
-size_t run_end(std::string_view text, size_t i, CharClass k) {
-  int length;
-  while (i < text.size() && char_class_at(text, i, length) == k) i += length;
-  return i;
-}
-
-}  // namespace
-
 size_t cl100k_piece_end(std::string_view text, size_t begin) {
-  if (text[begin] == '\'') {
-    if (const size_t n = contraction(text, begin)) return begin + n;
-  }
+  if (const size_t n = contraction_length(text, begin)) return begin + n;
   int length;
   const CharClass first = char_class_at(text, begin, length);
   const size_t second = begin + length;
@@ -69,7 +66,12 @@ size_t cl100k_piece_end(std::string_view text, size_t begin) {
     while (end < text.size() && is_line_break(text[end])) ++end;
     return end;
   }
-  // White space from here: the run W.
+  return space_piece_end(text, begin);
+}
+
+size_t space_piece_end(std::string_view text, size_t begin) {
+  // The run W of white space from here.
+  int length;
   size_t end = begin, last = begin, after_break = 0;
   while (end < text.size() && char_class_at(text, end, length) == CharClass::space) {
     if (is_line_break(text[end])) after_break = end + 1;

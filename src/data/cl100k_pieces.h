@@ -12,8 +12,17 @@
 
 namespace ptrain {
 
+// The length of (?i:'s|'t|'re|'ve|'m|'ll|'d) at `i` of `text`, 0 if none is there (also
+// o200k_base's). Case-insensitive as the references' regex engines fold case: 's' also
+// matches U+017F (long s).
+size_t contraction_length(std::string_view text, size_t i);
+
 // The end of the piece that starts at `begin` of valid UTF-8 `text` (begin < text.size()).
 size_t cl100k_piece_end(std::string_view text, size_t begin);
+
+// The end of the piece \s*[\r\n]+|\s+(?!\S)|\s+ that starts at `begin` (white space), the
+// last alternatives of cl100k_base's and o200k_base's patterns.
+size_t space_piece_end(std::string_view text, size_t begin);
 
 // The first place at or after `from` where `text` may be cut with no piece crossing it (and
 // no piece before it reading past it), text.size() if there is none. Before a character h that

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/sha256.h"
 
 namespace ptrain {
 namespace {
@@ -149,7 +151,7 @@ std::string bpe_merges_txt(const BpeVocabulary& v) {
 std::string gpt2_tokenizer_config(int model_max_length) {
   nlohmann::ordered_json j;
   j["tokenizer_class"] = "GPT2Tokenizer";
-  j["model_max_length"] = model_max_length;
+  if (model_max_length > 0) j["model_max_length"] = model_max_length;
   j["bos_token"] = kEndOfText;
   j["eos_token"] = kEndOfText;
   j["unk_token"] = kEndOfText;
@@ -184,7 +186,7 @@ std::string tiktoken_tokenizer_json(const std::string& vocab_json, const std::st
 std::string fast_tokenizer_config(int model_max_length, const std::string& document_token) {
   nlohmann::ordered_json j;
   j["tokenizer_class"] = "PreTrainedTokenizerFast";
-  j["model_max_length"] = model_max_length;
+  if (model_max_length > 0) j["model_max_length"] = model_max_length;
   if (!document_token.empty()) j["bos_token"] = j["eos_token"] = document_token;
   return j.dump(2) + "\n";
 }
@@ -202,5 +204,41 @@ std::string bytes_tokenizer_json() {
                     vocab_object(entries));
 }
 
+HfTokenizerFiles hf_tokenizer_files(const Tokenizer& tokenizer, int model_max_length) {
+  HfTokenizerFiles out;
+  std::map<std::string, std::string>& files = out.files;
+  const std::string& name = tokenizer.name();
+  if (name == "bytes") {
+    files["tokenizer.json"] = bytes_tokenizer_json();
+    files["tokenizer_config.json"] = fast_tokenizer_config(model_max_length, "");
+    files["special_tokens_map.json"] = special_tokens_map("");
+    return out;
+  }
+  const BpeVocabulary& v = *tokenizer.bpe();
+  if (tokenizer.has_end_of_text()) out.end_of_text = static_cast<int>(tokenizer.end_of_text());
+  if (name == "gpt2") {
+    const std::string& vocab = files["vocab.json"] = bpe_vocab_json(v);
+    const std::string& merges = files["merges.txt"] = bpe_merges_txt(v);
+    files["tokenizer_config.json"] = gpt2_tokenizer_config(model_max_length);
+    files["tokenizer.json"] = gpt2_tokenizer_json(vocab, merges, tokenizer.end_of_text());
+    files["special_tokens_map.json"] = gpt2_special_tokens_map();
+    return out;
+  }
+  const std::string document_token = tokenizer.has_end_of_text() ? std::string(v.bytes(tokenizer.end_of_text())) : "";
+  // A tokenizer read from a tokenizer.json is written as that file; a tiktoken encoding's from
+  // its ranks.
+  if (is_tokenizer_json_name(name)) {
+    std::string& file = files["tokenizer.json"] =
+        InputFile(v.source(), "tokenizer.json \"" + v.source() + "\"").read_all(int64_t{256} << 20);
+    if (sha256_hex(file.data(), file.size()) != v.sha256())
+      throw UserError("tokenizer.json \"" + v.source() + "\" changed while it was read again; expected it unchanged");
+  } else {
+    files["tokenizer.json"] =
+        tiktoken_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), v, tokenizer.pretokenizer()->pattern());
+  }
+  files["tokenizer_config.json"] = fast_tokenizer_config(model_max_length, document_token);
+  files["special_tokens_map.json"] = special_tokens_map(document_token);
+  return out;
+}
 
 }  // namespace ptrain

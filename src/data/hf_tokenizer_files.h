@@ -7,9 +7,11 @@
 // without merges: each byte its own id.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "data/bpe_vocabulary.h"
+#include "data/tokenizer.h"
 
 namespace ptrain {
 
@@ -39,5 +41,16 @@ std::string special_tokens_map(const std::string& document_token);
 
 // The bytes tokenizer's tokenizer.json: byte-level BPE without merges.
 std::string bytes_tokenizer_json();
+
+// Every file of a Hugging Face directory that describes `tokenizer`: tokenizer.json (a
+// tokenizer.json ptrain read is copied, checked against the hash it was read with),
+// tokenizer_config.json and special_tokens_map.json, and for gpt2 also vocab.json and
+// merges.txt; `end_of_text` the id config.json names (-1: none). A `model_max_length` of 0
+// leaves it out of tokenizer_config.json.
+struct HfTokenizerFiles {
+  std::map<std::string, std::string> files;  // by file name
+  int end_of_text = -1;
+};
+HfTokenizerFiles hf_tokenizer_files(const Tokenizer& tokenizer, int model_max_length);
 
 }  // namespace ptrain

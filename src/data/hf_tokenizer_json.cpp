@@ -1,5 +1,8 @@
 #include "data/hf_tokenizer_json.h"
 
+#include <cctype>
+#include <map>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -53,40 +56,77 @@ class Reader {
            "no normalizer, NFC, NFD, NFKC, NFKD or a Sequence of them");
   }
 
-  void byte_level(const json& b, bool own_regex) const {
-    if (flag(b, "add_prefix_space", false)) refuse("ByteLevel's add_prefix_space", "true", "it false");
-    if (flag(b, "use_regex", true) != own_regex)
-      refuse("ByteLevel's use_regex", own_regex ? "false without a Split before it" : "true after a Split",
-             "ByteLevel with GPT-2's regex, or a Split then ByteLevel without one");
+  // The Splits the pre-tokenizer makes: any Splits and Digits, then ByteLevel (with GPT-2's
+  // regex as one more Split when its use_regex is on), in a Sequence or alone.
+  std::vector<SplitRule> splits(const json& p) const {
+    const std::string expected =
+        "byte-level BPE: ByteLevel, or a Sequence of Splits and Digits that ends in ByteLevel";
+    std::vector<const json*> steps;
+    flatten(p, steps);
+    std::vector<SplitRule> rules;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const json& step = *steps[i];
+      const std::string type = type_of(step);
+      const bool last = i + 1 == steps.size();
+      if (type == "ByteLevel" && last) {
+        if (flag(step, "add_prefix_space", false)) refuse("ByteLevel's add_prefix_space", "true", "it false");
+        if (flag(step, "use_regex", true)) rules.push_back({kGpt2Pattern});
+      } else if (type == "Split") {
+        rules.push_back(split(step));
+      } else if (type == "Digits") {  // Rust's char::is_numeric: \p{N}, each alone or in runs
+        rules.push_back({"\\p{N}", flag(step, "individual_digits", false) ? SplitBehavior::isolated
+                                                                         : SplitBehavior::contiguous});
+      } else if (type == "ByteLevel") {
+        refuse("pre_tokenizer", "a Sequence with ByteLevel before its end", expected);
+      } else {
+        refuse("pre_tokenizer", type.empty() ? step.dump().substr(0, 80) : type, expected);
+      }
+    }
+    if (steps.empty() || type_of(*steps.back()) != "ByteLevel")
+      refuse("pre_tokenizer", steps.empty() ? "an empty Sequence" : "without ByteLevel at its end", expected);
+    return rules;
   }
 
-  // The pre-tokenizer's regex.
-  std::string pattern(const json& p) const {
-    const std::string expected = "byte-level BPE: a ByteLevel pre-tokenizer, or a Sequence of a Split (a Regex, "
-                                 "behavior Isolated) and ByteLevel";
-    const std::string type = type_of(p);
-    if (type == "ByteLevel") {
-      byte_level(p, true);
-      return kGpt2Pattern;
+  void flatten(const json& p, std::vector<const json*>& steps) const {
+    if (type_of(p) != "Sequence") {
+      steps.push_back(&p);
+      return;
     }
-    if (type != "Sequence" || !p.contains("pretokenizers") || !p["pretokenizers"].is_array())
-      refuse("pre_tokenizer", type.empty() ? p.dump().substr(0, 80) : type, expected);
-    const json& parts = p["pretokenizers"];
-    if (parts.size() == 1 && type_of(parts[0]) == "ByteLevel") return pattern(parts[0]);
-    if (parts.size() != 2 || type_of(parts[0]) != "Split" || type_of(parts[1]) != "ByteLevel") {
-      std::string types;
-      for (const json& part : parts) types += (types.empty() ? "" : ", ") + type_of(part);
-      refuse("pre_tokenizer", "a Sequence of [" + types + "]", expected);
+    if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array())
+      refuse("pre_tokenizer", p.dump().substr(0, 80), "a Sequence with a list \"pretokenizers\"");
+    for (const json& part : p["pretokenizers"]) flatten(part, steps);
+  }
+
+  SplitRule split(const json& s) const {
+    SplitRule rule;
+    const json pattern = s.value("pattern", json());
+    if (pattern.is_object() && pattern.contains("Regex") && pattern["Regex"].is_string()) {
+      rule.pattern = pattern["Regex"].get<std::string>();
+    } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string() &&
+               !pattern["String"].get<std::string>().empty()) {
+      // A literal, as Hugging Face makes a regex of it: every ASCII character that is not a
+      // letter or digit escaped.
+      for (const char c : pattern["String"].get<std::string>()) {
+        if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c))) rule.pattern += '\\';
+        rule.pattern += c;
+      }
+    } else {
+      refuse("a Split's pattern", pattern.dump().substr(0, 80), "a Split by a Regex or a non-empty String");
     }
-    const json& split = parts[0];
-    if (!split.contains("pattern") || !split["pattern"].is_object() || !split["pattern"].contains("Regex") ||
-        !split["pattern"]["Regex"].is_string())
-      refuse("the Split's pattern", split.value("pattern", json()).dump().substr(0, 80), "a Split by a Regex");
-    if (split.value("behavior", json()) != "Isolated")
-      refuse("the Split's behavior", split.value("behavior", json()).dump(), "\"Isolated\"");
-    if (flag(split, "invert", false)) refuse("the Split's invert", "true", "false");
-    byte_level(parts[1], false);
-    return split["pattern"]["Regex"].get<std::string>();
+    static const std::map<std::string, SplitBehavior> kBehaviors = {
+        {"Removed", SplitBehavior::removed},
+        {"Isolated", SplitBehavior::isolated},
+        {"MergedWithPrevious", SplitBehavior::merged_with_previous},
+        {"MergedWithNext", SplitBehavior::merged_with_next},
+        {"Contiguous", SplitBehavior::contiguous}};
+    const json behavior = s.value("behavior", json());
+    const auto found = behavior.is_string() ? kBehaviors.find(behavior.get<std::string>()) : kBehaviors.end();
+    if (found == kBehaviors.end())
+      refuse("a Split's behavior", behavior.dump().substr(0, 80),
+             "Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous");
+    rule.behavior = found->second;
+    rule.invert = flag(s, "invert", false);
+    return rule;
   }
 
   std::vector<HfMerge> merges(const json& list) const {
@@ -137,7 +177,7 @@ class Reader {
     t.normalizer = normalizer(j.value("normalizer", json()));
     if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
       refuse("pre_tokenizer", "missing", "byte-level BPE (a ByteLevel pre-tokenizer)");
-    t.pattern = pattern(j["pre_tokenizer"]);
+    t.splits = splits(j["pre_tokenizer"]);
 
     std::vector<SpecialToken> added;
     bool has_document_token = document_token.empty();

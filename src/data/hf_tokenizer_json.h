@@ -1,12 +1,14 @@
 // Hugging Face's tokenizer.json, read for the tokenizers ptrain can run exactly: a BPE model over
 // GPT-2's byte-to-unicode spelling (byte-level BPE), with
-// - a pre-tokenizer that is ByteLevel with its own regex (GPT-2's pattern), or a Split by a
-//   regex (behavior Isolated) followed by ByteLevel without one (Llama 3's layout);
+// - a pre-tokenizer that is ByteLevel (with or without GPT-2's regex), alone or at the end of a
+//   Sequence of Splits (a regex or a literal, any behavior, inverted or not) and Digits (Llama
+//   3's layout: one Split, then ByteLevel without its regex; DeepSeek's: several Splits);
 // - no normalizer, or Unicode normalization (NFC, NFD, NFKC, NFKD, or a Sequence of them);
 // - ignore_merges as the file says; added tokens as special tokens.
 // Anything else is refused by name (a Unigram or WordPiece model, byte-fallback BPE as
-// SentencePiece converts, a Metaspace pre-tokenizer, a Lowercase normalizer, ...), so that a
-// file ptrain would tokenize differently from Hugging Face is never used.
+// SentencePiece converts, a Metaspace pre-tokenizer, a Lowercase normalizer, ByteLevel's
+// add_prefix_space, ...), so that a file ptrain would tokenize differently from Hugging Face is
+// never used.
 #pragma once
 
 #include <memory>
@@ -14,13 +16,14 @@
 #include <vector>
 
 #include "data/bpe_vocabulary.h"
+#include "data/regex_pieces.h"
 #include "data/unicode_normalizer.h"
 
 namespace ptrain {
 
 struct TokenizerJson {
   std::shared_ptr<const BpeVocabulary> vocabulary;  // its sha256() is the file's
-  std::string pattern;                              // the pre-tokenizer's regex
+  std::vector<SplitRule> splits;                    // the pre-tokenizer's, in order
   std::vector<UnicodeForm> normalizer;              // applied in order; empty: none
 };
 

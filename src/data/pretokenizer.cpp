@@ -1,30 +1,10 @@
 #include "data/pretokenizer.h"
 
-#include "data/char_class.h"
 #include "data/cl100k_pieces.h"
 #include "data/gpt2_pieces.h"
-
-#include <algorithm>
+#include "data/o200k_pieces.h"
 
 namespace ptrain {
-
-namespace {
-
-// o200k_base's pattern runs on the regex engine, but where it may be cut is known: after a
-// carriage return or line feed, before a character that is neither white space nor '/'. No
-// piece runs from a line break into text: the only alternatives that take a line break are
-// " ?[^\s\p{L}\p{N}]+[\r\n/]*" (which goes on through '/' and more breaks) and the white-space
-// ones (which stop at text); and a piece's end there reads nothing past it.
-size_t o200k_safe_cut(std::string_view text, size_t from) {
-  for (size_t i = std::max<size_t>(from, 1); i < text.size(); ++i) {
-    if ((text[i - 1] != '\n' && text[i - 1] != '\r') || text[i] == '/') continue;
-    int length;
-    if (char_class_at(text, i, length) != CharClass::space) return i;
-  }
-  return text.size();
-}
-
-}  // namespace
 
 const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* const kCl100kPattern =
@@ -36,16 +16,26 @@ const char* const kO200kPattern =
 
 Pretokenizer Pretokenizer::from_pattern(const std::string& pattern, const std::string& what,
                                         std::vector<UnicodeForm> normalizer) {
+  return from_splits({SplitRule{pattern}}, what, std::move(normalizer));
+}
+
+Pretokenizer Pretokenizer::from_splits(std::vector<SplitRule> splits, const std::string& what,
+                                       std::vector<UnicodeForm> normalizer) {
   Pretokenizer p;
-  p.pattern_ = pattern;
   p.normalizer_ = std::move(normalizer);
-  if (pattern == kGpt2Pattern) {
+  p.splits_ = std::move(splits);
+  const bool one_isolated =
+      p.splits_.size() == 1 && p.splits_[0].behavior == SplitBehavior::isolated && !p.splits_[0].invert;
+  if (one_isolated) p.pattern_ = p.splits_[0].pattern;
+  if (one_isolated && p.pattern_ == kGpt2Pattern) {
     p.kind_ = Kind::gpt2;
-  } else if (pattern == kCl100kPattern) {
+  } else if (one_isolated && p.pattern_ == kCl100kPattern) {
     p.kind_ = Kind::cl100k;
+  } else if (one_isolated && p.pattern_ == kO200kPattern) {
+    p.kind_ = Kind::o200k;
   } else {
     p.kind_ = Kind::regex;
-    p.regex_ = std::make_shared<const PiecePattern>(pattern, what);
+    for (const SplitRule& rule : p.splits_) p.regexes_.push_back(std::make_shared<const PiecePattern>(rule.pattern, what));
   }
   return p;
 }
@@ -55,7 +45,8 @@ size_t Pretokenizer::safe_cut(std::string_view text, size_t from) const {
   switch (kind_) {
     case Kind::gpt2: return gpt2_safe_cut(text, from);
     case Kind::cl100k: return cl100k_safe_cut(text, from);
-    case Kind::regex: return pattern_ == kO200kPattern ? o200k_safe_cut(text, from) : text.size();
+    case Kind::o200k: return o200k_safe_cut(text, from);
+    case Kind::regex: return text.size();
   }
   return text.size();
 }

@@ -1,5 +1,6 @@
 // What a tokenizer does to text before byte-pair merges: Unicode normalization where its
-// tokenizer.json sets one, then cutting into pieces (merges never cross a piece's edge). The patterns of GPT-2 and of cl100k_base (also Llama 3's) have scanners of their own;
+// tokenizer.json sets one, then cutting into pieces (merges never cross a piece's edge). The
+// patterns of GPT-2, cl100k_base (also Llama 3's) and o200k_base have scanners of their own;
 // any other pattern runs on ICU's regex engine (data/regex_pieces.h).
 #pragma once
 
@@ -22,28 +23,36 @@ extern const char* const kO200kPattern;
 
 class Pretokenizer {
  public:
-  enum class Kind { gpt2, cl100k, regex };
+  enum class Kind { gpt2, cl100k, o200k, regex };
 
   // The scanner for a known pattern, else the pattern on ICU's regex (UserError naming
   // `what` when it does not compile); `normalizer` first.
   static Pretokenizer from_pattern(const std::string& pattern, const std::string& what,
                                    std::vector<UnicodeForm> normalizer = {});
+  // Splits in turn, each on the pieces of the one before; a single Split keeping its matches
+  // with a known pattern gets that pattern's scanner.
+  static Pretokenizer from_splits(std::vector<SplitRule> splits, const std::string& what,
+                                  std::vector<UnicodeForm> normalizer = {});
 
   Kind kind() const { return kind_; }
+  // The pattern of a tokenizer with one Split keeping its matches (every tiktoken encoding);
+  // empty otherwise.
   const std::string& pattern() const { return pattern_; }
-  const PiecePattern* regex() const { return regex_.get(); }
+  const std::vector<SplitRule>& splits() const { return splits_; }
+  const std::vector<std::shared_ptr<const PiecePattern>>& regexes() const { return regexes_; }
   const std::vector<UnicodeForm>& normalizer() const { return normalizer_; }
 
   // The first place at or after `from` where valid UTF-8 `text` may be cut so that the halves
   // give the pieces the whole does; text.size() when there is none (a regex's pieces are
-  // taken whole, o200k_base's apart: nothing is known about where they may end; so is
-  // normalized text, as a cut may fall inside what normalization joins).
+  // taken whole, as nothing is known about where they may end; so is normalized text, as a cut
+  // may fall inside what normalization joins).
   size_t safe_cut(std::string_view text, size_t from) const;
 
  private:
   Kind kind_ = Kind::gpt2;
   std::string pattern_;
-  std::shared_ptr<const PiecePattern> regex_;
+  std::vector<SplitRule> splits_;
+  std::vector<std::shared_ptr<const PiecePattern>> regexes_;  // one per Split, for Kind::regex
   std::vector<UnicodeForm> normalizer_;
 };
 

@@ -3,7 +3,15 @@
 #include <unicode/regex.h>
 #include <unicode/utext.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <vector>
+
 #include "core/error.h"
+#include "data/unicode16_additions.h"
 
 namespace ptrain {
 
@@ -11,8 +19,69 @@ namespace {
 
 constexpr int32_t kStackBytes = 256 << 20;
 
+// The general categories a property of \p{..} names, matched loosely as the regex engines match
+// names (case, spaces, '_' and '-' ignored; "gc=" allowed); empty when it names none.
+std::set<std::string> categories_named(const std::string& property) {
+  std::string name;
+  for (const char c : property)
+    if (c != ' ' && c != '_' && c != '-') name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* prefix : {"gc=", "generalcategory="})
+    if (name.rfind(prefix, 0) == 0) name.erase(0, std::string(prefix).size());
+  // Each category's short and long names, then each group's.
+  static const std::map<std::string, std::set<std::string>> kNames = [] {
+    const std::vector<std::pair<std::string, std::string>> categories = {
+        {"Lu", "uppercaseletter"},      {"Ll", "lowercaseletter"},    {"Lt", "titlecaseletter"},
+        {"Lm", "modifierletter"},       {"Lo", "otherletter"},        {"Mn", "nonspacingmark"},
+        {"Mc", "spacingmark"},          {"Me", "enclosingmark"},      {"Nd", "decimalnumber"},
+        {"Nl", "letternumber"},         {"No", "othernumber"},        {"Pc", "connectorpunctuation"},
+        {"Pd", "dashpunctuation"},      {"Ps", "openpunctuation"},    {"Pe", "closepunctuation"},
+        {"Pi", "initialpunctuation"},   {"Pf", "finalpunctuation"},   {"Po", "otherpunctuation"},
+        {"Sm", "mathsymbol"},           {"Sc", "currencysymbol"},     {"Sk", "modifiersymbol"},
+        {"So", "othersymbol"},          {"Zs", "spaceseparator"},     {"Zl", "lineseparator"},
+        {"Zp", "paragraphseparator"},   {"Cc", "control"},            {"Cf", "format"},
+        {"Co", "privateuse"},           {"Cn", "unassigned"}};
+    const std::vector<std::pair<std::string, std::string>> groups = {
+        {"l", "letter"}, {"m", "mark"}, {"n", "number"}, {"p", "punctuation"}, {"s", "symbol"},
+        {"z", "separator"}, {"c", "other"}};
+    std::map<std::string, std::set<std::string>> names;
+    for (const auto& [code, long_name] : categories) {
+      std::string lower = code;
+      lower[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(lower[0])));
+      names[lower] = names[long_name] = {code};
+      for (const auto& [letter, group] : groups)
+        if (letter[0] == lower[0]) names[letter].insert(code), names[group].insert(code);
+    }
+    names["lc"] = names["casedletter"] = {"Lu", "Ll", "Lt"};
+    names["combiningmark"] = names["m"];
+    names["digit"] = names["nd"];
+    names["punct"] = names["p"];
+    return names;
+  }();
+  const auto it = kNames.find(name);
+  return it == kNames.end() ? std::set<std::string>{} : it->second;
+}
+
+// `set` (an ICU set expression such as \p{L}, of `categories`) as Unicode 16.0 has it, negated
+// when `negate`: ICU 72 knows Unicode 15.0, so the code points 15.1 and 16.0 assigned to these
+// categories join it, and where the set holds unassigned code points (Cn), those assigned to
+// others leave it.
+std::string with_additions(const std::string& set, const std::set<std::string>& categories, bool negate) {
+  std::string joining, leaving;
+  char hex[40];
+  for (const UnicodeAddition& a : kUnicode16Additions) {
+    std::snprintf(hex, sizeof hex, "\\x{%X}-\\x{%X}", static_cast<unsigned>(a.first), static_cast<unsigned>(a.last));
+    if (categories.count(a.category)) joining += hex;
+    else if (categories.count("Cn")) leaving += hex;
+  }
+  if (joining.empty() && leaving.empty() && !negate) return set;
+  std::string out = "[" + set + joining + "]";
+  if (!leaving.empty()) out = "[" + out + "--[" + leaving + "]]";
+  return negate ? "[^" + out + "]" : out;
+}
+
 // The pattern in ICU's dialect: \s -> \p{White_Space}, \S -> \P{White_Space}, inside classes
-// too; other escapes unchanged. ^ and $ outside a class are refused: Oniguruma (Hugging Face's
+// too; \p{..}, \P{..} of a general category and \d, \D with Unicode 16.0's additions; other
+// escapes unchanged. ^ and $ outside a class are refused: Oniguruma (Hugging Face's
 // engine) takes them at every line, ICU at the text's ends only.
 std::string icu_pattern(const std::string& pattern, const std::string& what) {
   std::string out;
@@ -33,12 +102,26 @@ std::string icu_pattern(const std::string& pattern, const std::string& what) {
     }
     if (c == '\\' && i + 1 < pattern.size()) {
       const char next = pattern[++i];
-      if (next == 's')
+      const size_t close = pattern.find('}', i);
+      if (next == 's') {
         out += "\\p{White_Space}";
-      else if (next == 'S')
+      } else if (next == 'S') {
         out += "\\P{White_Space}";
-      else
+      } else if (next == 'd' || next == 'D') {
+        out += with_additions("\\d", {"Nd"}, next == 'D');
+      } else if ((next == 'p' || next == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{' &&
+                 close != std::string::npos) {
+        std::string name = pattern.substr(i + 2, close - i - 2);
+        bool negate = next == 'P';
+        if (!name.empty() && name[0] == '^') {  // \p{^L}: not a letter
+          negate = !negate;
+          name.erase(0, 1);
+        }
+        out += with_additions("\\p{" + name + "}", categories_named(name), negate);
+        i = close;
+      } else {
         out += {'\\', next};
+      }
     } else {
       out += c;
     }
@@ -48,7 +131,7 @@ std::string icu_pattern(const std::string& pattern, const std::string& what) {
 
 }  // namespace
 
-PiecePattern::PiecePattern(const std::string& pattern, const std::string& what) : text_(pattern) {
+PiecePattern::PiecePattern(const std::string& pattern, const std::string& what) {
   UErrorCode status = U_ZERO_ERROR;
   UParseError where{};
   compiled_.reset(
@@ -98,6 +181,75 @@ bool RegexPieces::next_match(size_t& begin, size_t& end) {
   end = static_cast<size_t>(matcher_->end64(status));
   PTRAIN_CHECK(U_SUCCESS(status), "ICU's regex failed");
   return true;
+}
+
+void RegexPieces::split(std::string_view text, const SplitRule& rule, size_t offset, std::vector<Span>& out) {
+  // The matches and the text between them, each marked, as Hugging Face's find_matches gives
+  // them (an empty match included: it can part what a join would join).
+  struct Part {
+    size_t begin, end;
+    bool match;
+  };
+  std::vector<Part> parts;
+  size_t at = 0;
+  start(text);
+  for (size_t begin, end; next_match(begin, end);) {
+    if (begin > at) parts.push_back({at, begin, rule.invert});
+    parts.push_back({begin, end, !rule.invert});
+    at = end;
+  }
+  if (at < text.size()) parts.push_back({at, text.size(), rule.invert});
+
+  // Hugging Face's folds over them: (begin, end, removed).
+  std::vector<Part> kept;
+  bool previous_match = false;
+  switch (rule.behavior) {
+    case SplitBehavior::isolated:
+      for (const Part& p : parts) kept.push_back({p.begin, p.end, false});
+      break;
+    case SplitBehavior::removed: kept = parts; break;
+    case SplitBehavior::contiguous:
+      for (const Part& p : parts) {
+        if (p.match == previous_match && !kept.empty()) kept.back().end = p.end;
+        else kept.push_back({p.begin, p.end, false});
+        previous_match = p.match;
+      }
+      break;
+    case SplitBehavior::merged_with_previous:
+      for (const Part& p : parts) {
+        if (p.match && !previous_match && !kept.empty()) kept.back().end = p.end;
+        else kept.push_back({p.begin, p.end, false});
+        previous_match = p.match;
+      }
+      break;
+    case SplitBehavior::merged_with_next:
+      for (auto p = parts.rbegin(); p != parts.rend(); ++p) {
+        if (p->match && !previous_match && !kept.empty()) kept.back().begin = p->begin;
+        else kept.push_back({p->begin, p->end, false});
+        previous_match = p->match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+  }
+  for (const Part& p : kept)
+    if (!p.match && p.end > p.begin) out.emplace_back(offset + p.begin, offset + p.end);
+}
+
+RegexSplitter::RegexSplitter(const std::vector<SplitRule>& rules,
+                             const std::vector<std::shared_ptr<const PiecePattern>>& patterns)
+    : rules_(rules) {
+  for (const auto& p : patterns) matchers_.emplace_back(*p);
+}
+
+std::vector<Span> RegexSplitter::pieces(std::string_view text) {
+  std::vector<Span> spans, next;
+  if (!text.empty()) spans.emplace_back(0, text.size());
+  for (size_t k = 0; k < rules_.size(); ++k) {
+    next.clear();
+    for (const Span& s : spans) matchers_[k].split(text.substr(s.first, s.second - s.first), rules_[k], s.first, next);
+    spans.swap(next);
+  }
+  return spans;
 }
 
 }  // namespace ptrain

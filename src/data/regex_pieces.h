@@ -1,15 +1,19 @@
-// Pre-tokenisation by a regular expression, for the patterns ptrain has no scanner for (a
-// Hugging Face tokenizer.json's Split, o200k_base's pattern). ICU's regex engine runs it over
-// the UTF-8 text; the pattern is written for Rust's regex and Oniguruma, whose \s is Unicode's
-// White_Space property, so \s and \S are rewritten to it (ICU's own \s leaves out U+000B and
-// U+0085). Every match is a piece, and so is any text between matches (Hugging Face's Split
-// with behavior "Isolated").
+// Pre-tokenisation by regular expressions, for the patterns ptrain has no scanner for (a
+// Hugging Face tokenizer.json's Splits). ICU's regex engine runs them over the UTF-8 text; the
+// patterns are written for Rust's regex and Oniguruma, whose \s is Unicode's White_Space
+// property, so \s and \S are rewritten to it (ICU's own \s leaves out U+000B and U+0085), and
+// whose Unicode is 16.0, so letter, mark and number properties get 15.1's and 16.0's additions
+// (ICU 72 knows 15.0). A Split cuts text into its matches and the text between them, then keeps,
+// drops or joins them as its behavior says; several Splits apply in turn, each to the pieces of
+// the one before, as Hugging Face's Sequence does.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <unicode/uversion.h>
 
@@ -26,13 +30,24 @@ class PiecePattern {
  public:
   PiecePattern(const std::string& pattern, const std::string& what);
   ~PiecePattern();
-  const std::string& text() const { return text_; }
   const icu::RegexPattern& compiled() const { return *compiled_; }
 
  private:
-  std::string text_;
   std::unique_ptr<icu::RegexPattern> compiled_;
 };
+
+// What a Split does with its pattern's matches (Hugging Face's SplitDelimiterBehavior): drops
+// them, keeps each as a piece, joins each to the piece before or after it, or joins runs of
+// matches and runs of text between them. `invert` swaps matches and the text between them.
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+struct SplitRule {
+  std::string pattern;  // a regex
+  SplitBehavior behavior = SplitBehavior::isolated;
+  bool invert = false;
+};
+
+using Span = std::pair<size_t, size_t>;  // [begin, end) in bytes
 
 // One thread's matcher of a PiecePattern.
 class RegexPieces {
@@ -54,6 +69,10 @@ class RegexPieces {
     if (at < text.size()) piece(at, text.size());
   }
 
+  // Appends the pieces `rule` (of this matcher's pattern) cuts `text` into, offset by `offset`,
+  // empty ones left out.
+  void split(std::string_view text, const SplitRule& rule, size_t offset, std::vector<Span>& out);
+
  private:
   void start(std::string_view text);
   bool next_match(size_t& begin, size_t& end);
@@ -61,6 +80,28 @@ class RegexPieces {
   std::unique_ptr<icu::RegexMatcher> matcher_;
   struct UTextHolder;
   std::unique_ptr<UTextHolder> text_;
+};
+
+// One thread's matchers of a chain of Splits; none leaves the text one piece.
+class RegexSplitter {
+ public:
+  RegexSplitter(const std::vector<SplitRule>& rules, const std::vector<std::shared_ptr<const PiecePattern>>& patterns);
+
+  // Calls `piece(begin, end)` for each piece of valid UTF-8 `text`, in order.
+  template <typename F>
+  void for_each(std::string_view text, F&& piece) {
+    if (rules_.size() == 1 && rules_[0].behavior == SplitBehavior::isolated && !rules_[0].invert) {
+      matchers_[0].for_each(text, piece);  // the common case, streamed
+      return;
+    }
+    for (const Span& s : pieces(text)) piece(s.first, s.second);
+  }
+
+ private:
+  std::vector<Span> pieces(std::string_view text);
+
+  std::vector<SplitRule> rules_;
+  std::vector<RegexPieces> matchers_;
 };
 
 }  // namespace ptrain

@@ -172,7 +172,7 @@ Tokenizer Tokenizer::load_json(const JsonTokenizer& spec, const std::string& voc
   t.name_ = name;
   t.bpe_ = file.vocabulary;
   t.pretokenizer_ =
-      std::make_shared<Pretokenizer>(Pretokenizer::from_pattern(file.pattern, what + " \"" + path + "\"", file.normalizer));
+      std::make_shared<Pretokenizer>(Pretokenizer::from_splits(file.splits, what + " \"" + path + "\"", file.normalizer));
   return t;
 }
 

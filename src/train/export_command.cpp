@@ -1,5 +1,6 @@
 #include "train/export_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -8,9 +9,7 @@
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/llmc.h"
 #include "core/error.h"
-#include "core/input_file.h"
 #include "core/paths.h"
-#include "core/sha256.h"
 #include "data/hf_tokenizer_files.h"
 #include "data/tokenizer.h"
 #include "train/checkpoint_model.h"
@@ -65,39 +64,10 @@ void export_hf(const HfExportOptions& o) {
   }
   int end_of_text = -1;
   const std::string& name = ckpt.state.tokenizer;
-  if (name == "gpt2") {
-    const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, "gpt2", o.vocabulary);
-    end_of_text = static_cast<int>(tokenizer.end_of_text());
-    const std::string& vocab = contents.text_files["vocab.json"] = bpe_vocab_json(*tokenizer.bpe());
-    const std::string& merges = contents.text_files["merges.txt"] = bpe_merges_txt(*tokenizer.bpe());
-    contents.text_files["tokenizer_config.json"] = gpt2_tokenizer_config(m.seq_len);
-    contents.text_files["tokenizer.json"] = gpt2_tokenizer_json(vocab, merges, tokenizer.end_of_text());
-    contents.text_files["special_tokens_map.json"] = gpt2_special_tokens_map();
-  } else if (name == "bytes") {
-    contents.text_files["tokenizer.json"] = bytes_tokenizer_json();
-    contents.text_files["tokenizer_config.json"] = fast_tokenizer_config(m.seq_len, "");
-    contents.text_files["special_tokens_map.json"] = special_tokens_map("");
-  } else if (!name.empty()) {
-    const Tokenizer tokenizer = checkpoint_tokenizer(ckpt, name, o.vocabulary);
-    const BpeVocabulary& v = *tokenizer.bpe();
-    std::string document_token;
-    if (tokenizer.has_end_of_text()) {
-      end_of_text = static_cast<int>(tokenizer.end_of_text());
-      document_token = std::string(v.bytes(tokenizer.end_of_text()));
-    }
-    // A tokenizer read from a tokenizer.json is exported as that file; a tiktoken encoding's is
-    // written from its ranks.
-    if (is_tokenizer_json_name(name)) {
-      std::string& file = contents.text_files["tokenizer.json"] =
-          InputFile(v.source(), "tokenizer.json \"" + v.source() + "\"").read_all(int64_t{256} << 20);
-      if (sha256_hex(file.data(), file.size()) != v.sha256())
-        throw UserError("tokenizer.json \"" + v.source() + "\" changed while the export read it; expected it unchanged");
-    } else {
-      contents.text_files["tokenizer.json"] =
-          tiktoken_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), v, tokenizer.pretokenizer()->pattern());
-    }
-    contents.text_files["tokenizer_config.json"] = fast_tokenizer_config(m.seq_len, document_token);
-    contents.text_files["special_tokens_map.json"] = special_tokens_map(document_token);
+  if (!name.empty()) {
+    const HfTokenizerFiles tokenizer = hf_tokenizer_files(checkpoint_tokenizer(ckpt, name, o.vocabulary), m.seq_len);
+    contents.text_files.insert(tokenizer.files.begin(), tokenizer.files.end());
+    end_of_text = tokenizer.end_of_text;
   }
   const char* torch_dtype = dtype == StDtype::f32 ? "float32" : dtype == StDtype::bf16 ? "bfloat16" : "float16";
   contents.text_files["config.json"] = hf_config_json(m, end_of_text, torch_dtype).dump(2) + "\n";
@@ -108,6 +78,28 @@ void export_hf(const HfExportOptions& o) {
               m.arch == Arch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", o.dtype.c_str(), contents.specs.size(),
               files.size(), files.size() == 1 ? "" : "s",
               name.empty() ? "" : (", " + name + " tokenizer files").c_str());
+}
+
+void export_hf_tokenizer(const HfTokenizerExportOptions& o) {
+  const std::vector<std::string> names = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                          "vocab.json", "merges.txt"};
+  const std::string target =
+      plan_output(o.out, OutputRule{"--out", true, "ptrain data hf-tokenizer", o.force, [&](const fs::path& dir) {
+                                      std::error_code ec;
+                                      for (const auto& entry : fs::directory_iterator(dir, ec))
+                                        if (!entry.is_regular_file(ec) || entry.is_symlink(ec) ||
+                                            std::find(names.begin(), names.end(), entry.path().filename()) == names.end())
+                                          return false;
+                                      return !ec && fs::exists(dir / "tokenizer.json", ec);
+                                    }});
+  HfDirectoryContents contents;
+  const Tokenizer tokenizer = Tokenizer::load(o.tokenizer, o.vocabulary);
+  contents.text_files = hf_tokenizer_files(tokenizer, o.model_max_length).files;
+  write_hf_directory(target, contents);
+  std::printf("wrote %s: the %s tokenizer's Hugging Face files (", o.out.c_str(), o.tokenizer.c_str());
+  for (auto it = contents.text_files.begin(); it != contents.text_files.end(); ++it)
+    std::printf("%s%s", it == contents.text_files.begin() ? "" : ", ", it->first.c_str());
+  std::printf("), %d ids\n", tokenizer.vocab_size());
 }
 
 }  // namespace ptrain

@@ -1,4 +1,5 @@
-// `ptrain export`: a checkpoint as an llm.c model file or a Hugging Face directory.
+// `ptrain export`: a checkpoint as an llm.c model file or a Hugging Face directory; and
+// `ptrain data hf-tokenizer`: a tokenizer's Hugging Face files alone.
 #pragma once
 
 #include <string>
@@ -22,5 +23,16 @@ struct HfExportOptions {
 // files when the run's data used that tokenizer. Everything is checked before anything is
 // written, and the directory appears whole or not at all.
 void export_hf(const HfExportOptions& options);
+
+struct HfTokenizerExportOptions {
+  std::string tokenizer, vocabulary, out;
+  int model_max_length = 0;  // 0: not in tokenizer_config.json
+  bool force = false;        // replace an earlier hf-tokenizer output at --out
+};
+
+// `ptrain data hf-tokenizer --tokenizer NAME --out DIR`: the tokenizer files `export --format hf`
+// writes, without a model (a tiktoken encoding as a tokenizer.json that Hugging Face's
+// tokenizers loads and encodes identically). --out follows train/output_policy.h.
+void export_hf_tokenizer(const HfTokenizerExportOptions& options);
 
 }  // namespace ptrain

@@ -38,7 +38,7 @@ int32_t draw(std::vector<float> logits, double temperature, int top_k, Rng& rng)
 
 std::vector<int32_t> empty_prompt(const Tokenizer* tokenizer) {
   if (!tokenizer) return {0};
-  if (tokenizer->has_end_of_text()) return {tokenizer->end_of_text()};
+  if (tokenizer->has_end_of_text()) return {static_cast<int32_t>(tokenizer->end_of_text())};
   return {'\n'};
 }
 

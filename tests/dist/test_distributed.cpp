@@ -57,7 +57,7 @@ struct Run {
   std::string grad_reduce_dtype = "fp32";
   bool primary_weights = false;  // precision.fp8.primary_weights (fp8)
   std::string data = "{synthetic: {vocab: 64, order: 2, branching: 4, tokens: 100000, seed: 5}}";
-  std::string logging;  // the logging section's keys, if any
+  std::string logging{};  // the logging section's keys, if any
 };
 
 std::string config_yaml(const Run& r) {

@@ -1,4 +1,5 @@
-// The BPE tokenizers on any bytes (gpt2 and cl100k_base, the two with scanners of their own):
+// The BPE tokenizers on any bytes (gpt2, cl100k_base and o200k_base, those with scanners of
+// their own):
 // invalid UTF-8 is refused (UserError) or replaced into valid UTF-8; valid text encodes to ids
 // inside the vocabulary that decode back to it; the scanner cuts the pieces ICU's regex cuts
 // with the same pattern; the two merge procedures agree on every piece; and a cut at a safe
@@ -13,6 +14,7 @@
 #include "data/bpe_encoder.h"
 #include "data/cl100k_pieces.h"
 #include "data/gpt2_pieces.h"
+#include "data/o200k_pieces.h"
 #include "data/regex_pieces.h"
 #include "data/tokenizer.h"
 #include "fuzz_util.h"
@@ -29,10 +31,11 @@ struct Subject {
 std::vector<Subject>& subjects() {
   static std::vector<Subject> all = [] {
     std::vector<Subject> s;
-    for (const char* name : {"gpt2", "cl100k_base"}) {
+    const std::pair<const char*, size_t (*)(std::string_view, size_t)> scanners[] = {
+        {"gpt2", ptrain::gpt2_piece_end}, {"cl100k_base", ptrain::cl100k_piece_end}, {"o200k_base", ptrain::o200k_piece_end}};
+    for (const auto& [name, piece_end] : scanners) {
       const ptrain::Tokenizer t = ptrain::Tokenizer::load(name);
-      s.push_back({t, name == std::string("gpt2") ? ptrain::gpt2_piece_end : ptrain::cl100k_piece_end,
-                   std::make_unique<ptrain::PiecePattern>(t.pretokenizer()->pattern(), name)});
+      s.push_back({t, piece_end, std::make_unique<ptrain::PiecePattern>(t.pretokenizer()->pattern(), name)});
     }
     return s;
   }();

@@ -2,7 +2,8 @@
 // file: Llama 3's (a Split by cl100k's pattern, then ByteLevel; ignore_merges) on every code
 // point in context, random text, and Moby-Dick with 233 speeches through `data prepare`; and
 // GPT-2's as ptrain's export writes it (ByteLevel with its own regex; pair merges), also with a
-// Unicode normalizer set.
+// Unicode normalizer set, and with other pre-tokenizers: several Splits (DeepSeek's layout),
+// each Split behavior, inverted, by a literal, and Digits.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -31,13 +32,7 @@ using ptrain::test::write_file;
 
 namespace {
 
-std::string oracle(const std::string& args) {
-  const std::string script = (ptrain::test::source_dir() / "tests/oracle/hf_tokenizers.js").string();
-  const ptrain::test::CommandResult r = ptrain::test::run_shell("node '" + script + "' " + args);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  return r.output;
-}
+std::string oracle(const std::string& args) { return ptrain::test::run_node("hf_tokenizers.js", args); }
 
 // The indexes of the strings on which ptrain's ids differ from Hugging Face's.
 std::vector<size_t> differences(const Tokenizer& tokenizer, const fs::path& file,
@@ -55,13 +50,11 @@ std::vector<size_t> differences(const Tokenizer& tokenizer, const fs::path& file
 
 }  // namespace
 
-// As with tiktoken (oracle_texts.h): a difference may only be at a code point Unicode 15.0
-// (ptrain's ICU 72) leaves unassigned.
 TEST_CASE("tokenizers oracle: Llama 3's tokenizer.json on every code point in context", "[oracle]") {
   TempDir dir("oracle");
   const Tokenizer llama3 = Tokenizer::load("llama3");
   const fs::path file = default_vocabulary("llama3");
-  ptrain::test::expect_differences_only_past_unicode_15(
+  ptrain::test::expect_same_on_every_code_point(
       "llama3", ptrain::test::code_point_texts(),
       [&](const std::vector<std::string>& part) { return differences(llama3, file, part, dir.dir); });
 }
@@ -104,5 +97,46 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json, as exported and with norma
     if (std::string(normalizer) == "null") {
       for (const std::string& s : strings) REQUIRE(hf.encode(s, "text") == ptrain::test::gpt2().encode(s, "text"));
     }
+  }
+}
+
+TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior, in sequence, and Digits", "[oracle]") {
+  TempDir dir("oracle");
+  const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
+  nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
+  const std::vector<std::string> strings = ptrain::test::random_strings(2030, 2000, false);
+  const auto split = [](const char* kind, const std::string& pattern, const char* behavior, bool invert = false) {
+    return nlohmann::json{{"type", "Split"}, {"pattern", {{kind, pattern}}}, {"behavior", behavior}, {"invert", invert}};
+  };
+  const auto byte_level = [](bool use_regex) {
+    return nlohmann::json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
+  };
+  // DeepSeek-V3's pre-tokenizer: digits in threes, runs of CJK and kana, then a cl100k-like
+  // pattern over punctuation and symbols.
+  const std::string deepseek_words =
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+      "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+";
+  const std::vector<std::pair<std::string, nlohmann::json>> variants = {
+      {"DeepSeek-V3's three Splits",
+       {split("Regex", "\\p{N}{1,3}", "Isolated"), split("Regex", "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+", "Isolated"),
+        split("Regex", deepseek_words, "Isolated"), byte_level(false)}},
+      {"white space removed, then GPT-2's regex", {split("Regex", "\\s+", "Removed"), byte_level(true)}},
+      {"merged with the previous piece", {split("Regex", "[.,!?]", "MergedWithPrevious"), byte_level(true)}},
+      {"merged with the next piece", {split("Regex", "\\s", "MergedWithNext"), byte_level(false)}},
+      {"contiguous", {split("Regex", "\\p{L}", "Contiguous"), byte_level(false)}},
+      {"inverted", {split("Regex", "\\p{L}+", "Removed", true), byte_level(true)}},
+      {"a literal", {split("String", "'s", "Isolated"), split("String", "a.b", "MergedWithNext"), byte_level(true)}},
+      {"digits one by one", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}},
+      {"digit runs", {{{"type", "Digits"}, {"individual_digits", false}}, byte_level(false)}},
+      {"ByteLevel without a regex: the text whole", nlohmann::json::array({byte_level(false)})},
+  };
+  for (const auto& [name, steps] : variants) {
+    j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", steps}};
+    const fs::path file = dir.dir / "tokenizer.json";
+    write_file(file, j.dump());
+    const Tokenizer hf = Tokenizer::load("hf", file.string());
+    INFO(name);
+    CHECK(hf.pretokenizer()->kind() == Pretokenizer::Kind::regex);
+    CHECK(differences(hf, file, strings, dir.dir).empty());
   }
 }

@@ -2,8 +2,9 @@
 // tokenizers (its Rust library's node binding, Tokenizer.fromFile): GPT-2's gives ptrain's ids
 // (tiktoken's) on random text of the contexts GPT-2's pattern tells apart and on real speeches,
 // and the bytes tokenizer's gives each byte of the UTF-8 text as its id; both decode those ids
-// back to the text. Then the same through `ptrain export` itself, for every tokenizer (cl100k_base's
-// and o200k_base's tokenizer.json written from their ranks, Llama 3's the file itself).
+// back to the text. Then the same through `ptrain export` itself (and `data hf-tokenizer`, which
+// writes the same file), for every tokenizer (cl100k_base's and o200k_base's tokenizer.json
+// written from their ranks, Llama 3's the file itself).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "data/hf_tokenizer_files.h"
 #include "data/tokenizer.h"
 #include "gpt2_ids.h"
+#include "oracle_texts.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -31,12 +33,8 @@ namespace {
 nlohmann::json run_oracle(const std::string& mode, const fs::path& tokenizer_json,
                           const std::vector<std::string>& strings, const fs::path& dir) {
   write_file(dir / "in.json", nlohmann::json(strings).dump());
-  const std::string script = (ptrain::test::source_dir() / "tests/oracle/hf_tokenizers.js").string();
-  const ptrain::test::CommandResult r =
-      ptrain::test::run_shell("node '" + script + "' " + mode + " '" + tokenizer_json.string() + "' '" +
-                              (dir / "in.json").string() + "' '" + (dir / "out.json").string() + "'");
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  ptrain::test::run_node("hf_tokenizers.js", mode + " '" + tokenizer_json.string() + "' '" + (dir / "in.json").string() +
+                                                 "' '" + (dir / "out.json").string() + "'");
   return nlohmann::json::parse(read_file(dir / "out.json"));
 }
 
@@ -153,6 +151,11 @@ TEST_CASE("tokenizers oracle: ptrain export writes a tokenizer.json that Hugging
     REQUIRE(exported.exit_code == 0);
     for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
       CHECK(fs::is_regular_file(dir.dir / ("hf-" + tokenizer) / file));
+    // `data hf-tokenizer` writes the same tokenizer.json without a model.
+    REQUIRE(ptrain::test::run_ptrain("data hf-tokenizer --tokenizer " + tokenizer + " --out tok-" + tokenizer, dir.dir)
+                .exit_code == 0);
+    CHECK(read_file(dir.dir / ("tok-" + tokenizer) / "tokenizer.json") ==
+          read_file(dir.dir / ("hf-" + tokenizer) / "tokenizer.json"));
     std::vector<std::string> strings = random_text(4243, 300);
     strings.push_back(text.substr(0, 4000));
     const Tokenizer ours = Tokenizer::load(tokenizer);

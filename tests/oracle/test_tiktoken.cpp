@@ -31,13 +31,7 @@ using ptrain::test::write_file;
 
 namespace {
 
-std::string oracle_script() { return (ptrain::test::source_dir() / "tests/oracle/tiktoken.js").string(); }
-
-void run_oracle(const std::string& args) {
-  const ptrain::test::CommandResult r = ptrain::test::run_shell("node '" + oracle_script() + "' " + args);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-}
+void run_oracle(const std::string& args) { ptrain::test::run_node("tiktoken.js", args); }
 
 // tiktoken's ids for each string.
 std::vector<std::vector<int32_t>> tiktoken_ids(const std::vector<std::string>& strings, const fs::path& dir) {
