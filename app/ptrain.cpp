@@ -280,7 +280,7 @@ struct SynthArgs {
 
 void add_data_commands(CLI::App& app, SynthArgs& synth, ptrain::PrepareOptions& prepare, std::string& invalid_utf8,
                        ptrain::HfTokenizerExportOptions& hf_tokenizer) {
-  CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, tokenized text");
+  CLI::App* data = app.add_subcommand("data", "Make training data: synthetic corpora, tokenized text, tokenizer files");
   data->require_subcommand(1);
 
   CLI::App* s = data->add_subcommand("synth", "Write a corpus drawn from a random sparse order-K Markov source");

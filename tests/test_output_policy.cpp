@@ -103,6 +103,14 @@ TEST_CASE("a command's --force replaces its own earlier output and nothing else"
   CHECK(ws.ptrain("data hf-tokenizer --tokenizer bytes --out tok --max-length 64 --force").exit_code == 0);
   CHECK_THAT(read_file(ws.dir / "tok/tokenizer_config.json"), Catch::Contains("\"model_max_length\": 64"));
   CHECK_FALSE(before.at("tok/tokenizer_config.json").find("model_max_length") != std::string::npos);
+  // A tokenizer from elsewhere with the same file names (a Hub download: more keys in its config).
+  fs::create_directories(ws.dir / "hub");
+  for (const char* file : {"tokenizer.json", "special_tokens_map.json"}) write_file(ws.dir / "hub" / file, "{}");
+  write_file(ws.dir / "hub/tokenizer_config.json",
+             R"({"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": false})");
+  const auto with_hub = ws.snapshot();
+  expect_refused(ws, with_hub, ws.ptrain("data hf-tokenizer --tokenizer bytes --out hub --force"), 2,
+                 {"not an earlier output of ptrain data hf-tokenizer"});
 }
 
 TEST_CASE("outputs are planned whole: a missing directory or a link is refused before any work", "[hardening]") {

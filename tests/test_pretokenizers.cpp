@@ -157,6 +157,15 @@ TEST_CASE("pretokenizers: the characters Unicode 15.1 and 16.0 added are letters
   CHECK(matched(tje + "a", PiecePattern(R"(\p{gc=Uppercase_Letter})", "t")) == Pieces{{0, 3}, {3, 4}});
   CHECK(matched(digit + "1x", PiecePattern(R"(\d+)", "t")) == Pieces{{0, 5}, {5, 6}});
   CHECK(matched(digit + "x", PiecePattern(R"(\D+)", "t")) == Pieces{{0, 4}, {4, 5}});
+  CHECK(matched("x" + ext_i, PiecePattern(R"(\pL+)", "t")) == Pieces{{0, 5}});
+  CHECK(matched("!" + ext_i, PiecePattern(R"(\p{^L}+)", "t")) == Pieces{{0, 1}, {1, 5}});
+  // Sets that hold unassigned code points lose those Unicode 16.0 assigned.
+  CHECK(matched(ext_i + encode_utf8(0x2EE5E), PiecePattern(R"(\p{Cn}+)", "t")) == Pieces{{0, 4}, {4, 8}});
+  CHECK(matched(ext_i + "\x01", PiecePattern(R"([^\P{C}]+)", "t")) == Pieces{{0, 4}, {4, 5}});
+  // What the additions cannot mend is refused by name.
+  for (const char* pattern : {R"(\p{Han}+)", R"(\w+)", R"(\bx)", R"([[:alpha:]]+)", R"(\p{Alphabetic})"})
+    CHECK_THAT(user_error([&] { PiecePattern(pattern, "tokenizer.json"); }),
+               Catch::Contains(pattern) && Catch::Contains("general categories"));
 }
 
 // Hugging Face's documentation of SplitDelimiterBehavior (tokenizers/src/tokenizer/normalizer.rs)
@@ -167,7 +176,7 @@ TEST_CASE("pretokenizers: a Split keeps, drops or joins its matches as Hugging F
   RegexPieces matcher(dash);
   auto pieces = [&](SplitBehavior behavior, bool invert) {
     std::vector<Span> spans;
-    matcher.split(text, SplitRule{"-", behavior, invert}, 0, spans);
+    matcher.split(text, behavior, invert, 0, spans);
     std::vector<std::string> out;
     for (const auto& [b, e] : spans) out.push_back(text.substr(b, e - b));
     return out;
@@ -179,6 +188,21 @@ TEST_CASE("pretokenizers: a Split keeps, drops or joins its matches as Hugging F
   CHECK(pieces(SplitBehavior::merged_with_next, false) == V{"the", "-final", "-", "-countdown"});
   CHECK(pieces(SplitBehavior::contiguous, false) == V{"the", "-", "final", "--", "countdown"});
   CHECK(pieces(SplitBehavior::removed, true) == V{"-", "-", "-"});  // inverted: the words go
+  // Empty matches as Hugging Face's iteration (the onig crate's) takes them: one where the match
+  // before it ended is passed over.
+  auto split_by = [](const char* pattern, const std::string& s, SplitBehavior behavior) {
+    const PiecePattern p(pattern, "t");
+    RegexPieces m(p);
+    std::vector<Span> spans;
+    m.split(s, behavior, false, 0, spans);
+    std::vector<std::string> out;
+    for (const auto& [b, e] : spans) out.push_back(s.substr(b, e - b));
+    return out;
+  };
+  CHECK(split_by(R"(\s*)", "a  b", SplitBehavior::merged_with_next) == V{"a", "  b"});
+  CHECK(split_by(R"(\d+|(?=x))", "1ax", SplitBehavior::isolated) == V{"1", "a", "x"});
+  CHECK(split_by(R"(\d+|(?=x))", "1x", SplitBehavior::merged_with_next) == V{"1x"});
+  CHECK(split_by(R"(\d*)", "a1bbb2", SplitBehavior::isolated) == V{"a", "1", "b", "b", "b", "2"});
   // Splits in turn, each on the pieces of the one before; none: the text whole.
   const Pretokenizer two = Pretokenizer::from_splits(
       {{"[0-9]+", SplitBehavior::isolated, false}, {"\\s+", SplitBehavior::removed, false}}, "t");

@@ -94,7 +94,7 @@ std::vector<std::string> write_hf_directory(const std::string& out, const HfDire
     total += static_cast<int64_t>(data.back().size());
   }
   // save_pretrained's split: tensors in order, a new shard when the next would overflow this one.
-  std::vector<std::vector<size_t>> shards(1);
+  std::vector<std::vector<size_t>> shards(c.specs.empty() ? 0 : 1);  // text files only without specs
   int64_t in_shard = 0;
   for (size_t i = 0; i < data.size(); ++i) {
     const int64_t bytes = static_cast<int64_t>(data[i].size());
@@ -111,8 +111,6 @@ std::vector<std::string> write_hf_directory(const std::string& out, const HfDire
     std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
     names.push_back(shards.size() == 1 ? kSingleFile : buf);
   }
-
-  if (c.specs.empty()) shards.clear(), names.clear();  // text files only
 
   const fs::path target = resolved(out);
   const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".ptrain-export-tmp");

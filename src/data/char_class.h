@@ -37,4 +37,7 @@ inline CharClass char_class_at(std::string_view text, size_t i, int& length) {
   return class_of(char_kind_at(text, i, length));
 }
 
+// The line breaks the patterns name, [\r\n].
+inline bool is_line_break(char c) { return c == '\r' || c == '\n'; }
+
 }  // namespace ptrain

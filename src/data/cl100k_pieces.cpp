@@ -8,8 +8,6 @@ namespace ptrain {
 
 namespace {
 
-bool is_line_break(char c) { return c == '\r' || c == '\n'; }
-
 size_t run_end(std::string_view text, size_t i, CharClass k) {
   int length;
   while (i < text.size() && char_class_at(text, i, length) == k) i += length;

@@ -104,8 +104,8 @@ class Reader {
       rule.pattern = pattern["Regex"].get<std::string>();
     } else if (pattern.is_object() && pattern.contains("String") && pattern["String"].is_string() &&
                !pattern["String"].get<std::string>().empty()) {
-      // A literal, as Hugging Face makes a regex of it: every ASCII character that is not a
-      // letter or digit escaped.
+      // A literal, as a regex: every ASCII character that is not a letter or digit escaped
+      // (Hugging Face escapes the metacharacters among them; the others mean themselves either way).
       for (const char c : pattern["String"].get<std::string>()) {
         if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c))) rule.pattern += '\\';
         rule.pattern += c;

@@ -11,8 +11,6 @@ namespace {
 
 constexpr size_t kNone = static_cast<size_t>(-1);
 
-bool is_line_break(char c) { return c == '\r' || c == '\n'; }
-
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}]: caseless letters and marks
 // are in both.
 bool is_upper_side(CharKind k) { return k == CharKind::upper || k == CharKind::caseless || k == CharKind::mark; }

@@ -245,8 +245,11 @@ class TokenWriter {
                         ", and so takes each document whole; expected smaller documents (--separator splits a "
                         "file into documents)");
       throw UserError("input " + in_quotes(file_) + ": " + std::to_string(text.size() >> 20) +
-                      " MiB of text with no place to cut between " + tokenizer_.name() +
-                      " pieces; expected text (a run of one character class this long would be one piece)");
+                      " MiB of text with no place to cut between " + tokenizer_.name() + " pieces; expected text (" +
+                      (p.kind() == Pretokenizer::Kind::o200k
+                           ? "o200k_base's pieces are cut only after a line break, and this is one line"
+                           : "a run of one character class this long would be one piece") +
+                      "; --separator splits a file into documents)");
     }
     if (take > 0 && document_pending_) {
       // A document's <|endoftext|> goes out with its first text: empty documents (an empty

@@ -21,10 +21,15 @@ constexpr int32_t kStackBytes = 256 << 20;
 
 // The general categories a property of \p{..} names, matched loosely as the regex engines match
 // names (case, spaces, '_' and '-' ignored; "gc=" allowed); empty when it names none.
-std::set<std::string> categories_named(const std::string& property) {
+std::string loose_name(const std::string& property) {
   std::string name;
   for (const char c : property)
     if (c != ' ' && c != '_' && c != '-') name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::set<std::string> categories_named(const std::string& property) {
+  std::string name = loose_name(property);
   for (const char* prefix : {"gc=", "generalcategory="})
     if (name.rfind(prefix, 0) == 0) name.erase(0, std::string(prefix).size());
   // Each category's short and long names, then each group's.
@@ -61,6 +66,11 @@ std::set<std::string> categories_named(const std::string& property) {
   return it == kNames.end() ? std::set<std::string>{} : it->second;
 }
 
+bool is_white_space_name(const std::string& property) {
+  const std::string name = loose_name(property);
+  return name == "whitespace" || name == "space";
+}
+
 // `set` (an ICU set expression such as \p{L}, of `categories`) as Unicode 16.0 has it, negated
 // when `negate`: ICU 72 knows Unicode 15.0, so the code points 15.1 and 16.0 assigned to these
 // categories join it, and where the set holds unassigned code points (Cn), those assigned to
@@ -81,14 +91,22 @@ std::string with_additions(const std::string& set, const std::set<std::string>& 
 
 // The pattern in ICU's dialect: \s -> \p{White_Space}, \S -> \P{White_Space}, inside classes
 // too; \p{..}, \P{..} of a general category and \d, \D with Unicode 16.0's additions; other
-// escapes unchanged. ^ and $ outside a class are refused: Oniguruma (Hugging Face's
+// escapes unchanged. What the additions cannot mend is refused: other properties (scripts,
+// Alphabetic), \w and \b (which the engines also define otherwise), POSIX classes. ^ and $ outside a class are refused: Oniguruma (Hugging Face's
 // engine) takes them at every line, ICU at the text's ends only.
 std::string icu_pattern(const std::string& pattern, const std::string& what) {
+  const auto refuse = [&](const std::string& part) {
+    throw UserError(what + ": the pattern \"" + pattern + "\" uses " + part +
+                    ", which ptrain cannot match as Hugging Face's and tiktoken's engines do (ICU 72 knows Unicode "
+                    "15.0, or reads it otherwise); expected general categories such as \\p{L}, \\p{Lu}, \\p{N}, "
+                    "\\p{P}, and \\s, \\d");
+  };
   std::string out;
   int class_depth = 0;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '[') {
+      if (i + 1 < pattern.size() && pattern[i + 1] == ':') refuse("a POSIX class [:...:]");
       ++class_depth;
       out += c;
       if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];  // negation, not an anchor
@@ -102,23 +120,29 @@ std::string icu_pattern(const std::string& pattern, const std::string& what) {
     }
     if (c == '\\' && i + 1 < pattern.size()) {
       const char next = pattern[++i];
-      const size_t close = pattern.find('}', i);
       if (next == 's') {
         out += "\\p{White_Space}";
       } else if (next == 'S') {
         out += "\\P{White_Space}";
       } else if (next == 'd' || next == 'D') {
         out += with_additions("\\d", {"Nd"}, next == 'D');
-      } else if ((next == 'p' || next == 'P') && i + 1 < pattern.size() && pattern[i + 1] == '{' &&
-                 close != std::string::npos) {
-        std::string name = pattern.substr(i + 2, close - i - 2);
+      } else if (next == 'w' || next == 'W' || next == 'b' || next == 'B') {
+        refuse(std::string("\\") + next);
+      } else if (next == 'p' || next == 'P') {
+        // \p{Name}, \p{^Name}, or \pN with a one-letter name.
+        const size_t close = pattern.find('}', i);
+        const bool braced = i + 1 < pattern.size() && pattern[i + 1] == '{' && close != std::string::npos;
+        if (!braced && i + 1 >= pattern.size()) refuse(std::string("\\") + next + " without a name");
+        std::string name = braced ? pattern.substr(i + 2, close - i - 2) : pattern.substr(i + 1, 1);
+        i = braced ? close : i + 1;
         bool negate = next == 'P';
         if (!name.empty() && name[0] == '^') {  // \p{^L}: not a letter
           negate = !negate;
           name.erase(0, 1);
         }
-        out += with_additions("\\p{" + name + "}", categories_named(name), negate);
-        i = close;
+        const std::set<std::string> categories = categories_named(name);
+        if (categories.empty() && !is_white_space_name(name)) refuse("\\p{" + name + "}");
+        out += with_additions("\\p{" + name + "}", categories, negate);
       } else {
         out += {'\\', next};
       }
@@ -134,11 +158,12 @@ std::string icu_pattern(const std::string& pattern, const std::string& what) {
 PiecePattern::PiecePattern(const std::string& pattern, const std::string& what) {
   UErrorCode status = U_ZERO_ERROR;
   UParseError where{};
-  compiled_.reset(
-      icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu_pattern(pattern, what)), 0, where, status));
+  const std::string icu_form = icu_pattern(pattern, what);
+  compiled_.reset(icu::RegexPattern::compile(icu::UnicodeString::fromUTF8(icu_form), 0, where, status));
+  // An offset into the rewritten pattern would point nowhere in the user's.
   if (U_FAILURE(status))
     throw UserError(what + ": the pattern \"" + pattern + "\" does not compile (" + u_errorName(status) +
-                    " near offset " + std::to_string(where.offset) + ")");
+                    (icu_form == pattern ? " near offset " + std::to_string(where.offset) : std::string()) + ")");
 }
 
 PiecePattern::~PiecePattern() = default;
@@ -162,6 +187,7 @@ RegexPieces::RegexPieces(RegexPieces&&) noexcept = default;
 RegexPieces::~RegexPieces() = default;
 
 void RegexPieces::start(std::string_view text) {
+  last_match_end_ = kNoMatch;
   UErrorCode status = U_ZERO_ERROR;
   text_->text = utext_openUTF8(text_->text, text.data(), static_cast<int64_t>(text.size()), &status);
   PTRAIN_CHECK(U_SUCCESS(status), "ICU could not open UTF-8 text");
@@ -170,20 +196,28 @@ void RegexPieces::start(std::string_view text) {
 
 bool RegexPieces::next_match(size_t& begin, size_t& end) {
   UErrorCode status = U_ZERO_ERROR;
-  if (!matcher_->find(status)) {
-    if (U_FAILURE(status))
-      throw UserError(std::string("the pre-tokenizer's pattern failed on the text (ICU: ") + u_errorName(status) +
-                      "): it backtracks too deep; expected a pattern such as tiktoken's and Llama 3's");
-    return false;
+  for (;;) {
+    if (!matcher_->find(status)) {
+      if (U_FAILURE(status))
+        throw UserError(std::string("the pre-tokenizer's pattern failed on the text (ICU: ") + u_errorName(status) +
+                        "): it backtracks too deep; expected a pattern such as tiktoken's and Llama 3's");
+      return false;
+    }
+    // Indexes into UTF-8 UText are byte offsets.
+    begin = static_cast<size_t>(matcher_->start64(status));
+    end = static_cast<size_t>(matcher_->end64(status));
+    PTRAIN_CHECK(U_SUCCESS(status), "ICU's regex failed");
+    // Hugging Face's regex iteration (the onig crate's find_iter, as tokenizers 0.23 has it)
+    // passes over an empty match where the match before it ended; ICU reports it. Both then
+    // search on from the character after it.
+    if (begin == end && end == last_match_end_) continue;
+    last_match_end_ = end;
+    return true;
   }
-  // Indexes into UTF-8 UText are byte offsets.
-  begin = static_cast<size_t>(matcher_->start64(status));
-  end = static_cast<size_t>(matcher_->end64(status));
-  PTRAIN_CHECK(U_SUCCESS(status), "ICU's regex failed");
-  return true;
 }
 
-void RegexPieces::split(std::string_view text, const SplitRule& rule, size_t offset, std::vector<Span>& out) {
+void RegexPieces::split(std::string_view text, SplitBehavior behavior, bool invert, size_t offset,
+                        std::vector<Span>& out) {
   // The matches and the text between them, each marked, as Hugging Face's find_matches gives
   // them (an empty match included: it can part what a join would join).
   struct Part {
@@ -194,16 +228,16 @@ void RegexPieces::split(std::string_view text, const SplitRule& rule, size_t off
   size_t at = 0;
   start(text);
   for (size_t begin, end; next_match(begin, end);) {
-    if (begin > at) parts.push_back({at, begin, rule.invert});
-    parts.push_back({begin, end, !rule.invert});
+    if (begin > at) parts.push_back({at, begin, invert});
+    parts.push_back({begin, end, !invert});
     at = end;
   }
-  if (at < text.size()) parts.push_back({at, text.size(), rule.invert});
+  if (at < text.size()) parts.push_back({at, text.size(), invert});
 
   // Hugging Face's folds over them: (begin, end, removed).
   std::vector<Part> kept;
   bool previous_match = false;
-  switch (rule.behavior) {
+  switch (behavior) {
     case SplitBehavior::isolated:
       for (const Part& p : parts) kept.push_back({p.begin, p.end, false});
       break;
@@ -246,7 +280,8 @@ std::vector<Span> RegexSplitter::pieces(std::string_view text) {
   if (!text.empty()) spans.emplace_back(0, text.size());
   for (size_t k = 0; k < rules_.size(); ++k) {
     next.clear();
-    for (const Span& s : spans) matchers_[k].split(text.substr(s.first, s.second - s.first), rules_[k], s.first, next);
+    for (const Span& s : spans) matchers_[k].split(text.substr(s.first, s.second - s.first), rules_[k].behavior, rules_[k].invert, s.first,
+                         next);
     spans.swap(next);
   }
   return spans;

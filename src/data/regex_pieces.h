@@ -69,15 +69,17 @@ class RegexPieces {
     if (at < text.size()) piece(at, text.size());
   }
 
-  // Appends the pieces `rule` (of this matcher's pattern) cuts `text` into, offset by `offset`,
-  // empty ones left out.
-  void split(std::string_view text, const SplitRule& rule, size_t offset, std::vector<Span>& out);
+  // Appends the pieces a Split by this matcher's pattern with `behavior` and `invert` cuts
+  // `text` into, offset by `offset`, empty ones left out.
+  void split(std::string_view text, SplitBehavior behavior, bool invert, size_t offset, std::vector<Span>& out);
 
  private:
   void start(std::string_view text);
   bool next_match(size_t& begin, size_t& end);
 
+  static constexpr size_t kNoMatch = static_cast<size_t>(-1);
   std::unique_ptr<icu::RegexMatcher> matcher_;
+  size_t last_match_end_ = kNoMatch;  // where the last match reported ended
   struct UTextHolder;
   std::unique_ptr<UTextHolder> text_;
 };

@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_directory.h"
 #include "checkpoint/hf_layout.h"
 #include "checkpoint/llmc.h"
+#include "core/input_file.h"
 #include "core/error.h"
 #include "core/paths.h"
 #include "data/hf_tokenizer_files.h"
@@ -80,18 +83,37 @@ void export_hf(const HfExportOptions& o) {
               name.empty() ? "" : (", " + name + " tokenizer files").c_str());
 }
 
-void export_hf_tokenizer(const HfTokenizerExportOptions& o) {
+namespace {
+
+// Whether `dir` is what data hf-tokenizer writes: only its files, each a regular file, with its
+// tokenizer_config.json (a Hugging Face download has more keys, or other files, and is refused).
+bool is_hf_tokenizer_output(const fs::path& dir) {
   const std::vector<std::string> names = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                           "vocab.json", "merges.txt"};
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec) ||
+        std::find(names.begin(), names.end(), entry.path().filename()) == names.end())
+      return false;
+  for (const char* needed : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (ec || !fs::is_regular_file(dir / needed, ec)) return false;
+  const nlohmann::json config =
+      nlohmann::json::parse(InputFile((dir / "tokenizer_config.json").string(), "tokenizer_config.json").read_all(1 << 16),
+                            nullptr, false);
+  if (!config.is_object()) return false;
+  const std::vector<std::string> keys = {"tokenizer_class", "model_max_length", "bos_token", "eos_token", "unk_token",
+                                         "add_prefix_space"};
+  for (const auto& [key, value] : config.items())
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) return false;
+  const std::string kind = config.value("tokenizer_class", "");
+  return kind == "PreTrainedTokenizerFast" || kind == "GPT2Tokenizer";
+}
+
+}  // namespace
+
+void export_hf_tokenizer(const HfTokenizerExportOptions& o) {
   const std::string target =
-      plan_output(o.out, OutputRule{"--out", true, "ptrain data hf-tokenizer", o.force, [&](const fs::path& dir) {
-                                      std::error_code ec;
-                                      for (const auto& entry : fs::directory_iterator(dir, ec))
-                                        if (!entry.is_regular_file(ec) || entry.is_symlink(ec) ||
-                                            std::find(names.begin(), names.end(), entry.path().filename()) == names.end())
-                                          return false;
-                                      return !ec && fs::exists(dir / "tokenizer.json", ec);
-                                    }});
+      plan_output(o.out, OutputRule{"--out", true, "ptrain data hf-tokenizer", o.force, is_hf_tokenizer_output});
   HfDirectoryContents contents;
   const Tokenizer tokenizer = Tokenizer::load(o.tokenizer, o.vocabulary);
   contents.text_files = hf_tokenizer_files(tokenizer, o.model_max_length).files;

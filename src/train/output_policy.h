@@ -1,5 +1,6 @@
 // One rule for every path a command is told to write (export --out, eval --dump-logits, data
-// synth --out, data prepare --out, compare --out), checked while planning, before any work:
+// synth --out, data prepare --out, data hf-tokenizer --out, compare --out), checked while
+// planning, before any work:
 //   - the path is new, or the same command's own earlier output and --force is given (an empty
 //     directory counts as new);
 //   - it is never a symbolic link (ptrain does not write through links), and never inside a

@@ -104,7 +104,9 @@ TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior,
   TempDir dir("oracle");
   const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
   nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
-  const std::vector<std::string> strings = ptrain::test::random_strings(2030, 2000, false);
+  std::vector<std::string> strings = ptrain::test::random_strings(2030, 2000, false);
+  // The literal below, and what an unescaped '.' would also match.
+  for (const char* s : {"a.e", "axe a.e", "'s a.e's", "a.ea.e  x", "1ax 22"}) strings.push_back(s);
   const auto split = [](const char* kind, const std::string& pattern, const char* behavior, bool invert = false) {
     return nlohmann::json{{"type", "Split"}, {"pattern", {{kind, pattern}}}, {"behavior", behavior}, {"invert", invert}};
   };
@@ -125,7 +127,9 @@ TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior,
       {"merged with the next piece", {split("Regex", "\\s", "MergedWithNext"), byte_level(false)}},
       {"contiguous", {split("Regex", "\\p{L}", "Contiguous"), byte_level(false)}},
       {"inverted", {split("Regex", "\\p{L}+", "Removed", true), byte_level(true)}},
-      {"a literal", {split("String", "'s", "Isolated"), split("String", "a.b", "MergedWithNext"), byte_level(true)}},
+      {"a literal", {split("String", "'s", "Isolated"), split("String", "a.e", "MergedWithNext"), byte_level(true)}},
+      {"empty matches, merged with the next piece", {split("Regex", "\\s*", "MergedWithNext"), byte_level(false)}},
+      {"an empty lookahead", {split("Regex", "\\d+|(?=x)", "Isolated"), byte_level(false)}},
       {"digits one by one", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}},
       {"digit runs", {{{"type", "Digits"}, {"individual_digits", false}}, byte_level(false)}},
       {"ByteLevel without a regex: the text whole", nlohmann::json::array({byte_level(false)})},
