@@ -119,6 +119,27 @@ TEST_CASE("gpt2: merging by scan and by priority queue agree", "[tokenizer]") {
   }
 }
 
+// A long text's encoder keeps the ids of short pieces in a small table (BpeEncoder's recent
+// pieces); 20,000 distinct words, each drawn many times, fill it past every entry, so pieces
+// that share an entry replace each other. The ids must be those of short texts, which go
+// without the table.
+TEST_CASE("gpt2: a long text encodes as its short parts do", "[tokenizer]") {
+  std::mt19937 rng(11);
+  std::vector<std::string> words;
+  for (int i = 0; i < 20000; ++i) words.push_back(" " + random_text(rng, 1 + rng() % 12));
+  std::string text;
+  while (text.size() < (400 << 10)) text += words[rng() % words.size()];
+  std::vector<uint32_t> parts;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = gpt2_safe_cut(text, std::min(text.size(), begin + (8 << 10)));
+    const std::vector<uint32_t> ids = encode(text.substr(begin, end - begin));
+    parts.insert(parts.end(), ids.begin(), ids.end());
+    begin = end;
+  }
+  CHECK(encode(text) == parts);
+}
+
 TEST_CASE("gpt2: text cut at a safe place encodes to the same ids in parts", "[tokenizer]") {
   std::mt19937 rng(3);
   int cuts = 0;

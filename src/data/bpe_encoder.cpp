@@ -1,5 +1,6 @@
 #include "data/bpe_encoder.h"
 
+#include <cstring>
 #include <queue>
 
 #include "core/error.h"
@@ -15,6 +16,8 @@ constexpr size_t kScanLimit = 128;        // longer pieces merge by priority que
 constexpr size_t kCachedPieceBytes = 64;  // longer pieces are rare: not worth caching
 constexpr size_t kCacheEntries = 1 << 18;
 constexpr uint32_t kNone = BpeVocabulary::kNone;
+constexpr int kRecentBits = 13;                    // 2^13 entries, 256 KiB
+constexpr size_t kRecentTableFromBytes = 1 << 16;  // texts shorter than this do without it
 
 }  // namespace
 
@@ -24,6 +27,7 @@ BpeEncoder::BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pret
 }
 
 void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
+  if (recent_.empty() && original.size() >= kRecentTableFromBytes) recent_.resize(size_t{1} << kRecentBits);
   std::string normalized;
   if (!pretokenizer_.normalizer().empty()) normalized = normalize_unicode(original, pretokenizer_.normalizer());
   const std::string_view text = pretokenizer_.normalizer().empty() ? original : std::string_view(normalized);
@@ -37,6 +41,30 @@ void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
 }
 
 void BpeEncoder::encode_piece(std::string_view piece, std::vector<uint32_t>& out) {
+  RecentPiece* recent = nullptr;
+  RecentPiece key;
+  if (!recent_.empty() && piece.size() <= kRecentPieceBytes) {
+    std::memcpy(key.words, piece.data(), piece.size());
+    key.length = static_cast<uint32_t>(piece.size());
+    // A multiplicative hash of the words; the top bits pick the entry.
+    const uint64_t mixed = (key.words[0] * 0x9E3779B97F4A7C15) ^ (key.words[1] * 0xC2B2AE3D27D4EB4F) ^
+                           (key.words[2] * 0x165667B19E3779F9) ^ key.length;
+    recent = &recent_[(mixed * 0xFF51AFD7ED558CCD) >> (64 - kRecentBits)];
+    if (recent->length == key.length && recent->words[0] == key.words[0] && recent->words[1] == key.words[1] &&
+        recent->words[2] == key.words[2]) {
+      out.push_back(recent->id);
+      return;
+    }
+  }
+  const size_t before = out.size();
+  encode_uncached_piece(piece, out);
+  if (recent && out.size() == before + 1) {
+    key.id = out.back();
+    *recent = key;
+  }
+}
+
+void BpeEncoder::encode_uncached_piece(std::string_view piece, std::vector<uint32_t>& out) {
   const uint32_t whole = vocabulary_.whole_pieces_first() ? vocabulary_.id(piece) : kNone;
   if (whole != kNone) {
     out.push_back(whole);

@@ -32,11 +32,25 @@ class BpeEncoder {
 
  private:
   void encode_piece(std::string_view piece, std::vector<uint32_t>& out);
+  void encode_uncached_piece(std::string_view piece, std::vector<uint32_t>& out);
+
+  // A short piece that is one token, as the recent-piece table keeps it: its bytes zero-padded
+  // into three words, its length and its id.
+  struct RecentPiece {
+    uint64_t words[3] = {0, 0, 0};
+    uint32_t id = 0;
+    uint32_t length = 0;  // 0: no piece
+  };
+  static constexpr size_t kRecentPieceBytes = sizeof(RecentPiece::words);
 
   const BpeVocabulary& vocabulary_;
   const Pretokenizer& pretokenizer_;
   std::optional<RegexSplitter> regex_;  // this thread's matchers, for a regex pretokenizer
-  std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  // Most pieces of a text are a few thousand short words, each one token. This direct-mapped
+  // table of them fits a core's L2 cache, where a lookup in the vocabulary's index (several
+  // MiB) waits on memory; it is made for long texts only, as it costs a quarter MiB.
+  std::vector<RecentPiece> recent_;
+  std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // any piece's ids
 };
 
 }  // namespace ptrain

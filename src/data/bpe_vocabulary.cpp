@@ -263,11 +263,12 @@ void BpeVocabulary::finish(const std::string& what, const std::vector<SpecialTok
   slots_.assign(capacity, 0);
   for (uint32_t id = 0; id < tokens_.size(); ++id) {
     if (tokens_[id].empty() || is_special(id)) continue;
-    const uint32_t slot = slot_of(tokens_[id]);
+    const uint64_t hash = std::hash<std::string_view>{}(tokens_[id]);
+    const uint32_t slot = slot_of(tokens_[id], hash);
     if (slots_[slot] != 0)
-      throw UserError(what + ": tokens " + std::to_string(slots_[slot] - 1) + " and " + std::to_string(id) +
-                      " are the same bytes");
-    slots_[slot] = id + 1;
+      throw UserError(what + ": tokens " + std::to_string(static_cast<uint32_t>(slots_[slot]) - 1) + " and " +
+                      std::to_string(id) + " are the same bytes");
+    slots_[slot] = (hash & kHashTag) | (id + 1);
   }
   std::string byte(1, '\0');
   for (int b = 0; b < 256; ++b) {
@@ -276,16 +277,17 @@ void BpeVocabulary::finish(const std::string& what, const std::vector<SpecialTok
   }
 }
 
-uint32_t BpeVocabulary::slot_of(std::string_view bytes) const {
+uint32_t BpeVocabulary::slot_of(std::string_view bytes, uint64_t hash) const {
   const size_t mask = slots_.size() - 1;
-  size_t slot = std::hash<std::string_view>{}(bytes)&mask;
-  while (slots_[slot] != 0 && tokens_[slots_[slot] - 1] != bytes) slot = (slot + 1) & mask;
+  size_t slot = hash & mask;
+  for (uint64_t entry; (entry = slots_[slot]) != 0; slot = (slot + 1) & mask)
+    if ((entry & kHashTag) == (hash & kHashTag) && tokens_[static_cast<uint32_t>(entry) - 1] == bytes) break;
   return static_cast<uint32_t>(slot);
 }
 
 uint32_t BpeVocabulary::id(std::string_view bytes) const {
-  const uint32_t entry = slots_[slot_of(bytes)];
-  return entry == 0 ? kNone : entry - 1;
+  const uint64_t entry = slots_[slot_of(bytes, std::hash<std::string_view>{}(bytes))];
+  return entry == 0 ? kNone : static_cast<uint32_t>(entry) - 1;
 }
 
 uint32_t BpeVocabulary::join_priority(std::string_view joined, size_t split) const {

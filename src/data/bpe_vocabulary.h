@@ -19,6 +19,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/huge_pages.h"
+
 namespace ptrain {
 
 constexpr const char* kEndOfText = "<|endoftext|>";
@@ -86,13 +88,17 @@ class BpeVocabulary {
   // a token, then indexes them. `what` names the files in errors.
   void finish(const std::string& what, const std::vector<SpecialToken>& specials,
               const std::string& document_token = kEndOfText);
-  uint32_t slot_of(std::string_view bytes) const;
+  // The slot holding `bytes` (whose hash is `hash`), or the empty slot where they would go.
+  uint32_t slot_of(std::string_view bytes, uint64_t hash) const;
+  static constexpr uint64_t kHashTag = 0xFFFFFFFF00000000;
 
   Rule rule_ = Rule::by_rank;
   bool whole_pieces_first_ = true;
-  std::vector<std::string> tokens_;  // by id; "" for a hole
+  std::vector<std::string, HugePageAllocator<std::string>> tokens_;  // by id; "" for a hole
   std::vector<uint32_t> priorities_;
-  std::vector<uint32_t> slots_;  // open addressing over the mergeable tokens: id + 1, 0 = empty
+  // Open addressing over the mergeable tokens: (the upper half of the bytes' hash << 32) | id + 1,
+  // 0 = empty. A probe compares bytes only where the hashes agree.
+  std::vector<uint64_t, HugePageAllocator<uint64_t>> slots_;
   std::unordered_map<uint64_t, uint32_t> pair_priority_;  // by_pair: (left id << 32 | right id) -> line
   std::vector<SpecialToken> specials_;
   std::vector<bool> special_;  // by id

@@ -63,7 +63,7 @@ const std::vector<CharKind>& bmp_kinds() {
 
 }  // namespace
 
-CharKind char_kind_at(std::string_view text, size_t i, int& length) {
+CharKind non_ascii_kind_at(std::string_view text, size_t i, int& length) {
   static const std::vector<CharKind>& bmp = bmp_kinds();
   const char32_t c = decode_utf8(text, i, length);
   return c < 0x10000 ? bmp[c] : icu_kind(c);

@@ -4,6 +4,7 @@
 // regex engines have them. The Basic Multilingual Plane is looked up in a table.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string_view>
 
@@ -30,8 +31,35 @@ constexpr CharClass class_of(CharKind k) {
   return CharClass::other;
 }
 
+// The kind of a character beyond ASCII, at byte `i` of valid UTF-8 `text`; `length` gets its
+// bytes.
+CharKind non_ascii_kind_at(std::string_view text, size_t i, int& length);
+
+// ASCII's kinds: most of most text is ASCII, and a table the compiler can see makes scanning
+// it a load per byte.
+constexpr CharKind ascii_kind(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return CharKind::upper;
+  if (c >= 'a' && c <= 'z') return CharKind::lower;
+  if (c >= '0' && c <= '9') return CharKind::number;
+  if (c == ' ' || (c >= '\t' && c <= '\r')) return CharKind::space;  // White_Space's ASCII
+  return CharKind::other;
+}
+
+inline constexpr std::array<CharKind, 128> kAsciiKinds = [] {
+  std::array<CharKind, 128> kinds{};
+  for (unsigned char c = 0; c < 128; ++c) kinds[c] = ascii_kind(c);
+  return kinds;
+}();
+
 // The kind of the character at byte `i` of valid UTF-8 `text`; `length` gets its bytes.
-CharKind char_kind_at(std::string_view text, size_t i, int& length);
+inline CharKind char_kind_at(std::string_view text, size_t i, int& length) {
+  const auto c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) {
+    length = 1;
+    return kAsciiKinds[c];
+  }
+  return non_ascii_kind_at(text, i, length);
+}
 
 inline CharClass char_class_at(std::string_view text, size_t i, int& length) {
   return class_of(char_kind_at(text, i, length));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "core/huge_pages.h"
 
 namespace ptrain {
 
@@ -42,16 +43,17 @@ void ParallelEncoder::encode(std::string_view text, std::vector<uint32_t>& out) 
   std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int p = 0; p < parts; ++p) {
-    parts_[p].clear();
+    parts_[p].ids.clear();
+    reserve_on_huge_pages(parts_[p].ids, cuts[p + 1] - cuts[p]);  // room for one id per byte
     try {
-      encoders_[omp_get_thread_num()].encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), parts_[p]);
+      encoders_[omp_get_thread_num()].encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), parts_[p].ids);
     } catch (...) {
 #pragma omp critical(parallel_encoder_failure)
       if (!failure) failure = std::current_exception();
     }
   }
   if (failure) std::rethrow_exception(failure);
-  for (int p = 0; p < parts; ++p) out.insert(out.end(), parts_[p].begin(), parts_[p].end());
+  for (int p = 0; p < parts; ++p) out.insert(out.end(), parts_[p].ids.begin(), parts_[p].ids.end());
 }
 
 size_t ParallelEncoder::settled_prefix(std::string_view text) const {

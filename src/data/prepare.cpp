@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/format.h"
+#include "core/huge_pages.h"
 #include "core/input_file.h"
 #include "core/output_file.h"
 #include "core/paths.h"
@@ -158,7 +159,10 @@ class TokenWriter {
   TokenWriter(const PrepareOptions& o, const Tokenizer& tokenizer, const std::string& path, int64_t total_bytes)
       : o_(o), tokenizer_(tokenizer), format_(shard_format_for(tokenizer.vocab_size())),
         encoder_(tokenizer, o.threads > 0 ? o.threads : omp_get_max_threads()), out_(path),
-        progress_(o.progress, total_bytes) {}
+        progress_(o.progress, total_bytes) {
+    reserve_on_huge_pages(ids_, 2 * kCopyTokens);
+    if (format_.token_bytes == 2) reserve_on_huge_pages(narrow_, 2 * kCopyTokens);
+  }
 
   void add_file(const std::string& path) {
     const InputFile in(path, "input " + in_quotes(path));
@@ -166,6 +170,8 @@ class TokenWriter {
     start_document();
     std::string buffer, raw;
     const size_t block = kReadBytes * static_cast<size_t>(encoder_.threads());
+    reserve_on_huge_pages(raw, 2 * block);
+    reserve_on_huge_pages(buffer, 2 * block);
     int64_t offset = 0;
     do {
       // raw: what was read and not yet moved to `buffer`; for BPE it is checked (or mended)
@@ -296,6 +302,7 @@ void write_split(const InputFile& tokens, const ShardFormat& format, int64_t beg
                  std::vector<std::string>& files) {
   std::vector<char> buffer;
   const int64_t width = format.token_bytes;
+  reserve_on_huge_pages(buffer, static_cast<size_t>(kCopyTokens * width));
   for (int64_t index = 0, pos = begin; pos < end; ++index, pos += shard_tokens) {
     const int64_t stop = std::min(end, pos + shard_tokens);
     char file[64];
