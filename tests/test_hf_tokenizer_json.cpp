@@ -89,6 +89,80 @@ TEST_CASE("tokenizer.json: GPT-2's as exported gives GPT-2's ids, and a normaliz
   CHECK(Tokenizer::load("hf", written(dir, j)).encode("e\xCC\x81", "t") == gpt2().encode("\xC3\xA9", "t"));
 }
 
+namespace {
+
+// GPT-2's tokenizer.json with added tokens that are not special: found in the text as given
+// ("normalized": false) or in the normalized text after those.
+json with_added_words(json j) {
+  const auto word = [](uint32_t id, const std::string& content, bool normalized) {
+    return json{{"id", id},          {"content", content},         {"single_word", false}, {"lstrip", false},
+                {"rstrip", false},   {"normalized", normalized},   {"special", false}};
+  };
+  for (const json& w : {word(50257, "<tool_call>", false), word(50258, "«q", false), word(50259, "«q»", false),
+                        word(50260, "q»!", false), word(50261, " «q", true), word(50262, "xy z", true),
+                        word(50263, "y z!", false), word(50264, "e\xCC\x81x", true)})
+    j["added_tokens"].push_back(w);
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer.json: added words that are not special are cut out of the text first", "[tokenizer]") {
+  TempDir dir("tokjson");
+  const Tokenizer hf = Tokenizer::load("hf", written(dir, with_added_words(gpt2_json())));
+  const auto gpt2_ids = [](const std::string& text) { return gpt2().encode(text, "text"); };
+  const auto join = [](std::vector<std::vector<uint32_t>> parts) {
+    std::vector<uint32_t> all;
+    for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+    return all;
+  };
+  CHECK(hf.encode("1<tool_call>2", "t") == join({gpt2_ids("1"), {50257}, gpt2_ids("2")}));
+  // The leftmost match, and the longest word starting there; then on from its end.
+  CHECK(hf.encode("x«q»!", "t") == join({gpt2_ids("x"), {50259}, gpt2_ids("!")}));
+  CHECK(hf.encode("xq»!«q", "t") == join({gpt2_ids("x"), {50260, 50258}}));
+  // Words found in the text as given go first: "y z!" before "xy z", which starts earlier.
+  CHECK(hf.encode("xy z!", "t") == join({gpt2_ids("x"), {50263}}));
+  CHECK(hf.encode("a «q", "t") == join({gpt2_ids("a "), {50258}}));
+  CHECK(hf.encode("xy zz", "t") == join({{50262}, gpt2_ids("z")}));
+  const std::string text = "a<tool_call> «q»! xy z! e\xCC\x81x";
+  const std::vector<uint32_t> ids = hf.encode(text, "t");
+  CHECK(hf.decode({ids.begin(), ids.end()}) == text);
+
+  // Under NFC a normalized word is spelled as NFC leaves it and found in the normalized text.
+  json nfc = with_added_words(gpt2_json());
+  nfc["normalizer"] = {{"type", "NFC"}};
+  const Tokenizer composed = Tokenizer::load("hf", written(dir, nfc));
+  CHECK(composed.encode("1e\xCC\x81x", "t") == join({gpt2_ids("1"), {50264}}));
+  CHECK(composed.encode("1\xC3\xA9x", "t") == join({gpt2_ids("1"), {50264}}));
+  CHECK(hf.encode("1\xC3\xA9x", "t") == gpt2_ids("1\xC3\xA9x"));  // without NFC, é is not e + U+0301
+}
+
+// Text is cut for threads where no piece crosses: never within or just before an added word.
+TEST_CASE("tokenizer.json: text with added words cut at a safe place encodes to the same ids", "[tokenizer]") {
+  TempDir dir("tokjson");
+  const Tokenizer hf = Tokenizer::load("hf", written(dir, with_added_words(gpt2_json())));
+  std::mt19937 rng(17);
+  const std::vector<std::string> alphabet = {"a", "b", "c", "d", "x", "y", "z", " ", "  ", "\n", "!", "e", "\xCC\x81",
+                                             "<tool_call>", "<tool", "_call>", "«", "»", "q",
+                                             "xy z", "y z!", "1"};
+  int cuts = 0;
+  for (int i = 0; i < 300; ++i) {
+    std::string text;
+    for (int n = 20 + static_cast<int>(rng() % 60); n > 0; --n) text += alphabet[rng() % alphabet.size()];
+    const std::vector<uint32_t> whole = hf.encode(text, "t");
+    for (size_t cut = hf.pretokenizer()->safe_cut(text, 1); cut < text.size();
+         cut = hf.pretokenizer()->safe_cut(text, cut + 1)) {
+      std::vector<uint32_t> parts = hf.encode(text.substr(0, cut), "t");
+      const std::vector<uint32_t> rest = hf.encode(text.substr(cut), "t");
+      parts.insert(parts.end(), rest.begin(), rest.end());
+      INFO("text " << json(text).dump() << " cut at " << cut);
+      REQUIRE(parts == whole);
+      ++cuts;
+    }
+  }
+  CHECK(cuts > 300);
+}
+
 TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "[tokenizer]") {
   TempDir dir("tokjson");
   const auto refused = [&](json j) { return user_error([&] { Tokenizer::load("hf", written(dir, j)); }); };
@@ -135,8 +209,34 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j["model"]["vocab"]["\xC4\xA0the"] = 7;  // an id twice
   CHECK_THAT(refused(j), Catch::Contains("appears twice"));
   j = gpt2_json();
-  j["added_tokens"][0]["special"] = false;  // Hugging Face would cut it out of ordinary text
-  CHECK_THAT(refused(j), Catch::Contains("not special"));
+  j["added_tokens"][0]["special"] = false;  // a word: a document's text would hold the marker
+  CHECK_THAT(refused(j), Catch::Contains("which marks documents, is not special"));
+  const json word = {{"id", 50257},    {"content", "<w>"},     {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", false}};
+  for (const char* option : {"single_word", "lstrip", "rstrip"}) {
+    j = gpt2_json();
+    j["added_tokens"].push_back(word);
+    j["added_tokens"][1][option] = true;
+    CHECK_THAT(refused(j), Catch::Contains(std::string("<w>\"'s ") + option) && Catch::Contains("false"));
+  }
+  for (const char* key : {"special", "normalized"}) {  // tokenizers reads no added token without them
+    j = gpt2_json();
+    j["added_tokens"].push_back(word);
+    j["added_tokens"][1].erase(key);
+    CHECK_THAT(refused(j), Catch::Contains(std::string("<w>\"'s \"") + key + "\" is missing"));
+  }
+  j = gpt2_json();
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][1]["content"] = "";
+  CHECK_THAT(refused(j), Catch::Contains("added token with id 50257 is empty"));
+  j = gpt2_json();
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][1]["id"] = 397;  // GPT-2's "ab"
+  CHECK_THAT(refused(j), Catch::Contains("\"<w>\" has id 397, which the vocabulary gives to \"ab\""));
+  j["added_tokens"][1]["content"] = "ab";  // the model's token, also cut out as a word
+  const Tokenizer ab = Tokenizer::load("hf", written(dir, j));
+  CHECK(ab.encode("xaby", "t") == std::vector<uint32_t>{ab.encode("x", "t")[0], 397, ab.encode("y", "t")[0]});
+  CHECK(ab.encode(" abc", "t") == std::vector<uint32_t>{220, 397, 66});  // " ", "ab", "c"
   j = gpt2_json();
   j["added_tokens"][0]["id"] = 4294967296 + 100;
   CHECK_THAT(refused(j), Catch::Contains("added_tokens") && Catch::Contains("below"));

@@ -2,8 +2,8 @@
 // than on bare metal (the host keeps tables of its own): on the 2-core cloud VM this project is
 // built on, touching fresh memory cost 12-14 us per 4 KiB page, so an 8 MiB buffer's first
 // fill took 25 ms, about as long as tokenizing a megabyte. Where the kernel gives transparent
-// huge pages on request
-// (Debian's default, "madvise"), a 2 MiB page takes one fault and one TLB entry instead of 512.
+// huge pages on request (the setting "madvise", as on those VMs), a 2 MiB page takes one fault
+// and one TLB entry instead of 512.
 #pragma once
 
 #include <sys/mman.h>
@@ -27,7 +27,8 @@ inline void prefer_huge_pages(const void* data, size_t bytes) {
 }
 
 // Reserves room for `n` elements in a vector or string that is empty or about to grow, on huge
-// pages where the buffer is new.
+// pages where the buffer is new: those whole 2 MiB pages that fall inside the block malloc
+// gives, which for a buffer of 4 MiB or more is most of it.
 template <class Buffer>
 void reserve_on_huge_pages(Buffer& buffer, size_t n) {
   if (buffer.capacity() >= n) return;
@@ -48,6 +49,8 @@ struct HugePageAllocator {
   template <class U>
   HugePageAllocator(const HugePageAllocator<U>&) {}
 
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__, "small blocks come from plain operator new");
+
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
     if (bytes < kHugePageBytes) return static_cast<T*>(::operator new(bytes));
@@ -65,6 +68,8 @@ struct HugePageAllocator {
   }
   template <class U>
   bool operator==(const HugePageAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const { return false; }
 };
 
 }  // namespace ptrain

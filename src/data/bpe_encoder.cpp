@@ -17,7 +17,7 @@ constexpr size_t kCachedPieceBytes = 64;  // longer pieces are rare: not worth c
 constexpr size_t kCacheEntries = 1 << 18;
 constexpr uint32_t kNone = BpeVocabulary::kNone;
 constexpr int kRecentBits = 13;                    // 2^13 entries, 256 KiB
-constexpr size_t kRecentTableFromBytes = 1 << 16;  // texts shorter than this do without it
+constexpr size_t kRecentTableFromBytes = 1 << 16;  // made at the first text this long
 
 }  // namespace
 
@@ -26,11 +26,40 @@ BpeEncoder::BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pret
   if (pretokenizer.kind() == Pretokenizer::Kind::regex) regex_.emplace(pretokenizer.splits(), pretokenizer.regexes());
 }
 
+namespace {
+
+// Calls `between(text)` for the text before, between and after the words of `words` found in
+// `text`, and appends each word's id to `out`, in order.
+template <typename F>
+void split_at_words(const AddedWords& words, std::string_view text, std::vector<uint32_t>& out, F&& between) {
+  if (words.empty()) {
+    between(text);
+    return;
+  }
+  for (size_t at = 0; at < text.size();) {
+    const AddedWordMatch match = words.find(text, at);
+    if (match.begin > at) between(text.substr(at, match.begin - at));
+    if (match.begin == text.size()) break;
+    out.push_back(match.id);
+    at = match.end;
+  }
+}
+
+}  // namespace
+
 void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
   if (recent_.empty() && original.size() >= kRecentTableFromBytes) recent_.resize(size_t{1} << kRecentBits);
-  std::string normalized;
-  if (!pretokenizer_.normalizer().empty()) normalized = normalize_unicode(original, pretokenizer_.normalizer());
-  const std::string_view text = pretokenizer_.normalizer().empty() ? original : std::string_view(normalized);
+  split_at_words(pretokenizer_.raw_words(), original, out, [&](std::string_view part) {
+    if (pretokenizer_.normalizer().empty()) {
+      split_at_words(pretokenizer_.normalized_words(), part, out, [&](std::string_view text) { encode_pieces(text, out); });
+      return;
+    }
+    const std::string normalized = normalize_unicode(part, pretokenizer_.normalizer());
+    split_at_words(pretokenizer_.normalized_words(), normalized, out, [&](std::string_view text) { encode_pieces(text, out); });
+  });
+}
+
+void BpeEncoder::encode_pieces(std::string_view text, std::vector<uint32_t>& out) {
   const auto piece = [&](size_t begin, size_t end) { encode_piece(text.substr(begin, end - begin), out); };
   switch (pretokenizer_.kind()) {
     case Pretokenizer::Kind::gpt2: for_each_piece(text, gpt2_piece_end, piece); break;
@@ -43,7 +72,7 @@ void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
 void BpeEncoder::encode_piece(std::string_view piece, std::vector<uint32_t>& out) {
   RecentPiece* recent = nullptr;
   RecentPiece key;
-  if (!recent_.empty() && piece.size() <= kRecentPieceBytes) {
+  if (!recent_.empty() && !piece.empty() && piece.size() <= kRecentPieceBytes) {  // (an empty entry is length 0)
     std::memcpy(key.words, piece.data(), piece.size());
     key.length = static_cast<uint32_t>(piece.size());
     // A multiplicative hash of the words; the top bits pick the entry.

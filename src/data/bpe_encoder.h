@@ -1,5 +1,6 @@
 // Byte-pair encoding of text, exact to its reference (tiktoken's encode_ordinary, or Hugging
-// Face's tokenizers without added tokens: "<|endoftext|>" in the text is text). Text is cut into
+// Face's tokenizers less its special tokens: "<|endoftext|>" in the text is text; added words
+// that are not special are cut out first, data/added_words.h). Text is cut into
 // pieces (data/pretokenizer.h); within a piece, the adjacent pair of parts with the lowest
 // join priority is joined, the leftmost first on ties, until no pair may join. One encoder per
 // thread: it caches the ids of pieces it has seen (most of a corpus is a few thousand words).
@@ -31,6 +32,7 @@ class BpeEncoder {
   void merge_by_queue(std::string_view piece, std::vector<uint32_t>& out) const;
 
  private:
+  void encode_pieces(std::string_view text, std::vector<uint32_t>& out);  // text with no added words
   void encode_piece(std::string_view piece, std::vector<uint32_t>& out);
   void encode_uncached_piece(std::string_view piece, std::vector<uint32_t>& out);
 
@@ -48,7 +50,7 @@ class BpeEncoder {
   std::optional<RegexSplitter> regex_;  // this thread's matchers, for a regex pretokenizer
   // Most pieces of a text are a few thousand short words, each one token. This direct-mapped
   // table of them fits a core's L2 cache, where a lookup in the vocabulary's index (several
-  // MiB) waits on memory; it is made for long texts only, as it costs a quarter MiB.
+  // MiB) waits on memory. It costs a quarter MiB, so it is made at the first long text.
   std::vector<RecentPiece> recent_;
   std::unordered_map<std::string, std::vector<uint32_t>> cache_;  // any piece's ids
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <sstream>
 
 #include "core/sha256.h"
@@ -173,12 +174,13 @@ BpeVocabulary BpeVocabulary::from_hf_files(const std::string& vocab_json, const 
     added.push_back({kEndOfText, vocab[kEndOfText].get<uint32_t>()});
   else
     throw UserError(what + ": expected the token \"<|endoftext|>\"");
-  return from_hf_model(vocab, merges, added, false, kEndOfText, what, hash.hex_digest(),
+  return from_hf_model(vocab, merges, added, {}, false, kEndOfText, what, hash.hex_digest(),
                        vocab_json + " + " + merges_txt);
 }
 
 BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const std::vector<HfMerge>& merges,
-                                           const std::vector<SpecialToken>& added, bool ignore_merges,
+                                           const std::vector<SpecialToken>& specials,
+                                           const std::vector<SpecialToken>& words, bool ignore_merges,
                                            const std::string& document_token, const std::string& what,
                                            const std::string& sha256, const std::string& source) {
   if (!vocab.is_object() || vocab.empty() || vocab.size() > kMaxTokens)
@@ -189,9 +191,12 @@ BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const st
   v.whole_pieces_first_ = ignore_merges;
   v.sha256_ = sha256;
   v.source_ = source;
+  std::vector<SpecialToken> added = specials;  // the words the vocabulary lacks join them below
   auto added_named = [&](const std::string& text) {
     return std::find_if(added.begin(), added.end(), [&](const SpecialToken& s) { return s.text == text; });
   };
+  std::map<uint32_t, const SpecialToken*> word_with_id;
+  for (const SpecialToken& w : words) word_with_id[w.id] = &w;
   std::vector<bool> seen;
   std::string bytes;
   for (const auto& [key, value] : vocab.items()) {
@@ -215,8 +220,16 @@ BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const st
       throw UserError(what + ": \"" + key + "\" is not a byte string in GPT-2's byte-to-unicode spelling");
     } else {
       v.tokens_[id] = bytes;
+      const auto word = word_with_id.find(id);
+      if (word != word_with_id.end()) {
+        if (word->second->text != bytes)
+          throw UserError(what + ": added token \"" + word->second->text + "\" has id " + std::to_string(id) +
+                          ", which the vocabulary gives to \"" + key + "\"; expected the same text");
+        word_with_id.erase(word);  // a model token too, as in Hugging Face's tokenizers
+      }
     }
   }
+  for (const auto& [id, word] : word_with_id) added.push_back(*word);
   // Single bytes come first of all; the merges follow in their order.
   for (uint32_t id = 0; id < v.tokens_.size(); ++id)
     if (v.tokens_[id].size() == 1) v.priorities_[id] = 0;

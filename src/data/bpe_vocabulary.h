@@ -49,9 +49,12 @@ class BpeVocabulary {
   static BpeVocabulary from_hf_files(const std::string& vocab_json, const std::string& merges_txt);
   // A Hugging Face BPE model: `vocab` maps spelled byte strings to ids; the added tokens are
   // special tokens (in `vocab` with the same id, or beside it), and the one whose text is
-  // `document_token` marks documents. `what` names the source in errors.
+  // `document_token` marks documents. `words`, added tokens that are not special, are model
+  // tokens where `vocab` has their id (with the same bytes), else ids of their own that no
+  // merge makes, as special tokens are. `what` names the source in errors.
   static BpeVocabulary from_hf_model(const nlohmann::json& vocab, const std::vector<HfMerge>& merges,
-                                     const std::vector<SpecialToken>& added, bool ignore_merges,
+                                     const std::vector<SpecialToken>& added, const std::vector<SpecialToken>& words,
+                                     bool ignore_merges,
                                      const std::string& document_token, const std::string& what,
                                      const std::string& sha256, const std::string& source);
 
@@ -59,6 +62,7 @@ class BpeVocabulary {
   // The id of the token that marks documents (<|endoftext|> unless said otherwise), or -1 when
   // the vocabulary has none.
   int32_t end_of_text() const { return end_of_text_; }
+  // The special tokens, and a tokenizer.json's added words that its model's vocabulary lacks.
   const std::vector<SpecialToken>& specials() const { return specials_; }
   // SHA-256 over the files read: it tells whether two runs used the same vocabulary.
   const std::string& sha256() const { return sha256_; }

@@ -179,7 +179,8 @@ class Reader {
       refuse("pre_tokenizer", "missing", "byte-level BPE (a ByteLevel pre-tokenizer)");
     t.splits = splits(j["pre_tokenizer"]);
 
-    std::vector<SpecialToken> added;
+    std::vector<SpecialToken> added, words;
+    std::vector<AddedWord> raw_words, normalized_words;
     bool has_document_token = document_token.empty();
     if (j.contains("added_tokens")) {
       if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
@@ -190,20 +191,42 @@ class Reader {
           throw UserError(what_ + ": added_tokens: expected {\"id\": N below " + std::to_string(kMaxVocab) +
                           ", \"content\": \"...\"}, found " + a.dump().substr(0, 80));
         // Hugging Face cuts every added token out of the text before the model sees it; ptrain,
-        // as tiktoken's encode_ordinary, reads the text of a special token as text. A token that
-        // is not special (a word added to the vocabulary) would split ordinary text otherwise.
-        if (!flag(a, "special", false))
-          refuse("added token " + a["content"].dump(), "not special",
-                 "added tokens that are special tokens only (Hugging Face cuts others out of any text)");
-        added.push_back({a["content"].get<std::string>(), a["id"].get<uint32_t>()});
-        has_document_token = has_document_token || added.back().text == document_token;
+        // as tiktoken's encode_ordinary, reads the text of a special token as text, and cuts
+        // out the others (words added to the vocabulary) as Hugging Face does.
+        const std::string content = a["content"].get<std::string>();
+        if (content.empty()) refuse("added token with id " + a["id"].dump(), "empty", "some text");
+        const auto id = a["id"].get<uint32_t>();
+        // tokenizers reads no added token without these keys (AddedToken has no defaults).
+        for (const char* key : {"special", "normalized"})
+          if (!a.contains(key) || !a[key].is_boolean())
+            refuse("added token " + a["content"].dump() + "'s \"" + key + "\"",
+                   a.contains(key) ? a[key].dump() : "missing", "true or false");
+        if (a["special"].get<bool>()) {
+          added.push_back({content, id});
+          has_document_token = has_document_token || content == document_token;
+          continue;
+        }
+        if (content == (document_token.empty() ? kEndOfText : document_token))
+          refuse("added token " + a["content"].dump() + ", which marks documents,", "not special",
+                 "special (a word is cut out of any text, so a document's text would hold the marker)");
+        for (const char* option : {"single_word", "lstrip", "rstrip"})
+          if (flag(a, option, false))
+            refuse("added token " + a["content"].dump() + "'s " + option, "true",
+                   "false (ptrain cuts out a word that is not special wherever it is, as it is)");
+        words.push_back({content, id});
+        if (a["normalized"].get<bool>())
+          normalized_words.push_back({t.normalizer.empty() ? content : normalize_unicode(content, t.normalizer), id});
+        else
+          raw_words.push_back({content, id});
       }
     }
     if (!has_document_token)
       throw UserError(what_ + ": expected the added token " + document_token + ", which marks documents");
     t.vocabulary = std::make_shared<BpeVocabulary>(BpeVocabulary::from_hf_model(
-        model["vocab"], merges(model["merges"]), added, flag(model, "ignore_merges", false),
+        model["vocab"], merges(model["merges"]), added, words, flag(model, "ignore_merges", false),
         document_token.empty() ? kEndOfText : document_token, what_, hash, path_));
+    t.raw_words = AddedWords(std::move(raw_words));
+    t.normalized_words = AddedWords(std::move(normalized_words));
     return t;
   }
 

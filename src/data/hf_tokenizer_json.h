@@ -4,17 +4,19 @@
 //   Sequence of Splits (a regex or a literal, any behavior, inverted or not) and Digits (Llama
 //   3's layout: one Split, then ByteLevel without its regex; DeepSeek's: several Splits);
 // - no normalizer, or Unicode normalization (NFC, NFD, NFKC, NFKD, or a Sequence of them);
-// - ignore_merges as the file says; added tokens as special tokens.
+// - ignore_merges as the file says; added tokens: special ones as special tokens, the others as
+//   words cut out of the text (data/added_words.h).
 // Anything else is refused by name (a Unigram or WordPiece model, byte-fallback BPE as
 // SentencePiece converts, a Metaspace pre-tokenizer, a Lowercase normalizer, ByteLevel's
-// add_prefix_space, ...), so that a file ptrain would tokenize differently from Hugging Face is
-// never used.
+// add_prefix_space, an added word's single_word, lstrip or rstrip, ...), so that a file ptrain
+// would tokenize differently from Hugging Face is never used.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "data/added_words.h"
 #include "data/bpe_vocabulary.h"
 #include "data/regex_pieces.h"
 #include "data/unicode_normalizer.h"
@@ -25,6 +27,7 @@ struct TokenizerJson {
   std::shared_ptr<const BpeVocabulary> vocabulary;  // its sha256() is the file's
   std::vector<SplitRule> splits;                    // the pre-tokenizer's, in order
   std::vector<UnicodeForm> normalizer;              // applied in order; empty: none
+  AddedWords raw_words, normalized_words;           // added tokens that are not special
 };
 
 // Reads `path`; `document_token` names the added token that marks documents ("" picks

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <exception>
 
-#include "core/huge_pages.h"
-
 namespace ptrain {
 
 namespace {
@@ -44,8 +42,8 @@ void ParallelEncoder::encode(std::string_view text, std::vector<uint32_t>& out) 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
   for (int p = 0; p < parts; ++p) {
     parts_[p].ids.clear();
-    reserve_on_huge_pages(parts_[p].ids, cuts[p + 1] - cuts[p]);  // room for one id per byte
     try {
+      parts_[p].ids.reserve((cuts[p + 1] - cuts[p]) / 2);  // text has fewer ids than half its bytes, mostly
       encoders_[omp_get_thread_num()].encode(text.substr(cuts[p], cuts[p + 1] - cuts[p]), parts_[p].ids);
     } catch (...) {
 #pragma omp critical(parallel_encoder_failure)

@@ -29,7 +29,7 @@ class ParallelEncoder {
   std::vector<BpeEncoder> encoders_;  // one per thread, each keeping its cache across calls
   // The ids of each part, kept across calls (no page faults growing them again), each on cache
   // lines of its own: vectors side by side, grown from two threads, would pass their shared
-  // line back and forth on every id.
+  // line back and forth on every id (false sharing).
   struct alignas(64) Part {
     std::vector<uint32_t> ids;
   };

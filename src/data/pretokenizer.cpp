@@ -40,15 +40,38 @@ Pretokenizer Pretokenizer::from_splits(std::vector<SplitRule> splits, const std:
   return p;
 }
 
+Pretokenizer Pretokenizer::with_added_words(AddedWords raw, AddedWords normalized) && {
+  raw_words_ = std::move(raw);
+  normalized_words_ = std::move(normalized);
+  return std::move(*this);
+}
+
+namespace {
+
+// Bytes after a cut kept clear of added words as well, to be safe: the scanners place a cut by
+// the characters after it, and the text between words ends where a word starts.
+constexpr size_t kScannerLookahead = 16;
+
+}  // namespace
+
 size_t Pretokenizer::safe_cut(std::string_view text, size_t from) const {
   if (!normalizer_.empty()) return text.size();
-  switch (kind_) {
-    case Kind::gpt2: return gpt2_safe_cut(text, from);
-    case Kind::cl100k: return cl100k_safe_cut(text, from);
-    case Kind::o200k: return o200k_safe_cut(text, from);
-    case Kind::regex: return text.size();
-  }
-  return text.size();
+  const auto cut = [&](size_t at) {
+    switch (kind_) {
+      case Kind::gpt2: return gpt2_safe_cut(text, at);
+      case Kind::cl100k: return cl100k_safe_cut(text, at);
+      case Kind::o200k: return o200k_safe_cut(text, at);
+      case Kind::regex: break;
+    }
+    return text.size();
+  };
+  const auto near_word = [&](size_t at) {
+    return raw_words_.near(text, at, raw_words_.longest(), kScannerLookahead) ||
+           normalized_words_.near(text, at, normalized_words_.longest(), kScannerLookahead);
+  };
+  size_t at = cut(from);
+  while (at < text.size() && near_word(at)) at = cut(at + 1);
+  return at;
 }
 
 }  // namespace ptrain

@@ -1,5 +1,6 @@
-// What a tokenizer does to text before byte-pair merges: Unicode normalization where its
-// tokenizer.json sets one, then cutting into pieces (merges never cross a piece's edge). The
+// What a tokenizer does to text before byte-pair merges: added words out (data/added_words.h),
+// Unicode normalization where its tokenizer.json sets one, then cutting into pieces (merges
+// never cross a piece's edge). The
 // patterns of GPT-2, cl100k_base (also Llama 3's) and o200k_base have scanners of their own;
 // any other pattern runs on ICU's regex engine (data/regex_pieces.h).
 #pragma once
@@ -11,6 +12,7 @@
 
 #include <vector>
 
+#include "data/added_words.h"
 #include "data/regex_pieces.h"
 #include "data/unicode_normalizer.h"
 
@@ -33,6 +35,9 @@ class Pretokenizer {
   // with a known pattern gets that pattern's scanner.
   static Pretokenizer from_splits(std::vector<SplitRule> splits, const std::string& what,
                                   std::vector<UnicodeForm> normalizer = {});
+  // With added words: `raw` found in the text as given, `normalized` (spelled as the
+  // normalizer leaves them) in the normalized text between.
+  Pretokenizer with_added_words(AddedWords raw, AddedWords normalized) &&;
 
   Kind kind() const { return kind_; }
   // The pattern of a tokenizer with one Split keeping its matches (every tiktoken encoding);
@@ -41,11 +46,14 @@ class Pretokenizer {
   const std::vector<SplitRule>& splits() const { return splits_; }
   const std::vector<std::shared_ptr<const PiecePattern>>& regexes() const { return regexes_; }
   const std::vector<UnicodeForm>& normalizer() const { return normalizer_; }
+  const AddedWords& raw_words() const { return raw_words_; }
+  const AddedWords& normalized_words() const { return normalized_words_; }
 
   // The first place at or after `from` where valid UTF-8 `text` may be cut so that the halves
   // give the pieces the whole does; text.size() when there is none (a regex's pieces are
   // taken whole, as nothing is known about where they may end; so is normalized text, as a cut
-  // may fall inside what normalization joins).
+  // may fall inside what normalization joins). Not near an added word either, where the text
+  // between words, pre-tokenized alone, may cut otherwise.
   size_t safe_cut(std::string_view text, size_t from) const;
 
  private:
@@ -54,6 +62,7 @@ class Pretokenizer {
   std::vector<SplitRule> splits_;
   std::vector<std::shared_ptr<const PiecePattern>> regexes_;  // one per Split, for Kind::regex
   std::vector<UnicodeForm> normalizer_;
+  AddedWords raw_words_, normalized_words_;
 };
 
 // Calls `piece(begin, end)` for each piece `piece_end` finds in `text`, in order.

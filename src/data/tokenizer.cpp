@@ -171,8 +171,9 @@ Tokenizer Tokenizer::load_json(const JsonTokenizer& spec, const std::string& voc
   Tokenizer t;
   t.name_ = name;
   t.bpe_ = file.vocabulary;
-  t.pretokenizer_ =
-      std::make_shared<Pretokenizer>(Pretokenizer::from_splits(file.splits, what + " \"" + path + "\"", file.normalizer));
+  t.pretokenizer_ = std::make_shared<Pretokenizer>(
+      Pretokenizer::from_splits(file.splits, what + " \"" + path + "\"", file.normalizer)
+          .with_added_words(file.raw_words, file.normalized_words));
   return t;
 }
 

@@ -144,3 +144,66 @@ TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior,
     CHECK(differences(hf, file, strings, dir.dir).empty());
   }
 }
+
+// Added tokens that are not special: Hugging Face cuts them out of the text before anything
+// else, those marked "normalized": false from the text as given, then the others from the
+// normalized text; ptrain does the same, also where `data prepare` cuts a document for threads.
+TEST_CASE("tokenizers oracle: added words that are not special, on random text and through data prepare", "[oracle]") {
+  TempDir dir("oracle");
+  const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
+  nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
+  const std::vector<std::pair<std::string, bool>> words = {
+      {"<tool_call>", false}, {"</tool_call>", false}, {"«q", false}, {"«q»", false}, {"q»!", false},
+      {" «q", true},          {"xy z", true},          {"y z!", false}, {"e\xCC\x81x", true}, {"\n\n", false}};
+  uint32_t id = 50257;
+  for (const auto& [content, normalized] : words)
+    j["added_tokens"].push_back({{"id", id++}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", normalized}, {"special", false}});
+  std::vector<std::string> inserts = {"<tool", "call>", "«", "»", "q", "xy", " z", "!", "e", "\xCC\x81", "\n"};
+  for (const auto& w : words) inserts.push_back(w.first);
+  std::mt19937 rng(2031);
+  const auto with_words = [&](const std::string& text, size_t every) {
+    std::string out;
+    for (size_t at = 0; at < text.size(); ++at) {
+      out += text[at];
+      const bool boundary = at + 1 == text.size() || (static_cast<uint8_t>(text[at + 1]) & 0xC0) != 0x80;
+      if (boundary && rng() % every == 0) out += inserts[rng() % inserts.size()];
+    }
+    return out;
+  };
+  std::vector<std::string> strings;
+  for (const std::string& s : ptrain::test::random_strings(2031, 2000, false)) strings.push_back(with_words(s, 4));
+  const fs::path file = dir.dir / "tokenizer.json";
+  for (const char* normalizer : {"null", R"({"type": "NFC"})"}) {
+    j["normalizer"] = nlohmann::json::parse(normalizer);
+    write_file(file, j.dump());
+    INFO("normalizer " << normalizer);
+    CHECK(differences(Tokenizer::load("hf", file.string()), file, strings, dir.dir).empty());
+  }
+
+  // Without a normalizer `data prepare` cuts the text for its threads: Moby-Dick, twice (past
+  // one read), with a word or a part of one every 40 characters or so.
+  j["normalizer"] = nullptr;
+  write_file(file, j.dump());
+  const std::string moby = read_file(fs::path(data_cache_dir()) / "text" / "moby-dick.txt");
+  write_file(dir.dir / "doc.txt", with_words(moby + moby, 40));
+  PrepareOptions o;
+  o.tokenizer = "hf";
+  o.vocabulary = file.string();
+  o.inputs = {(dir.dir / "doc.txt").string()};
+  o.out_dir = (dir.dir / "shards").string();
+  o.threads = 2;
+  const PrepareResult r = prepare_text(o);
+  std::string ours;
+  for (const char* split : {"train", "val"})
+    for (const std::string& f : r.files)
+      if (f.find(std::string("_") + split + "_") != std::string::npos) ours += read_file(f).substr(1024);
+  oracle("documents '" + file.string() + "' 50256 '" + (dir.dir / "hf.bin").string() + "' '" +
+         (dir.dir / "doc.txt").string() + "'");
+  const std::string theirs32 = read_file(dir.dir / "hf.bin");
+  std::string theirs;  // as uint16, as the shards hold GPT-2's ids
+  for (size_t at = 0; at < theirs32.size(); at += 4) theirs += theirs32.substr(at, 2);
+  CHECK(theirs.size() / 2 == static_cast<size_t>(r.train_tokens + r.val_tokens));
+  CHECK(theirs.size() / 2 > 500000);
+  CHECK(ours == theirs);
+}
