@@ -89,6 +89,68 @@ TEST_CASE("tokenizer.json: GPT-2's as exported gives GPT-2's ids, and a normaliz
   CHECK(Tokenizer::load("hf", written(dir, j)).encode("e\xCC\x81", "t") == gpt2().encode("\xC3\xA9", "t"));
 }
 
+TEST_CASE("tokenizer.json: Lowercase, Strip, Replace and Prepend do what tokenizers does, in order", "[tokenizer]") {
+  using Kind = NormalizerStep::Kind;
+  const auto apply = [](const std::string& text, const NormalizerStep& step) { return normalize_text(text, {step}); };
+  // Each character alone, by Unicode 17.0: final sigma is σ too; İ is i and a combining dot;
+  // U+1C89 (CYRILLIC CAPITAL LETTER TJE) is new in 16.0, U+A7CE (LATIN CAPITAL LETTER PHARYNGEAL
+  // VOICED FRICATIVE) in 17.0.
+  CHECK(apply("\xC3\x80" "B \xCE\xA3\xCE\xA3 \xC4\xB0 \xE1\xB2\x89x\xEA\x9F\x8E", {Kind::lowercase}) ==
+        "\xC3\xA0" "b \xCF\x83\xCF\x83 i\xCC\x87 \xE1\xB2\x8Ax\xEA\x9F\x8F");
+  // Unicode's White_Space (here U+3000 and U+00A0 too), at the ends asked.
+  const std::string spaced = "\xE3\x80\x80 a b\t\xC2\xA0";
+  CHECK(apply(spaced, {Kind::strip, "", "", true, false}) == "a b\t\xC2\xA0");
+  CHECK(apply(spaced, {Kind::strip, "", "", false, true}) == "\xE3\x80\x80 a b");
+  CHECK(apply(spaced, {Kind::strip, "", "", true, true}) == "a b");
+  CHECK(apply(" \t ", {Kind::strip, "", "", false, true}).empty());
+  CHECK(apply(" \t ", {Kind::strip, "", "", false, false}) == " \t ");
+  // A literal, left to right, without overlaps.
+  CHECK(apply("aaab", {Kind::replace, "aa", "b", false, false}) == "bab");
+  CHECK(apply("a.b.", {Kind::replace, ".", "", false, false}) == "ab");
+  CHECK(apply("", {Kind::prepend, "\xE2\x96\x81", "", false, false}).empty());  // not to empty text
+  CHECK(normalize_text("a b", {{Kind::replace, " ", "\xE2\x96\x81", false, false},
+                               {Kind::prepend, "\xE2\x96\x81", "", false, false}}) ==
+        "\xE2\x96\x81" "a\xE2\x96\x81" "b");
+
+  // In a tokenizer.json, around an added word: each text between words is normalized alone.
+  TempDir dir("tokjson");
+  json j = gpt2_json();
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers",
+                      {{{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
+                       {{"type", "Lowercase"}},
+                       {{"type", "Replace"}, {"pattern", {{"String", "-"}}}, {"content", " - "}},
+                       {{"type", "Prepend"}, {"prepend", " "}}}}};
+  j["added_tokens"].push_back({{"id", 50257},    {"content", "<W>"},     {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", false}});
+  const Tokenizer hf = Tokenizer::load("hf", written(dir, j));
+  const auto ids = [](std::initializer_list<std::vector<uint32_t>> parts) {
+    std::vector<uint32_t> all;
+    for (const auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+    return all;
+  };
+  CHECK(hf.encode("  New-York <W>Hi ", "t") ==
+        ids({gpt2().encode(" new - york", "t"), {50257}, gpt2().encode(" hi", "t")}));
+  CHECK(hf.encode("<W>  <W>", "t") == std::vector<uint32_t>{50257, 50257});  // stripped to nothing: no prefix
+}
+
+TEST_CASE("tokenizer.json: ByteLevel's add_prefix_space puts a space before each piece that lacks one", "[tokenizer]") {
+  TempDir dir("tokjson");
+  json j = gpt2_json();
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  j["added_tokens"].push_back({{"id", 50257},    {"content", "<W>"},     {"single_word", false}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", false}});
+  const Tokenizer hf = Tokenizer::load("hf", written(dir, j));
+  CHECK(hf.pretokenizer()->kind() == Pretokenizer::Kind::regex);  // GPT-2's scanner has no prefix
+  CHECK(hf.encode("Hello world", "t") == gpt2().encode(" Hello world", "t"));
+  CHECK(hf.encode(" Hello", "t") == gpt2().encode(" Hello", "t"));
+  std::vector<uint32_t> around = gpt2().encode(" \ta", "t");  // a tab is not a space
+  around.push_back(50257);
+  around.push_back(gpt2().encode(" b", "t")[0]);
+  CHECK(hf.encode("\ta<W>b", "t") == around);
+  CHECK(hf.pretokenizer()->safe_cut("a b\nc.d", 1) == 7);  // never cut: each part would get a space
+}
+
 namespace {
 
 // GPT-2's tokenizer.json with added tokens that are not special: found in the text as given
@@ -178,8 +240,17 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}};
   CHECK_THAT(refused(j), Catch::Contains("pre_tokenizer is Metaspace"));
   j = gpt2_json();
-  j["normalizer"] = {{"type", "Lowercase"}};
-  CHECK_THAT(refused(j), Catch::Contains("normalizer is Lowercase"));
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "\\s+"}}}, {"content", " "}};
+  CHECK_THAT(refused(j), Catch::Contains("Replace normalizer's pattern is {\"Regex\"") && Catch::Contains("String"));
+  j["normalizer"]["pattern"] = {{"String", ""}};
+  CHECK_THAT(refused(j), Catch::Contains("Replace normalizer's pattern is {\"String\":\"\"}"));
+  j["normalizer"]["pattern"] = {{"String", "a"}};
+  j["normalizer"].erase("content");
+  CHECK_THAT(refused(j), Catch::Contains("Replace normalizer's \"content\" is missing"));
+  j["normalizer"] = {{"type", "Strip"}, {"strip_left", true}};
+  CHECK_THAT(refused(j), Catch::Contains("Strip normalizer's \"strip_right\" is missing"));
+  j["normalizer"] = {{"type", "StripAccents"}};
+  CHECK_THAT(refused(j), Catch::Contains("normalizer is StripAccents"));
   j = gpt2_json();
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
@@ -202,9 +273,6 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
                           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   CHECK_THAT(refused(j), Catch::Contains("(unclosed") && Catch::Contains("does not compile"));
-  j = gpt2_json();
-  j["pre_tokenizer"]["add_prefix_space"] = true;
-  CHECK_THAT(refused(j), Catch::Contains("add_prefix_space"));
   j = gpt2_json();
   j["model"]["vocab"]["\xC4\xA0the"] = 7;  // an id twice
   CHECK_THAT(refused(j), Catch::Contains("appears twice"));
@@ -229,6 +297,12 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j["added_tokens"].push_back(word);
   j["added_tokens"][1]["content"] = "";
   CHECK_THAT(refused(j), Catch::Contains("added token with id 50257 is empty"));
+  j["added_tokens"][1]["content"] = " \t";
+  j["added_tokens"][1]["normalized"] = true;
+  j["normalizer"] = {{"type", "Strip"}, {"strip_left", true}, {"strip_right", false}};
+  CHECK_THAT(refused(j), Catch::Contains("added token \" \\t\", normalized, is empty"));
+  j["normalizer"]["strip_right"] = "yes";
+  CHECK_THAT(refused(j), Catch::Contains("Strip normalizer's \"strip_right\" is \"yes\"; expected true or false"));
   j = gpt2_json();
   j["added_tokens"].push_back(word);
   j["added_tokens"][1]["id"] = 397;  // GPT-2's "ab"

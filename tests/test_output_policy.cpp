@@ -111,6 +111,12 @@ TEST_CASE("a command's --force replaces its own earlier output and nothing else"
   const auto with_hub = ws.snapshot();
   expect_refused(ws, with_hub, ws.ptrain("data hf-tokenizer --tokenizer bytes --out hub --force"), 2,
                  {"not an earlier output of ptrain data hf-tokenizer"});
+  // ... whose config holds a chat template longer than any ptrain writes.
+  write_file(ws.dir / "hub/tokenizer_config.json",
+             R"({"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": ")" + std::string(70000, 'x') + "\"}");
+  const auto with_template = ws.snapshot();
+  expect_refused(ws, with_template, ws.ptrain("data hf-tokenizer --tokenizer bytes --out hub --force"), 2,
+                 {"not an earlier output of ptrain data hf-tokenizer"});
 }
 
 TEST_CASE("outputs are planned whole: a missing directory or a link is refused before any work", "[hardening]") {

@@ -208,14 +208,31 @@ TEST_CASE("pretokenizers: a Split keeps, drops or joins its matches as Hugging F
       {{"[0-9]+", SplitBehavior::isolated, false}, {"\\s+", SplitBehavior::removed, false}}, "t");
   CHECK(two.kind() == Pretokenizer::Kind::regex);
   RegexSplitter splitter(two.splits(), two.regexes());
-  Pieces got;
-  splitter.for_each("ab12 cd  3e", [&](size_t b, size_t e) { got.emplace_back(b, e); });
-  CHECK(got == Pieces{{0, 2}, {2, 4}, {5, 7}, {9, 10}, {10, 11}});
+  V got;
+  const auto collect = [&](std::string_view p) { got.emplace_back(p); };
+  splitter.for_each("ab12 cd  3e", collect);
+  CHECK(got == V{"ab", "12", "cd", "3", "e"});
   const Pretokenizer none = Pretokenizer::from_splits({}, "t");
   RegexSplitter whole(none.splits(), none.regexes());
   got.clear();
-  whole.for_each("a b", [&](size_t b, size_t e) { got.emplace_back(b, e); });
-  CHECK(got == Pieces{{0, 3}});
+  whole.for_each("a b", collect);
+  CHECK(got == V{"a b"});
+  // ByteLevel's add_prefix_space: a space before each piece the Splits before it leave, unless
+  // it starts with one (another white space does not count); then the Splits after it.
+  RegexSplitter after_both(two.splits(), two.regexes(), 2);
+  got.clear();
+  after_both.for_each("ab12 cd", collect);
+  CHECK(got == V{" ab", " 12", " cd"});
+  RegexSplitter before_both(two.splits(), two.regexes(), 0);
+  got.clear();
+  before_both.for_each("ab12 cd", collect);  // " ab12 cd", then the digits, then no spaces
+  CHECK(got == V{"ab", "12", "cd"});
+  RegexSplitter text_whole(none.splits(), none.regexes(), 0);
+  got.clear();
+  text_whole.for_each(" a", collect);
+  text_whole.for_each("\ta", collect);
+  CHECK(got == V{" a", " \ta"});
+  CHECK(Pretokenizer::from_splits({{kGpt2Pattern}}, "t", {}, 0).kind() == Pretokenizer::Kind::regex);
 }
 
 TEST_CASE("pretokenizers: a known pattern gets its scanner, any other the regex engine", "[tokenizer]") {

@@ -18,7 +18,8 @@
 
 namespace ptrain {
 
-struct AddedWord {
+// A token a tokenizer file adds beside its model's: a special token (BpeVocabulary) or a word.
+struct AddedToken {
   std::string text;
   uint32_t id = 0;
 };
@@ -31,10 +32,10 @@ struct AddedWordMatch {
 class AddedWords {
  public:
   AddedWords() = default;
-  explicit AddedWords(std::vector<AddedWord> words);
+  explicit AddedWords(std::vector<AddedToken> words);
 
   bool empty() const { return words_.empty(); }
-  const std::vector<AddedWord>& words() const { return words_; }  // longest first
+  const std::vector<AddedToken>& words() const { return words_; }  // longest first
   // The first match in text[from, ...).
   AddedWordMatch find(std::string_view text, size_t from) const;
   // Whether a word may lie near `at`: one starts within `before` bytes before it or `after`
@@ -44,11 +45,11 @@ class AddedWords {
   size_t longest() const { return words_.empty() ? 0 : words_.front().text.size(); }
 
  private:
-  bool starts_at(std::string_view text, size_t at, const AddedWord& word) const {
+  bool starts_at(std::string_view text, size_t at, const AddedToken& word) const {
     return text.compare(at, word.text.size(), word.text) == 0;
   }
 
-  std::vector<AddedWord> words_;
+  std::vector<AddedToken> words_;
   std::array<bool, 256> first_bytes_{};  // the bytes a word starts with
 };
 

@@ -23,7 +23,8 @@ constexpr size_t kRecentTableFromBytes = 1 << 16;  // made at the first text thi
 
 BpeEncoder::BpeEncoder(const BpeVocabulary& vocabulary, const Pretokenizer& pretokenizer)
     : vocabulary_(vocabulary), pretokenizer_(pretokenizer) {
-  if (pretokenizer.kind() == Pretokenizer::Kind::regex) regex_.emplace(pretokenizer.splits(), pretokenizer.regexes());
+  if (pretokenizer.kind() == Pretokenizer::Kind::regex)
+    regex_.emplace(pretokenizer.splits(), pretokenizer.regexes(), pretokenizer.prefix_space_at());
 }
 
 namespace {
@@ -50,12 +51,10 @@ void split_at_words(const AddedWords& words, std::string_view text, std::vector<
 void BpeEncoder::encode(std::string_view original, std::vector<uint32_t>& out) {
   if (recent_.empty() && original.size() >= kRecentTableFromBytes) recent_.resize(size_t{1} << kRecentBits);
   split_at_words(pretokenizer_.raw_words(), original, out, [&](std::string_view part) {
-    if (pretokenizer_.normalizer().empty()) {
-      split_at_words(pretokenizer_.normalized_words(), part, out, [&](std::string_view text) { encode_pieces(text, out); });
-      return;
-    }
-    const std::string normalized = normalize_unicode(part, pretokenizer_.normalizer());
-    split_at_words(pretokenizer_.normalized_words(), normalized, out, [&](std::string_view text) { encode_pieces(text, out); });
+    std::string normalized;
+    if (!pretokenizer_.normalizer().empty()) normalized = normalize_text(part, pretokenizer_.normalizer());
+    split_at_words(pretokenizer_.normalized_words(), pretokenizer_.normalizer().empty() ? part : normalized, out,
+                   [&](std::string_view text) { encode_pieces(text, out); });
   });
 }
 
@@ -65,7 +64,9 @@ void BpeEncoder::encode_pieces(std::string_view text, std::vector<uint32_t>& out
     case Pretokenizer::Kind::gpt2: for_each_piece(text, gpt2_piece_end, piece); break;
     case Pretokenizer::Kind::cl100k: for_each_piece(text, cl100k_piece_end, piece); break;
     case Pretokenizer::Kind::o200k: for_each_piece(text, o200k_piece_end, piece); break;
-    case Pretokenizer::Kind::regex: regex_->for_each(text, piece); break;
+    case Pretokenizer::Kind::regex:
+      regex_->for_each(text, [&](std::string_view p) { encode_piece(p, out); });
+      break;
   }
 }
 

@@ -70,7 +70,7 @@ char32_t gpt2_byte_to_unicode(uint8_t byte) {
 }
 
 BpeVocabulary BpeVocabulary::from_tiktoken_file(const std::string& path, const std::string& what,
-                                                const std::string& sha256, const std::vector<SpecialToken>& specials,
+                                                const std::string& sha256, const std::vector<AddedToken>& specials,
                                                 const std::string& hint) {
   const std::string text = read_vocabulary_file(path, what);
   BpeVocabulary v;
@@ -169,7 +169,7 @@ BpeVocabulary BpeVocabulary::from_hf_files(const std::string& vocab_json, const 
   const std::string what = "vocabulary \"" + vocab_json + "\"";
   const nlohmann::json vocab = parse_json(vocab_text, what);
   // <|endoftext|> is an entry of vocab.json: a special token with the id given there.
-  std::vector<SpecialToken> added;
+  std::vector<AddedToken> added;
   if (vocab.is_object() && vocab.contains(kEndOfText) && vocab[kEndOfText].is_number_unsigned())
     added.push_back({kEndOfText, vocab[kEndOfText].get<uint32_t>()});
   else
@@ -179,8 +179,8 @@ BpeVocabulary BpeVocabulary::from_hf_files(const std::string& vocab_json, const 
 }
 
 BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const std::vector<HfMerge>& merges,
-                                           const std::vector<SpecialToken>& specials,
-                                           const std::vector<SpecialToken>& words, bool ignore_merges,
+                                           const std::vector<AddedToken>& specials,
+                                           const std::vector<AddedToken>& words, bool ignore_merges,
                                            const std::string& document_token, const std::string& what,
                                            const std::string& sha256, const std::string& source) {
   if (!vocab.is_object() || vocab.empty() || vocab.size() > kMaxTokens)
@@ -191,12 +191,12 @@ BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const st
   v.whole_pieces_first_ = ignore_merges;
   v.sha256_ = sha256;
   v.source_ = source;
-  std::vector<SpecialToken> added = specials;  // the words the vocabulary lacks join them below
+  std::vector<AddedToken> added = specials;  // the words the vocabulary lacks join them below
   auto added_named = [&](const std::string& text) {
-    return std::find_if(added.begin(), added.end(), [&](const SpecialToken& s) { return s.text == text; });
+    return std::find_if(added.begin(), added.end(), [&](const AddedToken& s) { return s.text == text; });
   };
-  std::map<uint32_t, const SpecialToken*> word_with_id;
-  for (const SpecialToken& w : words) word_with_id[w.id] = &w;
+  std::map<uint32_t, const AddedToken*> word_with_id;
+  for (const AddedToken& w : words) word_with_id[w.id] = &w;
   std::vector<bool> seen;
   std::string bytes;
   for (const auto& [key, value] : vocab.items()) {
@@ -251,9 +251,9 @@ BpeVocabulary BpeVocabulary::from_hf_model(const nlohmann::json& vocab, const st
   return v;
 }
 
-void BpeVocabulary::finish(const std::string& what, const std::vector<SpecialToken>& specials,
+void BpeVocabulary::finish(const std::string& what, const std::vector<AddedToken>& specials,
                            const std::string& document_token) {
-  for (const SpecialToken& special : specials) {
+  for (const AddedToken& special : specials) {
     if (special.id >= kMaxTokens)
       throw UserError(what + ": special token " + special.text + " has id " + std::to_string(special.id) +
                       ", expected below " + std::to_string(kMaxTokens));

@@ -20,15 +20,11 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/huge_pages.h"
+#include "data/added_words.h"
 
 namespace ptrain {
 
 constexpr const char* kEndOfText = "<|endoftext|>";
-
-struct SpecialToken {
-  std::string text;
-  uint32_t id = 0;
-};
 
 // One line of a Hugging Face merge list: two byte strings in GPT-2's spelling, and where the
 // line is (for errors).
@@ -44,7 +40,7 @@ class BpeVocabulary {
   // would give other ids with no error); `what` names it in errors, `hint` says how to get
   // it. The special tokens follow the ranks.
   static BpeVocabulary from_tiktoken_file(const std::string& path, const std::string& what, const std::string& sha256,
-                                          const std::vector<SpecialToken>& specials, const std::string& hint);
+                                          const std::vector<AddedToken>& specials, const std::string& hint);
   // A user's vocab.json + merges.txt (GPT-2's layout). <|endoftext|> must be in vocab.json.
   static BpeVocabulary from_hf_files(const std::string& vocab_json, const std::string& merges_txt);
   // A Hugging Face BPE model: `vocab` maps spelled byte strings to ids; the added tokens are
@@ -53,7 +49,7 @@ class BpeVocabulary {
   // tokens where `vocab` has their id (with the same bytes), else ids of their own that no
   // merge makes, as special tokens are. `what` names the source in errors.
   static BpeVocabulary from_hf_model(const nlohmann::json& vocab, const std::vector<HfMerge>& merges,
-                                     const std::vector<SpecialToken>& added, const std::vector<SpecialToken>& words,
+                                     const std::vector<AddedToken>& added, const std::vector<AddedToken>& words,
                                      bool ignore_merges,
                                      const std::string& document_token, const std::string& what,
                                      const std::string& sha256, const std::string& source);
@@ -63,7 +59,7 @@ class BpeVocabulary {
   // the vocabulary has none.
   int32_t end_of_text() const { return end_of_text_; }
   // The special tokens, and a tokenizer.json's added words that its model's vocabulary lacks.
-  const std::vector<SpecialToken>& specials() const { return specials_; }
+  const std::vector<AddedToken>& specials() const { return specials_; }
   // SHA-256 over the files read: it tells whether two runs used the same vocabulary.
   const std::string& sha256() const { return sha256_; }
   const std::string& source() const { return source_; }
@@ -90,7 +86,7 @@ class BpeVocabulary {
   enum class Rule { by_rank, by_pair };
   // Adds the special tokens, checks every mergeable byte string is distinct and every byte has
   // a token, then indexes them. `what` names the files in errors.
-  void finish(const std::string& what, const std::vector<SpecialToken>& specials,
+  void finish(const std::string& what, const std::vector<AddedToken>& specials,
               const std::string& document_token = kEndOfText);
   // The slot holding `bytes` (whose hash is `hash`), or the empty slot where they would go.
   uint32_t slot_of(std::string_view bytes, uint64_t hash) const;
@@ -104,7 +100,7 @@ class BpeVocabulary {
   // 0 = empty. A probe compares bytes only where the hashes agree.
   std::vector<uint64_t, HugePageAllocator<uint64_t>> slots_;
   std::unordered_map<uint64_t, uint32_t> pair_priority_;  // by_pair: (left id << 32 | right id) -> line
-  std::vector<SpecialToken> specials_;
+  std::vector<AddedToken> specials_;
   std::vector<bool> special_;  // by id
   int32_t end_of_text_ = -1;
   std::string sha256_, source_;

@@ -1,9 +1,10 @@
 // GPT-2's pre-tokenisation: text is cut into pieces, and byte-pair merges never cross a piece's
 // edge. The pieces are those of tiktoken's pattern for gpt2/r50k_base,
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// found by a scanner over Unicode character classes (ICU's, Unicode 15) instead of a regex
-// engine: it makes the same cuts (tested against ICU's regex and against tiktoken itself) at a
-// multiple of the speed. \s is Unicode's White_Space property, as in tiktoken's Rust regex.
+// found by a scanner over Unicode character classes (Unicode 16.0's: data/char_class.h) instead
+// of a regex engine: it makes the same cuts (tested against ICU's regex and against tiktoken
+// itself) at a multiple of the speed. \s is Unicode's White_Space property, as in tiktoken's
+// Rust regex.
 #pragma once
 
 #include <cstddef>

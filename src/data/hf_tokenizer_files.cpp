@@ -112,7 +112,7 @@ std::string vocab_object(const std::vector<std::pair<std::string, int>>& entries
   return out + "}\n";
 }
 
-nlohmann::ordered_json added_token(const SpecialToken& s) {
+nlohmann::ordered_json added_token(const AddedToken& s) {
   return {{"id", s.id},         {"content", s.text},     {"single_word", false}, {"lstrip", false},
           {"rstrip", false},    {"normalized", false},   {"special", true}};
 }
@@ -173,7 +173,7 @@ std::string gpt2_special_tokens_map() {
 std::string tiktoken_tokenizer_json(const std::string& vocab_json, const std::string& merges_txt,
                                     const BpeVocabulary& v, const std::string& pattern) {
   nlohmann::ordered_json added = nlohmann::ordered_json::array();
-  for (const SpecialToken& s : v.specials()) added.push_back(added_token(s));
+  for (const AddedToken& s : v.specials()) added.push_back(added_token(s));
   nlohmann::ordered_json j = byte_level_tokenizer(std::move(added), merge_list(merges_txt), false);
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",

@@ -39,26 +39,57 @@ class Reader {
                     " (a tokenizer it would run otherwise than Hugging Face's is refused)");
   }
 
-  std::vector<UnicodeForm> normalizer(const json& n) const {
+  // What Hugging Face's tokenizers cannot read either.
+  [[noreturn]] void malformed(const std::string& part, const std::string& found, const std::string& expected) const {
+    throw UserError(what_ + ": " + part + " is " + found + "; expected " + expected);
+  }
+
+  Normalizer normalizer(const json& n) const {
     if (n.is_null()) return {};
+    using Kind = NormalizerStep::Kind;
     const std::string type = type_of(n);
+    const auto text = [&](const char* key) {
+      if (!n.contains(key) || !n[key].is_string())
+        malformed(std::string("the ") + type + " normalizer's \"" + key + "\"",
+                  n.contains(key) ? n[key].dump() : "missing", "a string");
+      return n[key].get<std::string>();
+    };
     if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
-      std::vector<UnicodeForm> forms;
+      Normalizer steps;
       for (const json& part : n["normalizers"])
-        for (const UnicodeForm f : normalizer(part)) forms.push_back(f);
-      return forms;
+        for (NormalizerStep& step : normalizer(part)) steps.push_back(std::move(step));
+      return steps;
     }
-    if (type == "NFC") return {UnicodeForm::nfc};
-    if (type == "NFD") return {UnicodeForm::nfd};
-    if (type == "NFKC") return {UnicodeForm::nfkc};
-    if (type == "NFKD") return {UnicodeForm::nfkd};
+    static const std::map<std::string, Kind> kForms = {
+        {"NFC", Kind::nfc},   {"NFD", Kind::nfd},
+        {"NFKC", Kind::nfkc}, {"NFKD", Kind::nfkd},
+        {"Lowercase", Kind::lowercase}};
+    if (const auto form = kForms.find(type); form != kForms.end()) return {{form->second, "", "", false, false}};
+    if (type == "Strip") {
+      for (const char* key : {"strip_left", "strip_right"})  // tokenizers reads no Strip without both
+        if (!n.contains(key) || !n[key].is_boolean())
+          malformed(std::string("the Strip normalizer's \"") + key + "\"",
+                    n.contains(key) ? n[key].dump() : "missing", "true or false");
+      return {{Kind::strip, "", "", n["strip_left"].get<bool>(), n["strip_right"].get<bool>()}};
+    }
+    if (type == "Prepend") return {{Kind::prepend, text("prepend"), "", false, false}};
+    if (type == "Replace") {
+      const json pattern = n.value("pattern", json());
+      // tokenizers finds an empty literal between every two characters; nobody means that.
+      if (!pattern.is_object() || !pattern.contains("String") || !pattern["String"].is_string() ||
+          pattern["String"].get<std::string>().empty())
+        refuse("the Replace normalizer's pattern", pattern.dump().substr(0, 80), "a Replace of a non-empty String");
+      return {{Kind::replace, pattern["String"].get<std::string>(), text("content"), false, false}};
+    }
     refuse("normalizer", type.empty() ? n.dump().substr(0, 80) : type,
-           "no normalizer, NFC, NFD, NFKC, NFKD or a Sequence of them");
+           "no normalizer, or NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend or Replace of a String, alone or in "
+           "a Sequence");
   }
 
   // The Splits the pre-tokenizer makes: any Splits and Digits, then ByteLevel (with GPT-2's
   // regex as one more Split when its use_regex is on), in a Sequence or alone.
-  std::vector<SplitRule> splits(const json& p) const {
+  // `prefix_space_at` gets the number of Splits before ByteLevel when its add_prefix_space is on.
+  std::vector<SplitRule> splits(const json& p, size_t& prefix_space_at) const {
     const std::string expected =
         "byte-level BPE: ByteLevel, or a Sequence of Splits and Digits that ends in ByteLevel";
     std::vector<const json*> steps;
@@ -69,7 +100,7 @@ class Reader {
       const std::string type = type_of(step);
       const bool last = i + 1 == steps.size();
       if (type == "ByteLevel" && last) {
-        if (flag(step, "add_prefix_space", false)) refuse("ByteLevel's add_prefix_space", "true", "it false");
+        if (flag(step, "add_prefix_space", false)) prefix_space_at = rules.size();
         if (flag(step, "use_regex", true)) rules.push_back({kGpt2Pattern});
       } else if (type == "Split") {
         rules.push_back(split(step));
@@ -177,10 +208,10 @@ class Reader {
     t.normalizer = normalizer(j.value("normalizer", json()));
     if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
       refuse("pre_tokenizer", "missing", "byte-level BPE (a ByteLevel pre-tokenizer)");
-    t.splits = splits(j["pre_tokenizer"]);
+    t.splits = splits(j["pre_tokenizer"], t.prefix_space_at);
 
-    std::vector<SpecialToken> added, words;
-    std::vector<AddedWord> raw_words, normalized_words;
+    std::vector<AddedToken> added, words;
+    std::vector<AddedToken> raw_words, normalized_words;
     bool has_document_token = document_token.empty();
     if (j.contains("added_tokens")) {
       if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
@@ -199,8 +230,8 @@ class Reader {
         // tokenizers reads no added token without these keys (AddedToken has no defaults).
         for (const char* key : {"special", "normalized"})
           if (!a.contains(key) || !a[key].is_boolean())
-            refuse("added token " + a["content"].dump() + "'s \"" + key + "\"",
-                   a.contains(key) ? a[key].dump() : "missing", "true or false");
+            malformed("added token " + a["content"].dump() + "'s \"" + key + "\"",
+                      a.contains(key) ? a[key].dump() : "missing", "true or false");
         if (a["special"].get<bool>()) {
           added.push_back({content, id});
           has_document_token = has_document_token || content == document_token;
@@ -214,9 +245,13 @@ class Reader {
             refuse("added token " + a["content"].dump() + "'s " + option, "true",
                    "false (ptrain cuts out a word that is not special wherever it is, as it is)");
         words.push_back({content, id});
-        if (a["normalized"].get<bool>())
-          normalized_words.push_back({t.normalizer.empty() ? content : normalize_unicode(content, t.normalizer), id});
-        else
+        if (a["normalized"].get<bool>()) {
+          const std::string spelled = normalize_text(content, t.normalizer);
+          if (spelled.empty())
+            refuse("added token " + a["content"].dump() + ", normalized,", "empty",
+                   "words that normalize to some text");
+          normalized_words.push_back({spelled, id});
+        } else
           raw_words.push_back({content, id});
       }
     }

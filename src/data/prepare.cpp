@@ -247,7 +247,9 @@ class TokenWriter {
       if (p.kind() == Pretokenizer::Kind::regex || !p.normalizer().empty())
         throw UserError("input " + in_quotes(file_) + ": a document of more than " +
                         std::to_string(kMaxUncutBytes >> 20) + " MiB; the " + tokenizer_.name() + " tokenizer " +
-                        (p.normalizer().empty() ? "runs its pattern on a regex engine" : "normalizes its text") +
+                        (!p.normalizer().empty()                    ? "normalizes its text"
+                         : p.prefix_space_at() != kNoPrefixSpace ? "puts a space before each piece"
+                                                                  : "runs its pattern on a regex engine") +
                         ", and so takes each document whole; expected smaller documents (--separator splits a "
                         "file into documents)");
       throw UserError("input " + in_quotes(file_) + ": " + std::to_string(text.size() >> 20) +

@@ -14,18 +14,18 @@ const char* const kO200kPattern =
     R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
     R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-Pretokenizer Pretokenizer::from_pattern(const std::string& pattern, const std::string& what,
-                                        std::vector<UnicodeForm> normalizer) {
-  return from_splits({SplitRule{pattern}}, what, std::move(normalizer));
+Pretokenizer Pretokenizer::from_pattern(const std::string& pattern, const std::string& what) {
+  return from_splits({SplitRule{pattern}}, what);
 }
 
-Pretokenizer Pretokenizer::from_splits(std::vector<SplitRule> splits, const std::string& what,
-                                       std::vector<UnicodeForm> normalizer) {
+Pretokenizer Pretokenizer::from_splits(std::vector<SplitRule> splits, const std::string& what, Normalizer normalizer,
+                                       size_t prefix_space_at) {
   Pretokenizer p;
   p.normalizer_ = std::move(normalizer);
   p.splits_ = std::move(splits);
-  const bool one_isolated =
-      p.splits_.size() == 1 && p.splits_[0].behavior == SplitBehavior::isolated && !p.splits_[0].invert;
+  p.prefix_space_at_ = prefix_space_at;
+  const bool one_isolated = p.splits_.size() == 1 && p.splits_[0].behavior == SplitBehavior::isolated &&
+                            !p.splits_[0].invert && prefix_space_at == kNoPrefixSpace;
   if (one_isolated) p.pattern_ = p.splits_[0].pattern;
   if (one_isolated && p.pattern_ == kGpt2Pattern) {
     p.kind_ = Kind::gpt2;

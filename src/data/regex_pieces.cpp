@@ -270,15 +270,17 @@ void RegexPieces::split(std::string_view text, SplitBehavior behavior, bool inve
 }
 
 RegexSplitter::RegexSplitter(const std::vector<SplitRule>& rules,
-                             const std::vector<std::shared_ptr<const PiecePattern>>& patterns)
-    : rules_(rules) {
+                             const std::vector<std::shared_ptr<const PiecePattern>>& patterns,
+                             size_t prefix_space_at)
+    : rules_(rules), prefix_space_at_(prefix_space_at) {
+  PTRAIN_CHECK(prefix_space_at == kNoPrefixSpace || prefix_space_at <= rules.size(), "a prefix space past the Splits");
   for (const auto& p : patterns) matchers_.emplace_back(*p);
 }
 
-std::vector<Span> RegexSplitter::pieces(std::string_view text) {
+std::vector<Span> RegexSplitter::pieces(std::string_view text, size_t first, size_t last) {
   std::vector<Span> spans, next;
   if (!text.empty()) spans.emplace_back(0, text.size());
-  for (size_t k = 0; k < rules_.size(); ++k) {
+  for (size_t k = first; k < last; ++k) {
     next.clear();
     for (const Span& s : spans) matchers_[k].split(text.substr(s.first, s.second - s.first), rules_[k].behavior, rules_[k].invert, s.first,
                          next);

@@ -84,26 +84,48 @@ class RegexPieces {
   std::unique_ptr<UTextHolder> text_;
 };
 
-// One thread's matchers of a chain of Splits; none leaves the text one piece.
+// A `prefix_space_at` that puts no space before pieces (RegexSplitter).
+inline constexpr size_t kNoPrefixSpace = static_cast<size_t>(-1);
+
+// One thread's matchers of a chain of Splits; none leaves the text one piece. With
+// `prefix_space_at` k, each piece the first k Splits leave gets a space in front unless it
+// starts with one (ByteLevel's add_prefix_space) before the rest split it.
 class RegexSplitter {
  public:
-  RegexSplitter(const std::vector<SplitRule>& rules, const std::vector<std::shared_ptr<const PiecePattern>>& patterns);
+  RegexSplitter(const std::vector<SplitRule>& rules, const std::vector<std::shared_ptr<const PiecePattern>>& patterns,
+                size_t prefix_space_at = kNoPrefixSpace);
 
-  // Calls `piece(begin, end)` for each piece of valid UTF-8 `text`, in order.
+  // Calls `piece(text)` for each piece of valid UTF-8 `text`, in order (a prefixed piece is
+  // valid only during the call).
   template <typename F>
   void for_each(std::string_view text, F&& piece) {
-    if (rules_.size() == 1 && rules_[0].behavior == SplitBehavior::isolated && !rules_[0].invert) {
-      matchers_[0].for_each(text, piece);  // the common case, streamed
+    const auto of = [&](std::string_view whole) {
+      return [&piece, whole](size_t begin, size_t end) { piece(whole.substr(begin, end - begin)); };
+    };
+    if (prefix_space_at_ == kNoPrefixSpace) {
+      if (rules_.size() == 1 && rules_[0].behavior == SplitBehavior::isolated && !rules_[0].invert) {
+        matchers_[0].for_each(text, of(text));  // the common case, streamed
+        return;
+      }
+      for (const Span& s : pieces(text, 0, rules_.size())) of(text)(s.first, s.second);
       return;
     }
-    for (const Span& s : pieces(text)) piece(s.first, s.second);
+    for (const Span& s : pieces(text, 0, prefix_space_at_)) {
+      const std::string_view p = text.substr(s.first, s.second - s.first);
+      prefixed_.assign(p.front() == ' ' ? "" : " ");
+      prefixed_.append(p);
+      for (const Span& t : pieces(prefixed_, prefix_space_at_, rules_.size())) of(prefixed_)(t.first, t.second);
+    }
   }
 
  private:
-  std::vector<Span> pieces(std::string_view text);
+  // The pieces rules [first, last) cut `text` into.
+  std::vector<Span> pieces(std::string_view text, size_t first, size_t last);
 
   std::vector<SplitRule> rules_;
   std::vector<RegexPieces> matchers_;
+  size_t prefix_space_at_;
+  std::string prefixed_;
 };
 
 }  // namespace ptrain

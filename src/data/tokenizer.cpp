@@ -50,7 +50,7 @@ struct TiktokenEncoding {
   const char* file;  // under the cache
   const char* sha256;
   const char* pattern;
-  std::vector<SpecialToken> specials;
+  std::vector<AddedToken> specials;
 };
 
 const std::vector<TiktokenEncoding>& encodings() {
@@ -172,7 +172,7 @@ Tokenizer Tokenizer::load_json(const JsonTokenizer& spec, const std::string& voc
   t.name_ = name;
   t.bpe_ = file.vocabulary;
   t.pretokenizer_ = std::make_shared<Pretokenizer>(
-      Pretokenizer::from_splits(file.splits, what + " \"" + path + "\"", file.normalizer)
+      Pretokenizer::from_splits(file.splits, what + " \"" + path + "\"", file.normalizer, file.prefix_space_at)
           .with_added_words(file.raw_words, file.normalized_words));
   return t;
 }

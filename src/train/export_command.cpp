@@ -97,9 +97,13 @@ bool is_hf_tokenizer_output(const fs::path& dir) {
       return false;
   for (const char* needed : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
     if (ec || !fs::is_regular_file(dir / needed, ec)) return false;
-  const nlohmann::json config =
-      nlohmann::json::parse(InputFile((dir / "tokenizer_config.json").string(), "tokenizer_config.json").read_all(1 << 16),
-                            nullptr, false);
+  // ptrain writes a few hundred bytes; a larger file (a chat template) is someone else's.
+  constexpr uintmax_t kOurConfigBytes = 1 << 16;
+  const fs::path config_path = dir / "tokenizer_config.json";
+  const uintmax_t config_bytes = fs::file_size(config_path, ec);
+  if (ec || config_bytes > kOurConfigBytes) return false;
+  const nlohmann::json config = nlohmann::json::parse(
+      InputFile(config_path.string(), "tokenizer_config.json").read_all(kOurConfigBytes), nullptr, false);
   if (!config.is_object()) return false;
   const std::vector<std::string> keys = {"tokenizer_class", "model_max_length", "bos_token", "eos_token", "unk_token",
                                          "add_prefix_space"};

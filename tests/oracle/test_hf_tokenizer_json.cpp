@@ -1,9 +1,10 @@
 // ptrain reading Hugging Face's tokenizer.json against Hugging Face's tokenizers on the same
 // file: Llama 3's (a Split by cl100k's pattern, then ByteLevel; ignore_merges) on every code
 // point in context, random text, and Moby-Dick with 233 speeches through `data prepare`; and
-// GPT-2's as ptrain's export writes it (ByteLevel with its own regex; pair merges), also with a
-// Unicode normalizer set, and with other pre-tokenizers: several Splits (DeepSeek's layout),
-// each Split behavior, inverted, by a literal, and Digits.
+// GPT-2's as ptrain's export writes it (ByteLevel with its own regex; pair merges), also with
+// normalizers set (Unicode forms, Lowercase on every code point of the planes with cased
+// letters, Strip, Replace, Prepend), and with other pre-tokenizers: several Splits (DeepSeek's
+// layout), each Split behavior, inverted, by a literal, Digits, and ByteLevel's prefix space.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -82,13 +83,22 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json, as exported and with norma
   TempDir dir("oracle");
   const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
   nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
-  const std::vector<std::string> strings = ptrain::test::random_strings(2029, 3000, false);
-  for (const char* normalizer : {"null", R"({"type": "NFC"})", R"({"type": "NFKC"})",
-                                 R"({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]})",
-                                 "repeated merge"}) {
+  std::vector<std::string> strings = ptrain::test::random_strings(2029, 3000, false);
+  strings.push_back("");  // nothing to prepend to
+  for (const char* normalizer :
+       {"null", R"({"type": "NFC"})", R"({"type": "NFKC"})", R"({"type": "NFKD"})",
+        R"({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]})", R"({"type": "Lowercase"})",
+        R"({"type": "Sequence", "normalizers": [{"type": "Strip", "strip_left": true, "strip_right": false},
+             {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+             {"type": "Prepend", "prepend": "\u2581"}]})",
+        R"({"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "Lowercase"},
+             {"type": "Replace", "pattern": {"String": "e\u0301"}, "content": "E"},
+             {"type": "Strip", "strip_left": false, "strip_right": true}, {"type": "NFC"}]})",
+        "repeated merge"}) {
     // A merge listed twice takes its last place, as tokenizers keeps it.
-    if (std::string(normalizer) == "repeated merge") j["model"]["merges"].push_back(j["model"]["merges"][0]);
-    else j["normalizer"] = nlohmann::json::parse(normalizer);
+    const bool repeated_merge = std::string(normalizer) == "repeated merge";
+    if (repeated_merge) j["model"]["merges"].push_back(j["model"]["merges"][0]);
+    j["normalizer"] = repeated_merge ? nullptr : nlohmann::json::parse(normalizer);
     const fs::path file = dir.dir / "tokenizer.json";
     write_file(file, j.dump());
     const Tokenizer hf = Tokenizer::load("hf", file.string());
@@ -98,6 +108,27 @@ TEST_CASE("tokenizers oracle: GPT-2's tokenizer.json, as exported and with norma
       for (const std::string& s : strings) REQUIRE(hf.encode(s, "text") == ptrain::test::gpt2().encode(s, "text"));
     }
   }
+}
+
+// Lowercase follows Rust's char::to_lowercase, whose Unicode is the Rust release's (17.0 in the
+// build of tokenizers the tests run) rather than the regex engine's.
+TEST_CASE("tokenizers oracle: a Lowercase normalizer on every code point of the planes with cased letters",
+          "[oracle]") {
+  TempDir dir("oracle");
+  const BpeVocabulary& v = *ptrain::test::gpt2().bpe();
+  nlohmann::json j = nlohmann::json::parse(gpt2_tokenizer_json(bpe_vocab_json(v), bpe_merges_txt(v), 50256));
+  j["normalizer"] = {{"type", "Lowercase"}};
+  const fs::path file = dir.dir / "tokenizer.json";
+  write_file(file, j.dump());
+  const Tokenizer lowercase = Tokenizer::load("hf", file.string());
+  ptrain::test::CodePointTexts texts = ptrain::test::code_point_texts();
+  // Unicode 17.0 has no cased letter past the Supplementary Multilingual Plane.
+  const auto past = std::find_if(texts.points.begin(), texts.points.end(), [](char32_t c) { return c >= 0x20000; });
+  texts.strings.resize(static_cast<size_t>(past - texts.points.begin()));
+  texts.points.erase(past, texts.points.end());
+  ptrain::test::expect_same_on_every_code_point(
+      "Lowercase", texts,
+      [&](const std::vector<std::string>& part) { return differences(lowercase, file, part, dir.dir); });
 }
 
 TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior, in sequence, and Digits", "[oracle]") {
@@ -110,8 +141,9 @@ TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior,
   const auto split = [](const char* kind, const std::string& pattern, const char* behavior, bool invert = false) {
     return nlohmann::json{{"type", "Split"}, {"pattern", {{kind, pattern}}}, {"behavior", behavior}, {"invert", invert}};
   };
-  const auto byte_level = [](bool use_regex) {
-    return nlohmann::json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
+  const auto byte_level = [](bool use_regex, bool prefix_space = false) {
+    return nlohmann::json{
+        {"type", "ByteLevel"}, {"add_prefix_space", prefix_space}, {"trim_offsets", true}, {"use_regex", use_regex}};
   };
   // DeepSeek-V3's pre-tokenizer: digits in threes, runs of CJK and kana, then a cl100k-like
   // pattern over punctuation and symbols.
@@ -133,6 +165,12 @@ TEST_CASE("tokenizers oracle: GPT-2's vocabulary under Splits of every behavior,
       {"digits one by one", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level(true)}},
       {"digit runs", {{{"type", "Digits"}, {"individual_digits", false}}, byte_level(false)}},
       {"ByteLevel without a regex: the text whole", nlohmann::json::array({byte_level(false)})},
+      {"a prefix space, then GPT-2's regex", nlohmann::json::array({byte_level(true, true)})},
+      {"a prefix space, the text whole", nlohmann::json::array({byte_level(false, true)})},
+      {"a prefix space on each piece of Splits",
+       {split("Regex", "\\p{N}{1,3}", "Isolated"), split("Regex", "[.!?]", "MergedWithPrevious"),
+        byte_level(true, true)}},
+      {"a prefix space after white space removed", {split("Regex", "\\s+", "Removed"), byte_level(true, true)}},
   };
   for (const auto& [name, steps] : variants) {
     j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", steps}};
@@ -174,12 +212,19 @@ TEST_CASE("tokenizers oracle: added words that are not special, on random text a
   std::vector<std::string> strings;
   for (const std::string& s : ptrain::test::random_strings(2031, 2000, false)) strings.push_back(with_words(s, 4));
   const fs::path file = dir.dir / "tokenizer.json";
-  for (const char* normalizer : {"null", R"({"type": "NFC"})"}) {
-    j["normalizer"] = nlohmann::json::parse(normalizer);
-    write_file(file, j.dump());
-    INFO("normalizer " << normalizer);
-    CHECK(differences(Tokenizer::load("hf", file.string()), file, strings, dir.dir).empty());
+  for (const char* normalizer :
+       {"null", R"({"type": "NFC"})",
+        R"({"type": "Sequence", "normalizers": [{"type": "Lowercase"}, {"type": "Prepend", "prepend": " "},
+             {"type": "Strip", "strip_left": false, "strip_right": true}]})"}) {
+    for (const bool prefix_space : {false, true}) {
+      j["normalizer"] = nlohmann::json::parse(normalizer);
+      j["pre_tokenizer"]["add_prefix_space"] = prefix_space;
+      write_file(file, j.dump());
+      INFO("normalizer " << normalizer << ", ByteLevel's add_prefix_space " << prefix_space);
+      CHECK(differences(Tokenizer::load("hf", file.string()), file, strings, dir.dir).empty());
+    }
   }
+  j["pre_tokenizer"]["add_prefix_space"] = false;
 
   // Without a normalizer `data prepare` cuts the text for its threads: Moby-Dick, twice (past
   // one read), with a word or a part of one every 40 characters or so.
