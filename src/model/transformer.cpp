@@ -200,10 +200,9 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   }
   if (master_range.count >= 0) master_begin_ = master_range.begin;
   const GradBucketSizes& sizes = bucket_sizes_;
-  // Weight rooms (ZeRO-3): two of a block's weights, then the other tensors' in the flat order.
-  if (sharded_params_)
-    weight_rooms_ = flat(policy.weights, GradBucketSizes::kBlockRooms * sizes.block + sizes.head + sizes.embedding);
-  int64_t room_offset = GradBucketSizes::kBlockRooms * sizes.block;
+  // Weight rooms (ZeRO-3): laid out as the grad buckets are, a bucket's weights where its
+  // gradients go (grad_bucket_at).
+  if (sharded_params_) weight_rooms_ = flat(policy.weights, sizes.total());
   // Grad buckets: the head's and the embeddings' tensors where grad_bucket_at puts them.
   int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = grad_bucket_at(-1),
           head_offset = grad_bucket_at(shape.n_layer);
@@ -218,14 +217,14 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     } else {
       int64_t& at = is_head_param(spec.id) ? head_offset : embedding_offset;
       grads_[spec.id] = bucket_memory_.range(at, count).reshaped(spec.shape);
+      if (sharded_params_) params_[spec.id] = weight_rooms_.range(at, count).reshaped(spec.shape);
       at += count;
     }
     present_[spec.id] = true;
     if (sharded_params_) {  // a block tensor's layers are in the rooms in turn: block_param
-      params_[spec.id] = is_block_param(spec.id) ? Tensor(nullptr, params_flat_.dtype, spec.shape, backend.device())
-                                                        .with_format(policy.weights)
-                                                  : weight_rooms_.range(room_offset, count).reshaped(spec.shape);
-      if (!is_block_param(spec.id)) room_offset += count;
+      if (is_block_param(spec.id))
+        params_[spec.id] =
+            Tensor(nullptr, params_flat_.dtype, spec.shape, backend.device()).with_format(policy.weights);
     } else if (primary_fp8(spec.id)) {
       // ZeRO-1: where the gathered master is staged for the casts. ZeRO-2 stages it a bucket at
       // a time (cast_primary_fp8_bucket): the tensor has its shape, no memory.
@@ -739,7 +738,9 @@ void Transformer::forward_pass(int position, bool training) {
 
   PTRAIN_CHECK(position < 0 || !sharded_params_, "decoding needs the whole weights, which ZeRO-3 does not keep");
   // ZeRO-3: each gather starts a block ahead of its use, so it runs beside the block before it
-  // (whose room it does not touch); a wait comes before each new start.
+  // (whose room it does not touch); a wait comes before each new start. The embeddings (-1)
+  // and the head (L) take their rooms' turns before block 0 and after block L-1, as their
+  // gradients do; the head's stays through the backward pass's first step.
   start_weights(-1);
   start_weights(0);
   await_weights();
@@ -747,9 +748,10 @@ void Transformer::forward_pass(int position, bool training) {
   for (int l = 0; l < L; ++l) {
     NvtxRange range(block_names_[l].c_str());
     await_weights();
-    if (l + 1 < L) start_weights(l + 1);
+    start_weights(l + 1);
     block_forward(l, position, training);
   }
+  await_weights();
   const Tensor lnf = at(a_.lnf);
   if (shape_.arch == Arch::llama)
     be.rmsnorm_forward(lnf, at(a_.lnf_rstd), at(residual_in(L)), params_[kNormFw], shape_.norm_eps);
@@ -854,18 +856,7 @@ Tensor Transformer::block_param(ParamId id, int layer) const {
 
 Tensor Transformer::weight_room(int bucket) const {
   PTRAIN_CHECK(sharded_params_, "weight_room: this model keeps the whole weights");
-  const GradBucketSizes& sizes = bucket_sizes_;
-  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
-  if (bucket < 0) return weight_rooms_.range(rest_at, sizes.head + sizes.embedding);
-  return weight_rooms_.range(block_room_at(bucket), sizes.block);
-}
-
-std::vector<FlatRange> Transformer::weight_bucket_ranges(int bucket) const {
-  if (bucket >= 0) return grad_bucket_ranges(bucket);
-  std::vector<FlatRange> out;
-  for (const ParamSpec& spec : specs_)
-    if (!is_block_param(spec.id)) out.push_back({offsets_[spec.id], shape_numel(spec.shape)});
-  return out;
+  return weight_rooms_.range(grad_bucket_at(bucket), bucket_numel(bucket));
 }
 
 void Transformer::start_weights(int bucket) {
@@ -887,9 +878,12 @@ Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
 
 Tensor Transformer::grad_bucket(int bucket) const {
   PTRAIN_CHECK(grad_buckets_, "grad_bucket: this model keeps whole gradients");
+  return bucket_memory_.range(grad_bucket_at(bucket), bucket_numel(bucket));
+}
+
+int64_t Transformer::bucket_numel(int bucket) const {
   const GradBucketSizes& sizes = bucket_sizes_;
-  const int64_t n = bucket == shape_.n_layer ? sizes.head : bucket < 0 ? sizes.embedding : sizes.block;
-  return bucket_memory_.range(grad_bucket_at(bucket), n);
+  return bucket == shape_.n_layer ? sizes.head : bucket < 0 ? sizes.embedding : sizes.block;
 }
 
 int64_t Transformer::grad_bucket_at(int bucket) const {

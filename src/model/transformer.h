@@ -101,9 +101,10 @@ struct MasterRange {
   // bucket is used again.
   bool grad_buckets = false;
   // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
-  // forward and backward passes ask for each block's weights (set_weight_gather) a block before
-  // they read them, gathered into one of two block-sized rooms, and for the other tensors' (the
-  // embeddings, final norm, LM head) into a room of their own, once per forward pass.
+  // forward and backward passes ask for each bucket's weights (set_weight_gather) a bucket
+  // before they read them, gathered into rooms laid out as the grad buckets: a block's into one
+  // of two block-sized rooms, the embeddings' and the head's (final norm, LM head) into theirs,
+  // once per forward pass.
   bool sharded_params = false;
 };
 
@@ -188,7 +189,7 @@ class Transformer {
   void zero_grad();
   bool has_grad_buckets() const { return grad_buckets_; }
   // ZeRO-3 (MasterRange::sharded_params): `start(b)` begins filling weight_room(b) with the
-  // weights of weight_bucket_ranges(b) (a block l, or -1 for the other tensors), in the weight
+  // weights of grad_bucket_ranges(b) (a block l, the head L, the embeddings -1), in the weight
   // format; after `wait()`, what the model queues next sees every gather started so far. Every
   // rank's model calls them at the same points of its forward and backward passes, one block
   // ahead: the next block's gather starts before this block computes and runs beside it on GPUs.
@@ -199,11 +200,11 @@ class Transformer {
   bool has_sharded_params() const { return sharded_params_; }
   void set_weight_gather(WeightGather gather) { weight_gather_ = std::move(gather); }
   Tensor weight_room(int bucket) const;
-  std::vector<FlatRange> weight_bucket_ranges(int bucket) const;
   // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
   // grad_bucket_ranges(b), in that order (ascending).
   Tensor grad_bucket(int bucket) const;
   int64_t grad_bucket_at(int bucket) const;  // where grad_bucket(bucket) begins in its memory
+  int64_t bucket_numel(int bucket) const;
   int64_t block_room_at(int turn) const;      // block rooms, weights' or gradients': turn's offset
   std::vector<FlatRange> grad_bucket_ranges(int bucket) const;
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
@@ -395,7 +396,7 @@ class Transformer {
   GradBucketSizes bucket_sizes_;  // grad_bucket_sizes(shape_), read on every bucket access
   Tensor bucket_memory_;
   bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only
-  Tensor weight_rooms_;          // two block rooms, then the other tensors' room
+  Tensor weight_rooms_;          // laid out as bucket_memory_: grad_bucket_at
   WeightGather weight_gather_;
   std::array<int64_t, kNumParams> bucket_offsets_{};
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head

@@ -142,7 +142,7 @@ void AdamW::gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tenso
 }
 
 void AdamW::start_weight_gather(int bucket) {
-  gather_into(model_.weight_room(bucket), model_.weight_bucket_ranges(bucket), model_.params_flat());
+  gather_into(model_.weight_room(bucket), model_.grad_bucket_ranges(bucket), model_.params_flat());
 }
 
 void AdamW::wait_weight_gathers() { comm_->wait_gathers(); }

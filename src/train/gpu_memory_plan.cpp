@@ -134,10 +134,9 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   const GradBucketSizes buckets = grad_bucket_sizes(s);
   if (sharded && zero_stage >= 2)
     p.grads = block_of(buckets.total(), Format::fp32) + block_of(shard, Format::fp32);
-  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into.
-  if (sharded && zero_stage == 3)
-    p.params = block_of(shard, policy.weights) +
-               block_of(GradBucketSizes::kBlockRooms * buckets.block + buckets.head + buckets.embedding, policy.weights);
+  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into (laid out as
+  // the grad buckets).
+  if (sharded && zero_stage == 3) p.params = block_of(shard, policy.weights) + block_of(buckets.total(), policy.weights);
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.
   const AdamW::WireStaging wire = AdamW::wire_staging(s, zero_stage, world_size, distributed.grad_reduce_dtype);

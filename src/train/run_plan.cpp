@@ -463,8 +463,9 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   const int64_t shard = sharded ? (param_count(s) + world - 1) / world * static_cast<int64_t>(sizeof(float)) : n;
   const GradBucketSizes buckets = grad_bucket_sizes(s);
   const int64_t grads = sharded && zero_stage >= 2 ? buckets.total() * static_cast<int64_t>(sizeof(float)) + shard : n;
-  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into.
-  const int64_t rooms = GradBucketSizes::kBlockRooms * buckets.block + buckets.head + buckets.embedding;
+  // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into (laid out
+  // as the grad buckets).
+  const int64_t rooms = buckets.total();
   const int64_t params = sharded && zero_stage == 3
                              ? shard + rooms * static_cast<int64_t>(sizeof(float))
                              : n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float));

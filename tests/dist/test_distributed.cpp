@@ -537,7 +537,9 @@ TEST_CASE("ZeRO-2 and ZeRO-3 equal ZeRO-0 bit for bit with one micro-batch per r
       // Each step reduce-scatters every gradient once (its buckets together hold them all);
       // ZeRO-2 all-gathers the updated weights once, as ZeRO-1 does; ZeRO-3 gathers them in the
       // forward pass and each block's again in the backward pass (the embeddings, final norm and
-      // LM head stay gathered): the ZeRO paper's 1.5 times ZeRO-1's traffic, less those.
+      // LM head only in the forward pass: the backward pass reads the head's where they are, and
+      // the embeddings' gradient needs no weights): the ZeRO paper's 1.5 times ZeRO-1's traffic,
+      // less those.
       // (4 bytes an element: the CPU keeps bf16 in FP32.)
       const int64_t n = parameter_count(read_file(ws.run("zero2-" + mode + "-" + std::to_string(ranks)) / "log.txt"));
       const int64_t C = 64, V = 128, T = 32;  // the config's n_embd, padded vocabulary, seq_len

@@ -326,8 +326,9 @@ const Axes kRuns[] = {
     {"fp8-current-3-ranks-zero2-uneven-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 2, 32,
      "gpt2", "block", "fp32", true},
     // ZeRO-3: the weights' range and the rooms each block's are gathered into, in place of the
-    // whole copy; every pass gathers.
+    // whole copy; every pass gathers. Llama's untied head and embeddings take block rooms' turns.
     {"bf16-2-ranks-fused-zero3", "bf16", "cudnn", false, 2, 3},
+    {"llama-bf16-2-ranks-zero3", "bf16", "fallback", false, 2, 3, 64, "llama"},
     {"fp16-3-ranks-zero3-uneven-recompute-block", "fp16", "fallback", false, 3, 3, 32, "gpt2", "block"},
 };
 
