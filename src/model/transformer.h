@@ -101,10 +101,10 @@ struct MasterRange {
   // bucket is used again.
   bool grad_buckets = false;
   // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
-  // forward and backward passes ask for each bucket's weights (set_weight_gather) a bucket
+  // forward and backward passes ask for each block's weights (set_weight_gather) a block
   // before they read them, gathered into rooms laid out as the grad buckets: a block's into one
-  // of two block-sized rooms, the embeddings' and the head's (final norm, LM head) into theirs,
-  // once per forward pass.
+  // of two block-sized rooms; the embeddings' (with block 0's) and the head's (final norm, LM
+  // head; beside the last block) into theirs, once per forward pass.
   bool sharded_params = false;
 };
 
