@@ -44,15 +44,21 @@ class Reader {
     throw UserError(what_ + ": " + part + " is " + found + "; expected " + expected);
   }
 
+  // j[key], a key of `owner`'s that tokenizers requires (it has no default) to pass `is_type`.
+  const json& required(const json& j, const char* key, bool (json::*is_type)() const noexcept,
+                       const std::string& owner, const char* expected) const {
+    if (!j.contains(key) || !(j[key].*is_type)())
+      malformed(owner + "'s \"" + key + "\"", j.contains(key) ? j[key].dump() : "missing", expected);
+    return j[key];
+  }
+
   Normalizer normalizer(const json& n) const {
     if (n.is_null()) return {};
     using Kind = NormalizerStep::Kind;
     const std::string type = type_of(n);
+    const std::string owner = "the " + type + " normalizer";
     const auto text = [&](const char* key) {
-      if (!n.contains(key) || !n[key].is_string())
-        malformed(std::string("the ") + type + " normalizer's \"" + key + "\"",
-                  n.contains(key) ? n[key].dump() : "missing", "a string");
-      return n[key].get<std::string>();
+      return required(n, key, &json::is_string, owner, "a string").get<std::string>();
     };
     if (type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array()) {
       Normalizer steps;
@@ -66,11 +72,9 @@ class Reader {
         {"Lowercase", Kind::lowercase}};
     if (const auto form = kForms.find(type); form != kForms.end()) return {{form->second, "", "", false, false}};
     if (type == "Strip") {
-      for (const char* key : {"strip_left", "strip_right"})  // tokenizers reads no Strip without both
-        if (!n.contains(key) || !n[key].is_boolean())
-          malformed(std::string("the Strip normalizer's \"") + key + "\"",
-                    n.contains(key) ? n[key].dump() : "missing", "true or false");
-      return {{Kind::strip, "", "", n["strip_left"].get<bool>(), n["strip_right"].get<bool>()}};
+      const bool left = required(n, "strip_left", &json::is_boolean, owner, "true or false").get<bool>();
+      const bool right = required(n, "strip_right", &json::is_boolean, owner, "true or false").get<bool>();
+      return {{Kind::strip, "", "", left, right}};
     }
     if (type == "Prepend") return {{Kind::prepend, text("prepend"), "", false, false}};
     if (type == "Replace") {
@@ -227,28 +231,26 @@ class Reader {
         const std::string content = a["content"].get<std::string>();
         if (content.empty()) refuse("added token with id " + a["id"].dump(), "empty", "some text");
         const auto id = a["id"].get<uint32_t>();
-        // tokenizers reads no added token without these keys (AddedToken has no defaults).
-        for (const char* key : {"special", "normalized"})
-          if (!a.contains(key) || !a[key].is_boolean())
-            malformed("added token " + a["content"].dump() + "'s \"" + key + "\"",
-                      a.contains(key) ? a[key].dump() : "missing", "true or false");
-        if (a["special"].get<bool>()) {
+        const std::string owner = "added token " + a["content"].dump();
+        const bool special = required(a, "special", &json::is_boolean, owner, "true or false").get<bool>();
+        const bool normalized = required(a, "normalized", &json::is_boolean, owner, "true or false").get<bool>();
+        if (special) {
           added.push_back({content, id});
           has_document_token = has_document_token || content == document_token;
           continue;
         }
         if (content == (document_token.empty() ? kEndOfText : document_token))
-          refuse("added token " + a["content"].dump() + ", which marks documents,", "not special",
+          refuse(owner + ", which marks documents,", "not special",
                  "special (a word is cut out of any text, so a document's text would hold the marker)");
         for (const char* option : {"single_word", "lstrip", "rstrip"})
           if (flag(a, option, false))
-            refuse("added token " + a["content"].dump() + "'s " + option, "true",
+            refuse(owner + "'s " + option, "true",
                    "false (ptrain cuts out a word that is not special wherever it is, as it is)");
         words.push_back({content, id});
-        if (a["normalized"].get<bool>()) {
+        if (normalized) {
           const std::string spelled = normalize_text(content, t.normalizer);
           if (spelled.empty())
-            refuse("added token " + a["content"].dump() + ", normalized,", "empty",
+            refuse(owner + ", normalized,", "empty",
                    "words that normalize to some text");
           normalized_words.push_back({spelled, id});
         } else
