@@ -114,6 +114,13 @@ mutate zero3-gather-wait-removed src/dist/nccl_communicator.cpp \
     check_async_error();' \
   '    check_async_error();' \
   'GPUs follow 1 GPU'
+
+# 7. ZeRO-3's FP8 layer no longer casts its weight again before its backward pass: the codes it
+#    shares with the layers of its shape still hold the last block's forward cast.
+mutate zero3-fp8-recast-removed src/model/fp8_linear.cpp \
+  '  if (recast_weight_) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);' \
+  '' \
+  'GPUs follow 1 GPU'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -190,7 +190,7 @@ class DeferredFp8Backend final : public ForwardingBackend {
  public:
   using ForwardingBackend::ForwardingBackend;
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling, Format,
-                                           Format, int, std::string*) override {
+                                           Format, int, bool, std::string*) override {
     return std::make_unique<DeferredFp8Gemms>(inner_, rows, C, OC, scaling);
   }
 };

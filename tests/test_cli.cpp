@@ -216,23 +216,34 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
 // where the untied head's bucket and the embedding's (206,049,280 and 206,045,184) take turns with the
 // blocks': 436,224,000 FP32 values, 0.24 bytes per parameter, so FP32 grads 0.50 + 0.24. ZeRO-3
 // keeps 2/d of the weights (0.25) and the rooms they are gathered into, laid out as the
-// gradient buckets (436,224,000 bf16 values, 0.12). And a Llama-3-70B-shaped model with Llama 3's vocabulary
+// gradient buckets (436,224,000 bf16 values, 0.12). FP8 layers under ZeRO-3 cast each block's
+// weights from the room before each pass into codes the layers of a shape share: one block's
+// (218,112,000 bytes, 0.03), not every layer's 0.94 as primary FP8 weights still keep (their codes
+// are cast from the master once a step). And a Llama-3-70B-shaped model with Llama 3's vocabulary
 // at T 4096, micro-batch 1, recompute block: with ZeRO-3 it fits 32 80 GB H100s with at least
 // 10% of the arena free, and the 8B shape fits 4.
-TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, and a 70B model on 32 H100s", "[cli]") {
+TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, FP8 codes, and a 70B model on 32 H100s",
+          "[cli]") {
   const TempDir tmp("zero3-plans");
   write_file(tmp.dir / "8b.yaml",
              std::string(kLlama8b) + "training: {steps: 10, micro_batch: 1, batch_tokens: 65536, recompute: block}\n");
   const std::string per_param = "bytes per parameter (7,391,678,464): ";
   struct Case {
     int stage;
+    const char* precision;
     const char* without_activations;
   };
   for (const Case c :
-       {Case{2, "weights 2.00 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 4.24 without activations"},
-        Case{3, "weights 0.37 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 2.60 without activations"}}) {
-    const std::string args =
-        "train 8b.yaml --dry-run --ranks 8 --set precision.mode=bf16 --set distributed.zero_stage=" + std::to_string(c.stage);
+       {Case{2, "bf16", "weights 2.00 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 4.24 without activations"},
+        Case{3, "bf16", "weights 0.37 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 = 2.60 without activations"},
+        Case{3, "fp8",
+             "weights 0.37 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 + FP8 weight codes 0.03 = 2.63 "
+             "without activations"},
+        Case{3, "fp8 --set precision.fp8.primary_weights=true",
+             "weights 0.37 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 + FP8 weight codes 0.94 = 3.55 "
+             "without activations"}}) {
+    const std::string args = std::string("train 8b.yaml --dry-run --ranks 8 --set precision.mode=") + c.precision +
+                             " --set distributed.zero_stage=" + std::to_string(c.stage);
     const CommandResult r = run_ptrain(args, tmp.dir);
     INFO(args << "\n" << r.output);
     CHECK(r.exit_code == 0);

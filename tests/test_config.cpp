@@ -554,7 +554,7 @@ TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[con
 }
 
 // (A ';' in a test's name splits it in two for ctest, and neither half runs anything.)
-TEST_CASE("keys checked later are accepted, and ZeRO-3 is refused with FP8 layers", "[config]") {
+TEST_CASE("keys checked later are accepted, and ZeRO-3 is refused with a precision schedule", "[config]") {
   CHECK(problems_of(kMinimal, {"run.device=cuda"}).empty());  // the device is checked when training starts
 
   CHECK(problems_of(kMinimal, {"model.init_from=gpt2.bin"}).empty());  // the file is checked when training starts
@@ -566,10 +566,14 @@ TEST_CASE("keys checked later are accepted, and ZeRO-3 is refused with FP8 layer
   CHECK(problems_of(kMinimal, {"distributed.zero_stage=2", "precision.mode=fp8", "precision.fp8.primary_weights=true"})
             .empty());
   CHECK(problems_of(kMinimal, {"distributed.zero_stage=3", "precision.mode=bf16"}).empty());
-  const auto zero = only_problem(kMinimal, {"distributed.zero_stage=3", "precision.mode=fp8"});
+  CHECK(problems_of(kMinimal, {"distributed.zero_stage=3", "precision.mode=fp8"}).empty());
+  CHECK(problems_of(kMinimal, {"distributed.zero_stage=3", "precision.mode=fp8", "precision.fp8.primary_weights=true"})
+            .empty());
+  const auto zero = only_problem(
+      kMinimal, {"distributed.zero_stage=3", "precision.schedule=[{until_step: 5, mode: bf16}, {mode: fp8}]"});
   check_shape(zero, "--set distributed.zero_stage=3", "distributed.zero_stage");
-  CHECK(contains(zero, "3 with precision fp8: sharded parameters with FP8 layers are not implemented; expected "
-                       "precision.mode fp32, bf16 or fp16, or distributed.zero_stage 2"));
+  CHECK(contains(zero, "3 with a precision.schedule: switching precision with sharded parameters is not implemented; "
+                       "expected one precision.mode, or distributed.zero_stage 2"));
   CHECK(contains(only_problem(kMinimal, {"distributed.zero_stage=4"}), "an integer in [0, 3]"));
   CHECK(problems_of(kMinimal, {"distributed.zero_stage=2", "distributed.grad_reduce_dtype=bf16"}).empty());
 }

@@ -98,7 +98,7 @@ TEST_CASE("an fp8 linear layer matches a hand-quantised reference", "[fp8]") {
   CHECK(relative_error(out.data, ref) < 1e-5);
 
   HostBuffer<float> dinp({N, C}), dw({OC, C}), db({OC});
-  layer.backward(dinp.view(), dw.view(), db.view(), dout.view());
+  layer.backward(dinp.view(), dw.view(), db.view(), dout.view(), w.view());
   std::vector<double> rdinp(N * C, 0.0), rdw(OC * C, 0.0), rdb(OC, 0.0);
   for (int n = 0; n < N; ++n)
     for (int o = 0; o < OC; ++o) {

@@ -278,9 +278,12 @@ class Backend {
   // it right before backward(). `input_slot` >= 0 shares the input's codes with the other layers
   // of that slot too: only for layers whose forward pass runs again right before their backward
   // pass, with no layer of the slot in between (recomputed blocks); -1 keeps them the layer's own.
+  // `shared_weight` shares the weight's codes and factors with the other such layers of its
+  // shape: only for layers that cast the weight right before each forward() and backward().
   virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                                   Format forward, Format backward, int input_slot, std::string* why) {
-    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward, (void)input_slot;
+                                                   Format forward, Format backward, int input_slot, bool shared_weight,
+                                                   std::string* why) {
+    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward, (void)input_slot, (void)shared_weight;
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }

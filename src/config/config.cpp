@@ -856,14 +856,13 @@ class Loader {
     check_rollback(c);
     check_primary_weights(c);
 
-    // ZeRO-3 gathers each block's weights in the weight format: FP8 layers, which cast and keep
-    // codes of every layer's weights, are not implemented with it.
-    if (usable({"distributed.zero_stage", "precision.mode"}) && c.distributed.zero_stage == 3 &&
-        (c.precision.mode == PrecisionMode::fp8 || !c.precision.schedule.empty()))
-      problem(where({"distributed.zero_stage", "precision.mode"}), "distributed.zero_stage",
-              "3 with precision " + std::string(c.precision.schedule.empty() ? "fp8" : "schedule") +
-                  ": sharded parameters with FP8 layers are not implemented",
-              "precision.mode fp32, bf16 or fp16, or distributed.zero_stage 2");
+    // A precision schedule makes new FP8 layers at its switches: not tried with the weights
+    // sharded (ZeRO-3), so refused rather than run untested.
+    if (usable({"distributed.zero_stage"}) && c.distributed.zero_stage == 3 && !c.precision.schedule.empty() &&
+        !rejected(kScheduleKey))
+      problem(where({"distributed.zero_stage", kScheduleKey}), "distributed.zero_stage",
+              "3 with a precision.schedule: switching precision with sharded parameters is not implemented",
+              "one precision.mode, or distributed.zero_stage 2");
   }
 
   // training.guard.action rollback reloads a checkpoint and goes on in bf16, switched in place as

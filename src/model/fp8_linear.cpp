@@ -15,21 +15,23 @@ static Fp8TensorState make_state(const std::string& name, Format format, const F
 }
 
 Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-                     int64_t OC, int input_slot, bool primary_weight)
+                     int64_t OC, int input_slot, bool primary_weight, bool recast_weight)
     : policy_(policy),
       backend_(backend),
       weights_(C * OC),
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)),
-      primary_weight_(primary_weight) {
+      primary_weight_(primary_weight),
+      recast_weight_(recast_weight) {
+  PTRAIN_CHECK(!(primary_weight && recast_weight), name + ": a primary FP8 weight is cast from the master, once a step");
   const bool blocks = policy.recipe == Fp8Recipe::block;
   if (blocks && policy.block != kNativeBlock)
     why_emulated_ = "block size " + std::to_string(policy.block) + ": block-scaled GEMMs take " +
                     std::to_string(kNativeBlock) + " only";
   else
     gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
-                                    policy.forward, policy.backward, input_slot, &why_emulated_);
+                                    policy.forward, policy.backward, input_slot, recast_weight, &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
   allocate_like(weight_q_, {OC, C});
@@ -108,7 +110,7 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
   const int block = policy_.block;
   PTRAIN_CHECK(!primary_weight_ || weight_cast_ || !training,
                weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
-  if (!weight_cast_ && !primary_weight_) {
+  if (recast_weight_ || (!weight_cast_ && !primary_weight_)) {
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
@@ -125,8 +127,9 @@ void Fp8Linear::cast_weight(Tensor master, bool training) {
   weight_cast_ = weight_cast_ || training;
 }
 
-void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout) {
+void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight) {
   const int block = policy_.block;
+  if (recast_weight_) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);
   cast(grad_, Fp8Gemms::kGrad, grad_q_, dout, 1, block, /*training=*/true);
   const bool blocks = policy_.recipe == Fp8Recipe::block;
   if (blocks) cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);

@@ -1,7 +1,8 @@
 // The FP8 path of one linear layer, TransformerEngine style: the input and the weight are cast
 // to the forward format (E4M3), the output gradient to the backward format (E5M2 for hybrid),
 // each with its own scale from the recipe; the GEMMs then run on the cast values with FP32
-// accumulation. The weight is cast once per optimizer step and reused by every micro-batch;
+// accumulation. The weight is cast once per optimizer step and reused by every micro-batch
+// (or, for a layer that recasts it, cast again before each pass: the same codes each time);
 // the cast input is kept for the weight-gradient GEMM; the bias gradient is taken from the
 // unquantised output gradient. Block scaling tiles along each GEMM's contraction dimension, as
 // Hopper's block-scaled GEMMs need: 1x128 tiles of input and gradient for fprop and dgrad,
@@ -38,9 +39,12 @@ class Fp8Linear {
   // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
   // (Backend::make_fp8_gemms), for a layer whose forward pass runs again before its backward.
   // `primary_weight`: the weight is a primary FP8 weight (precision.fp8.primary_weights), cast by
-  // cast_weight() from the FP32 master, never by forward().
+  // cast_weight() from the FP32 master, never by forward(). `recast_weight`: the weight is cast
+  // afresh by every forward() and backward(), from the weight each is handed, into codes the
+  // native GEMMs share with the other such layers of its shape (ZeRO-3, whose rooms hold a
+  // block's weights only while its passes run): one block's codes instead of every layer's.
   Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-            int64_t OC, int input_slot = -1, bool primary_weight = false);
+            int64_t OC, int input_slot = -1, bool primary_weight = false, bool recast_weight = false);
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
@@ -49,8 +53,9 @@ class Fp8Linear {
   // evaluation) leaves the scaling state and telemetry untouched.
   void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
-  // fp8(inp); dbias += column sums of dout.
-  void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout);
+  // fp8(inp); dbias += column sums of dout. `weight` is read only by a layer that recasts it,
+  // and must be what forward() was handed.
+  void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight);
   // A primary weight's cast from `master` (OC, C): the training cast of the step to come, its
   // statistics counting in that step's as a cast in forward() would; or (`training` false) an
   // evaluation's, which leaves the scaling state and telemetry untouched.
@@ -117,7 +122,7 @@ class Fp8Linear {
   std::vector<void*> memory_;
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
-  bool primary_weight_;
+  bool primary_weight_, recast_weight_;
   bool weight_cast_ = false;
   bool unsettled_ = false;  // native casts recorded statistics on the device since settle()
 };

@@ -166,15 +166,16 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
         .with_format(f);
   };
   // Primary FP8 weights: the block linears' FP8 codes are cast from the FP32 master, so they
-  // keep no copy in the weight format; every block must then be FP8.
+  // keep no copy in the weight format (but for ZeRO-3's range and rooms, laid out over every
+  // tensor); every block must then be FP8.
   const int64_t primary = primary_fp8_weight_count(shape, policy);
   primary_fp8_ = primary > 0;
   primary_cast_ = PrimaryCast::due;
   // ZeRO-3 keeps only this rank's range of the GEMMs' copy, and gathers each block's (and the
   // other tensors') into a room a block before the forward or backward pass reads it.
   sharded_params_ = master_range.sharded_params;
-  PTRAIN_CHECK(!sharded_params_ || (master_range.count >= 0 && master_range.grad_buckets && !policy.fp8.enabled),
-               "sharded parameters need this rank's range, grad buckets and no FP8 layers");
+  PTRAIN_CHECK(!sharded_params_ || (master_range.count >= 0 && master_range.grad_buckets),
+               "sharded parameters need this rank's range and grad buckets");
   params_flat_ = flat(policy.weights, sharded_params_ ? master_range.count : n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly; with
   // grad buckets one block's and the other tensors' at a time.
@@ -276,12 +277,16 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   // block, not recomputed, casts them last in the forward pass): the blocks can share them, one
   // slot per linear of a block.
   const bool recast = recompute_ == Recompute::block;
+  // ZeRO-3's block linears cast their weights from the room before each pass, into codes the
+  // native GEMMs share between the layers of a shape (primary FP8 weights, cast from the master
+  // once a step, keep their own, as an FP8 LM head does).
+  const bool recast_weights = sharded_params_ && !primary_fp8_;
   for (int l = 0; l < shape_.n_layer; ++l)
     for (int k = 0; k < kLinearsPerBlock; ++k)
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
                                                        backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
-                                                       recast ? k : -1, primary_fp8_)
+                                                       recast ? k : -1, primary_fp8_, recast_weights)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -331,8 +336,9 @@ void Transformer::load_weights(ParamId id, const float* host, int64_t begin, int
   if (sharded_master_ && lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
   // The GEMMs' copy, rounded from FP32 values staged a piece at a time (primary FP8 weights
   // keep none: their codes are cast from the gathered master before the next forward pass);
-  // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves).
-  if (primary_fp8(id)) return;
+  // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves),
+  // primary FP8 weights' included: the range is one run of the flat layout, gathered whole.
+  if (primary_fp8(id) && !sharded_params_) return;
   const Tensor staging = grad_buckets_ ? bucket_memory_ : grads_flat_;
   const auto stage = [&](Tensor dst, const float* src) {
     for (int64_t done = 0; done < dst.numel(); done += staging.numel()) {
@@ -401,14 +407,16 @@ void Transformer::cast_primary_fp8_bucket(int bucket, Tensor staged, bool traini
   for (const ParamSpec& spec : specs_) {
     if (!in_bucket(spec.id, bucket, shape_.n_layer)) continue;
     const int64_t n = block ? shape_numel(spec.shape) / shape_.n_layer : shape_numel(spec.shape);
+    // ZeRO-3's copies are the rank's range, updated by AdamW and gathered by the passes.
     if (primary_fp8(spec.id))
       fp8_linear(bucket, linear_of(spec.id))->cast_weight(layer_of(staged, spec.id), training);
-    else
+    else if (!sharded_params_)
       backend_.copy(block ? params_[spec.id][bucket] : params_[spec.id], staged.range(at, n));
     at += n;
   }
-  // The embeddings' bucket comes last (AdamW::gather_primary_fp8_weights).
-  if (bucket < 0) primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
+  // The last bucket cast (AdamW::gather_primary_fp8_weights): the embeddings', or under ZeRO-3,
+  // which stages only the blocks' buckets, block 0's.
+  if (bucket == (sharded_params_ ? 0 : -1)) primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
 }
 
 void Transformer::cast_due_primary_weights(bool training) {
@@ -435,7 +443,7 @@ void Transformer::linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor 
 void Transformer::linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                           Tensor weight) {
   if (fp8)
-    fp8->backward(dinp, dweight, dbias, dout);
+    fp8->backward(dinp, dweight, dbias, dout, weight);
   else
     backend_.matmul_backward(dinp, dweight, dbias, dout, inp, weight);
 }

@@ -240,6 +240,7 @@ class Transformer {
   // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
   // apart from the master, else empty (FP32 training, primary FP8 weights). Under ZeRO-1 with
   // primary FP8 weights the optimizer writes none: cast_primary_fp8_weights refreshes them.
+  // Under ZeRO-3 the optimizer writes the rank's range of params_flat() instead, every tensor's.
   Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
   // every mode (Megatron's main_grad), one parameter-sized buffer (with grad buckets only the
@@ -293,7 +294,8 @@ class Transformer {
   // ZeRO-2's counterpart, a grad bucket at a time (AdamW::gather_primary_fp8_weights): `staged`
   // holds the FP32 master of bucket b's elements (grad_bucket_ranges(b), in order, gathered into
   // grad_bucket(b)); casts the block linears' weights among them and refreshes the other
-  // tensors' copies. Every bucket once, the embeddings' (-1) last.
+  // tensors' copies. Every bucket once, the embeddings' (-1) last. Under ZeRO-3, whose passes
+  // gather the other tensors' copies, the blocks' buckets only, block 0's last.
   void cast_primary_fp8_bucket(int bucket, Tensor staged, bool training);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }

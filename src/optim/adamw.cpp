@@ -260,7 +260,8 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
-      // ZeRO-3's copy (never of primary FP8 weights) is this rank's range of params_flat.
+      // ZeRO-3's copy is this rank's range of params_flat (primary FP8 weights' too, which the
+      // passes gather with the rest but never read).
       const Tensor copy = own_range ? (model_.has_master_weights() ? params.range(local, len) : Tensor())
                           : !copies || model_.weight_copy(spec.id).empty()
                               ? Tensor()
@@ -279,11 +280,14 @@ void AdamW::gather_primary_fp8_weights(bool training) {
   if (model_.has_grad_buckets()) {
     // ZeRO-2 has no parameter-sized buffer: each grad bucket's room stages the master of its
     // elements, the way its gradients are summed there, reversed: this rank's pieces copied in,
-    // the ranks' parts all-gathered, and the bucket cast. The embeddings' bucket last.
+    // the ranks' parts all-gathered, and the bucket cast. The embeddings' bucket last. ZeRO-3's
+    // passes gather the other tensors' copies: only the blocks' buckets, which hold the linears.
     const int L = model_.shape().n_layer;
-    std::vector<int> order{L};
+    const bool blocks_only = model_.has_sharded_params();
+    std::vector<int> order;
+    if (!blocks_only) order.push_back(L);
     for (int l = L - 1; l >= 0; --l) order.push_back(l);
-    order.push_back(-1);
+    if (!blocks_only) order.push_back(-1);
     for (const int bucket : order) {
       gather_into(model_.grad_bucket(bucket), model_.grad_bucket_ranges(bucket), master_shard());
       comm_->wait_gathers();

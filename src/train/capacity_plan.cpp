@@ -85,11 +85,11 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   // ranks do not make it fit.
   const int B = spec.batch.micro_batch;
   text += "  the fewest ranks at micro-batch " + std::to_string(B) + " that share training.batch_tokens evenly:\n";
-  // ZeRO-3 does not run FP8 layers or a precision schedule (the config refuses them).
-  const bool fp8 = spec.precision.phases.size() > 1 || spec.precision.phases.front().policy.fp8.enabled;
+  // ZeRO-3 does not run a precision schedule (the config refuses it).
+  const bool schedule = spec.precision.phases.size() > 1;
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
     for (const int zero_stage : {0, 1, 2, 3}) {
-      std::string found = zero_stage == 3 && fp8 ? "not with FP8 layers or a precision.schedule (not implemented)" : "";
+      std::string found = zero_stage == 3 && schedule ? "not with a precision.schedule (not implemented)" : "";
       for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
         if (!shares(B, d)) continue;
         const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);

@@ -33,19 +33,21 @@ struct Fp8Bytes {
 };
 
 // Blocks that FP8 layers share, by what they hold: the output gradient's by width, a recomputed
-// block's linear inputs by their slot in the block, the weight's transpose by its shape.
+// block's linear inputs by their slot in the block, the weight's transpose by its shape, and
+// ZeRO-3's weight codes ('W', counted as weight codes) and their transpose by their shape.
 using SharedFp8Blocks = std::map<std::tuple<char, int64_t, int64_t>, int64_t>;
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), one byte an element, with the
 // transposes of input and grad, and their factors: one per tensor, or for block scaling one per
 // 1x128 tile each way (the weight's: one per 128x128 block each way), and a few statistics
-// blocks. The weight's transpose is shared by the layers of its shape, the grad's set by the
-// layers of its width, the input's codes by the layers of its width, and with `input_slot` >= 0
-// the input's whole set by the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
+// blocks. The weight's transpose is shared by the layers of its shape (with `shared_weight`,
+// its whole set), the grad's set by the layers of its width, the input's codes by the layers of
+// its width, and with `input_slot` >= 0 the input's whole set by the layers of that slot
+// (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
 // 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's code, factor and FP32
 // product scratch.
-void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
+void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot, bool shared_weight,
                     SharedFp8Blocks& shared, Fp8Bytes& bytes) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   const bool native = fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
@@ -68,8 +70,15 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
   };
   const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c, false); };
   shared[{'g', OC, 0}] = operand(rows, OC);
-  shared[{'w', OC, C}] = block(OC * C);
-  bytes.weights += block(OC * C) + factors(OC, C, true) + block(4 * 64) + block(f32);  // + the statistics, the current amax
+  const int64_t weight_codes = block(OC * C) + factors(OC, C, true);
+  if (shared_weight) {
+    shared[{'W', OC, C}] = weight_codes;
+    shared[{'T', OC, C}] = block(OC * C);
+  } else {
+    shared[{'w', OC, C}] = block(OC * C);
+    bytes.weights += weight_codes;
+  }
+  bytes.weights += block(4 * 64) + block(f32);  // the statistics, the current amax
   if (input_slot >= 0) {
     shared[{'i', input_slot, 0}] = operand(rows, C);
   } else {  // the transpose and factors kept for wgrad; the codes shared
@@ -78,18 +87,23 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
   }
 }
 
-Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute) {
+// `sharded_params`: ZeRO-3, whose block linears cast their weights before each pass into codes
+// they share (unless the weights are primary FP8 weights).
+Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute,
+                   bool sharded_params) {
   Fp8Bytes bytes;
   if (!policy.fp8.enabled) return bytes;
   SharedFp8Blocks shared;
   const auto linears = block_linear_shapes(s);
+  const bool recast_weights = sharded_params && !policy.fp8.primary_weights;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
-        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], recompute == Recompute::block ? k : -1, shared,
-                       bytes);
-  if (!policy.fp8.bf16_lm_head) add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, shared, bytes);
-  for (const auto& [what, shared_bytes] : shared) bytes.operands += shared_bytes;
+        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], recompute == Recompute::block ? k : -1,
+                       recast_weights, shared, bytes);
+  if (!policy.fp8.bf16_lm_head)
+    add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, false, shared, bytes);
+  for (const auto& [what, shared_bytes] : shared) (std::get<0>(what) == 'W' ? bytes.weights : bytes.operands) += shared_bytes;
   return bytes;
 }
 
@@ -116,7 +130,8 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases) {
-    const Fp8Bytes fp8 = fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute);
+    const Fp8Bytes fp8 = fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute,
+                                   zero_stage == 3 && world_size > 1);
     if (fp8.total() > p.fp8_weights + p.fp8_operands) {
       p.fp8_weights = fp8.weights;
       p.fp8_operands = fp8.operands;

@@ -428,12 +428,12 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 and ZeRO-2 equal ZeRO-0 bit for bit,
   }
 }
 
-// Primary FP8 weights under ZeRO-1 and 2: each rank updates its shard of the FP32 master, the
+// Primary FP8 weights under ZeRO-1, 2 and 3: each rank updates its shard of the FP32 master, the
 // ranks all-gather it and every rank casts the whole, so the FP8 codes and scales are the bits
 // one rank's cast makes: the same training as ZeRO-0, on 2 ranks and on 3 (shards of unequal
 // length), with evaluations and samples between the steps (each gathers the weights anew), and a
 // stop and resume changes nothing.
-TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit and resume exactly", "[mpi]") {
+TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and resume exactly", "[mpi]") {
   Workspace ws("zero-primary");
   const std::string between = "--set training.eval_every=3 --set logging.sample_every=4 --set logging.sample_tokens=8";
   for (const int ranks : {2, 3}) {
@@ -445,8 +445,8 @@ TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit a
     z0.zero_stage = 0;
     z0.checkpoint = "{every: 4}";
     const Trace a = train_ok(ws.dir, ranks, z0, between);
-    // ZeRO-2 gathers the master a grad bucket at a time into the bucket's room.
-    for (const int stage : {1, 2}) {
+    // ZeRO-2 and 3 gather the master a grad bucket at a time into the bucket's room.
+    for (const int stage : {1, 2, 3}) {
       INFO(ranks << " ranks, ZeRO-" << stage);
       Run zs = z0;
       zs.name = "primary-zero" + std::to_string(stage) + "-" + std::to_string(ranks);
@@ -467,7 +467,10 @@ TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit a
             read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
       // Each step gathers the FP32 master once (4 bytes a parameter), and once more after an
       // evaluation (at steps 0, 3 and 6), which casts the weights without recording a training
-      // cast; the gradients are reduce-scattered once (one micro-batch per rank).
+      // cast; the gradients are reduce-scattered once (one micro-batch per rank). ZeRO-3 gathers
+      // only the blocks' master (the linears', with their norms), and the weights' copy too (4
+      // bytes an element on the CPU): every tensor for the forward pass (the evaluation's one
+      // round of batches too), the blocks' again for the backward pass.
       const int64_t n = parameter_count(out);
       std::vector<int64_t> gathered, scattered;
       for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
@@ -476,7 +479,13 @@ TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit a
           scattered.push_back(m["comm_bytes"]["reduce_scatter"].get<int64_t>());
         }
       CHECK(scattered == std::vector<int64_t>(8, 4 * n));
-      CHECK(gathered == std::vector<int64_t>{8 * n, 4 * n, 4 * n, 8 * n, 4 * n, 4 * n, 8 * n, 4 * n});
+      const int64_t C = 64, V = 128, T = 32;  // n_embd, padded vocabulary, seq_len
+      const int64_t blocks = n - (V * C + T * C + 2 * C);
+      const int64_t master = stage == 3 ? blocks : n;
+      const int64_t pass = stage == 3 ? 4 * n + 4 * blocks : 0, evaluation = stage == 3 ? 4 * n : 0;
+      const int64_t with_eval = 8 * master + pass + evaluation, plain = 4 * master + pass;
+      CHECK(gathered ==
+            std::vector<int64_t>{with_eval, plain, plain, with_eval, plain, plain, with_eval, plain});
 
       Run part = zs;
       part.name = "primary-part-zero" + std::to_string(stage) + "-" + std::to_string(ranks);
@@ -492,19 +501,20 @@ TEST_CASE("ZeRO-1 and ZeRO-2 with primary FP8 weights equal ZeRO-0 bit for bit a
 // ZeRO-2: no rank holds the whole gradients. Each block's gradients are summed to their owners
 // as the backward pass finishes them, in rank order as ZeRO-0's all-reduce sums them, so with
 // one micro-batch per rank the training is ZeRO-0's bit for bit, on 2 ranks and on 3 (shards of
-// unequal length, which cut the buckets unevenly), in fp32 (GPT-2) and bf16 (Llama). ZeRO-3
-// keeps only its range of the weights too, gathering each block's before the forward and the
-// backward pass read them: the same values, so the same training. With two micro-batches per
+// unequal length, which cut the buckets unevenly), in fp32 and fp8 (GPT-2) and bf16 (Llama).
+// ZeRO-3 keeps only its range of the weights too, gathering each block's before the forward and
+// the backward pass read them: the same values, so the same training (FP8 layers cast the same
+// codes from the gathered weights). With two micro-batches per
 // rank ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2 after: the same
 // additions in another FP32 order, within kLayoutLossTolerance.
 TEST_CASE("ZeRO-2 and ZeRO-3 equal ZeRO-0 bit for bit with one micro-batch per rank, within FP32 order with more",
           "[mpi]") {
   Workspace ws("zero2");
   for (const int ranks : {2, 3})
-    for (const std::string mode : {"fp32", "bf16", "bf16-wide-vocab"}) {
+    for (const std::string mode : {"fp32", "bf16", "bf16-wide-vocab", "fp8"}) {
       Run z0{"zero0-" + mode + "-" + std::to_string(ranks)};
-      z0.precision = mode == "fp32" ? "fp32" : "bf16";
-      z0.arch = mode == "fp32" ? "gpt2" : "llama";
+      z0.precision = mode == "bf16-wide-vocab" ? "bf16" : mode;
+      z0.arch = mode == "fp32" || mode == "fp8" ? "gpt2" : "llama";
       // Embeddings and an untied head each larger than a block: under ZeRO-2 and 3 they take
       // turns in a room of their own (GradBucketSizes), not the block rooms' turns.
       if (mode == "bf16-wide-vocab") z0.vocab_size = 1024;

@@ -25,12 +25,13 @@ namespace {
 namespace fs = std::filesystem;
 
 // One run's shape: GPT-2 or Llama blocks, how many, sequences per micro-batch (8: one
-// micro-batch per rank on 2 ranks, two on 1) and how often it evaluates.
+// micro-batch per rank on 2 ranks, two on 1), how often it evaluates, and its precision.
 struct Run {
   std::string arch = "gpt2";
   int layers = 2;
   int micro_batch = 8;
   int eval_every = 0;
+  std::string precision = "{mode: bf16}";
 };
 
 struct Losses {
@@ -46,7 +47,7 @@ Losses gpu_losses(const fs::path& dir, int ranks, const std::string& name, int z
              "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 200000, seed: 5}}\n"
              "training: {steps: 8, batch_tokens: 1024, micro_batch: " + std::to_string(run.micro_batch) +
              ", eval_every: " + std::to_string(run.eval_every) + ", eval_batches: 2}\n"
-             "precision: {mode: bf16}\n"
+             "precision: " + run.precision + "\n"
              "distributed: {zero_stage: " + std::to_string(zero_stage) + "}\n"
              "checkpoint: {save_final: false}\n");
   const CommandResult r = run_mpi(ranks, "train " + name + ".yaml", dir);
@@ -75,7 +76,8 @@ void expect_close(const Losses& got, const Losses& want, double tolerance) {
   expect_close(got.val, want.val, tolerance);
 }
 
-TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, GPT-2 and Llama blocks", "[multigpu]") {
+TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, GPT-2 and Llama blocks, FP8 layers",
+          "[multigpu]") {
   const fs::path dir = make_temp_dir("multigpu");
   const auto one = gpu_losses(dir, 1, "one", 0);
   const auto two = gpu_losses(dir, 2, "two", 0);
@@ -98,6 +100,16 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   const Run accumulating{"llama", 3, 4, 4};
   const auto accumulating_zero2 = gpu_losses(dir, 2, "llama-accumulating-zero2", 2, accumulating);
   const auto accumulating_zero3 = gpu_losses(dir, 2, "llama-accumulating-zero3", 3, accumulating);
+  // FP8 layers under ZeRO-3: each casts its weight from the gathered room before each pass, into
+  // codes and block factors the layers of its shape share, so block 0's backward pass reads the
+  // codes it cast again after block 1 wrote its own there. Primary FP8 weights are cast once a
+  // step from the FP32 master, gathered a bucket at a time into the gradient rooms.
+  const Run fp8_run{"gpt2", 2, 8, 4, "{mode: fp8, fp8: {recipe: block}}"};
+  const Run primary_run{"llama", 2, 8, 4, "{mode: fp8, fp8: {recipe: current, primary_weights: true}}"};
+  const auto fp8 = gpu_losses(dir, 2, "fp8", 0, fp8_run);
+  const auto fp8_zero3 = gpu_losses(dir, 2, "fp8-zero3", 3, fp8_run);
+  const auto primary = gpu_losses(dir, 2, "primary", 0, primary_run);
+  const auto primary_zero3 = gpu_losses(dir, 2, "primary-zero3", 3, primary_run);
   // The CPU's 2-rank bf16 bound (kBf16LayoutLossTolerance in tests/dist/test_distributed.cpp).
   expect_close(two, one, 2e-4);
 #ifdef PTRAIN_SIM_DEVICE
@@ -109,6 +121,8 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   CHECK(llama_zero2 == llama);
   CHECK(llama_zero3 == llama);
   CHECK(accumulating_zero3 == accumulating_zero2);
+  CHECK(fp8_zero3 == fp8);
+  CHECK(primary_zero3 == primary);
 #else
   expect_close(two_zero1, two, 2e-4);
   expect_close(two_zero2, two, 2e-4);
@@ -116,6 +130,8 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   expect_close(llama_zero2, llama, 2e-4);
   expect_close(llama_zero3, llama, 2e-4);
   expect_close(accumulating_zero3, accumulating_zero2, 2e-4);
+  expect_close(fp8_zero3, fp8, 2e-4);
+  expect_close(primary_zero3, primary, 2e-4);
 #endif
   fs::remove_all(dir);
 }

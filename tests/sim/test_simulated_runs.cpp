@@ -330,6 +330,13 @@ const Axes kRuns[] = {
     {"bf16-2-ranks-fused-zero3", "bf16", "cudnn", false, 2, 3},
     {"llama-bf16-2-ranks-zero3", "bf16", "fallback", false, 2, 3, 64, "llama"},
     {"fp16-3-ranks-zero3-uneven-recompute-block", "fp16", "fallback", false, 3, 3, 32, "gpt2", "block"},
+    // FP8 layers under ZeRO-3 cast their weights from the gathered room before each pass, into
+    // codes the layers of a shape share; primary FP8 weights from the master, gathered into the
+    // gradient buckets' rooms as under ZeRO-2, into codes of their own.
+    {"fp8-delayed-2-ranks-fused-zero3", "fp8:delayed", "cudnn", false, 2, 3},
+    {"fp8-block-2-ranks-zero3-recompute-block", "fp8:block", "fallback", false, 2, 3, 64, "gpt2", "block"},
+    {"llama-fp8-current-3-ranks-zero3-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 3, 32,
+     "llama", "block", "fp32", true},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator

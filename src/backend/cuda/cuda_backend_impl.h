@@ -192,7 +192,8 @@ class CudaBackend final : public Backend {
 
   // fp8_gemms.cu
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                           Format forward, Format backward, int input_slot, std::string* why) override;
+                                           Format forward, Format backward, int input_slot, bool shared_weight,
+                                           std::string* why) override;
 
  private:
   class CudaFp8Gemms;

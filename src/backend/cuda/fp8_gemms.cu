@@ -26,7 +26,9 @@ namespace ptrain::cuda_impl {
 //  - the weight's codes and factors are the layer's own, cast once a step; its transpose is
 //    made from the codes by each backward() (a byte transpose, so the GEMM reads the same
 //    codes), into a block shared by the layers of its shape. So a model keeps one byte per
-//    parameter of FP8 weights, as TransformerEngine's weight cache does on one layout.
+//    parameter of FP8 weights, as TransformerEngine's weight cache does on one layout. A
+//    layer whose weight is cast right before each forward() and backward() (`shared_weight`:
+//    ZeRO-3's, gathered into a room for each pass) shares codes and factors too.
 //  - the grad's are shared by every layer of the same shape: backward() reads what the cast
 //    just before it wrote.
 //  - the input's transpose and factors are the layer's own (kept from the forward pass for the
@@ -41,8 +43,10 @@ namespace ptrain::cuda_impl {
 // written transposed, for wgrad. Every GEMM has one 1x128 operand, as cuBLASLt requires.
 class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
  public:
-  CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling, int input_slot)
-      : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling), input_slot_(input_slot) {
+  CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling, int input_slot,
+               bool shared_weight)
+      : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling), input_slot_(input_slot),
+        shared_weight_(shared_weight) {
     const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
     try {
       for (int i = 0; i < 3; ++i) acquire_operand(static_cast<Operand>(i), static_cast<size_t>(sizes[i]));
@@ -320,18 +324,20 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   // of them, with every layer of its shape; an input in a slot all of them, with the layers of
   // the slot; any other input its codes (only the forward GEMM reads them, right after the
   // cast; wgrad reads the transpose, kept), with the layers of its shape; the weight its
-  // transpose, made by backward(), with the layers of its shape.
+  // transpose, made by backward(), with the layers of its shape, or all of it, with the layers
+  // of its shape that share their weights too.
   struct SharedParts {
     bool codes, transposed, factors;
   };
   SharedParts shared_parts(Operand which) const {
-    if (which == kWeight) return {false, true, false};
+    if (which == kWeight) return {shared_weight_, true, shared_weight_};
     if (which == kInput && input_slot_ < 0) return {true, false, false};
     return {true, true, true};
   }
   std::array<int64_t, 5> shared_key(Operand which) const {
     const auto [rows, cols] = shape_of(which);
-    return {which, which == kInput ? input_slot_ : -1, rows, cols, static_cast<int64_t>(scaling_)};
+    const int64_t slot = which == kInput ? input_slot_ : which == kWeight && shared_weight_ ? 0 : -1;
+    return {which, slot, rows, cols, static_cast<int64_t>(scaling_)};
   }
 
   // Operand `which`'s blocks: the shared ones made by their first user (or taken from it), the
@@ -414,6 +420,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   bool read_queued_ = false;        // a read into stats_read_ is queued and not taken yet
   float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
   int input_slot_;                         // -1: the input's codes are the layer's own
+  bool shared_weight_;                     // the weight's codes and factors shared too
   std::array<bool, 3> holds_shared_{};     // counted among the users of the operand's shared set
 };
 
@@ -424,7 +431,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
 std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
                                                       Format forward, Format backward, int input_slot,
-                                                      std::string* why) {
+                                                      bool shared_weight, std::string* why) {
   // The recipes' shape rule first (the one the config and the memory plan apply), then cuBLASLt's
   // own rules for each GEMM as ptrain knows them.
   const Fp8Recipe rule = scaling == Fp8Gemms::Scaling::blocks ? Fp8Recipe::block : Fp8Recipe::current;
@@ -439,7 +446,7 @@ std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, i
       *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
       return nullptr;
     }
-  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling, input_slot);
+  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling, input_slot, shared_weight);
   if (!gemms->runs_here(forward, backward, why)) return nullptr;
   return gemms;
 }
