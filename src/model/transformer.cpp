@@ -138,6 +138,10 @@ int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& pol
   return n * s.n_layer;
 }
 
+bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params) {
+  return policy.fp8.enabled && sharded_params && !policy.fp8.primary_weights;
+}
+
 int64_t rope_table_bytes(const ModelShape& s, int T) {
   return s.arch == Arch::llama ? int64_t{T} * (s.head_size() / 2) * 2 * static_cast<int64_t>(sizeof(float)) : 0;
 }
@@ -277,10 +281,8 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   // block, not recomputed, casts them last in the forward pass): the blocks can share them, one
   // slot per linear of a block.
   const bool recast = recompute_ == Recompute::block;
-  // ZeRO-3's block linears cast their weights from the room before each pass, into codes the
-  // native GEMMs share between the layers of a shape (primary FP8 weights, cast from the master
-  // once a step, keep their own, as an FP8 LM head does).
-  const bool recast_weights = sharded_params_ && !primary_fp8_;
+  // An FP8 LM head keeps its own weight codes, cast once a step, under every stage.
+  const bool recast_weights = fp8_weights_recast(policy, sharded_params_);
   for (int l = 0; l < shape_.n_layer; ++l)
     for (int k = 0; k < kLinearsPerBlock; ++k)
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
@@ -396,7 +398,7 @@ void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
   }
   // ZeRO-1's update wrote each rank's range of the master only: the other copies come from here.
   if (sharded_master_) copy_unprimary_weights(full_master);
-  primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
+  finish_primary_fp8_cast(training);
 }
 
 void Transformer::cast_primary_fp8_bucket(int bucket, Tensor staged, bool training) {
@@ -414,9 +416,10 @@ void Transformer::cast_primary_fp8_bucket(int bucket, Tensor staged, bool traini
       backend_.copy(block ? params_[spec.id][bucket] : params_[spec.id], staged.range(at, n));
     at += n;
   }
-  // The last bucket cast (AdamW::gather_primary_fp8_weights): the embeddings', or under ZeRO-3,
-  // which stages only the blocks' buckets, block 0's.
-  if (bucket == (sharded_params_ ? 0 : -1)) primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
+}
+
+void Transformer::finish_primary_fp8_cast(bool training) {
+  primary_cast_ = training ? PrimaryCast::done : PrimaryCast::evaluated;
 }
 
 void Transformer::cast_due_primary_weights(bool training) {

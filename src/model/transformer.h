@@ -58,6 +58,11 @@ int64_t rope_table_bytes(const ModelShape& s, int T);
 // precision.fp8.primary_weights the block linears' weights, whose FP8 codes are cast from the
 // FP32 master (0 otherwise).
 int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& policy);
+// Whether the FP8 block linears cast their weights from the room before every pass, into codes
+// the layers of a shape share: under ZeRO-3 (`sharded_params`), whose rooms hold a block's
+// weights only while a pass runs, unless they are primary FP8 weights (cast from the master
+// once a step, each layer keeping its own codes).
+bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
@@ -294,9 +299,10 @@ class Transformer {
   // ZeRO-2's counterpart, a grad bucket at a time (AdamW::gather_primary_fp8_weights): `staged`
   // holds the FP32 master of bucket b's elements (grad_bucket_ranges(b), in order, gathered into
   // grad_bucket(b)); casts the block linears' weights among them and refreshes the other
-  // tensors' copies. Every bucket once, the embeddings' (-1) last. Under ZeRO-3, whose passes
-  // gather the other tensors' copies, the blocks' buckets only, block 0's last.
+  // tensors' copies. Under ZeRO-3, whose passes gather the other tensors' copies, the blocks'
+  // buckets only. Once every bucket is cast, finish_primary_fp8_cast says so.
   void cast_primary_fp8_bucket(int bucket, Tensor staged, bool training);
+  void finish_primary_fp8_cast(bool training);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
   // ZeRO-1: this rank's range of the FP32 master weights (MasterRange); empty when unsharded.

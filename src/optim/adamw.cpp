@@ -293,6 +293,7 @@ void AdamW::gather_primary_fp8_weights(bool training) {
       comm_->wait_gathers();
       model_.cast_primary_fp8_bucket(bucket, model_.grad_bucket(bucket), training);
     }
+    model_.finish_primary_fp8_cast(training);
     return;
   }
   // Each rank's shard of the FP32 master, all-gathered into the gradient buffer (free between

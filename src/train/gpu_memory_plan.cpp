@@ -32,10 +32,14 @@ struct Fp8Bytes {
   int64_t total() const { return weights + operands; }
 };
 
-// Blocks that FP8 layers share, by what they hold: the output gradient's by width, a recomputed
-// block's linear inputs by their slot in the block, the weight's transpose by its shape, and
-// ZeRO-3's weight codes ('W', counted as weight codes) and their transpose by their shape.
-using SharedFp8Blocks = std::map<std::tuple<char, int64_t, int64_t>, int64_t>;
+// Blocks that FP8 layers share, by what they hold, in the class they count in: ZeRO-3's weight
+// codes by their shape (weights); the output gradient's by width ('g'), a recomputed block's
+// linear inputs by their slot in the block ('i'), and the weight's transpose by its shape ('w',
+// or 'T' beside shared codes) (operands).
+struct SharedFp8Blocks {
+  std::map<std::pair<int64_t, int64_t>, int64_t> weights;
+  std::map<std::tuple<char, int64_t, int64_t>, int64_t> operands;
+};
 
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), one byte an element, with the
@@ -69,20 +73,20 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
     return block(up(c, 128) * up(r, 4) * 4 * f32) + block(up(r, 128) * up(c, 4) * 4 * f32);
   };
   const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c, false); };
-  shared[{'g', OC, 0}] = operand(rows, OC);
+  shared.operands[{'g', OC, 0}] = operand(rows, OC);
   const int64_t weight_codes = block(OC * C) + factors(OC, C, true);
   if (shared_weight) {
-    shared[{'W', OC, C}] = weight_codes;
-    shared[{'T', OC, C}] = block(OC * C);
+    shared.weights[{OC, C}] = weight_codes;
+    shared.operands[{'T', OC, C}] = block(OC * C);
   } else {
-    shared[{'w', OC, C}] = block(OC * C);
+    shared.operands[{'w', OC, C}] = block(OC * C);
     bytes.weights += weight_codes;
   }
   bytes.weights += block(4 * 64) + block(f32);  // the statistics, the current amax
   if (input_slot >= 0) {
-    shared[{'i', input_slot, 0}] = operand(rows, C);
+    shared.operands[{'i', input_slot, 0}] = operand(rows, C);
   } else {  // the transpose and factors kept for wgrad; the codes shared
-    shared[{'i', -1, C}] = block(rows * C);
+    shared.operands[{'i', -1, C}] = block(rows * C);
     bytes.operands += block(rows * C) + factors(rows, C, false);
   }
 }
@@ -95,7 +99,7 @@ Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t r
   if (!policy.fp8.enabled) return bytes;
   SharedFp8Blocks shared;
   const auto linears = block_linear_shapes(s);
-  const bool recast_weights = sharded_params && !policy.fp8.primary_weights;
+  const bool recast_weights = fp8_weights_recast(policy, sharded_params);
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
@@ -103,7 +107,8 @@ Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t r
                        recast_weights, shared, bytes);
   if (!policy.fp8.bf16_lm_head)
     add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, false, shared, bytes);
-  for (const auto& [what, shared_bytes] : shared) (std::get<0>(what) == 'W' ? bytes.weights : bytes.operands) += shared_bytes;
+  for (const auto& [shape, shared_bytes] : shared.weights) bytes.weights += shared_bytes;
+  for (const auto& [what, shared_bytes] : shared.operands) bytes.operands += shared_bytes;
   return bytes;
 }
 

@@ -57,6 +57,8 @@ struct Run {
   std::string arch = "gpt2";  // llama: 4 query heads over 2 K/V heads
   std::string grad_reduce_dtype = "fp32";
   bool primary_weights = false;  // precision.fp8.primary_weights (fp8)
+  bool fp8_lm_head = false;      // precision.fp8.bf16_lm_head: false (fp8)
+  std::string recompute = "none";
   std::string data = "{synthetic: {vocab: 64, order: 2, branching: 4, tokens: 100000, seed: 5}}";
   std::string logging{};  // the logging section's keys, if any
 };
@@ -64,7 +66,8 @@ struct Run {
 std::string config_yaml(const Run& r) {
   const std::string precision =
       r.precision == "fp8" ? std::string("{mode: fp8, fp8: {recipe: delayed") +
-                                 (r.primary_weights ? ", primary_weights: true" : "") + "}}"
+                                 (r.primary_weights ? ", primary_weights: true" : "") +
+                                 (r.fp8_lm_head ? ", bf16_lm_head: false" : "") + "}}"
                            : "{mode: " + r.precision + "}";
   return "run: {name: " + r.name + ", out_dir: runs, seed: 3, device: cpu}\n"
          "model: {" + (r.arch == "llama" ? "arch: llama, n_kv_head: 2, mlp_hidden: 96, " : std::string()) +
@@ -72,7 +75,7 @@ std::string config_yaml(const Run& r) {
          ", seq_len: 32, vocab_size: " + std::to_string(r.vocab_size) + "}\n"
          "data: " + r.data + "\n"
          "training: {steps: " + std::to_string(r.steps) + ", batch_tokens: " + std::to_string(r.batch_tokens) +
-         ", micro_batch: 8, eval_every: 0, eval_batches: 2, threads: 1}\n"
+         ", micro_batch: 8, eval_every: 0, eval_batches: 2, threads: 1, recompute: " + r.recompute + "}\n"
          "optimizer: {lr: 1.0e-3}\n"
          "schedule: {warmup_steps: 2}\n"
          "precision: " + precision + "\n"
@@ -504,7 +507,9 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
 // unequal length, which cut the buckets unevenly), in fp32 and fp8 (GPT-2) and bf16 (Llama).
 // ZeRO-3 keeps only its range of the weights too, gathering each block's before the forward and
 // the backward pass read them: the same values, so the same training (FP8 layers cast the same
-// codes from the gathered weights). With two micro-batches per
+// codes from the gathered weights; on 3 ranks the FP8 run also has an FP8 LM head, whose codes
+// are cast once a step from its room, and recomputes its MLPs, whose backward passes run after
+// the block's weights were gathered again). With two micro-batches per
 // rank ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2 after: the same
 // additions in another FP32 order, within kLayoutLossTolerance.
 TEST_CASE("ZeRO-2 and ZeRO-3 equal ZeRO-0 bit for bit with one micro-batch per rank, within FP32 order with more",
@@ -518,6 +523,10 @@ TEST_CASE("ZeRO-2 and ZeRO-3 equal ZeRO-0 bit for bit with one micro-batch per r
       // Embeddings and an untied head each larger than a block: under ZeRO-2 and 3 they take
       // turns in a room of their own (GradBucketSizes), not the block rooms' turns.
       if (mode == "bf16-wide-vocab") z0.vocab_size = 1024;
+      if (mode == "fp8" && ranks == 3) {
+        z0.fp8_lm_head = true;
+        z0.recompute = "mlp";
+      }
       z0.batch_tokens = 256 * ranks;
       z0.zero_stage = 0;
       z0.checkpoint = "{every: 4}";

@@ -1,11 +1,9 @@
 // The tmpfs tests' entry point: where this process may not mount a tmpfs (no privileges, a
 // container that forbids it) every test reports "skipped" to ctest (exit 77), never "passed".
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <cstring>
 
+#include "catch/run.h"
 #include "tmpfs.h"
 
 int main(int argc, char** argv) {
@@ -19,5 +17,5 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return ptrain::test::run_catch(argc, argv);
 }

@@ -2,13 +2,11 @@
 // tokenizers under node.
 // Where node or the package is missing, every test reports "skipped" to ctest (exit 77), with
 // the reason, never "passed".
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include "catch/run.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
 
@@ -36,5 +34,5 @@ int main(int argc, char** argv) {
       return 77;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return ptrain::test::run_catch(argc, argv);
 }
