@@ -48,13 +48,7 @@ size_t cl100k_piece_end(std::string_view text, size_t begin) {
   const CharClass next = second < text.size() ? char_class_at(text, second, second_length) : CharClass::space;
   if (first != CharClass::number && !is_line_break(text[begin]) && second < text.size() && next == CharClass::letter)
     return run_end(text, second, CharClass::letter);
-  // \p{N}{1,3}
-  if (first == CharClass::number) {
-    size_t end = second;
-    for (int more = 0; more < 2 && end < text.size() && char_class_at(text, end, length) == CharClass::number; ++more)
-      end += length;
-    return end;
-  }
+  if (first == CharClass::number) return number_piece_end(text, begin);
   // " ?[^\s\p{L}\p{N}]+[\r\n]*"
   const size_t run = text[begin] == ' ' && second < text.size() && next == CharClass::other ? second
                      : first == CharClass::other                                            ? begin
@@ -65,6 +59,14 @@ size_t cl100k_piece_end(std::string_view text, size_t begin) {
     return end;
   }
   return space_piece_end(text, begin);
+}
+
+size_t number_piece_end(std::string_view text, size_t begin) {
+  int length;
+  size_t end = begin;
+  for (int n = 0; n < 3 && end < text.size() && char_class_at(text, end, length) == CharClass::number; ++n)
+    end += length;
+  return end;
 }
 
 size_t space_piece_end(std::string_view text, size_t begin) {

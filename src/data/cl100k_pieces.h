@@ -20,6 +20,10 @@ size_t contraction_length(std::string_view text, size_t i);
 // The end of the piece that starts at `begin` of valid UTF-8 `text` (begin < text.size()).
 size_t cl100k_piece_end(std::string_view text, size_t begin);
 
+// The end of the piece \p{N}{1,3} that starts at `begin` (a number), also o200k_base's: a run
+// of numbers is cut in threes from its start.
+size_t number_piece_end(std::string_view text, size_t begin);
+
 // The end of the piece \s*[\r\n]+|\s+(?!\S)|\s+ that starts at `begin` (white space), the
 // last alternatives of cl100k_base's and o200k_base's patterns.
 size_t space_piece_end(std::string_view text, size_t begin);

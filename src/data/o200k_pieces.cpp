@@ -62,13 +62,7 @@ size_t o200k_piece_end(std::string_view text, size_t begin) {
       if (const size_t end = letters(text, second); end != kNone) return with_contraction(text, end);
     if (const size_t end = letters(text, begin); end != kNone) return with_contraction(text, end);
   }
-  // \p{N}{1,3}
-  if (first == CharKind::number) {
-    size_t end = second;
-    for (int more = 0; more < 2 && end < text.size() && char_kind_at(text, end, length) == CharKind::number; ++more)
-      end += length;
-    return end;
-  }
+  if (first == CharKind::number) return number_piece_end(text, begin);
   // " ?[^\s\p{L}\p{N}]+[\r\n/]*": marks are not letters here.
   auto is_symbol = [](CharKind k) { return k == CharKind::other || k == CharKind::mark; };
   int next_length;
