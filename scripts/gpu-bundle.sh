@@ -52,8 +52,10 @@ missing="$(for bin in "$stage/bin/"*; do ldd "$bin" | grep 'not found' || true; 
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), CUDA architectures 90a, $mpi_text"
   echo "libraries carried:"; (cd "$stage/lib" && ls -1 | sed 's/^/  /')
   echo "libraries the device must provide:"
-  for bin in "$stage/bin/"*; do ldd "$bin"; done | awk '{ print $1 }' | grep -E "$provided" | grep -E 'libcu|libnccl|libnv' \
-    | sort -u | sed 's/^/  /'
+  # cuBLASLt is not linked but loaded when the CUDA backend starts (cublaslt_on_demand.cpp).
+  { for bin in "$stage/bin/"*; do ldd "$bin"; done | awk '{ print $1 }' | grep -E "$provided" | grep -E 'libcu|libnccl|libnv'
+    grep -aoE 'libcublasLt\.so\.[0-9]+' "$stage/bin/ptrain" | head -1
+  } | sort -u | sed 's/^/  /'
 } >"$stage/MANIFEST"
 
 mkdir -p .gpu-bundle

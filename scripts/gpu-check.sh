@@ -402,6 +402,8 @@ device_facts() {
     read -r soname path < <(ldd "$bin/ptrain" | awk -v lib="$lib.so" 'index($1, lib) == 1 && $2 == "=>" { print $1, $3 }')
     if [ -n "${soname:-}" ]; then
       echo "  $soname => $path ($(basename "$(readlink -f "$path")"))"
+    elif [ "$lib" = libcublasLt ]; then  # dlopen'ed by the CUDA backend (cublaslt_on_demand.cpp)
+      echo "  $lib: loaded when the CUDA backend starts (its version: ptrain devices, below)"
     else
       echo "  $lib: not linked"
     fi

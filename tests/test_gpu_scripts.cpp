@@ -237,6 +237,7 @@ TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alon
   const size_t first_step = summary.find("\nPASS ");
   CHECK(summary.find("cuda:0 NVIDIA H200 (stand-in)") < first_step);
   CHECK(summary.find("libcudnn: not linked") < first_step);
+  CHECK(summary.find("libcublasLt: loaded when the CUDA backend starts") < first_step);  // never linked
   CHECK(summary.find("train fp8:block on cpu") < summary.find("gpu tests: "));
   // Each test of the group's process by its own line; the failing one again alone, blocking;
   // the one the process crashed in, again alone; the one after it, alone.

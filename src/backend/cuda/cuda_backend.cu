@@ -150,9 +150,14 @@ std::string cuda_library_versions() {
   // 0 without a driver (the call itself succeeds).
   const bool have_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0;
   const size_t cudnn = cudnnGetVersion();
+  std::string cublaslt;  // loaded here, on demand (cublaslt_on_demand.cpp): its absence is a fact to print
+  try {
+    cublaslt = library_version(cublasLtGetVersion(), 10000);
+  } catch (const EnvironmentError& e) {
+    cublaslt = std::string("none (") + e.what() + ")";
+  }
   return "CUDA runtime " + (have_runtime ? cuda_version(runtime) : std::string("?")) + ", driver " +
-         (have_driver ? cuda_version(driver) : std::string("none")) + ", cuBLASLt " +
-         library_version(cublasLtGetVersion(), 10000) + ", cuDNN " +
+         (have_driver ? cuda_version(driver) : std::string("none")) + ", cuBLASLt " + cublaslt + ", cuDNN " +
          library_version(cudnn, cudnn >= 90000 ? 10000 : 1000);
 }
 

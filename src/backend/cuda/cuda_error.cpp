@@ -1,4 +1,4 @@
-// Compiled only into CUDA builds (PTRAIN_HAVE_CUDA): links cudart, cublasLt and cudnn.
+// Compiled only into CUDA builds (PTRAIN_HAVE_CUDA): calls cudart, cuBLASLt and cuDNN.
 #ifdef PTRAIN_HAVE_CUDA
 
 #include "backend/cuda/cuda_error.h"

@@ -15,7 +15,7 @@
 //    at src/backend/cuda/cuda_backend.cu:31"
 //
 // This header needs the CUDA runtime and cuBLASLt headers only; cuDNN statuses are passed as
-// int so that including it does not pull in cudnn.h. The .cpp links cudart, cublasLt and cudnn.
+// int so that including it does not pull in cudnn.h. The .cpp calls cudart, cuBLASLt and cuDNN.
 #pragma once
 
 #include <cublasLt.h>  // cublasStatus_t (through cublas_api.h)
