@@ -18,7 +18,7 @@ cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
 
 # The tests that should catch the mutations must pass on the tree as it is: otherwise every
 # mutation would look caught.
-baseline="uploads run ahead|the op table's matmul cases|fused \\(cuDNN\\) attention|GPUs follow 1 GPU"
+baseline="uploads run ahead|the op table's matmul cases|fused \\(cuDNN\\) attention|GPUs follow 1 GPU|two runs with the same seed"
 echo "== the unmutated tree: the sim tests matching '$baseline'"
 if ! (cd build && ctest -L sim -R "$baseline" -j "$(nproc)" --timeout 900 --output-on-failure >../baseline.log 2>&1); then
   echo "the unmutated tree fails them (see $scratch/baseline.log): no mutation can be judged"
@@ -121,6 +121,13 @@ mutate zero3-fp8-recast-removed src/model/fp8_linear.cpp \
   '  if (recast_weight_) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);' \
   '' \
   'GPUs follow 1 GPU'
+
+# 8. Under recompute: mlp the down projection no longer casts its recomputed input: its
+#    weight-gradient GEMM reads the input codes the MLP slot still holds from the block above.
+mutate recompute-mlp-input-recast-removed src/model/transformer.cpp \
+  '      if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);' \
+  '' \
+  'two runs with the same seed'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

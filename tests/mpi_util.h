@@ -19,11 +19,22 @@ inline std::string mpiexec() {
   return path && *path ? path : PTRAIN_MPIEXEC;
 }
 
+// Where this test process's mpiruns keep their session directories. Open MPI 4 makes
+// <base>/ompi.<host>.<uid>/pid.<pid> and an mpirun that ends removes ompi.<host>.<uid> when it
+// is empty, so two mpiruns of one base at once can race: one removes it as the other makes its
+// pid directory ("A call to mkdir was unable to create the desired directory", seen in CI with
+// two test processes side by side). A test process runs its mpiruns one at a time.
+inline const std::filesystem::path& mpi_session_base() {
+  static const TempDir base("ompi");
+  return base.dir;
+}
+
 // `ranks` processes of the binary with `args`, as a shell command. Open MPI's flags let two ranks
 // share however few cores this machine has and run as root in containers; single-copy (CMA)
 // transfers are off because containers often forbid the ptrace access they need.
 inline std::string mpi_command(int ranks, const std::string& args) {
-  return "OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" + mpiexec() +
+  return "OMPI_MCA_orte_tmpdir_base='" + mpi_session_base().string() +
+         "' OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none '" + mpiexec() +
          "' --oversubscribe --allow-run-as-root --bind-to none -np " + std::to_string(ranks) + " '" + ptrain_binary() +
          "' " + args;
 }

@@ -114,11 +114,16 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
+  cast_input(inp, training);
+  if (gemms_) return gemms_->forward(out, bias);
+  backend_.matmul_forward(out, input_q_, weight_q_, bias);
+}
+
+void Fp8Linear::cast_input(Tensor inp, bool training) {
+  const int block = policy_.block;
   cast(input_, Fp8Gemms::kInput, input_q_, inp, 1, block, training);
   // The block recipe's wgrad contracts over tokens: 128x1 tiles, kept for the backward pass.
   if (training && policy_.recipe == Fp8Recipe::block) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
-  if (gemms_) return gemms_->forward(out, bias);
-  backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
 void Fp8Linear::cast_weight(Tensor master, bool training) {

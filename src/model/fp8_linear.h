@@ -52,6 +52,9 @@ class Fp8Linear {
   // out(rows, OC) = fp8(inp) fp8(weight)^T + bias (bias may be empty). `training` false (an
   // evaluation) leaves the scaling state and telemetry untouched.
   void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
+  // The input's casts of forward() alone, for a layer whose input was recomputed but whose output
+  // is not needed again: the codes its backward pass reads (in a slot shared with other layers).
+  void cast_input(Tensor inp, bool training);
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
   // fp8(inp); dbias += column sums of dout. `weight` is read only by a layer that recasts it,
   // and must be what forward() was handed.

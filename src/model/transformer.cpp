@@ -142,6 +142,11 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params) {
   return policy.fp8.enabled && sharded_params && !policy.fp8.primary_weights;
 }
 
+int fp8_input_slot(Recompute recompute, int linear) {
+  const bool recast = recompute == Recompute::block || (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj));
+  return recast ? linear : -1;
+}
+
 int64_t rope_table_bytes(const ModelShape& s, int T) {
   return s.arch == Arch::llama ? int64_t{T} * (s.head_size() / 2) * 2 * static_cast<int64_t>(sizeof(float)) : 0;
 }
@@ -277,10 +282,9 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   const std::array<const char*, kLinearsPerBlock> linear_names =
       shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
                                  : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
-  // A recomputed block casts its linears' inputs again right before its backward pass (the last
-  // block, not recomputed, casts them last in the forward pass): the blocks can share them, one
-  // slot per linear of a block.
-  const bool recast = recompute_ == Recompute::block;
+  // A recomputed block (or MLP) casts its linears' inputs again right before its backward pass
+  // (the last block, not recomputed, casts them last in the forward pass): the blocks can share
+  // them, one slot per such linear of a block.
   // An FP8 LM head keeps its own weight codes, cast once a step, under every stage.
   const bool recast_weights = fp8_weights_recast(policy, sharded_params_);
   for (int l = 0; l < shape_.n_layer; ++l)
@@ -288,7 +292,7 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
                                                        backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
-                                                       recast ? k : -1, primary_fp8_, recast_weights)
+                                                       fp8_input_slot(recompute_, k), primary_fp8_, recast_weights)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -971,6 +975,8 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     } else if (!still_there && recompute_ == Recompute::mlp) {
       NvtxRange again("recompute mlp");
       mlp_hidden_forward(l, -1, /*training=*/true);
+      // The down projection's input codes are the MLP's slot's (fp8_input_slot): cast it again.
+      if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);
     }
     if (grad_buckets_) be.zero(grad_bucket(l));
     if (llama)

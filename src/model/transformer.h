@@ -63,6 +63,11 @@ int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& pol
 // weights only while a pass runs, unless they are primary FP8 weights (cast from the master
 // once a step, each layer keeping its own codes).
 bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params);
+// The slot whose FP8 input codes a block linear shares with the other layers' (make_fp8_gemms'
+// input_slot), or -1 for codes of its own: a linear whose input is cast again right before its
+// backward pass can share them. Every linear of a recomputed block does; under recompute: mlp
+// the MLP's two (the first's forward pass runs again, the second casts its recomputed input).
+int fp8_input_slot(Recompute recompute, int linear);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.

@@ -103,8 +103,8 @@ Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t r
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
-        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], recompute == Recompute::block ? k : -1,
-                       recast_weights, shared, bytes);
+        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], fp8_input_slot(recompute, k), recast_weights,
+                       shared, bytes);
   if (!policy.fp8.bf16_lm_head)
     add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, false, shared, bytes);
   for (const auto& [shape, shared_bytes] : shared.weights) bytes.weights += shared_bytes;

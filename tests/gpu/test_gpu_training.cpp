@@ -231,8 +231,11 @@ constexpr int kEqualitySteps = 5;
 
 // training.recompute: block runs each block's forward pass again before its backward pass, and
 // its FP8 layers then cast their inputs again into codes the blocks share (one set per linear of
-// a block, not one per layer): its losses are those of the run that kept everything.
-TEST_CASE("gpu: two runs with the same seed give identical losses, and so do recomputed blocks with shared FP8 inputs",
+// a block, not one per layer); recompute: mlp does so for the MLP's two linears (the second
+// casts its recomputed input without its GEMM). The losses of both are those of the run that
+// kept everything.
+TEST_CASE("gpu: two runs with the same seed give identical losses, and so do recomputed blocks and MLPs with shared "
+          "FP8 inputs",
           "[gpu][train]") {
   const fs::path dir = make_temp_dir("gpu-determinism");
   for (const std::string mode : {"bf16", "fp8", "fp8:block"}) {  // fp8: the default (delayed) recipe
@@ -242,10 +245,13 @@ TEST_CASE("gpu: two runs with the same seed give identical losses, and so do rec
     std::string recomputed_log;
     const auto first = train_losses(dir, "a-" + tag, "cuda", mode, "", nullptr, "", kEqualitySteps);
     CHECK(first == train_losses(dir, "b-" + tag, "cuda", mode, "", nullptr, "", kEqualitySteps));
-    CHECK(first ==
-          train_losses(dir, "recomputed-" + tag, "cuda", mode, ", recompute: block", &recomputed_log, "", kEqualitySteps));
-    if (mode != "bf16")  // the shared codes are the native GEMMs'
-      CHECK(recomputed_log.find("fp8: 8 of 8 FP8 linear layers run native FP8 GEMMs") != std::string::npos);
+    for (const std::string recompute : {"block", "mlp"}) {
+      INFO("recompute " << recompute);
+      CHECK(first == train_losses(dir, "recomputed-" + recompute + "-" + tag, "cuda", mode, ", recompute: " + recompute,
+                                  &recomputed_log, "", kEqualitySteps));
+      if (mode != "bf16")  // the shared codes are the native GEMMs'
+        CHECK(recomputed_log.find("fp8: 8 of 8 FP8 linear layers run native FP8 GEMMs") != std::string::npos);
+    }
   }
   // Llama with grouped K/V heads on cuDNN's attention: its K/V gradient group sums must be
   // reproducible too.
