@@ -52,9 +52,10 @@ missing="$(for bin in "$stage/bin/"*; do ldd "$bin" | grep 'not found' || true; 
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), CUDA architectures 90a, $mpi_text"
   echo "libraries carried:"; (cd "$stage/lib" && ls -1 | sed 's/^/  /')
   echo "libraries the device must provide:"
-  # cuBLASLt is not linked but loaded when the CUDA backend starts (cublaslt_on_demand.cpp).
+  # cuBLASLt is not linked but loaded on first use (cublaslt_on_demand.cpp).
   { for bin in "$stage/bin/"*; do ldd "$bin"; done | awk '{ print $1 }' | grep -E "$provided" | grep -E 'libcu|libnccl|libnv'
-    grep -aoE 'libcublasLt\.so\.[0-9]+' "$stage/bin/ptrain" | head -1
+    grep -aoE -m1 'libcublasLt\.so\.[0-9]+' "$stage/bin/ptrain" ||
+      { echo "gpu-bundle: bin/ptrain names no libcublasLt.so.N to load" >&2; exit 1; }
   } | sort -u | sed 's/^/  /'
 } >"$stage/MANIFEST"
 

@@ -403,7 +403,7 @@ device_facts() {
     if [ -n "${soname:-}" ]; then
       echo "  $soname => $path ($(basename "$(readlink -f "$path")"))"
     elif [ "$lib" = libcublasLt ]; then  # dlopen'ed by the CUDA backend (cublaslt_on_demand.cpp)
-      echo "  $lib: loaded when the CUDA backend starts (its version: ptrain devices, below)"
+      echo "  $lib: loaded on first use, not linked (its version: ptrain devices, below)"
     else
       echo "  $lib: not linked"
     fi
@@ -426,6 +426,12 @@ if [ $devices_rc -ne 0 ]; then
 fi
 if grep -q "no usable CUDA device" "$work/devices.txt"; then
   record FAIL $((SECONDS - t0)) "no usable CUDA device: nothing else can run"
+  exit 1
+fi
+# cuBLASLt is loaded on first use, not linked (cublaslt_on_demand.cpp): ldd above cannot miss it,
+# and ptrain devices names it "none" instead of failing. Every GPU step needs it.
+if grep -q "cuBLASLt none" "$work/devices.txt"; then
+  record FAIL $((SECONDS - t0)) "cuBLASLt could not be loaded (see ptrain devices above): nothing else can run"
   exit 1
 fi
 record PASS $((SECONDS - t0)) "the GPU, the CUDA libraries, ptrain devices"

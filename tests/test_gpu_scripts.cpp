@@ -171,11 +171,16 @@ TEST_CASE("gpu-check.sh without a bundle fails at once and leaves its summary in
 }
 
 // Stand-ins for the bundle's binaries. ptrain: `devices` names STAND_IN_GPUS GPUs (1 unless
-// set), `train` writes 3 losses where its config puts the run, `bench` prints nothing.
+// set) and, with STAND_IN_NO_CUBLASLT set, a cuBLASLt it could not load; `train` writes 3
+// losses where its config puts the run, `bench` prints nothing.
 const char* kStandInPtrain = R"SH(#!/bin/sh
 case "$1" in
   devices)
-    echo "loaded: CUDA runtime 13.0"
+    if [ -n "${STAND_IN_NO_CUBLASLT:-}" ]; then
+      echo "loaded: CUDA runtime 13.0, driver 13.0, cuBLASLt none (libcublasLt.so.13 could not be loaded), cuDNN 9.19.0"
+    else
+      echo "loaded: CUDA runtime 13.0"
+    fi
     i=0
     while [ $i -lt "${STAND_IN_GPUS:-1}" ]; do echo "cuda:$i NVIDIA H200 (stand-in)"; i=$((i + 1)); done ;;
   train)
@@ -237,7 +242,7 @@ TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alon
   const size_t first_step = summary.find("\nPASS ");
   CHECK(summary.find("cuda:0 NVIDIA H200 (stand-in)") < first_step);
   CHECK(summary.find("libcudnn: not linked") < first_step);
-  CHECK(summary.find("libcublasLt: loaded when the CUDA backend starts") < first_step);  // never linked
+  CHECK(summary.find("libcublasLt: loaded on first use, not linked") < first_step);  // never linked
   CHECK(summary.find("train fp8:block on cpu") < summary.find("gpu tests: "));
   // Each test of the group's process by its own line; the failing one again alone, blocking;
   // the one the process crashed in, again alone; the one after it, alone.
@@ -272,6 +277,22 @@ TEST_CASE("gpu-check.sh's first call records each gpu test, reruns failures alon
     INFO(name);
     CHECK(fs::exists(out / name));
   }
+}
+
+// cuBLASLt is loaded on first use, so ldd cannot miss it: ptrain devices' "cuBLASLt none" stops
+// the check before any step spends the lease.
+TEST_CASE("gpu-check.sh stops at once when ptrain devices could not load cuBLASLt", "[gpu-scripts]") {
+  TempDir dir("gpu-check-no-cublaslt");
+  write_stand_in_bundle(dir.dir, /*with_mpi=*/false);
+  const fs::path out = dir.dir / "out";
+  const CommandResult r = run_shell(gpu_check("", "STAND_IN_NO_CUBLASLT=1 OUT='" + out.string() + "' PTRAIN_GPU_BUNDLE='" +
+                                                      (dir.dir / "bundle.tar.xz").string() + "'"));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  const std::string summary = read_file(out / "first-summary.txt");
+  INFO(summary);
+  CHECK(has_record(summary, "FAIL", "cuBLASLt could not be loaded (see ptrain devices above): nothing else can run"));
+  CHECK(summary.find("\nPASS ") == std::string::npos);
 }
 
 TEST_CASE("gpu-check.sh runs ZeRO-0 to ZeRO-3 across GPUs where there are two, or says what it lacks",
