@@ -282,10 +282,9 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
   const std::array<const char*, kLinearsPerBlock> linear_names =
       shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
                                  : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
-  // A recomputed block (or MLP) casts its linears' inputs again right before its backward pass
-  // (the last block, not recomputed, casts them last in the forward pass): the blocks can share
-  // them, one slot per such linear of a block.
-  // An FP8 LM head keeps its own weight codes, cast once a step, under every stage.
+  // Layers share input codes by slot (fp8_input_slot) and, under ZeRO-3, weight codes by shape
+  // (fp8_weights_recast). An FP8 LM head keeps its own weight codes, cast once a step, under
+  // every stage.
   const bool recast_weights = fp8_weights_recast(policy, sharded_params_);
   for (int l = 0; l < shape_.n_layer; ++l)
     for (int k = 0; k < kLinearsPerBlock; ++k)
@@ -799,6 +798,12 @@ void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   }
 }
 
+void Transformer::recompute_mlp(int l) {
+  mlp_hidden_forward(l, -1, /*training=*/true);  // the up projection casts its input again
+  // The down projection's input codes sit in the MLP's shared slot too: cast them again.
+  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);
+}
+
 void Transformer::gpt2_block_forward(int l, int position, bool training) {
   Backend& be = backend_;
   const auto at = [&](Tensor t) { return rows_at(t, position); };
@@ -974,9 +979,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       block_forward(l, -1, /*training=*/true);
     } else if (!still_there && recompute_ == Recompute::mlp) {
       NvtxRange again("recompute mlp");
-      mlp_hidden_forward(l, -1, /*training=*/true);
-      // The down projection's input codes are the MLP's slot's (fp8_input_slot): cast it again.
-      if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);
+      recompute_mlp(l);
     }
     if (grad_buckets_) be.zero(grad_bucket(l));
     if (llama)

@@ -336,6 +336,9 @@ class Transformer {
   void llama_block_forward(int layer, int position, bool training);
   // The MLP up to its hidden activations (fc and GELU, or gate_up and SwiGLU), from ln2.
   void mlp_hidden_forward(int layer, int position, bool training);
+  // Under recompute: mlp, the MLP's hidden activations again before its backward pass, and the
+  // FP8 input codes of both its linears (which share a slot with the other layers').
+  void recompute_mlp(int layer);
   // Which stored layer of a per-layer activation holds layer l's: l, or 0 when recomputed.
   int block_slot(int layer) const { return recompute_ == Recompute::block ? 0 : layer; }
   int mlp_slot(int layer) const { return recompute_ == Recompute::none ? layer : 0; }
