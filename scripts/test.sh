@@ -9,8 +9,8 @@
 #   second numerics   every test that runs the CPU backend again, with each CPU GEMM result
 #                     moved by up to one ulp as another CPU's BLAS could round it (label
 #                     second-numerics; PTRAIN_GEMM_ULP_SEED): a test that holds only on this
-#                     machine's rounding fails here, not on the next machine; one at a time
-#                     (side by side they took 609 s in a CI run, one by one 477 s)
+#                     machine's rounding fails here, not on the next machine; nproc at once
+#                     (two side by side took 337 s here, one by one 457 s in the last CI run)
 #   ASan              the kernel tests built again with AddressSanitizer (kernels run on the CPU
 #                     under the SIMT emulator, so an out-of-bounds access in a kernel shows up)
 #   fuzzers           every fuzzer for 30 s (scripts/fuzz.sh)
@@ -51,13 +51,13 @@ if [ $# -gt 0 ]; then
 fi
 phase tests in_build build ctest --output-on-failure --no-tests=error -LE '^(sim|second-numerics)$' -j "$(nproc)"
 phase "sim tests" in_build build ctest --output-on-failure --no-tests=error -L '^sim$' -j "$(nproc)"
-phase "second numerics" in_build build ctest --output-on-failure --no-tests=error -L '^second-numerics$'
+phase "second numerics" in_build build ctest --output-on-failure --no-tests=error -L '^second-numerics$' -j "$(nproc)"
 
 # Chained: inside `phase`, set -e does not stop a function, and a stale build must not be tested.
 asan() {
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DPTRAIN_ASAN=ON -DPTRAIN_CUDA=OFF >/dev/null &&
     cmake --build build-asan -j "$(nproc)" --target ptrain_kernel_tests &&
-    in_build build-asan ctest --output-on-failure --no-tests=error -R '^kernels/'
+    in_build build-asan ctest --output-on-failure --no-tests=error -R '^kernels/' -j "$(nproc)"
 }
 phase ASan asan
 phase fuzzers ./scripts/fuzz.sh 30
