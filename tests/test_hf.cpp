@@ -674,18 +674,30 @@ TEST_CASE("HF export refuses what it cannot write or must not touch, before writ
   CHECK(read_file(t.checkpoint / "weights.safetensors") == weights_before);
   CHECK_FALSE(fs::exists(t.dir / "x"));
 
-  // --force replaces an earlier export whole, and nothing else.
+  // --force replaces an earlier export whole, and nothing else: not a directory with a
+  // config.json beside a user's files, not a Hugging Face download, not an export a user added
+  // a file to.
   refused("--out full --force", {"--out", "full", "not an earlier output"});
   CHECK(read_file(t.dir / "full/notes.txt") == "mine");
+  write_file(t.dir / "full/config.json", "{}");
+  refused("--out full --force", {"--out", "full", "not an earlier output"});
+  CHECK(read_file(t.dir / "full/notes.txt") == "mine");
+  fs::create_directories(t.dir / "download");
+  write_file(t.dir / "download/config.json", R"({"model_type": "llama", "transformers_version": "4.46.0"})");
+  write_file(t.dir / "download/model.safetensors", "weights");
+  refused("--out download --force", {"--out", "download", "not an earlier output"});
+  CHECK(read_file(t.dir / "download/model.safetensors") == "weights");
   const CommandResult first = t.ptrain("export --checkpoint " + ck + " --format hf --out prev/");  // a trailing slash too
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
-  write_file(t.dir / "prev/stray.txt", "from before");
+  write_file(t.dir / "prev/README.md", "my model card");
   refused("--out prev", {"--out", "prev", "not empty", "--force"});
+  refused("--out prev --force", {"--out", "prev", "not an earlier output"});
+  CHECK(read_file(t.dir / "prev/README.md") == "my model card");
+  fs::remove(t.dir / "prev/README.md");
   const CommandResult forced = t.ptrain("export --checkpoint " + ck + " --format hf --out prev --force --dtype bf16");
   INFO(forced.output);
   CHECK(forced.exit_code == 0);
-  CHECK_FALSE(fs::exists(t.dir / "prev/stray.txt"));
   CHECK(read_raw(t.dir / "prev/model.safetensors").tensors.at("model.norm.weight").dtype == "BF16");
   for (const auto& entry : fs::directory_iterator(t.dir))  // no temporary or set-aside directory left
     CHECK(entry.path().filename().string().find("ptrain-export") == std::string::npos);

@@ -60,14 +60,6 @@ fs::path resolved(const std::string& out) {
 
 }  // namespace
 
-bool is_hf_export(const fs::path& dir) {
-  std::error_code ec;
-  if (!fs::is_regular_file(dir / "config.json", ec)) return false;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (!entry.is_regular_file(ec) || entry.is_symlink(ec)) return false;
-  return !ec;
-}
-
 int64_t parse_shard_size(const std::string& text, const std::string& what) {
   size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;

@@ -22,9 +22,6 @@ constexpr int64_t kHfMaxShardBytes = 5'000'000'000;  // save_pretrained's defaul
 // naming `what` otherwise.
 int64_t parse_shard_size(const std::string& text, const std::string& what);
 
-// What `export --format hf --force` may replace: an earlier export (config.json and plain
-// files, no directories or links), never a tree that could hold a user's or a run's work.
-bool is_hf_export(const std::filesystem::path& dir);
 
 struct HfDirectoryContents {
   std::vector<HfTensorSpec> specs;     // in order

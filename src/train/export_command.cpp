@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <regex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +51,88 @@ void export_llmc(const std::string& checkpoint, const std::string& out, const st
               file.params.size());
 }
 
+namespace {
+
+// What `--force` may replace is only what these commands write: a directory that holds anything
+// else (a user's notes, a model card added to an export, a Hugging Face download with its
+// generation_config.json or transformers_version) is refused, never removed.
+const std::vector<std::string> kTokenizerFiles = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                                  "vocab.json", "merges.txt"};
+
+bool is_tokenizer_file(const std::string& name) {
+  return std::find(kTokenizerFiles.begin(), kTokenizerFiles.end(), name) != kTokenizerFiles.end();
+}
+
+// Whether every entry of `dir` is a regular file (no link, no directory) that `ours` names.
+template <typename Names>
+bool holds_only(const fs::path& dir, Names ours) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (!entry.is_regular_file(ec) || entry.is_symlink(ec) || !ours(entry.path().filename().string())) return false;
+  return !ec;
+}
+
+// A small JSON object file (ptrain writes a few hundred bytes) whose keys are all among `keys`.
+std::optional<nlohmann::json> object_within(const fs::path& path, const std::set<std::string>& keys) {
+  constexpr uintmax_t kOurBytes = 1 << 16;
+  std::error_code ec;
+  const uintmax_t bytes = fs::file_size(path, ec);
+  if (ec || bytes > kOurBytes) return std::nullopt;
+  nlohmann::json j =
+      nlohmann::json::parse(InputFile(path.string(), path.filename().string()).read_all(kOurBytes), nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  for (const auto& [key, value] : j.items())
+    if (!keys.count(key)) return std::nullopt;
+  return j;
+}
+
+// ptrain's tokenizer_config.json (a Hugging Face download's has more keys: a chat template, ...).
+bool is_our_tokenizer_config(const fs::path& path) {
+  const std::optional<nlohmann::json> config = object_within(
+      path, {"tokenizer_class", "model_max_length", "bos_token", "eos_token", "unk_token", "add_prefix_space"});
+  const nlohmann::json kind = config ? config->value("tokenizer_class", nlohmann::json()) : nlohmann::json();
+  return kind == "PreTrainedTokenizerFast" || kind == "GPT2Tokenizer";
+}
+
+// The keys of the config.json files export --format hf writes, for either architecture.
+std::set<std::string> hf_config_keys() {
+  std::set<std::string> keys;
+  for (const Arch arch : {Arch::gpt2, Arch::llama}) {
+    ModelConfig m;
+    m.arch = arch;
+    m.n_layer = m.n_head = 1;
+    m.n_embd = m.seq_len = m.vocab_size = 64;
+    const nlohmann::ordered_json config = hf_config_json(m, 0, "float32");
+    for (const auto& [key, value] : config.items()) keys.insert(key);
+  }
+  return keys;
+}
+
+// What export --format hf writes: config.json, the weights (one file, or shards and their
+// index) and the tokenizer's files.
+bool is_hf_export(const fs::path& dir) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  const auto ours = [](const std::string& name) {
+    return name == "config.json" || name == "model.safetensors" || name == "model.safetensors.index.json" ||
+           std::regex_match(name, shard) || is_tokenizer_file(name);
+  };
+  std::error_code ec;
+  return holds_only(dir, ours) && fs::is_regular_file(dir / "config.json", ec) &&
+         object_within(dir / "config.json", hf_config_keys()) &&
+         (!fs::exists(dir / "tokenizer_config.json", ec) || is_our_tokenizer_config(dir / "tokenizer_config.json"));
+}
+
+// What data hf-tokenizer writes: only the tokenizer's files, with ptrain's tokenizer_config.json.
+bool is_hf_tokenizer_output(const fs::path& dir) {
+  std::error_code ec;
+  if (!holds_only(dir, is_tokenizer_file)) return false;
+  for (const char* needed : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    if (!fs::is_regular_file(dir / needed, ec)) return false;
+  return is_our_tokenizer_config(dir / "tokenizer_config.json");
+}
+
+}  // namespace
+
 void export_hf(const HfExportOptions& o) {
   StDtype dtype = StDtype::f32;
   if (o.dtype == "bf16") dtype = StDtype::bf16;
@@ -56,8 +141,8 @@ void export_hf(const HfExportOptions& o) {
   HfDirectoryContents contents;
   contents.dtype = dtype;
   contents.max_shard_bytes = parse_shard_size(o.max_shard_size, "--max-shard-size");
-  const std::string target = plan_output(o.out, OutputRule{"--out", true, "ptrain export --format hf", o.force,
-                                [](const fs::path& p) { return is_hf_export(p); }});
+  const std::string target =
+      plan_output(o.out, OutputRule{"--out", true, "ptrain export --format hf", o.force, is_hf_export});
   const LoadedCheckpoint ckpt = load_checkpoint(o.checkpoint);
   const ModelConfig m = model_from_json(ckpt.state.model);
   try {
@@ -83,37 +168,6 @@ void export_hf(const HfExportOptions& o) {
               name.empty() ? "" : (", " + name + " tokenizer files").c_str());
 }
 
-namespace {
-
-// Whether `dir` is what data hf-tokenizer writes: only its files, each a regular file, with its
-// tokenizer_config.json (a Hugging Face download has more keys, or other files, and is refused).
-bool is_hf_tokenizer_output(const fs::path& dir) {
-  const std::vector<std::string> names = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                          "vocab.json", "merges.txt"};
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (!entry.is_regular_file(ec) || entry.is_symlink(ec) ||
-        std::find(names.begin(), names.end(), entry.path().filename()) == names.end())
-      return false;
-  for (const char* needed : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
-    if (ec || !fs::is_regular_file(dir / needed, ec)) return false;
-  // ptrain writes a few hundred bytes; a larger file (a chat template) is someone else's.
-  constexpr uintmax_t kOurConfigBytes = 1 << 16;
-  const fs::path config_path = dir / "tokenizer_config.json";
-  const uintmax_t config_bytes = fs::file_size(config_path, ec);
-  if (ec || config_bytes > kOurConfigBytes) return false;
-  const nlohmann::json config = nlohmann::json::parse(
-      InputFile(config_path.string(), "tokenizer_config.json").read_all(kOurConfigBytes), nullptr, false);
-  if (!config.is_object()) return false;
-  const std::vector<std::string> keys = {"tokenizer_class", "model_max_length", "bos_token", "eos_token", "unk_token",
-                                         "add_prefix_space"};
-  for (const auto& [key, value] : config.items())
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) return false;
-  const std::string kind = config.value("tokenizer_class", "");
-  return kind == "PreTrainedTokenizerFast" || kind == "GPT2Tokenizer";
-}
-
-}  // namespace
 
 void export_hf_tokenizer(const HfTokenizerExportOptions& o) {
   const std::string target =
