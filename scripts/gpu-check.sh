@@ -428,8 +428,9 @@ if grep -q "no usable CUDA device" "$work/devices.txt"; then
   record FAIL $((SECONDS - t0)) "no usable CUDA device: nothing else can run"
   exit 1
 fi
-# cuBLASLt is loaded on first use, not linked (cublaslt_on_demand.cpp): ldd above cannot miss it,
-# and ptrain devices names it "none" instead of failing. Every GPU step needs it.
+# cuBLASLt is loaded on first use, not linked (cublaslt_on_demand.cpp): the ldd check above does
+# not see it missing, and ptrain devices names it "none" instead of failing. Every GPU step
+# needs it.
 if grep -q "cuBLASLt none" "$work/devices.txt"; then
   record FAIL $((SECONDS - t0)) "cuBLASLt could not be loaded (see ptrain devices above): nothing else can run"
   exit 1

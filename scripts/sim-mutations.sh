@@ -125,7 +125,7 @@ mutate zero3-fp8-recast-removed src/model/fp8_linear.cpp \
 # 8. Under recompute: mlp the down projection no longer casts its recomputed input: its
 #    weight-gradient GEMM reads the input codes the MLP slot still holds from the block above.
 mutate recompute-mlp-input-recast-removed src/model/transformer.cpp \
-  '      if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);' \
+  '  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);' \
   '' \
   'two runs with the same seed'
 echo

@@ -37,7 +37,8 @@ class Fp8Linear {
  public:
   // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs. `input_slot`
   // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
-  // (Backend::make_fp8_gemms), for a layer whose forward pass runs again before its backward.
+  // (Backend::make_fp8_gemms), for a layer whose input is cast again before its backward pass
+  // (by its forward pass run again, or by cast_input).
   // `primary_weight`: the weight is a primary FP8 weight (precision.fp8.primary_weights), cast by
   // cast_weight() from the FP32 master, never by forward(). `recast_weight`: the weight is cast
   // afresh by every forward() and backward(), from the weight each is handed, into codes the

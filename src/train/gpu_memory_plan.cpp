@@ -33,9 +33,10 @@ struct Fp8Bytes {
 };
 
 // Blocks that FP8 layers share, by what they hold, in the class they count in: ZeRO-3's weight
-// codes by their shape (weights); the output gradient's by width ('g'), the inputs of a
-// recomputed block's or MLP's linears by their slot in the block ('i'), and the weight's
-// transpose by its shape ('w', or 'T' beside shared codes) (operands).
+// codes by their shape (weights); the output gradient's by width ('g'), the inputs of the
+// linears cast again before their backward pass by their slot in the block ('i', slot), the
+// other inputs' forward codes by width ('i', -1), and the weight's transpose by its shape ('w',
+// or 'T' beside shared codes) (operands).
 struct SharedFp8Blocks {
   std::map<std::pair<int64_t, int64_t>, int64_t> weights;
   std::map<std::tuple<char, int64_t, int64_t>, int64_t> operands;

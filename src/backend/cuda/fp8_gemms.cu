@@ -33,9 +33,9 @@ namespace ptrain::cuda_impl {
 //    just before it wrote.
 //  - the input's transpose and factors are the layer's own (kept from the forward pass for the
 //    wgrad GEMM) and its codes, which only the forward GEMM reads, shared by the layers of its
-//    shape; or, for the layers of one input slot, all of them are shared: a model that runs
-//    each such layer's forward pass again right before its backward pass
-//    (training.recompute: block) casts the input again.
+//    shape; or, for the layers of one input slot, all of them are shared: the model casts
+//    each such layer's input again right before its backward pass (fp8_input_slot in
+//    src/model/transformer.h says which layers do).
 // Per-tensor scaling: one cast pass per operand (input and grad cast with their transposes);
 // one factor 1/scale each. Block scaling (Hopper, cuBLASLt >= 12.9): the weight in 128x128
 // blocks (codes and transpose share the blocks; the cast writes the factors in both GEMMs'
