@@ -128,6 +128,13 @@ mutate recompute-mlp-input-recast-removed src/model/transformer.cpp \
   '  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);' \
   '' \
   'two runs with the same seed'
+
+# 9. The output projection no longer casts its input again before its backward pass: its
+#    weight-gradient GEMM reads the codes its slot still holds from the last block.
+mutate out-projection-input-recast-removed src/model/transformer.cpp \
+  '      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->cast_input(a_.atty[block_slot(l)], /*training=*/true);' \
+  '' \
+  'two runs with the same seed'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -143,7 +143,8 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params) {
 }
 
 int fp8_input_slot(Recompute recompute, int linear) {
-  const bool recast = recompute == Recompute::block || (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj));
+  const bool recast = recompute == Recompute::block || linear == kAttproj ||
+                      (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj));
   return recast ? linear : -1;
 }
 
@@ -977,9 +978,14 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
     if (!still_there && recompute_ == Recompute::block) {
       NvtxRange again("recompute block");
       block_forward(l, -1, /*training=*/true);
-    } else if (!still_there && recompute_ == Recompute::mlp) {
-      NvtxRange again("recompute mlp");
-      recompute_mlp(l);
+    } else if (!still_there) {
+      if (recompute_ == Recompute::mlp) {
+        NvtxRange again("recompute mlp");
+        recompute_mlp(l);
+      }
+      // The output projection's input, the attention's output, is kept for the attention's
+      // backward pass: its FP8 codes are cast from it again into the layers' shared slot.
+      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->cast_input(a_.atty[block_slot(l)], /*training=*/true);
     }
     if (grad_buckets_) be.zero(grad_bucket(l));
     if (llama)

@@ -66,7 +66,9 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params);
 // The slot whose FP8 input codes a block linear shares with the other layers' (make_fp8_gemms'
 // input_slot), or -1 for codes of its own: a linear whose input is cast again right before its
 // backward pass can share them. Every linear of a recomputed block does; under recompute: mlp
-// the MLP's two (the first's forward pass runs again, the second casts its recomputed input).
+// the MLP's two (the first's forward pass runs again, the second casts its recomputed input);
+// and the attention's output projection always, from the attention output every layer keeps
+// for the attention's backward pass.
 int fp8_input_slot(Recompute recompute, int linear);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
