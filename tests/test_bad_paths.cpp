@@ -280,6 +280,11 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature inf"), 2, {"--temperature"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at 0"), 2, {"--stop-at"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at -1"), 2, {"--stop-at"});
+  // A stop at or before the step resumed from: refused, not one more step and a checkpoint.
+  for (const char* stop : {"--stop-at 3", "--stop-at 2", "--stop-at 2 --dry-run"})
+    expect_refused(ws, before,
+                   ws.train("--set run.name=s --set training.steps=6 --set checkpoint.resume=" + ck + " " + stop), 2,
+                   {"--stop-at", "is at step 3", "expected a step after 3"});
   // Every whole-number flag: its name and its range, never a wrapped or silently ignored value.
   const std::string whole = "expected a whole number from ";
   const std::pair<std::string, std::string> cases[] = {

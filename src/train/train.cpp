@@ -72,6 +72,10 @@ TrainResult train(const Config& config, const TrainOptions& options) {
     throw UserError("--fit " + options.fit + ": run.device is " + choice_name(config.run.device) +
                     "; expected run.device cuda (--fit plans a GPU run's memory, on a machine without a GPU too)");
   RunPlan plan = plan_run(config, options.planned_ranks);
+  if (options.stop_at > 0 && plan.resume && options.stop_at <= plan.resume->state.step)
+    throw UserError("--stop-at " + std::to_string(options.stop_at) + ": the checkpoint resumed from (" +
+                    plan.resume->path + ") is at step " + std::to_string(plan.resume->state.step) +
+                    "; expected a step after " + std::to_string(plan.resume->state.step));
   const bool main_rank = launcher_rank() == 0;
   {
     RunLog console = main_rank ? RunLog() : RunLog::silent();
