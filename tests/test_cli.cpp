@@ -346,6 +346,35 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
   for (const char* device : {"cpu", "auto"})
     expect_bad_input(run_ptrain(std::string("train 8b.yaml --dry-run --fit h200 --set run.device=") + device, tmp.dir),
                      {"--fit", "run.device is", "expected run.device cuda"});
+  // FP8's block recipe takes micro-batches of whole 128-token blocks only: the search steps over
+  // the others (planned with emulated FP8, they once ended it at 64 where 512 fit).
+  {
+    const std::string fp8 = " --ranks 8 --set model.seq_len=16 --set precision.mode=fp8 --set precision.fp8.recipe=block "
+                            "--set distributed.zero_stage=3 --set training.recompute=none "
+                            "--set training.batch_tokens=4194304 --set training.micro_batch=8";
+    const CommandResult blocks = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb" + fp8, tmp.dir);
+    INFO(blocks.output);
+    const std::string line = "the largest micro-batch on 8 ranks, ZeRO-3, recompute none: ";
+    const size_t l = blocks.output.find(line);
+    REQUIRE(l != std::string::npos);
+    const int b = std::stoi(blocks.output.substr(l + line.size()));
+    CHECK(b % 8 == 0);
+    CHECK(fits_h100(fp8 + " --set training.micro_batch=" + std::to_string(b)));
+    CHECK_FALSE(fits_h100(fp8 + " --set training.micro_batch=" + std::to_string(2 * b)));
+  }
+  // A guard that rolls back runs at ZeRO-0 only: the planner names no sharded setting.
+  {
+    const CommandResult guarded = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb --set precision.mode=fp8 "
+                                             "--set training.guard.action=rollback --set checkpoint.every=100 "
+                                             "--set distributed.zero_stage=0",
+                                             tmp.dir);
+    INFO(guarded.output);
+    REQUIRE(guarded.exit_code == 0);
+    CHECK(guarded.output.find("    recompute block, ZeRO-1: not with training.guard.action rollback") !=
+          std::string::npos);
+    CHECK(guarded.output.find("    recompute none,  ZeRO-3: not with training.guard.action rollback") !=
+          std::string::npos);
+  }
   // A batch of 128 sequences: the ranks named share it.
   {
     const CommandResult small = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb --set training.batch_tokens=1048576",

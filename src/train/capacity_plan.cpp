@@ -45,7 +45,7 @@ std::string per_rank(const GpuMemoryPlan& plan, int64_t arena) {
 }  // namespace
 
 std::string describe_capacity(const RunSpec& spec, const DistributedConfig& distributed, AttentionPath attention,
-                              const GpuKind& gpu) {
+                              const GpuKind& gpu, bool guard_rollback) {
   const int64_t arena = gpu_arena_bytes(gpu.total_bytes);
   const int T = spec.batch.seq_len, ranks = spec.batch.world_size;
   const int64_t batch_tokens = spec.batch.tokens_per_micro_batch() * ranks * spec.batch.accumulation;
@@ -57,16 +57,23 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   std::string text = "fit on " + gpu.name + " (arena at most " + format_mib(arena) + "), T " + std::to_string(T) +
                      ", training.batch_tokens " + format_thousands(static_cast<double>(batch_tokens)) + ":\n";
 
-  // Only settings whose micro-batches share the batch evenly, as the run requires.
-  const auto shares = [&](int B, int d) { return batch_tokens % (int64_t{B} * T * d) == 0; };
-  // The micro-batch: at most the batch's tokens per rank; the memory grows with it.
+  // Only settings whose micro-batches share the batch evenly, as the run requires, and whose
+  // tokens FP8's GEMMs take (the config refuses others).
+  int fp8_multiple = 1;
+  for (const PrecisionSchedule::Phase& phase : spec.precision.phases)
+    if (phase.policy.fp8.enabled) fp8_multiple = std::max(fp8_multiple, fp8_dimension_multiple(phase.policy.fp8.recipe));
+  const auto shares = [&](int B, int d) {
+    return batch_tokens % (int64_t{B} * T * d) == 0 && int64_t{B} * T % fp8_multiple == 0;
+  };
+  // The micro-batch: at most the batch's tokens per rank; the memory grows with it (among the
+  // micro-batches a run takes: one it refuses may be planned otherwise, e.g. FP8 emulated).
   const int most = static_cast<int>(std::max<int64_t>(1, batch_tokens / (int64_t{T} * ranks)));
   int largest = 0;
   GpuMemoryPlan at_largest;
   for (int B = 1; B <= most; ++B) {
+    if (!shares(B, ranks)) continue;
     const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, ranks, spec.recompute), distributed.zero_stage);
     if (p.total() > arena) break;
-    if (!shares(B, ranks)) continue;
     largest = B;
     at_largest = p;
   }
@@ -89,7 +96,10 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   const bool schedule = spec.precision.phases.size() > 1;
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
     for (const int zero_stage : {0, 1, 2, 3}) {
-      std::string found = zero_stage == 3 && schedule ? "not with a precision.schedule (not implemented)" : "";
+      std::string found = zero_stage == 3 && schedule ? "not with a precision.schedule (not implemented)"
+                          : zero_stage >= 1 && guard_rollback
+                              ? "not with training.guard.action rollback (not implemented)"
+                              : "";
       for (int d = 1; d <= (zero_stage == 0 ? 1 : kMostRanks) && found.empty(); ++d) {
         if (!shares(B, d)) continue;
         const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, d, recompute), zero_stage);

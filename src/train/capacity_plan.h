@@ -25,8 +25,9 @@ const std::vector<GpuKind>& known_gpus();
 int64_t gpu_arena_bytes(int64_t total_bytes);
 
 // The planner's answer for `gpu`, in lines: spec and distributed as configured (spec's world
-// size is the planned ranks), attention taking `attention`. The ranks tried go up to 4096.
+// size is the planned ranks), attention taking `attention`; `guard_rollback`:
+// training.guard.action is rollback, which runs at ZeRO-0 only. The ranks tried go up to 4096.
 std::string describe_capacity(const RunSpec& spec, const DistributedConfig& distributed, AttentionPath attention,
-                              const GpuKind& gpu);
+                              const GpuKind& gpu, bool guard_rollback);
 
 }  // namespace ptrain

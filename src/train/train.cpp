@@ -115,7 +115,8 @@ TrainResult train(const Config& config, const TrainOptions& options) {
         log.info("GPU memory plan per rank: " + gpu.describe() + "\n  " + gpu.describe_per_parameter() + "\n" +
                  describe_gpu_fit(gpu, here ? "this " + here->name : "", here ? int64_t(here->memory_bytes) : 0));
         for (const GpuKind& kind : known_gpus())
-          if (kind.key == options.fit) log.info(describe_capacity(plan.spec, config.distributed, attention.path, kind));
+          if (kind.key == options.fit) log.info(describe_capacity(plan.spec, config.distributed, attention.path, kind,
+                                                                          config.training.guard.action == GuardAction::rollback));
       }
       log.info("dry run: nothing written");
     }
