@@ -255,7 +255,7 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
                          {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}, {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
   CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));  // any behavior runs
   j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Splits";
   CHECK_THAT(refused(j), Catch::Contains("behavior is \"Splits\"") && Catch::Contains("MergedWithNext"));
@@ -269,8 +269,8 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   CHECK_THAT(refused(j), Catch::Contains("without ByteLevel at its end"));
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
   CHECK_THAT(refused(j), Catch::Contains("(unclosed") && Catch::Contains("does not compile"));
   j = gpt2_json();
@@ -287,12 +287,28 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
     j["added_tokens"][1][option] = true;
     CHECK_THAT(refused(j), Catch::Contains(std::string("<w>\"'s ") + option) && Catch::Contains("false"));
   }
-  for (const char* key : {"special", "normalized"}) {  // tokenizers reads no added token without them
+  // Hugging Face's tokenizers reads no file without these (its loader says "missing field").
+  for (const char* key : {"special", "normalized", "single_word", "lstrip", "rstrip"}) {
     j = gpt2_json();
     j["added_tokens"].push_back(word);
     j["added_tokens"][1].erase(key);
     CHECK_THAT(refused(j), Catch::Contains(std::string("<w>\"'s \"") + key + "\" is missing"));
   }
+  for (const char* key : {"trim_offsets", "add_prefix_space"}) {
+    j = gpt2_json();
+    j["pre_tokenizer"].erase(key);
+    CHECK_THAT(refused(j), Catch::Contains(std::string("ByteLevel's \"") + key + "\" is missing"));
+  }
+  j = gpt2_json();
+  j["pre_tokenizer"] = {{"type", "Sequence"},
+                        {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}},
+                                           {{"type", "Digits"}},
+                                           j["pre_tokenizer"]}}};
+  CHECK_THAT(refused(j), Catch::Contains("Split's \"invert\" is missing"));
+  j["pre_tokenizer"]["pretokenizers"][0]["invert"] = false;
+  CHECK_THAT(refused(j), Catch::Contains("Digits's \"individual_digits\" is missing"));
+  j["pre_tokenizer"]["pretokenizers"][1]["individual_digits"] = true;
+  CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
   j = gpt2_json();
   j["added_tokens"].push_back(word);
   j["added_tokens"][1]["content"] = "";
@@ -320,8 +336,8 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j = gpt2_json();
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", "^\\s+|[^\\s]+"}}}, {"behavior", "Isolated"}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+                         {{{"type", "Split"}, {"pattern", {{"Regex", "^\\s+|[^\\s]+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}};
   CHECK_THAT(refused(j), Catch::Contains("anchor ^"));
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[^\\s$]+|\\s+";  // in a class: no anchor
   CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));

@@ -104,13 +104,18 @@ class Reader {
       const std::string type = type_of(step);
       const bool last = i + 1 == steps.size();
       if (type == "ByteLevel" && last) {
-        if (flag(step, "add_prefix_space", false)) prefix_space_at = rules.size();
+        // Hugging Face's tokenizers refuses a ByteLevel without these two (use_regex: true).
+        const std::string owner = "pre_tokenizer's ByteLevel";
+        required(step, "trim_offsets", &json::is_boolean, owner, "true or false");
+        if (required(step, "add_prefix_space", &json::is_boolean, owner, "true or false").get<bool>())
+          prefix_space_at = rules.size();
         if (flag(step, "use_regex", true)) rules.push_back({kGpt2Pattern});
       } else if (type == "Split") {
         rules.push_back(split(step));
       } else if (type == "Digits") {  // Rust's char::is_numeric: \p{N}, each alone or in runs
-        rules.push_back({"\\p{N}", flag(step, "individual_digits", false) ? SplitBehavior::isolated
-                                                                         : SplitBehavior::contiguous});
+        const bool each = required(step, "individual_digits", &json::is_boolean, "pre_tokenizer's Digits",
+                                   "true or false").get<bool>();
+        rules.push_back({"\\p{N}", each ? SplitBehavior::isolated : SplitBehavior::contiguous});
       } else if (type == "ByteLevel") {
         refuse("pre_tokenizer", "a Sequence with ByteLevel before its end", expected);
       } else {
@@ -160,7 +165,7 @@ class Reader {
       refuse("a Split's behavior", behavior.dump().substr(0, 80),
              "Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous");
     rule.behavior = found->second;
-    rule.invert = flag(s, "invert", false);
+    rule.invert = required(s, "invert", &json::is_boolean, "pre_tokenizer's Split", "true or false").get<bool>();
     return rule;
   }
 
@@ -233,6 +238,8 @@ class Reader {
         const auto id = a["id"].get<uint32_t>();
         const std::string owner = "added token " + a["content"].dump();
         const bool special = required(a, "special", &json::is_boolean, owner, "true or false").get<bool>();
+        for (const char* option : {"single_word", "lstrip", "rstrip"})  // Hugging Face needs each
+          required(a, option, &json::is_boolean, owner, "true or false");
         const bool normalized = required(a, "normalized", &json::is_boolean, owner, "true or false").get<bool>();
         if (special) {
           added.push_back({content, id});
