@@ -146,6 +146,24 @@ TEST_CASE("the loss scaler continues across a resume, and restarts when its mode
   }
 }
 
+TEST_CASE("the tokens trained go on from a resumed checkpoint's count when training.batch_tokens changes",
+          "[resume]") {
+  BadInputWorkspace ws;
+  REQUIRE(ws.train("--set training.steps=6 --stop-at 2").exit_code == 0);  // 2 steps of 64 tokens
+  const auto tokens_in = [&](const std::string& checkpoint) {
+    return nlohmann::json::parse(read_file(ws.run() / "checkpoints" / checkpoint / "state.json"))["tokens"].get<int64_t>();
+  };
+  REQUIRE(tokens_in("step_00000002") == 128);
+  const CommandResult r = ws.train("--set training.steps=6 --set checkpoint.resume=auto --set training.batch_tokens=128");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("training.batch_tokens is 128 now and was 64 in the checkpoint") != std::string::npos);
+  const int64_t trained = 128 + 4 * 128;  // then 4 steps of 128
+  CHECK(tokens_in("step_00000006") == trained);
+  CHECK(nlohmann::json::parse(read_file(ws.run() / "summary.json"))["tokens"].get<int64_t>() == trained);
+  CHECK(r.output.find("done: 6 steps, 640 tokens") != std::string::npos);
+}
+
 TEST_CASE("a checkpoint whose spent hysteresis counter fell below 0 (as earlier versions saved it) resumes",
           "[resume]") {
   BadInputWorkspace ws;

@@ -163,7 +163,7 @@ void RunReport::step(const Step& s) {
   if (peaks_ && peaks_->bf16) mfu = flops_per_s / *peaks_->bf16;
   if (peaks_) mfu_mix = flops_per_s / peaks_->mix;
   nlohmann::json record = {{"step", s.step},
-                           {"tokens", static_cast<int64_t>(tokens) * s.step},
+                           {"tokens", tokens_at(s.step)},
                            {"loss", s.loss},
                            {"lr", s.lr},
                            {"grad_norm", s.grad_norm},
@@ -248,7 +248,7 @@ void RunReport::validation(int64_t step, double val_loss) {
     best_val_step_ = step;
   }
   last_val_ = val_loss;
-  nlohmann::json record = {{"step", step}, {"tokens", cfg_.training.batch_tokens * step}, {"val_loss", val_loss}};
+  nlohmann::json record = {{"step", step}, {"tokens", tokens_at(step)}, {"val_loss", val_loss}};
   std::string line = "val  step " + std::to_string(step) + " | val_loss " + format_number("%.6f", val_loss);
   if (synthetic_) {
     const double gap = val_loss - synthetic_->oracle_loss_val;
@@ -273,7 +273,7 @@ void RunReport::restore_best(double best_val_loss, int64_t best_val_step) {
 // rollback): throughput and times are this invocation's.
 size_t RunReport::summarize(double wall_seconds, const Totals& totals) {
   const int64_t steps_here = static_cast<int64_t>(step_seconds_.size());
-  const double tokens = static_cast<double>(cfg_.training.batch_tokens * cfg_.training.steps);
+  const double tokens = static_cast<double>(tokens_at(cfg_.training.steps));
   const double tokens_here = static_cast<double>(cfg_.training.batch_tokens * steps_here);
   const double flops_per_s = spec_.flops_per_token * tokens_here / train_seconds_;
   const size_t device_peak = backend_.memory_use().peak;

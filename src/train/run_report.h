@@ -61,6 +61,16 @@ class RunReport {
   // rounding flushed to zero, and per FP8 tensor its amax, scale, underflow and saturation.
   void numerics(int64_t step, Format grads, const std::vector<Fp8TensorState*>& fp8);
 
+  // The tokens trained by the end of `step`: the resumed checkpoint's count, then
+  // training.batch_tokens a step (a resume may have changed it).
+  int64_t tokens_at(int64_t step) const {
+    return resumed_tokens_ + (step - resumed_step_) * cfg_.training.batch_tokens;
+  }
+  void resumed_from(int64_t step, int64_t tokens) {
+    resumed_step_ = step;
+    resumed_tokens_ = tokens;
+  }
+
   // A validation loss (every rank's), recorded against the best so far.
   void validation(int64_t step, double val_loss);
   // A checkpoint's best validation loss (-1 as its step: none, a rollback's evaluations after the
@@ -109,6 +119,7 @@ class RunReport {
   std::optional<double> best_val_;
   int64_t best_val_step_ = 0;
   double last_val_ = NAN;
+  int64_t resumed_step_ = 0, resumed_tokens_ = 0;  // resumed_from's
   CollectiveBytes reported_bytes_;  // comm_.collective_bytes() at the latest step's record
 };
 

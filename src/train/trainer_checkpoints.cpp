@@ -71,6 +71,7 @@ int64_t Trainer::resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rol
                 (st.schedule.contains(key) ? st.schedule[key].dump() : "absent") +
                 " in the checkpoint: the resumed run continues, but not as the original would have");
   report_.restore_best(st.best_val_loss, st.best_val_step);
+  report_.resumed_from(st.step, st.tokens);
   if (rolling_back) return st.step;
   log_.metrics({{"resume", {{"from", ckpt.path}, {"step", st.step}, {"precision", policy_.label()},
                             {"saved_precision", st.precision}}}});
@@ -91,7 +92,7 @@ int64_t Trainer::resume(const LoadedCheckpoint& ckpt, const DivergenceGuard::Rol
 bool Trainer::save(int64_t step, bool final_save) {
   CheckpointState st;
   st.step = step;
-  st.tokens = step * cfg_.training.batch_tokens;
+  st.tokens = report_.tokens_at(step);
   st.optimizer_steps = optimizer_.steps_taken();
   st.scaler = scaler_.state();
   st.guard = guard_.state();
