@@ -388,6 +388,14 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   CHECK(primary.output.find("precision.fp8.primary_weights: true, but") != std::string::npos);
   CHECK(primary.output.find("saved in the guard's bf16 fallback (to step 40)") != std::string::npos);
   CHECK_FALSE(fs::exists(ws.dir / "runs/primary"));
+  // ZeRO-3 does not switch precision in place (as a precision.schedule would), so neither does it
+  // resume into a fallback that ends within the run.
+  const InProcessRun sharded = train_in_process(
+      ws.dir, "split.yaml", {"run.name=sharded", inside, "training.guard.action=stop", "distributed.zero_stage=3"}, faults);
+  CHECK(sharded.exit_code == 2);
+  CHECK(sharded.output.find("distributed.zero_stage: 3, but") != std::string::npos);
+  CHECK(sharded.output.find("which ends at step 40") != std::string::npos);
+  CHECK_FALSE(fs::exists(ws.dir / "runs/sharded"));
   const InProcessRun resumed = train_in_process(ws.dir, "split.yaml", {"run.name=split", "checkpoint.resume=auto"}, faults);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);

@@ -286,6 +286,14 @@ void resume_into_fallback(RunPlan& plan) {
                                                 : "to step " + std::to_string(rollback.fallback_last)) +
                     "), whose blocks run in bf16 and need their weights' bf16 copies; expected false, or a "
                     "checkpoint from outside the fallback");
+  // The end of the fallback switches precision in place, which a precision.schedule's switch
+  // shows is not implemented with sharded parameters (check_config refuses that one).
+  const int64_t last = rollback.fallback_last;
+  if (plan.config.distributed.zero_stage == 3 && last >= 0 && last < plan.config.training.steps)
+    throw UserError("distributed.zero_stage: 3, but " + plan.resume->path +
+                    " was saved in the guard's bf16 fallback, which ends at step " + std::to_string(last) +
+                    " with a switch of precision in place: with sharded parameters that is not implemented; expected "
+                    "distributed.zero_stage 2 or lower, or a checkpoint from outside the fallback");
   plan.spec.fp8_throughout = false;
 }
 
