@@ -278,6 +278,10 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   const std::string ck = (ws.run() / "checkpoints/step_00000003").string();
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature nan"), 2, {"--temperature"});
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature inf"), 2, {"--temperature"});
+  // A --vocab the checkpoint's data takes no use of (token ids without a tokenizer), never ignored.
+  for (const std::string command : {"sample --checkpoint " + ck, "export --checkpoint " + ck + " --format hf --out x"})
+    expect_refused(ws, before, ws.ptrain(command + " --vocab nowhere.json"), 2,
+                   {"--vocab nowhere.json", "without a tokenizer", "expected no --vocab"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at 0"), 2, {"--stop-at"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at -1"), 2, {"--stop-at"});
   // A stop at or before the step resumed from: refused, not one more step and a checkpoint.

@@ -65,8 +65,14 @@ std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig&
   return flat;
 }
 
-Tokenizer checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name, const std::string& vocabulary) {
-  Tokenizer tokenizer = Tokenizer::load(name, name == "bytes" ? "" : vocabulary);
+std::optional<Tokenizer> checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name,
+                                              const std::string& vocabulary) {
+  if ((name.empty() || name == "bytes") && !vocabulary.empty())
+    throw UserError("--vocab " + vocabulary + ": --checkpoint " + ckpt.path + " was trained on " +
+                    (name.empty() ? std::string("token ids without a tokenizer (synthetic data)") : "bytes") +
+                    ", which take no vocabulary; expected no --vocab");
+  if (name.empty()) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::load(name, vocabulary);
   const std::string& trained = ckpt.state.vocabulary_sha256;
   if (name != "bytes" && !trained.empty() && tokenizer.vocabulary_sha256() != trained)
     throw UserError((vocabulary.empty() ? "the default " + name + " vocabulary (" + default_vocabulary(name) + ")"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,11 @@ std::string int8_note(const ModelConfig& m);
 // A checkpoint's weights as ptrain's flat parameter vector (the order of param_specs).
 std::vector<float> flat_weights(const LoadedCheckpoint& ckpt, const ModelConfig& m);
 
-// The checkpoint's tokenizer with the vocabulary `vocabulary` names ("" the default; bytes
-// takes none), refused (UserError naming --vocab) when its files hash otherwise than those the
-// checkpoint's shards were made with, whose ids the embeddings learned.
-Tokenizer checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name, const std::string& vocabulary);
+// The checkpoint's tokenizer `name` (none for "": synthetic tokens) with the vocabulary
+// `vocabulary` names ("" the default), refused (UserError naming --vocab) when its files hash
+// otherwise than those the checkpoint's shards were made with, whose ids the embeddings
+// learned, or when the tokenizer takes no vocabulary (none, bytes) and one is named.
+std::optional<Tokenizer> checkpoint_tokenizer(const LoadedCheckpoint& ckpt, const std::string& name,
+                                              const std::string& vocabulary);
 
 }  // namespace ptrain

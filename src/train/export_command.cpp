@@ -152,8 +152,8 @@ void export_hf(const HfExportOptions& o) {
   }
   int end_of_text = -1;
   const std::string& name = ckpt.state.tokenizer;
-  if (!name.empty()) {
-    const HfTokenizerFiles tokenizer = hf_tokenizer_files(checkpoint_tokenizer(ckpt, name, o.vocabulary), m.seq_len);
+  if (const std::optional<Tokenizer> text = checkpoint_tokenizer(ckpt, name, o.vocabulary)) {
+    const HfTokenizerFiles tokenizer = hf_tokenizer_files(*text, m.seq_len);
     contents.text_files.insert(tokenizer.files.begin(), tokenizer.files.end());
     end_of_text = tokenizer.end_of_text;
   }

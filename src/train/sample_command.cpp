@@ -53,8 +53,7 @@ void sample(const SampleOptions& o) {
   // Checkpoints from before tokenizers were recorded: a 256-token vocabulary was bytes.
   std::string name = ckpt.state.tokenizer;
   if (name.empty() && m.vocab_size == 256) name = "bytes";
-  std::optional<Tokenizer> tokenizer;
-  if (!name.empty()) tokenizer = checkpoint_tokenizer(ckpt, name, o.vocabulary);
+  const std::optional<Tokenizer> tokenizer = checkpoint_tokenizer(ckpt, name, o.vocabulary);
   if (tokenizer && tokenizer->vocab_size() > m.vocab_size)
     throw UserError("--checkpoint " + o.checkpoint + ": the model's vocabulary (" + std::to_string(m.vocab_size) +
                     ") is smaller than its tokenizer's (" + name + ", " + std::to_string(tokenizer->vocab_size()) + ")");
