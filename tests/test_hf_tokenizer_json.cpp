@@ -322,7 +322,22 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   j = gpt2_json();
   j["added_tokens"].push_back(word);
   j["added_tokens"][1]["id"] = 397;  // GPT-2's "ab"
-  CHECK_THAT(refused(j), Catch::Contains("\"<w>\" has id 397, which the vocabulary gives to \"ab\""));
+  CHECK_THAT(refused(j), Catch::Contains("\"<w>\"'s id is 397; expected 50257, the id Hugging Face gives it"));
+  // Hugging Face reads no added token's id from the file: the model's for a text it has, else the
+  // next free one, in order.
+  j["added_tokens"][1]["content"] = "world";
+  j["added_tokens"][1]["id"] = 50257;
+  CHECK_THAT(refused(j), Catch::Contains("\"world\"'s id is 50257; expected 6894"));
+  j["added_tokens"][1]["content"] = "zzqq";
+  j["added_tokens"][1]["id"] = 50300;
+  CHECK_THAT(refused(j), Catch::Contains("\"zzqq\"'s id is 50300; expected 50257"));
+  j["added_tokens"][1]["id"] = 50257;
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][2]["id"] = 50258;
+  CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
+  j = gpt2_json();
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][1]["id"] = 397;
   j["added_tokens"][1]["content"] = "ab";  // the model's token, also cut out as a word
   const Tokenizer ab = Tokenizer::load("hf", written(dir, j));
   CHECK(ab.encode("xaby", "t") == std::vector<uint32_t>{ab.encode("x", "t")[0], 397, ab.encode("y", "t")[0]});

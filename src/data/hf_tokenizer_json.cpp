@@ -222,6 +222,20 @@ class Reader {
     std::vector<AddedToken> added, words;
     std::vector<AddedToken> raw_words, normalized_words;
     bool has_document_token = document_token.empty();
+    // Hugging Face gives each added token, in the file's order, the model's id for its text,
+    // else the next id past the vocabulary and the added tokens before it, whatever id the file
+    // says (tokenizers' AddedVocabulary::add_tokens): ptrain reads the file's, so a file whose
+    // ids differ from those is refused.
+    const json& vocab = model["vocab"];
+    const int64_t model_size = vocab.is_object() ? static_cast<int64_t>(vocab.size()) : 0;
+    std::map<std::string, int64_t> hf_ids;
+    int64_t hf_last = -1;
+    const auto hf_id = [&](const std::string& content) {
+      const auto in_model = vocab.is_object() ? vocab.find(content) : vocab.end();
+      if (in_model != vocab.end() && in_model->is_number_unsigned()) return in_model->get<int64_t>();
+      if (const auto before = hf_ids.find(content); before != hf_ids.end()) return before->second;
+      return hf_last >= model_size ? hf_last + 1 : model_size;
+    };
     if (j.contains("added_tokens")) {
       if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
       for (const json& a : j["added_tokens"]) {
@@ -237,6 +251,14 @@ class Reader {
         if (content.empty()) refuse("added token with id " + a["id"].dump(), "empty", "some text");
         const auto id = a["id"].get<uint32_t>();
         const std::string owner = "added token " + a["content"].dump();
+        const int64_t hf = hf_id(content);
+        hf_ids.emplace(content, hf);
+        hf_last = std::max(hf_last, hf);
+        if (id != hf)
+          malformed(owner + "'s id", std::to_string(id),
+                    std::to_string(hf) + ", the id Hugging Face gives it (the model's id for its text, else the "
+                                         "next past the vocabulary and the added tokens before it: tokenizers "
+                                         "reads no other)");
         const bool special = required(a, "special", &json::is_boolean, owner, "true or false").get<bool>();
         for (const char* option : {"single_word", "lstrip", "rstrip"})  // Hugging Face needs each
           required(a, option, &json::is_boolean, owner, "true or false");
