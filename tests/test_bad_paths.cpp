@@ -278,6 +278,8 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   const std::string ck = (ws.run() / "checkpoints/step_00000003").string();
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature nan"), 2, {"--temperature"});
   expect_refused(ws, before, ws.ptrain("sample --checkpoint " + ck + " --temperature inf"), 2, {"--temperature"});
+  expect_refused(ws, before, ws.ptrain("data prepare --input run.yaml --out '' --tokenizer bytes"), 2,
+                 {"--out: an empty path", "expected the directory to write"});
   // A --vocab the checkpoint's data takes no use of (token ids without a tokenizer), never ignored.
   for (const std::string command : {"sample --checkpoint " + ck, "export --checkpoint " + ck + " --format hf --out x"})
     expect_refused(ws, before, ws.ptrain(command + " --vocab nowhere.json"), 2,

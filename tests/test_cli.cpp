@@ -361,6 +361,12 @@ TEST_CASE("the capacity planner names the fewest ranks and the largest micro-bat
     CHECK(b % 8 == 0);
     CHECK(fits_h100(fp8 + " --set training.micro_batch=" + std::to_string(b)));
     CHECK_FALSE(fits_h100(fp8 + " --set training.micro_batch=" + std::to_string(2 * b)));
+    // At ZeRO-0 none fits: the size quoted is the smallest micro-batch a run takes, 8 x 16 tokens.
+    const CommandResult none = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb" + fp8 +
+                                              " --set distributed.zero_stage=0", tmp.dir);
+    INFO(none.output);
+    CHECK(none.output.find("ZeRO-0, recompute none: none fits (micro-batch 8, the smallest a run takes") !=
+          std::string::npos);
   }
   // A guard that rolls back runs at ZeRO-0 only: the planner names no sharded setting.
   {

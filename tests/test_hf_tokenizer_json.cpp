@@ -297,8 +297,22 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   for (const char* key : {"trim_offsets", "add_prefix_space"}) {
     j = gpt2_json();
     j["pre_tokenizer"].erase(key);
-    CHECK_THAT(refused(j), Catch::Contains(std::string("ByteLevel's \"") + key + "\" is missing"));
+    CHECK_THAT(refused(j), Catch::Contains(std::string("pre_tokenizer's ByteLevel's \"") + key + "\" is missing"));
+    // The decoder and the post-processor, which an export copies, likewise (in a Sequence too).
+    j = gpt2_json();
+    j["decoder"].erase(key);
+    CHECK_THAT(refused(j), Catch::Contains(std::string("decoder's ByteLevel's \"") + key + "\" is missing"));
+    j = gpt2_json();
+    j["post_processor"] = {{"type", "Sequence"}, {"processors", {j["post_processor"]}}};
+    CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
+    j["post_processor"]["processors"][0].erase(key);
+    CHECK_THAT(refused(j), Catch::Contains(std::string("post_processor's ByteLevel's \"") + key + "\" is missing"));
   }
+  j = gpt2_json();
+  j["version"] = "2.0";
+  CHECK_THAT(refused(j), Catch::Contains("\"version\" is \"2.0\"; expected \"1.0\""));
+  j.erase("version");
+  CHECK_THAT(refused(j), Catch::Contains("\"version\" is missing"));
   j = gpt2_json();
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}},
@@ -333,6 +347,17 @@ TEST_CASE("tokenizer.json: what ptrain cannot run exactly is refused by name", "
   CHECK_THAT(refused(j), Catch::Contains("\"zzqq\"'s id is 50300; expected 50257"));
   j["added_tokens"][1]["id"] = 50257;
   j["added_tokens"].push_back(word);
+  j["added_tokens"][2]["id"] = 50258;
+  CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
+  // A vocabulary with a gap (as cl100k_base's): the ids go on from its size, not from the largest.
+  j = gpt2_json();
+  j["model"]["vocab"]["<|sp|>"] = 60000;
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][1]["content"] = "<|sp|>";
+  j["added_tokens"][1]["id"] = 60000;
+  j["added_tokens"].push_back(word);
+  j["added_tokens"][2]["id"] = 60001;
+  CHECK_THAT(refused(j), Catch::Contains("\"<w>\"'s id is 60001; expected 50258"));
   j["added_tokens"][2]["id"] = 50258;
   CHECK_NOTHROW(Tokenizer::load("hf", written(dir, j)));
   j = gpt2_json();

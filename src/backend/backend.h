@@ -277,8 +277,8 @@ class Backend {
   // its FP8 GEMMs cannot take. The output gradient's codes may be shared with other layers: cast
   // it right before backward(). `input_slot` >= 0 shares the input's codes with the other layers
   // of that slot too: only for layers whose input is cast again right before their backward pass,
-  // with no layer of the slot in between (recomputed blocks and MLPs); -1 keeps them the layer's
-  // own.
+  // with no layer of the slot in between (fp8_input_slot in src/model/transformer.h says which);
+  // -1 keeps them the layer's own.
   // `shared_weight` shares the weight's codes and factors with the other such layers of its
   // shape: only for layers that cast the weight right before each forward() and backward().
   virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,

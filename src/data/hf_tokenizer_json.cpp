@@ -127,6 +127,23 @@ class Reader {
     return rules;
   }
 
+  // What ptrain does not run but copies into an export (the decoder, the post-processor) must
+  // load in Hugging Face's tokenizers: the version it reads, and each ByteLevel part's keys.
+  void check_copied_parts(const json& j) const {
+    if (!j.contains("version") || j["version"] != "1.0")
+      malformed("\"version\"", j.contains("version") ? j["version"].dump() : "missing",
+                "\"1.0\", the only one Hugging Face's tokenizers reads");
+    for (const char* part : {"decoder", "post_processor"})
+      if (j.contains(part)) require_byte_level_keys(j[part], part);
+  }
+  void require_byte_level_keys(const json& node, const std::string& owner) const {
+    if (type_of(node) == "ByteLevel")
+      for (const char* key : {"add_prefix_space", "trim_offsets"})
+        required(node, key, &json::is_boolean, owner + "'s ByteLevel", "true or false");
+    if (node.is_structured())
+      for (const json& inner : node) require_byte_level_keys(inner, owner);
+  }
+
   void flatten(const json& p, std::vector<const json*>& steps) const {
     if (type_of(p) != "Sequence") {
       steps.push_back(&p);
@@ -200,6 +217,7 @@ class Reader {
     const json j = parse_json(text, what_);
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
       throw UserError(what_ + ": expected a JSON object with a \"model\", as Hugging Face's tokenizers writes");
+    check_copied_parts(j);
     const json& model = j["model"];
     const std::string type = type_of(model);
     if (!type.empty() && type != "BPE") refuse("model.type", type, "BPE models only");
@@ -223,18 +241,17 @@ class Reader {
     std::vector<AddedToken> raw_words, normalized_words;
     bool has_document_token = document_token.empty();
     // Hugging Face gives each added token, in the file's order, the model's id for its text,
-    // else the next id past the vocabulary and the added tokens before it, whatever id the file
-    // says (tokenizers' AddedVocabulary::add_tokens): ptrain reads the file's, so a file whose
-    // ids differ from those is refused.
+    // else the next of the ids counted from the vocabulary's size, whatever id the file says
+    // (tokenizers' AddedVocabulary::add_tokens from 0.22 on, the version the oracle tests run):
+    // ptrain reads the file's, so a file whose ids differ from those is refused.
     const json& vocab = model["vocab"];
-    const int64_t model_size = vocab.is_object() ? static_cast<int64_t>(vocab.size()) : 0;
     std::map<std::string, int64_t> hf_ids;
-    int64_t hf_last = -1;
+    int64_t hf_next = vocab.is_object() ? static_cast<int64_t>(vocab.size()) : 0;
     const auto hf_id = [&](const std::string& content) {
       const auto in_model = vocab.is_object() ? vocab.find(content) : vocab.end();
       if (in_model != vocab.end() && in_model->is_number_unsigned()) return in_model->get<int64_t>();
       if (const auto before = hf_ids.find(content); before != hf_ids.end()) return before->second;
-      return hf_last >= model_size ? hf_last + 1 : model_size;
+      return hf_next++;
     };
     if (j.contains("added_tokens")) {
       if (!j["added_tokens"].is_array()) refuse("added_tokens", j["added_tokens"].type_name(), "a list");
@@ -253,12 +270,11 @@ class Reader {
         const std::string owner = "added token " + a["content"].dump();
         const int64_t hf = hf_id(content);
         hf_ids.emplace(content, hf);
-        hf_last = std::max(hf_last, hf);
         if (id != hf)
           malformed(owner + "'s id", std::to_string(id),
                     std::to_string(hf) + ", the id Hugging Face gives it (the model's id for its text, else the "
-                                         "next past the vocabulary and the added tokens before it: tokenizers "
-                                         "reads no other)");
+                                         "next counted from the vocabulary's size over the added tokens not in "
+                                         "it: tokenizers reads no other)");
         const bool special = required(a, "special", &json::is_boolean, owner, "true or false").get<bool>();
         for (const char* option : {"single_word", "lstrip", "rstrip"})  // Hugging Face needs each
           required(a, option, &json::is_boolean, owner, "true or false");

@@ -69,7 +69,6 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
 }
 
 std::string shard_base_name(const std::string& out_dir) {
-  if (out_dir.empty()) throw UserError("--out: an empty path; expected the directory to write");
   fs::path p = fs::path(out_dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   const std::string name = fs::absolute(p).lexically_normal().filename().string();

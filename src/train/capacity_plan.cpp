@@ -68,11 +68,15 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   // The micro-batch: at most the batch's tokens per rank; the memory grows with it (among the
   // micro-batches a run takes: one it refuses may be planned otherwise, e.g. FP8 emulated).
   const int most = static_cast<int>(std::max<int64_t>(1, batch_tokens / (int64_t{T} * ranks)));
-  int largest = 0;
-  GpuMemoryPlan at_largest;
+  int largest = 0, smallest = 0;
+  GpuMemoryPlan at_largest, at_smallest;
   for (int B = 1; B <= most; ++B) {
     if (!shares(B, ranks)) continue;
     const GpuMemoryPlan p = plan(variant(spec, batch_tokens, B, ranks, spec.recompute), distributed.zero_stage);
+    if (smallest == 0) {
+      smallest = B;
+      at_smallest = p;
+    }
     if (p.total() > arena) break;
     largest = B;
     at_largest = p;
@@ -82,10 +86,9 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   text += "  the largest micro-batch on " + setting + ": ";
   if (largest > 0)
     text += std::to_string(largest) + " of at most " + std::to_string(most) + ", " + per_rank(at_largest, arena) + "\n";
-  else
-    text += "none fits (micro-batch 1 takes " +
-            format_mib(plan(variant(spec, batch_tokens, 1, ranks, spec.recompute), distributed.zero_stage).total()) +
-            ")\n";
+  else  // the run's own micro-batch is one a run takes: there is a smallest
+    text += "none fits (micro-batch " + std::to_string(smallest) + ", the smallest a run takes, takes " +
+            format_mib(at_smallest.total()) + ")\n";
 
   // The ranks: ZeRO-1 divides the optimizer state and master weights among them, ZeRO-2 the
   // FP32 gradients too, ZeRO-3 the weights as well; ZeRO-0 keeps all of it on each rank, so more

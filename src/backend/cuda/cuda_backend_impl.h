@@ -331,8 +331,8 @@ class CudaBackend final : public Backend {
   std::unordered_map<const void*, DeviceBuckets> buckets_;
   // FP8 operand blocks shared by layers (fp8_gemms.cu, CudaFp8Gemms::shared_parts): every
   // layer's output gradient, one set per shape (a layer casts it and runs its two backward GEMMs
-  // on it at once); the inputs of the layers in one input slot (their forward pass runs again
-  // right before their backward); the other inputs' codes, which only the forward GEMM reads,
+  // on it at once); the inputs of the layers in one input slot (cast again right before their
+  // backward pass: fp8_input_slot); the other inputs' codes, which only the forward GEMM reads,
   // one per shape; and the weight's transpose, one per shape (made from the layer's codes for
   // its dgrad GEMM). The fields a set does not share are null.
   struct SharedFp8Operand {
