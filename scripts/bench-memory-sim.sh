@@ -5,13 +5,14 @@
 # `ptrain train --dry-run --ranks 2` prints for the same config, and plan / peak. The arena's
 # bytes are the CUDA backend's, so they are what a GPU run of this config would allocate; only
 # the device's own context and cuDNN's choice of kernels stay on the GPU.
-# A mode fp8:RECIPE+primary has precision.fp8.primary_weights.
-#   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary"] [ZERO="0 1 2 3"]
+# A mode fp8:RECIPE+primary has precision.fp8.primary_weights, fp8:RECIPE+codes
+# precision.fp8.mlp_input_codes.
+#   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary fp8:current+codes"] [ZERO="0 1 2 3"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sim=${PTRAIN_SIMULATED:-$root/build/tests/ptrain_simulated}
 [[ -x $sim ]] || { echo "bench-memory-sim: no $sim; build first (scripts/build.sh)" >&2; exit 2; }
-modes=${1:-fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary}
+modes=${1:-fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary fp8:current+codes}
 zero_stages=${2:-0 1 2 3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -23,6 +24,7 @@ printf '%-20s %4s %12s %14s %12s\n' mode zero "plan MiB" "arena peak MiB" "plan/
 for mode in $modes; do
   case $mode in
     fp8:*+primary) recipe=${mode#fp8:} precision="{mode: fp8, fp8: {recipe: ${recipe%+primary}, primary_weights: true}}" ;;
+    fp8:*+codes) recipe=${mode#fp8:} precision="{mode: fp8, fp8: {recipe: ${recipe%+codes}, mlp_input_codes: true}}" ;;
     fp8:*) precision="{mode: fp8, fp8: {recipe: ${mode#fp8:}}}" ;;
     *) precision="{mode: $mode}" ;;
   esac

@@ -115,6 +115,7 @@ bench_rows=(
   "llama 350m bf16|llama-350m|precision.mode=bf16"
   "llama 1b bf16|llama-1b|precision.mode=bf16"
   "llama 1b fp8 recipe=current|llama-1b|precision.mode=fp8 precision.fp8.recipe=current"
+  "llama 1b fp8 mlp_input_codes|llama-1b|precision.mode=fp8 precision.fp8.recipe=current precision.fp8.mlp_input_codes=true"
 )
 # The rows a stage benchmarks: all in `first` (as many as fit), those matching REGEX in `speed`.
 stage_rows() {

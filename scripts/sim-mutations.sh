@@ -18,7 +18,7 @@ cmake --build build -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
 
 # The tests that should catch the mutations must pass on the tree as it is: otherwise every
 # mutation would look caught.
-baseline="uploads run ahead|the op table's matmul cases|fused \\(cuDNN\\) attention|GPUs follow 1 GPU|two runs with the same seed"
+baseline="uploads run ahead|the op table's matmul cases|fused \\(cuDNN\\) attention|GPUs follow 1 GPU|two runs with the same seed|MLP's input stored as FP8 codes"
 echo "== the unmutated tree: the sim tests matching '$baseline'"
 if ! (cd build && ctest -L sim -R "$baseline" -j "$(nproc)" --timeout 900 --output-on-failure >../baseline.log 2>&1); then
   echo "the unmutated tree fails them (see $scratch/baseline.log): no mutation can be judged"
@@ -125,16 +125,24 @@ mutate zero3-fp8-recast-removed src/model/fp8_linear.cpp \
 # 8. Under recompute: mlp the down projection no longer casts its recomputed input: its
 #    weight-gradient GEMM reads the input codes the MLP slot still holds from the block above.
 mutate recompute-mlp-input-recast-removed src/model/transformer.cpp \
-  '  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);' \
+  '  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->recast_input(a_.fch_gelu[hidden_slot(l)]);' \
   '' \
   'two runs with the same seed'
 
 # 9. The output projection no longer casts its input again before its backward pass: its
 #    weight-gradient GEMM reads the codes its slot still holds from the last block.
 mutate out-projection-input-recast-removed src/model/transformer.cpp \
-  '      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->cast_input(a_.atty[block_slot(l)], /*training=*/true);' \
+  '      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->recast_input(a_.atty[block_slot(l)]);' \
   '' \
   'two runs with the same seed'
+
+# 10. With the MLP's input stored as FP8 codes, the down projection no longer casts the input made
+#     again from them before its backward pass: its weight-gradient GEMM reads the codes its
+#     shared slot still holds from the last block.
+mutate mlp-codes-down-recast-removed src/model/transformer.cpp \
+  '  down->recast_input(a_.fch_gelu[hidden_slot(l)]);' \
+  '' \
+  "MLP's input stored as FP8 codes"
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -210,6 +210,50 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
   CHECK_FALSE(fs::exists(tmp.dir / "runs"));
 }
 
+// FP8's activations against bf16's on the 8B shape at recompute none (8 ranks, ZeRO-1): the
+// activations the plan counts plus the FP8 layers' operand codes (the inputs their backward
+// passes read as codes, the output gradients' shared codes). FP8 keeps no bf16 copy of an input
+// its layer reads as codes, and with precision.fp8.mlp_input_codes the MLP's pre-activation
+// (twice 14,336 wide, the widest activation) as FP8 codes too: at most 0.7 of bf16's.
+TEST_CASE("a dry run plans FP8 activations at most 0.7 of bf16's with the MLP's input as FP8 codes", "[cli]") {
+  const TempDir tmp("fp8-activations");
+  write_file(tmp.dir / "8b.yaml",
+             std::string(kLlama8b) + "training: {steps: 10, micro_batch: 1, batch_tokens: 65536, recompute: none}\n");
+  // The plan line's "N MiB <what>" (0 when absent).
+  const auto mib = [](const std::string& output, const std::string& what) {
+    const size_t line = output.find("GPU memory plan per rank: ");
+    REQUIRE(line != std::string::npos);
+    const size_t end = output.find(" MiB " + what, line), begin = output.rfind(' ', end - 1);
+    return end == std::string::npos || end > output.find('\n', line) ? 0.0 : std::stod(output.substr(begin + 1));
+  };
+  const auto activations = [&](const std::string& precision) {
+    const CommandResult r = run_ptrain("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 --set "
+                                       "precision.mode=" + precision, tmp.dir);
+    INFO(precision << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    return mib(r.output, "activations") + mib(r.output, "FP8 operand codes");
+  };
+  const double bf16 = activations("bf16"), fp8 = activations("fp8"),
+               codes = activations("fp8 --set precision.fp8.mlp_input_codes=true");
+  INFO("bf16 " << bf16 << " MiB, fp8 " << fp8 << " MiB, fp8 with the MLP's input as codes " << codes << " MiB");
+  CHECK(fp8 < bf16);
+  CHECK(codes <= 0.7 * bf16);
+  // --fit plans the recompute settings that keep one layer of the MLP's input without the key,
+  // which they refuse, and says so.
+  const CommandResult fit = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb --set precision.mode=fp8 --set "
+                                       "precision.fp8.mlp_input_codes=true", tmp.dir);
+  INFO(fit.output);
+  REQUIRE(fit.exit_code == 0);
+  for (const char* row : {"    recompute none,  ZeRO-1: ", "    recompute mlp,   ZeRO-1: ", "    recompute block, ZeRO-1: "}) {
+    const size_t at = fit.output.find(row);
+    REQUIRE(at != std::string::npos);
+    const std::string line = fit.output.substr(at, fit.output.find('\n', at) - at);
+    CHECK((line.find("without precision.fp8.mlp_input_codes") != std::string::npos) ==
+          (std::string(row).find("none") == std::string::npos));
+  }
+  CHECK_FALSE(fs::exists(tmp.dir / "runs"));
+}
+
 // ZeRO-2 and ZeRO-3 on the 8B shape, 8 ranks, bf16. Per parameter: the bf16 weights 2, and
 // sharded 16/d (the FP32 master 4, AdamW's moments 8 and the FP32 gradients 4) = 4.00 at d = 8,
 // plus ZeRO-2's gradient buckets: two rooms of one block's gradients (218,112,000 elements),

@@ -516,7 +516,38 @@ TEST_CASE("compare's modes with and without primary FP8 weights, from configs wi
     }
     CHECK(config_for_mode(base, "fp8:current+primary", options).run.name == "tiny-fp8-current-primary");
     CHECK_THROWS_WITH(config_for_mode(base, "bf16+primary", options),
-                      Catch::Contains("+primary (primary FP8 weights) goes with fp8 only"));
+                      Catch::Contains("+primary (precision.fp8.primary_weights) goes with fp8 only"));
+  }
+}
+
+// +codes (the MLP's input kept as FP8 codes) follows the same rules, alone or with +primary in
+// either order; the run's name and label carry it, so the two runs of a mode do not collide.
+TEST_CASE("compare's modes with and without the MLP's input as FP8 codes", "[compare]") {
+  CompareOptions options;
+  options.out_dir = "out";
+  for (const bool configured : {false, true}) {
+    CAPTURE(configured);
+    const Config base = parse_config(
+        tiny_config("tiny", configured ? "{mode: fp8, fp8: {mlp_input_codes: true}}" : "{mode: fp8}", 128), "tiny.yaml");
+    for (const auto& [mode, codes] : std::vector<std::pair<std::string, bool>>{{"fp32", false},
+                                                                               {"bf16", false},
+                                                                               {"fp8", configured},
+                                                                               {"fp8+codes", true},
+                                                                               {"fp8:block", false},
+                                                                               {"fp8:current+codes", true},
+                                                                               {"schedule:fp8-then-bf16", false}}) {
+      CAPTURE(mode);
+      const Config c = config_for_mode(base, mode, options);
+      CHECK(c.precision.fp8.mlp_input_codes == codes);
+      CHECK((c.run.name.find("-codes") != std::string::npos) == codes);
+    }
+    for (const char* both : {"fp8:current+primary+codes", "fp8:current+codes+primary"}) {
+      const Config c = config_for_mode(base, both, options);
+      CHECK((c.precision.fp8.primary_weights && c.precision.fp8.mlp_input_codes));
+      CHECK(c.run.name == "tiny-fp8-current-primary-codes");
+    }
+    CHECK_THROWS_WITH(config_for_mode(base, "bf16+codes", options),
+                      Catch::Contains("+codes (precision.fp8.mlp_input_codes) goes with fp8 only"));
   }
 }
 

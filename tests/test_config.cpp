@@ -527,6 +527,38 @@ TEST_CASE("precision.fp8.primary_weights: refused where a block would run in bf1
   CHECK(contains(only_problem(kMinimal, {phase_asks}), "true with precision.schedule"));
 }
 
+// The MLP's input kept as FP8 codes replaces its bf16 copy in FP8 blocks only, and saves only
+// where every layer's is kept: whatever would run a block in bf16, and recomputation, is refused
+// by name.
+TEST_CASE("precision.fp8.mlp_input_codes: refused with bf16 blocks and with recomputation", "[config]") {
+  const std::vector<std::string> fp8 = {"precision.mode=fp8", "precision.fp8.mlp_input_codes=true"};
+  CHECK(problems_of(kMinimal, fp8).empty());
+  CHECK(parse_config(kMinimal, "cfg.yaml", fp8).precision.fp8.mlp_input_codes);
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), fp8.begin(), fp8.end());
+    return only_problem(kMinimal, more);
+  };
+  struct Case {
+    std::vector<std::string> overrides;
+    const char* prefix;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{{"precision.mode=bf16"}, "--set precision.mode=bf16", "true with precision.mode bf16"},
+        Case{{"precision.fp8.bf16_first_last=true"}, "--set precision.fp8.bf16_first_last=true",
+             "whose bf16 blocks keep their MLP input in bf16"},
+        Case{{"training.guard.action=skip", "checkpoint.every=5", "training.guard.action=rollback"},
+             "--set training.guard.action=rollback", "rollback, which goes on in bf16 blocks"},
+        Case{{"training.recompute=mlp"}, "--set training.recompute=mlp", "true with training.recompute mlp"},
+        Case{{"training.recompute=block"}, "--set training.recompute=block", "true with training.recompute block"}}) {
+    const std::string message = with(c.overrides);
+    check_shape(message, c.prefix, "precision.fp8.mlp_input_codes");
+    CHECK(contains(message, c.says));
+  }
+  const std::string schedule = "precision.schedule=[{until_step: 5, mode: fp8, fp8: {mlp_input_codes: true}}, {mode: fp8}]";
+  CHECK(contains(only_problem(kMinimal, {schedule}), "true with precision.schedule"));
+}
+
 TEST_CASE("fp8 needs aligned model dimensions and a supported block size", "[config]") {
   for (const char* mode : {"fp32", "bf16", "fp16", "fp8"}) {
     CAPTURE(mode);

@@ -258,3 +258,59 @@ TEST_CASE("primary FP8 weights keep no bf16 copy of the block linears, whose cas
   CHECK(weight_amax(true) == odd);
   CHECK(weight_amax(false) == 0.5f);
 }
+
+// precision.fp8.mlp_input_codes on the CPU (its store emulated): the model keeps one layer of the
+// MLP's pre-activation in its activation block instead of every layer's, and its gradients stay
+// within FP8's own noise of the plain FP8 model's. The noise is measured: the plain FP8 model's
+// distance from bf16's, which is of the size the added 1x128 E4M3 rounding of the pre-activation
+// brings. A backward pass that read another layer's pre-activation (the one room's last writer)
+// is off by the whole gradient and fails.
+TEST_CASE("the MLP's input kept as FP8 codes: one layer of room, gradients within FP8's noise", "[fp8]") {
+  const ModelShape gpt2{2, 4, 128, 32, 64, 128};
+  const ModelShape shape = GENERATE_COPY(values<ModelShape>({gpt2, llama_shape(gpt2, 2, 256)}));
+  INFO(choice_name(shape.arch));
+  const int B = 2, T = 32;
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    inputs[i] = (i * 37 + 11) % shape.vocab;
+    targets[i] = (i * 53 + 7) % shape.vocab;
+  }
+  const auto policy = [](PrecisionMode mode, bool codes) {
+    PrecisionConfig c;
+    c.mode = mode;
+    c.fp8.mlp_input_codes = codes;
+    return PrecisionPolicy::from_config(c);
+  };
+  const PrecisionPolicy with_codes = policy(PrecisionMode::fp8, true);
+  CHECK(keeps_mlp_input_codes(with_codes, Recompute::none, true));
+  CHECK_FALSE(keeps_mlp_input_codes(with_codes, Recompute::mlp, true));
+  CHECK_FALSE(keeps_mlp_input_codes(with_codes, Recompute::none, false));
+  const auto made = [&](const PrecisionPolicy& p, bool throughout) {
+    return std::make_unique<Transformer>(shape, cpu_backend(), DType::f32, B, T, p, AttentionPath::fallback, true,
+                                         Recompute::none, MasterRange{}, throughout);
+  };
+  auto coded = made(with_codes, true), plain = made(policy(PrecisionMode::fp8, false), true),
+       bf16 = made(policy(PrecisionMode::bf16, false), false);
+  const int64_t fc_width = block_linear_shapes(shape)[kFc][1];
+  CHECK(plain->activation_bytes() - coded->activation_bytes() ==
+        static_cast<size_t>((shape.n_layer - 1) * B * T * fc_width) * sizeof(float));
+  std::vector<std::vector<float>> grads[3];
+  int m = 0;
+  for (Transformer* model : {coded.get(), plain.get(), bf16.get()}) {
+    model->init(7);
+    model->zero_grad();
+    model->forward(inputs.data(), targets.data(), 1.0f / (B * T));
+    model->backward();
+    for (const ParamSpec& spec : model->specs()) {
+      std::vector<float> g(static_cast<size_t>(model->grad(spec.id).numel()));
+      cpu_backend().download(g.data(), model->grad(spec.id));
+      grads[m].push_back(std::move(g));
+    }
+    ++m;
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double noise = relative_error(grads[1][i], grads[2][i]), err = relative_error(grads[0][i], grads[1][i]);
+    INFO(coded->specs()[i].name << ": codes vs plain FP8 " << err << ", plain FP8 vs bf16 " << noise);
+    CHECK(err <= std::max(0.05, 1.5 * noise));
+  }
+}

@@ -388,6 +388,13 @@ TEST_CASE("guard rollback: a fallback of N steps returns to fp8, and a resume in
   CHECK(primary.output.find("precision.fp8.primary_weights: true, but") != std::string::npos);
   CHECK(primary.output.find("saved in the guard's bf16 fallback (to step 40)") != std::string::npos);
   CHECK_FALSE(fs::exists(ws.dir / "runs/primary"));
+  // Nor does the MLP's input as FP8 codes, which a bf16 block keeps in bf16.
+  const InProcessRun codes = train_in_process(
+      ws.dir, "split.yaml",
+      {"run.name=codes", inside, "training.guard.action=stop", "precision.fp8.mlp_input_codes=true"}, faults);
+  CHECK(codes.exit_code == 2);
+  CHECK(codes.output.find("precision.fp8.mlp_input_codes: true, but") != std::string::npos);
+  CHECK_FALSE(fs::exists(ws.dir / "runs/codes"));
   // ZeRO-3 does not switch precision in place (as a precision.schedule would), so neither does it
   // resume into a fallback that ends within the run.
   const InProcessRun sharded = train_in_process(

@@ -24,6 +24,7 @@
 
 #include "config/choices.h"
 #include "core/tensor.h"
+#include "backend/fp8_activation_store.h"
 #include "backend/op_profile.h"
 
 namespace ptrain {
@@ -288,6 +289,11 @@ class Backend {
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }
+
+  // Layers of rows x cols activations kept as FP8 codes in `format` (Fp8ActivationStore). This
+  // default emulates the codes with their dequantised values in f32 (the CPU's store).
+  virtual std::unique_ptr<Fp8ActivationStore> make_fp8_activation_store(int layers, int64_t rows, int64_t cols,
+                                                                        Format format);
 
   // AdamW with decoupled weight decay on FP32 param/m/v, in place. If `param_copy` is not
   // empty it receives the updated parameters rounded to its format (the low-precision copy).

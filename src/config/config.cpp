@@ -234,6 +234,8 @@ Schema make_schema(Config& c) {
       flag("precision.fp8.bf16_lm_head", &f8.bf16_lm_head, "keep the LM head in BF16"),
       flag("precision.fp8.primary_weights", &f8.primary_weights,
            "the block linears' working weights kept only as FP8 codes, cast from the FP32 master"),
+      flag("precision.fp8.mlp_input_codes", &f8.mlp_input_codes,
+           "the MLP's pre-activation kept for the backward pass as FP8 codes (1x128 tiles), not bf16"),
       number("precision.fp8.block_size", &f8.block_size, at_least(1),
              "block recipe: 1 x block_size tiles, block_size^2 weight blocks (128 only)"),
       choice("precision.loss_scaling.mode", &ls.mode,
@@ -855,6 +857,7 @@ class Loader {
 
     check_rollback(c);
     check_primary_weights(c);
+    check_mlp_input_codes(c);
 
     // A precision schedule makes new FP8 layers at its switches: not tried with the weights
     // sharded (ZeRO-3), so refused rather than run untested.
@@ -890,31 +893,53 @@ class Loader {
   }
 
   // precision.fp8.primary_weights: the block linears keep no bf16 copy of their weights, their
-  // FP8 codes are cast from the FP32 master. So every block must run in FP8 for the whole run
-  // (a bf16 block, phase or fallback would have no weights to read).
+  // FP8 codes are cast from the FP32 master.
   void check_primary_weights(const Config& c) {
+    check_fp8_throughout(c, "precision.fp8.primary_weights", &Fp8Config::primary_weights, "would have no bf16 weights");
+  }
+
+  // precision.fp8.mlp_input_codes: the MLP's pre-activation is kept as FP8 codes in place of its
+  // bf16 values, and saves only where every layer's is kept (recompute: mlp and block keep one
+  // layer's bf16 room already).
+  void check_mlp_input_codes(const Config& c) {
+    const std::string key = "precision.fp8.mlp_input_codes";
+    if (!check_fp8_throughout(c, key, &Fp8Config::mlp_input_codes, "keep their MLP input in bf16")) return;
+    if (usable({"training.recompute"}) && c.training.recompute != Recompute::none)
+      problem(where({"training.recompute", key}), key,
+              std::string("true with training.recompute ") + choice_name(c.training.recompute) +
+                  ", which keeps one layer's MLP input only (nothing to save)",
+              "false, or training.recompute none");
+  }
+
+  // A precision.fp8 key (`flag`) that changes what FP8 blocks keep, so that every block must
+  // run in FP8 for the whole run: refused by name beside whatever runs a block in bf16 (a
+  // precision.schedule, whose switches remake the FP8 layers; another mode; bf16 first and last
+  // blocks; the guard's rollback), whose bf16 blocks `bf16_blocks` (what they would lack). Says
+  // whether the key was asked for and is usable.
+  bool check_fp8_throughout(const Config& c, const std::string& key, bool Fp8Config::*flag,
+                            const std::string& bf16_blocks) {
     const PrecisionConfig& p = c.precision;
-    bool asked = p.fp8.primary_weights;
-    for (const PrecisionPhase& phase : p.schedule) asked = asked || phase.fp8.primary_weights;
-    if (!asked || !usable({"precision.fp8.primary_weights"})) return;
-    const std::string key = "precision.fp8.primary_weights";
+    bool asked = p.fp8.*flag;
+    for (const PrecisionPhase& phase : p.schedule) asked = asked || phase.fp8.*flag;
+    if (!asked || !usable({key})) return false;
     if (!p.schedule.empty() && !rejected(kScheduleKey))
       problem(where({kScheduleKey, key}), key,
-              "true with precision.schedule, whose switches remake the FP8 layers (a bf16 phase would have no bf16 "
-              "weights to read)",
+              "true with precision.schedule, whose switches remake the FP8 layers (a bf16 phase's blocks " +
+                  bf16_blocks + ")",
               "false, or no precision.schedule");
     else if (usable({"precision.mode"}) && p.mode != PrecisionMode::fp8)
       problem(where({"precision.mode", key}), key,
-              std::string("true with precision.mode ") + choice_name(p.mode) + ", which casts no weight to FP8",
+              std::string("true with precision.mode ") + choice_name(p.mode) + ", which runs no block in FP8",
               "false, or precision.mode fp8");
     if (usable({"precision.fp8.bf16_first_last"}) && p.fp8.bf16_first_last)
       problem(where({"precision.fp8.bf16_first_last", key}), key,
-              "true with precision.fp8.bf16_first_last, whose bf16 blocks would have no bf16 weights",
+              "true with precision.fp8.bf16_first_last, whose bf16 blocks " + bf16_blocks,
               "false, or precision.fp8.bf16_first_last false");
     if (usable({"training.guard.action"}) && c.training.guard.action == GuardAction::rollback)
       problem(where({"training.guard.action", key}), key,
-              "true with training.guard.action rollback, which goes on in bf16 and would have no bf16 weights",
+              "true with training.guard.action rollback, which goes on in bf16 blocks: they " + bf16_blocks,
               "false, or training.guard.action stop or skip");
+    return true;
   }
 
   // The FP8 recipe whose alignment rules the GEMMs must meet: block (128) when any FP8 phase

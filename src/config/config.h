@@ -137,6 +137,7 @@ struct Fp8Config {
   bool bf16_first_last = false;
   bool bf16_lm_head = true;
   bool primary_weights = false;  // the block linears' working weights only as FP8 codes
+  bool mlp_input_codes = false;  // the MLP's pre-activation kept for backward as FP8 codes
   int block_size = 128;  // block recipe: 1 x 128 tiles, 128 x 128 weight blocks
 };
 

@@ -22,6 +22,7 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)),
+      input_slot_(input_slot),
       primary_weight_(primary_weight),
       recast_weight_(recast_weight) {
   PTRAIN_CHECK(!(primary_weight && recast_weight), name + ": a primary FP8 weight is cast from the master, once a step");
@@ -114,16 +115,20 @@ void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
-  cast_input(inp, training);
+  cast_input(inp, training, /*wgrad=*/training);
   if (gemms_) return gemms_->forward(out, bias);
   backend_.matmul_forward(out, input_q_, weight_q_, bias);
 }
 
-void Fp8Linear::cast_input(Tensor inp, bool training) {
+void Fp8Linear::cast_input(Tensor inp, bool training, bool wgrad) {
   const int block = policy_.block;
   cast(input_, Fp8Gemms::kInput, input_q_, inp, 1, block, training);
   // The block recipe's wgrad contracts over tokens: 128x1 tiles, kept for the backward pass.
-  if (training && policy_.recipe == Fp8Recipe::block) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
+  if (wgrad && policy_.recipe == Fp8Recipe::block) cast(input_, Fp8Gemms::kInput, input_qt_, inp, block, 1, training);
+}
+
+void Fp8Linear::recast_input(Tensor inp) {
+  if (shares_input_codes()) cast_input(inp, /*training=*/false, /*wgrad=*/true);
 }
 
 void Fp8Linear::cast_weight(Tensor master, bool training) {

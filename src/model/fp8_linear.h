@@ -38,7 +38,7 @@ class Fp8Linear {
   // A linear layer with `rows` input rows per micro-batch, C inputs and OC outputs. `input_slot`
   // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
   // (Backend::make_fp8_gemms), for a layer whose input is cast again before its backward pass
-  // (by its forward pass run again, or by cast_input).
+  // (by its forward pass run again, or by recast_input).
   // `primary_weight`: the weight is a primary FP8 weight (precision.fp8.primary_weights), cast by
   // cast_weight() from the FP32 master, never by forward(). `recast_weight`: the weight is cast
   // afresh by every forward() and backward(), from the weight each is handed, into codes the
@@ -53,9 +53,12 @@ class Fp8Linear {
   // out(rows, OC) = fp8(inp) fp8(weight)^T + bias (bias may be empty). `training` false (an
   // evaluation) leaves the scaling state and telemetry untouched.
   void forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
-  // The input's casts of forward() alone, for a layer whose input was recomputed but whose output
-  // is not needed again: the codes its backward pass reads (in a slot shared with other layers).
-  void cast_input(Tensor inp, bool training);
+  // The input's codes again right before backward(), from the values forward() cast (kept, or
+  // recomputed bit for bit), where they sit in a slot shared with other layers
+  // (shares_input_codes()): the same codes, their statistics not counted a second time. A
+  // layer whose codes are its own still has them, and does nothing.
+  void recast_input(Tensor inp);
+  bool shares_input_codes() const { return gemms_ && input_slot_ >= 0; }
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
   // fp8(inp); dbias += column sums of dout. `weight` is read only by a layer that recasts it,
   // and must be what forward() was handed.
@@ -112,6 +115,8 @@ class Fp8Linear {
  private:
   void cast(Fp8TensorState& state, Fp8Gemms::Operand operand, Tensor out, Tensor in, int block_rows, int block_cols,
             bool training);
+  // The input's casts: for the forward GEMM, and with block scaling for wgrad when `wgrad`.
+  void cast_input(Tensor inp, bool training, bool wgrad);
   void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
   // Native casts gather their statistics on the device (no wait per cast); this reads them into
   // the states (telemetry, and the delayed recipe's amax history) once they are needed.
@@ -126,6 +131,7 @@ class Fp8Linear {
   std::vector<void*> memory_;
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
+  int input_slot_;
   bool primary_weight_, recast_weight_;
   bool weight_cast_ = false;
   bool unsettled_ = false;  // native casts recorded statistics on the device since settle()

@@ -36,10 +36,12 @@ struct ActivationPlan {
 // side by side in fch, the product in fch_gelu).
 // Recomputed activations keep one layer's room, which every layer's forward pass overwrites. So
 // do, with `fp8_throughout`, the linear inputs that FP8 layers read backward as their codes
-// only: ln1, and unless the MLP is recomputed from it, ln2 and the MLP's hidden activations.
+// only: ln1, and unless the MLP is recomputed from it, ln2 and the MLP's hidden activations;
+// with `mlp_input_codes`, the MLP's pre-activation, whose values the FP8 store keeps.
 template <typename Storage>
 ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, int T, Format act, Format grad,
-                                AttentionPath attention, Storage storage, Recompute recompute, bool fp8_throughout) {
+                                AttentionPath attention, Storage storage, Recompute recompute, bool fp8_throughout,
+                                bool mlp_input_codes) {
   const int64_t L = recompute == Recompute::block ? 1 : s.n_layer, Lm = recompute == Recompute::none ? L : 1;
   const int64_t L_ln1 = fp8_throughout ? 1 : L, L_ln2 = fp8_throughout && recompute == Recompute::none ? 1 : L,
                 L_hidden = fp8_throughout ? 1 : Lm;
@@ -76,7 +78,7 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
   add(&a.ln2, {L_ln2, B, T, C}, act);
   if (!llama) add(&a.ln2_mean, {L, B, T}, fp32);
   add(&a.ln2_rstd, {L, B, T}, fp32);
-  add(&a.fch, {Lm, B, T, fc_width}, act);
+  add(&a.fch, {mlp_input_codes ? 1 : Lm, B, T, fc_width}, act);
   add(&a.fch_gelu, {L_hidden, B, T, fc_out}, act);
   add(&a.fcproj, {1, B, T, C}, act);
   add(&a.residual3, {s.n_layer, B, T, C}, act);  // the blocks' outputs: always kept
@@ -97,18 +99,24 @@ ActivationPlan plan_activations(GptActivations& a, const ModelShape& s, int B, i
 }  // namespace
 
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute,
-                               bool fp8_throughout) {
+                               bool fp8_throughout, bool mlp_input_codes) {
   GptActivations unused;
   const DType dt = elem == 8 ? DType::f64 : DType::f32;
   return plan_activations(unused, s, B, T, Format::fp32, Format::fp32, AttentionPath::fallback,
-                          [dt](Format) { return dt; }, recompute, fp8_throughout)
+                          [dt](Format) { return dt; }, recompute, fp8_throughout, mlp_input_codes)
       .bytes();
 }
 
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
-                               const std::function<DType(Format)>& storage, Recompute recompute, bool fp8_throughout) {
+                               const std::function<DType(Format)>& storage, Recompute recompute, bool fp8_throughout,
+                               bool mlp_input_codes) {
   GptActivations unused;
-  return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute, fp8_throughout).bytes();
+  return plan_activations(unused, s, B, T, act, grad, attention, storage, recompute, fp8_throughout, mlp_input_codes)
+      .bytes();
+}
+
+bool keeps_mlp_input_codes(const PrecisionPolicy& policy, Recompute recompute, bool fp8_throughout) {
+  return fp8_throughout && policy.fp8.enabled && policy.fp8.mlp_input_codes && recompute == Recompute::none;
 }
 
 std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const ModelShape& s) {
@@ -142,9 +150,10 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params) {
   return policy.fp8.enabled && sharded_params && !policy.fp8.primary_weights;
 }
 
-int fp8_input_slot(Recompute recompute, int linear) {
+int fp8_input_slot(Recompute recompute, int linear, bool mlp_input_codes) {
   const bool recast = recompute == Recompute::block || linear == kAttproj ||
-                      (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj));
+                      (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj)) ||
+                      (mlp_input_codes && linear == kFcproj);
   return recast ? linear : -1;
 }
 
@@ -259,8 +268,9 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
 
   PTRAIN_CHECK(!fp8_throughout || (policy.fp8.enabled && !policy.fp8.bf16_first_last),
                "FP8 throughout the run, but this policy runs blocks in bf16");
+  const bool mlp_codes = keeps_mlp_input_codes(policy, recompute, fp8_throughout);
   ActivationPlan plan = plan_activations(a_, shape, B, T, policy.activations, policy.activation_grads, attention,
-                                         storage, recompute, fp8_throughout);
+                                         storage, recompute, fp8_throughout, mlp_codes);
   act_bytes_ = plan.bytes();
   act_memory_ = backend.allocate(act_bytes_);
   char* cursor = static_cast<char*>(act_memory_);
@@ -269,6 +279,8 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     cursor += (e.slot->bytes() + 63) / 64 * 64;
   }
 
+  if (mlp_codes)  // E4M3, as DeepSeek-V3 stores it
+    mlp_inputs_ = backend.make_fp8_activation_store(shape.n_layer, int64_t{B} * T, a_.fch.dim(-1), Format::e4m3);
   for (int l = 0; l < shape.n_layer; ++l) block_names_.push_back("block " + std::to_string(l));
 
   make_fp8_linears(policy);
@@ -292,7 +304,8 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
                                                        backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
-                                                       fp8_input_slot(recompute_, k), primary_fp8_, recast_weights)
+                                                       fp8_input_slot(recompute_, k, mlp_inputs_ != nullptr),
+                                                       primary_fp8_, recast_weights)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -504,6 +517,7 @@ std::string Transformer::fp8_gemm_summary() const {
   std::string line = std::to_string(native) + " of " + std::to_string(total) + " FP8 linear layers run native FP8 GEMMs";
   if (native < total) line += "; the others emulate (" + why + ")";
   if (primary_fp8_) line += "; the block linears' weights are FP8 codes only, cast from the FP32 master (primary)";
+  if (mlp_inputs_) line += "; the MLP's input is kept for the backward pass as E4M3 codes in 1x128 tiles";
   return line;
 }
 
@@ -786,23 +800,45 @@ void Transformer::block_forward(int l, int position, bool training) {
 
 void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   const auto at = [&](Tensor t) { return rows_at(t, position); };
-  const int m = mlp_slot(l);
-  const Tensor ln2 = at(a_.ln2[ln2_slot(l)]), fch = at(a_.fch[m]), hidden = at(a_.fch_gelu[hidden_slot(l)]);
-  if (shape_.arch == Arch::llama) {
-    linear_forward(fp8_linear(l, kFc), fch, ln2, block_param(kMlpUpw, l), Tensor(), training);
-    backend_.swiglu_forward(hidden, fch);
-  } else if (Fp8Linear* fc = fp8_linear(l, kFc); fc || !fused_gelu_) {
-    linear_forward(fc, fch, ln2, block_param(kMlpUpw, l), block_param(kMlpUpb, l), training);
-    backend_.gelu_forward(hidden, fch);
-  } else {
-    backend_.matmul_gelu_forward(hidden, fch, ln2, block_param(kMlpUpw, l), block_param(kMlpUpb, l));
+  const Tensor ln2 = at(a_.ln2[ln2_slot(l)]), fch = at(a_.fch[fch_slot(l)]);
+  Fp8Linear* fc = fp8_linear(l, kFc);
+  if (shape_.arch != Arch::llama && !fc && fused_gelu_) {
+    backend_.matmul_gelu_forward(at(a_.fch_gelu[hidden_slot(l)]), fch, ln2, block_param(kMlpUpw, l),
+                                 block_param(kMlpUpb, l));
+    return;
   }
+  linear_forward(fc, fch, ln2, block_param(kMlpUpw, l), shape_.arch == Arch::llama ? Tensor() : block_param(kMlpUpb, l),
+                 training);
+  if (mlp_inputs_) {
+    // The activation reads the stored values, forward as backward (mlp_hidden_from_codes).
+    PTRAIN_CHECK(position < 0, "decoding with the MLP's pre-activation stored as FP8 codes");
+    mlp_inputs_->store(l, fch);
+    mlp_inputs_->load(l, fch);
+  }
+  mlp_activation(at(a_.fch_gelu[hidden_slot(l)]), fch);
+}
+
+void Transformer::mlp_activation(Tensor hidden, Tensor fch) {
+  if (shape_.arch == Arch::llama)
+    backend_.swiglu_forward(hidden, fch);
+  else
+    backend_.gelu_forward(hidden, fch);
+}
+
+void Transformer::mlp_hidden_from_codes(int l) {
+  mlp_inputs_->load(l, a_.fch[fch_slot(l)]);
+  // The activation's backward pass reads the values; a down projection that emulates FP8 kept
+  // its own input codes, one whose codes are shared needs them again.
+  Fp8Linear* down = fp8_linear(l, kFcproj);
+  if (!down->shares_input_codes()) return;
+  mlp_activation(a_.fch_gelu[hidden_slot(l)], a_.fch[fch_slot(l)]);
+  down->recast_input(a_.fch_gelu[hidden_slot(l)]);
 }
 
 void Transformer::recompute_mlp(int l) {
   mlp_hidden_forward(l, -1, /*training=*/true);  // the up projection casts its input again
   // The down projection's input codes sit in the MLP's shared slot too: cast them again.
-  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->cast_input(a_.fch_gelu[hidden_slot(l)], /*training=*/true);
+  if (Fp8Linear* down = fp8_linear(l, kFcproj)) down->recast_input(a_.fch_gelu[hidden_slot(l)]);
 }
 
 void Transformer::gpt2_block_forward(int l, int position, bool training) {
@@ -982,10 +1018,13 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
       if (recompute_ == Recompute::mlp) {
         NvtxRange again("recompute mlp");
         recompute_mlp(l);
+      } else if (mlp_inputs_) {
+        NvtxRange again("mlp from fp8 codes");
+        mlp_hidden_from_codes(l);
       }
       // The output projection's input, the attention's output, is kept for the attention's
       // backward pass: its FP8 codes are cast from it again into the layers' shared slot.
-      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->cast_input(a_.atty[block_slot(l)], /*training=*/true);
+      if (Fp8Linear* proj = fp8_linear(l, kAttproj)) proj->recast_input(a_.atty[block_slot(l)]);
     }
     if (grad_buckets_) be.zero(grad_bucket(l));
     if (llama)
@@ -1003,7 +1042,7 @@ void Transformer::backward(const std::function<void(int block)>& grads_done) {
 void Transformer::gpt2_block_backward(int l) {
   Backend& be = backend_;
   const auto g = [&](ParamId id) { return block_grad(id, l); };
-  const int b = block_slot(l), m = mlp_slot(l);
+  const int b = block_slot(l), m = fch_slot(l);
   // MLP branch: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))).
   if (Fp8Linear* fcproj = fp8_linear(l, kFcproj); fcproj || !fused_gelu_) {
     be.zero(a_.dfch_gelu);
@@ -1033,7 +1072,7 @@ void Transformer::gpt2_block_backward(int l) {
 void Transformer::llama_block_backward(int l) {
   Backend& be = backend_;
   const auto g = [&](ParamId id) { return block_grad(id, l); };
-  const int b = block_slot(l), m = mlp_slot(l);
+  const int b = block_slot(l), m = fch_slot(l);
   // MLP branch: residual3 = residual2 + down(swiglu(gate_up(rmsnorm(residual2)))).
   be.zero(a_.dfch_gelu);
   linear_backward(fp8_linear(l, kFcproj), a_.dfch_gelu, g(kMlpDownw), Tensor(), a_.dresidual, a_.fch_gelu[hidden_slot(l)],

@@ -34,15 +34,22 @@ namespace ptrain {
 // no bf16 blocks, no bf16 fallback), the inputs those layers read backward only as their FP8 codes
 // (ln1, ln2, the MLP's hidden activations) are kept for one layer at a time, as
 // TransformerEngine saves an FP8 linear's input in FP8 and not beside a bf16 copy.
+// With `mlp_input_codes` too (precision.fp8.mlp_input_codes, under recompute: none), the MLP's
+// pre-activation (fch) is kept as FP8 codes (Fp8ActivationStore) in place of bf16, one layer of
+// bf16 room serving them all (keeps_mlp_input_codes).
 
 // Bytes of activation memory for micro-batch B and sequence length T, element size `elem`.
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, size_t elem, Recompute recompute = Recompute::none,
-                               bool fp8_throughout = false);
+                               bool fp8_throughout = false, bool mlp_input_codes = false);
 // The same for a backend that stores format f as storage(f), activations and their gradients
 // in `act` and `grad`, attention by `attention`: the size of the one block Transformer allocates.
 int64_t model_activation_bytes(const ModelShape& s, int B, int T, Format act, Format grad, AttentionPath attention,
                                const std::function<DType(Format)>& storage, Recompute recompute = Recompute::none,
-                               bool fp8_throughout = false);
+                               bool fp8_throughout = false, bool mlp_input_codes = false);
+// Whether a model keeps the MLP's pre-activation as FP8 codes: precision.fp8.mlp_input_codes,
+// with every block FP8 for the whole run and nothing recomputed (the config refuses the key
+// otherwise; recompute: mlp and block keep one layer of it anyway).
+bool keeps_mlp_input_codes(const PrecisionPolicy& policy, Recompute recompute, bool fp8_throughout);
 
 // The linear layers of a block, in order. FP8 telemetry calls them qkv, attproj, fc, fcproj
 // (GPT-2) or qkv, o_proj, gate_up, down (llama).
@@ -68,8 +75,9 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params);
 // backward pass can share them. Every linear of a recomputed block does; under recompute: mlp
 // the MLP's two (the first's forward pass runs again, the second casts its recomputed input);
 // and the attention's output projection always, from the attention output every layer keeps
-// for the attention's backward pass.
-int fp8_input_slot(Recompute recompute, int linear);
+// for the attention's backward pass; with `mlp_input_codes` the MLP's second, whose input is
+// made again from the stored codes.
+int fp8_input_slot(Recompute recompute, int linear, bool mlp_input_codes);
 
 // The activation buffers of one micro-batch (forward results kept for backward, and the
 // backward scratch). One allocation holds them all.
@@ -134,7 +142,8 @@ class Transformer {
   // it (Backend::matmul_gelu_forward/backward) where those layers are not FP8; `recompute` is
   // training.recompute's choice (Recompute); `master_range` the master weights kept (MasterRange);
   // `fp8_throughout` that every block runs FP8 for the whole run (model_activation_bytes), so
-  // that switch_fp8 never runs one in bf16.
+  // that switch_fp8 never runs one in bf16; with it, policy.fp8.mlp_input_codes keeps the MLP's
+  // pre-activation as FP8 codes (keeps_mlp_input_codes).
   Transformer(const ModelShape& shape, Backend& backend, DType dtype, int B, int T,
       const PrecisionPolicy& policy = PrecisionPolicy{}, AttentionPath attention = AttentionPath::fallback,
       bool fused_gelu = true, Recompute recompute = Recompute::none, MasterRange master_range = {},
@@ -338,9 +347,13 @@ class Transformer {
   void llama_block_forward(int layer, int position, bool training);
   // The MLP up to its hidden activations (fc and GELU, or gate_up and SwiGLU), from ln2.
   void mlp_hidden_forward(int layer, int position, bool training);
+  void mlp_activation(Tensor hidden, Tensor fch);  // SwiGLU or GELU
   // Under recompute: mlp, the MLP's hidden activations again before its backward pass, and the
   // FP8 input codes of both its linears (which share a slot with the other layers').
   void recompute_mlp(int layer);
+  // With the MLP's pre-activation stored as FP8 codes: the pre-activation's values and the
+  // hidden activations again before the MLP's backward pass, and the second linear's input codes.
+  void mlp_hidden_from_codes(int layer);
   // Which stored layer of a per-layer activation holds layer l's: l, or 0 when recomputed.
   int block_slot(int layer) const { return recompute_ == Recompute::block ? 0 : layer; }
   int mlp_slot(int layer) const { return recompute_ == Recompute::none ? layer : 0; }
@@ -352,6 +365,8 @@ class Transformer {
     return fp8_throughout_ && recompute_ == Recompute::none ? 0 : block_slot(layer);
   }
   int hidden_slot(int layer) const { return fp8_throughout_ ? 0 : mlp_slot(layer); }
+  // The pre-activation's: 0 when its values come from the FP8 store.
+  int fch_slot(int layer) const { return mlp_inputs_ ? 0 : mlp_slot(layer); }
   void gpt2_block_backward(int layer);
   void llama_block_backward(int layer);
   // Block `layer`'s gradient of tensor id: its slice of grad(id), or its place in the bucket.
@@ -422,6 +437,7 @@ class Transformer {
   bool fused_gelu_;
   Recompute recompute_;
   bool fp8_throughout_;  // every block FP8 for the whole run: see ln1_slot
+  std::unique_ptr<Fp8ActivationStore> mlp_inputs_;  // the MLP's pre-activation as FP8 codes, per layer
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
   bool primary_fp8_ = false;  // precision.fp8.primary_weights

@@ -24,6 +24,7 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
     p.fp8.bf16_first_last = f.bf16_first_last;
     p.fp8.bf16_lm_head = f.bf16_lm_head;
     p.fp8.primary_weights = f.primary_weights;
+    p.fp8.mlp_input_codes = f.mlp_input_codes;
     p.fp8.block = f.block_size;
   }
   p.loss_scaling = config.loss_scaling;
@@ -34,7 +35,8 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
 
 std::string PrecisionPolicy::label() const {
   if (!fp8.enabled) return choice_name(mode);
-  return std::string(choice_name(mode)) + ":" + choice_name(fp8.recipe) + (fp8.primary_weights ? "+primary" : "");
+  return std::string(choice_name(mode)) + ":" + choice_name(fp8.recipe) + (fp8.primary_weights ? "+primary" : "") +
+         (fp8.mlp_input_codes ? "+codes" : "");
 }
 
 PrecisionSchedule PrecisionSchedule::from_config(const PrecisionConfig& config, int64_t steps) {

@@ -33,6 +33,7 @@ struct Fp8Policy {
   bool bf16_first_last = false;  // keep the first and last block's linears in bf16
   bool bf16_lm_head = true;      // keep the LM head in bf16
   bool primary_weights = false;  // the block linears' weights as FP8 codes only (Transformer)
+  bool mlp_input_codes = false;  // the MLP's pre-activation kept as FP8 codes (keeps_mlp_input_codes)
   int block = 128;               // block recipe: 1 x block tiles, block x block weight blocks
 };
 

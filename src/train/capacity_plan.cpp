@@ -97,6 +97,9 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
   text += "  the fewest ranks at micro-batch " + std::to_string(B) + " that share training.batch_tokens evenly:\n";
   // ZeRO-3 does not run a precision schedule (the config refuses it).
   const bool schedule = spec.precision.phases.size() > 1;
+  // The MLP's input as FP8 codes goes with recompute none only: the other settings plan the run
+  // without it, and say so.
+  const bool mlp_codes = spec.precision.phases.front().policy.fp8.mlp_input_codes;
   for (const Recompute recompute : {Recompute::none, Recompute::mlp, Recompute::block})
     for (const int zero_stage : {0, 1, 2, 3}) {
       std::string found = zero_stage == 3 && schedule ? "not with a precision.schedule (not implemented)"
@@ -111,6 +114,8 @@ std::string describe_capacity(const RunSpec& spec, const DistributedConfig& dist
       if (found.empty())
         found = zero_stage == 0 ? "does not fit at any rank count (every rank keeps the whole model state)"
                                 : "does not fit on up to " + std::to_string(kMostRanks) + " ranks that share the batch";
+      if (mlp_codes && recompute != Recompute::none)
+        found += " (without precision.fp8.mlp_input_codes, which needs recompute none)";
       std::string name = std::string(choice_name(recompute)) + ",";
       name.resize(7, ' ');
       text += "    recompute " + name + "ZeRO-" + std::to_string(zero_stage) + ": " + found + "\n";

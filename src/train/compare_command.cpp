@@ -43,24 +43,41 @@ std::string preset_names() {
 
 // The overrides that put `base` in `mode`.
 std::vector<std::string> mode_overrides(const Config& base, const std::string& mode_given) {
-  // fp8+primary, fp8:RECIPE+primary: with primary FP8 weights. fp8:RECIPE without it runs
-  // without them; a bare fp8 keeps the config's setting, as it keeps its recipe.
-  const std::string suffix = "+primary";
-  const bool plus_primary = mode_given.size() > suffix.size() &&
-                            mode_given.compare(mode_given.size() - suffix.size(), suffix.size(), suffix) == 0;
-  const std::string mode = plus_primary ? mode_given.substr(0, mode_given.size() - suffix.size()) : mode_given;
+  // FP8 settings a mode may end with, in any order: +primary (primary FP8 weights) and +codes
+  // (the MLP's input kept as FP8 codes). fp8:RECIPE without one runs without it; a bare fp8
+  // keeps the config's setting, as it keeps its recipe. A mode that runs a block in bf16 (any
+  // mode but fp8, a schedule) runs without them.
+  struct Fp8Setting {
+    const char* suffix;
+    const char* key;
+    bool configured;
+    bool asked = false;
+  };
+  Fp8Setting settings[] = {{"+primary", "precision.fp8.primary_weights", base.precision.fp8.primary_weights},
+                           {"+codes", "precision.fp8.mlp_input_codes", base.precision.fp8.mlp_input_codes}};
+  std::string mode = mode_given;
+  for (bool stripped = true; stripped;) {
+    stripped = false;
+    for (Fp8Setting& f : settings) {
+      const std::string suffix = f.suffix;
+      if (mode.size() > suffix.size() && mode.compare(mode.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        mode.resize(mode.size() - suffix.size());
+        f.asked = stripped = true;
+      }
+    }
+  }
   const size_t colon = mode.find(':');
   const std::string name = mode.substr(0, colon);
-  if (plus_primary && name != "fp8")
-    throw UserError("--modes: \"" + mode_given + "\": +primary (primary FP8 weights) goes with fp8 only, e.g. "
-                    "fp8:current+primary");
-  // Primary FP8 weights are an FP8 setting: a mode that runs a block in bf16 (any mode but fp8,
-  // a schedule) keeps its weights' bf16 copies.
   std::vector<std::string> overrides;
-  if (plus_primary)
-    overrides.push_back("precision.fp8.primary_weights=true");
-  else if (base.precision.fp8.primary_weights && (name != "fp8" || colon != std::string::npos))
-    overrides.push_back("precision.fp8.primary_weights=false");
+  for (const Fp8Setting& f : settings) {
+    if (f.asked && name != "fp8")
+      throw UserError("--modes: \"" + mode_given + "\": " + f.suffix + " (" + f.key + ") goes with fp8 only, e.g. fp8:current" +
+                      f.suffix);
+    if (f.asked)
+      overrides.push_back(std::string(f.key) + "=true");
+    else if (f.configured && (name != "fp8" || colon != std::string::npos))
+      overrides.push_back(std::string(f.key) + "=false");
+  }
   if (name == "schedule") {
     // precision.mode follows the schedule's first phase.
     if (colon == std::string::npos) {

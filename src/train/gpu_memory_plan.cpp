@@ -95,16 +95,17 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
 // `sharded_params`: ZeRO-3, whose block linears cast their weights before each pass into codes
 // they share (unless the weights are primary FP8 weights).
 Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute,
-                   bool sharded_params) {
+                   bool fp8_throughout, bool sharded_params) {
   Fp8Bytes bytes;
   if (!policy.fp8.enabled) return bytes;
   SharedFp8Blocks shared;
   const auto linears = block_linear_shapes(s);
   const bool recast_weights = fp8_weights_recast(policy, sharded_params);
+  const bool mlp_codes = keeps_mlp_input_codes(policy, recompute, fp8_throughout);
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
-        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], fp8_input_slot(recompute, k), recast_weights,
+        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], fp8_input_slot(recompute, k, mlp_codes), recast_weights,
                        shared, bytes);
   if (!policy.fp8.bf16_lm_head)
     add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, false, shared, bytes);
@@ -131,12 +132,17 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   p.params = block_of(n - primary_fp8_weight_count(s, policy), policy.weights);
   p.grads = block_of(n, Format::fp32);
   if (policy.has_master_weights()) p.master = block_of(n, Format::fp32);
+  // The MLP's pre-activation kept as FP8 codes counts among the activations it replaces.
+  const bool mlp_codes = keeps_mlp_input_codes(policy, spec.recompute, spec.fp8_throughout);
   p.activations = block(model_activation_bytes(s, B, T, policy.activations, policy.activation_grads, attention,
-                                             cuda_storage_dtype, spec.recompute, spec.fp8_throughout)) +
+                                             cuda_storage_dtype, spec.recompute, spec.fp8_throughout, mlp_codes)) +
                   (s.arch == Arch::llama ? block(rope_table_bytes(s, T)) : 0);
+  if (mlp_codes)
+    p.activations += static_cast<int64_t>(fp8_activation_store_bytes(s.n_layer, int64_t{B} * T,
+                                                                     block_linear_shapes(s)[kFc][1], kFp8StoreTile));
   // A precision schedule makes its FP8 layers at its switches, in the room the widest phase needs.
   for (const auto& phase : spec.precision.phases) {
-    const Fp8Bytes fp8 = fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute,
+    const Fp8Bytes fp8 = fp8_bytes(s, phase.policy, int64_t{B} * T, spec.recompute, spec.fp8_throughout,
                                    zero_stage == 3 && world_size > 1);
     if (fp8.total() > p.fp8_weights + p.fp8_operands) {
       p.fp8_weights = fp8.weights;

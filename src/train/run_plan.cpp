@@ -286,6 +286,10 @@ void resume_into_fallback(RunPlan& plan) {
                                                 : "to step " + std::to_string(rollback.fallback_last)) +
                     "), whose blocks run in bf16 and need their weights' bf16 copies; expected false, or a "
                     "checkpoint from outside the fallback");
+  if (plan.spec.precision.phases.front().policy.fp8.mlp_input_codes)
+    throw UserError("precision.fp8.mlp_input_codes: true, but " + plan.resume->path +
+                    " was saved in the guard's bf16 fallback, whose blocks run in bf16 and keep their MLP input in "
+                    "bf16; expected false, or a checkpoint from outside the fallback");
   // The end of the fallback switches precision in place, which a precision.schedule's switch
   // shows is not implemented with sharded parameters (check_config refuses that one).
   const int64_t last = rollback.fallback_last;
@@ -484,12 +488,17 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
     widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
   const AdamW::WireStaging wire =
       AdamW::wire_staging(s, zero_stage, world, distributed.grad_reduce_dtype);
+  // The CPU keeps the MLP's pre-activation stored as FP8 codes as their values, in floats.
+  const bool mlp_codes = keeps_mlp_input_codes(policy, spec.recompute, spec.fp8_throughout);
+  const int64_t mlp_store =
+      mlp_codes ? int64_t{s.n_layer} * B * T * block_linear_shapes(s)[kFc][1] * int64_t(sizeof(float)) : 0;
   // Primary FP8 weights keep no copy of the block linears' weights beside the master.
   return {params,
           policy.has_master_weights() ? shard : 0,
           grads,
           2 * shard,
-          model_activation_bytes(s, B, T, sizeof(float), spec.recompute, spec.fp8_throughout) + rope_table_bytes(s, T),
+          model_activation_bytes(s, B, T, sizeof(float), spec.recompute, spec.fp8_throughout, mlp_codes) +
+              rope_table_bytes(s, T) + mlp_store,
           widest_fp8,
           (wire.send + wire.receive) * static_cast<int64_t>(sizeof(float))};
 }

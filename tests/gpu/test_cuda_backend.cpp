@@ -784,6 +784,42 @@ TEST_CASE("gpu: fp8_cast_blocks equals the CPU emulation bit for bit", "[gpu]") 
         }
 }
 
+// The FP8 activation store (precision.fp8.mlp_input_codes): three layers stored, then loaded in
+// the other order into bf16 and f32 rooms, each the CPU's emulated store's values bit for bit
+// (its 1x128 tiles' codes over their factors, rounded to the room's format); a load that read
+// another layer's codes, or a store that wrote into another's, fails. A width off 128 leaves a
+// ragged last tile.
+TEST_CASE("gpu: the FP8 activation store gives back the CPU's emulated store's values bit for bit", "[gpu]") {
+  const CastShape shapes[] = {{7, 300}, {kB * kT, 2 * kC}};
+  for (const CastShape& s : shapes)
+    for (const Format room : {Format::bf16, Format::fp32}) {
+      INFO(s.rows << "x" << s.cols << " into " << format_name(room));
+      const int layers = 3;
+      const size_t n = size_t(s.rows) * s.cols;
+      auto on_cpu = cpu().make_fp8_activation_store(layers, s.rows, s.cols, Format::e4m3);
+      auto on_gpu = gpu().make_fp8_activation_store(layers, s.rows, s.cols, Format::e4m3);
+      for (int l = 0; l < layers; ++l) {
+        Twin in({s.rows, s.cols}, room, wide_on_grid(n, 200 + l, room));
+        on_cpu->store(l, in.cpu_view());
+        on_gpu->store(l, in.device_view());
+      }
+      for (int l = layers - 1; l >= 0; --l) {
+        INFO("layer " << l);
+        Twin out({s.rows, s.cols}, room, zeros(n));
+        out.poison_device();
+        on_cpu->load(l, out.cpu_view());
+        on_gpu->load(l, out.device_view());
+        expect_identical("load", out);
+        // And the values are the block cast's: the layer's own input, quantised.
+        Twin in({s.rows, s.cols}, room, wide_on_grid(n, 200 + l, room));
+        Twin cast({s.rows, s.cols}, room, zeros(n)), rounded({s.rows, s.cols}, room, zeros(n));
+        cpu().fp8_cast_blocks(cast.cpu_view(), in.cpu_view(), Format::e4m3, 1, kFp8StoreTile);
+        cpu().copy(rounded.cpu_view(), cast.cpu_view());  // rounded to the room's format
+        CHECK(rounded.host == out.host);
+      }
+    }
+}
+
 // Native FP8 GEMMs (Backend::make_fp8_gemms) against the CPU's FP8 emulation of the same
 // casts: dequantised values through an FP32-accumulating GEMM. The casts agree bit for bit (amax
 // and counts); the GEMMs differ only in summation order (and the per-tensor forward's fast

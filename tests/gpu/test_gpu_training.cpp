@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -116,6 +117,53 @@ TEST_CASE("gpu: one micro-batch gives the CPU backend's gradients tensor by tens
       }
     }
     }
+}
+
+// precision.fp8.mlp_input_codes: the MLP's pre-activation stored as FP8 codes and read back for
+// the activation, forward and backward, with the down projection's input made again from them
+// before its backward pass. The GPU's store and kernels against the CPU's emulated store.
+TEST_CASE("gpu: with the MLP's input stored as FP8 codes, one micro-batch gives the CPU backend's gradients",
+          "[gpu][train]") {
+  const ModelShape gpt2{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/128, /*max_seq_len=*/64, /*vocab=*/256,
+                        /*padded_vocab=*/256};
+  const ModelShape shape = GENERATE_COPY(values<ModelShape>({gpt2, llama_shape(gpt2, 2, 256)}));
+  INFO(choice_name(shape.arch));
+  const int B = 4, T = 64;
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    inputs[i] = (i * 37 + 11) % shape.vocab;
+    targets[i] = (i * 53 + 7) % shape.vocab;
+  }
+  PrecisionConfig config;
+  config.mode = PrecisionMode::fp8;
+  config.fp8.mlp_input_codes = true;
+  const PrecisionPolicy policy = PrecisionPolicy::from_config(config);
+  auto cpu = make_cpu_backend(0);
+  auto gpu = make_cuda_backend(0);
+  const auto made = [&](Backend& be, const PrecisionPolicy& p) {
+    return std::make_unique<Transformer>(shape, be, DType::f32, B, T, p, AttentionPath::fallback, true,
+                                         Recompute::none, MasterRange{}, /*fp8_throughout=*/true);
+  };
+  auto on_cpu = made(*cpu, policy), on_gpu = made(*gpu, policy);
+  auto on_cpu_bf16 = std::make_unique<Transformer>(shape, *cpu, DType::f32, B, T, policy_for("bf16"));
+  CHECK(on_gpu->fp8_gemm_summary().rfind("8 of 8 ", 0) == 0);
+  for (Transformer* m : {on_cpu.get(), on_gpu.get(), on_cpu_bf16.get()}) {
+    m->init(7);
+    m->zero_grad();
+  }
+  const double loss_cpu = on_cpu->forward(inputs.data(), targets.data(), 1.0f / (B * T));
+  const double loss_gpu = on_gpu->forward(inputs.data(), targets.data(), 1.0f / (B * T));
+  on_cpu_bf16->forward(inputs.data(), targets.data(), 1.0f / (B * T));
+  CHECK(std::fabs(loss_gpu - loss_cpu) <= mode_tolerance("fp8") * std::fabs(loss_cpu));
+  for (Transformer* m : {on_cpu.get(), on_gpu.get(), on_cpu_bf16.get()}) m->backward();
+  for (const ParamSpec& spec : on_cpu->specs()) {
+    INFO("gradient of " << spec.name);
+    std::vector<float> g_cpu(on_cpu->grad(spec.id).numel()), g_gpu(g_cpu.size()), g_bf16(g_cpu.size());
+    cpu->download(g_cpu.data(), on_cpu->grad(spec.id));
+    gpu->download(g_gpu.data(), on_gpu->grad(spec.id));
+    cpu->download(g_bf16.data(), on_cpu_bf16->grad(spec.id));
+    expect_fp8_gradient(g_gpu, g_cpu, g_bf16);
+  }
 }
 
 // Two micro-batches a step; on the simulated device (kernels under the SIMT emulator) of half

@@ -38,6 +38,7 @@ struct Axes {
   const char* recompute = "none";  // training.recompute
   const char* grad_reduce = "fp32";  // distributed.grad_reduce_dtype
   bool primary_weights = false;      // precision.fp8.primary_weights
+  bool mlp_input_codes = false;      // precision.fp8.mlp_input_codes
 };
 
 // The parameter count the run's log gives ("| 437,760 parameters").
@@ -123,7 +124,8 @@ void check_run(const Axes& run) {
   const std::string precision = colon == std::string::npos
                                     ? "{mode: " + mode + "}"
                                     : "{mode: " + mode.substr(0, colon) + ", fp8: {recipe: " + mode.substr(colon + 1) +
-                                          (run.primary_weights ? ", primary_weights: true" : "") + "}}";
+                                          (run.primary_weights ? ", primary_weights: true" : "") +
+                                          (run.mlp_input_codes ? ", mlp_input_codes: true" : "") + "}}";
   const bool fp8 = mode.rfind("fp8", 0) == 0;
   // Two steps of two micro-batches per rank: every kind of micro-batch runs once as called and
   // once more, which a recording replays (with two ranks the step's last micro-batch always
@@ -190,6 +192,11 @@ void check_run(const Axes& run) {
       CHECK(ran_prefix(ops, "fp8_transpose_kernel") > 0);
       CHECK((r.output.find("the block linears' weights are FP8 codes only") != std::string::npos) ==
             run.primary_weights);
+      // The MLP's pre-activation went through the FP8 store: its codes read back by the block
+      // dequantiser, which native FP8 GEMMs never run.
+      CHECK((ran_prefix(ops, "fp8_dequantize_blocks_kernel") > 0) == run.mlp_input_codes);
+      CHECK((r.output.find("the MLP's input is kept for the backward pass as E4M3 codes") != std::string::npos) ==
+            run.mlp_input_codes);
     } else {
       CHECK(r.output.find("native FP8 GEMMs") == std::string::npos);
       CHECK(ran_prefix(ops, "cublasLtMatmul e4m3") + ran_prefix(ops, "cublasLtMatmul e5m2") == 0);
@@ -337,6 +344,12 @@ const Axes kRuns[] = {
     {"fp8-block-2-ranks-zero3-recompute-block", "fp8:block", "fallback", false, 2, 3, 64, "gpt2", "block"},
     {"llama-fp8-current-3-ranks-zero3-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 3, 32,
      "llama", "block", "fp32", true},
+    // The MLP's pre-activation kept as FP8 codes: one layer of its bf16 room, the codes beside,
+    // stored and read back inside recorded micro-batches too.
+    {"llama-fp8-current-graphs-mlp-input-codes", "fp8:current", "fallback", true, 1, 0, 64, "llama", "none", "fp32",
+     false, true},
+    {"fp8-block-2-ranks-fused-zero1-mlp-input-codes", "fp8:block", "cudnn", false, 2, 1, 64, "gpt2", "none", "fp32",
+     false, true},
 };
 
 // Two ranks whose NCCL fails, as injected on both (PTRAIN_SIM_FAIL): when the communicator

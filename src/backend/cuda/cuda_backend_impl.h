@@ -195,8 +195,13 @@ class CudaBackend final : public Backend {
                                            Format forward, Format backward, int input_slot, bool shared_weight,
                                            std::string* why) override;
 
+  // fp8_activation_store.cu
+  std::unique_ptr<Fp8ActivationStore> make_fp8_activation_store(int layers, int64_t rows, int64_t cols,
+                                                                Format format) override;
+
  private:
   class CudaFp8Gemms;
+  class CudaFp8ActivationStore;
 
   // ---------------------------------------------------------------------- staged operands
 
