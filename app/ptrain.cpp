@@ -503,9 +503,7 @@ int run(int argc, char** argv) {
     ptrain::export_hf_tokenizer(hf_tokenizer);
     return 0;
   }
-  if (prepare.out_dir.empty()) throw ptrain::UserError("--out: an empty path; expected the directory to write");
-  prepare.out_dir = ptrain::output_landing(prepare.out_dir);  // where the checks look is where it writes
-  ptrain::check_outside_owned_directories(prepare.out_dir, "--out");
+  prepare.out_dir = ptrain::plan_outside_owned_directories(prepare.out_dir, "--out");
   prepare.replace_invalid_utf8 = invalid_utf8 == "replace";
   prepare.progress = ::isatty(STDERR_FILENO) != 0;
   const ptrain::PrepareResult r = ptrain::prepare_text(prepare);

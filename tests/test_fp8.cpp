@@ -308,6 +308,16 @@ TEST_CASE("the MLP's input kept as FP8 codes: one layer of room, gradients withi
     }
     ++m;
   }
+  // The numerics log sees each layer's store: what its training casts counted, once.
+  const std::vector<Fp8TensorState*> logged = coded->numerics_tensors();
+  REQUIRE(logged.size() == plain->fp8_tensors().size() + static_cast<size_t>(shape.n_layer));
+  for (int l = 0; l < shape.n_layer; ++l) {
+    const Fp8TensorState& t = *logged[logged.size() - static_cast<size_t>(shape.n_layer - l)];
+    INFO(t.name);
+    CHECK(t.name == "h" + std::to_string(l) + (shape.arch == Arch::llama ? ".gate_up" : ".fc") + ".output");
+    CHECK(t.stats.nonzero > 0);
+    CHECK(t.stats.nonzero <= B * T * fc_width);
+  }
   for (size_t i = 0; i < grads[0].size(); ++i) {
     const double noise = relative_error(grads[1][i], grads[2][i]), err = relative_error(grads[0][i], grads[1][i]);
     INFO(coded->specs()[i].name << ": codes vs plain FP8 " << err << ", plain FP8 vs bf16 " << noise);

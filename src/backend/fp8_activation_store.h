@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "config/choices.h"
 #include "core/tensor.h"
@@ -13,6 +14,7 @@
 namespace ptrain {
 
 class Backend;
+struct Fp8CastStats;
 
 // The tile width: the block recipe's activation tiles.
 constexpr int kFp8StoreTile = 128;
@@ -20,11 +22,15 @@ constexpr int kFp8StoreTile = 128;
 class Fp8ActivationStore {
  public:
   virtual ~Fp8ActivationStore() = default;
-  // Layer `layer`'s codes and scales from `in` (rows x cols, any float storage).
-  virtual void store(int layer, Tensor in) = 0;
+  // Layer `layer`'s codes and scales from `in` (rows x cols, any float storage); with `record`
+  // (training), the cast's statistics count in the layer's (take_stats).
+  virtual void store(int layer, Tensor in, bool record) = 0;
   // `out` (rows x cols) = layer `layer`'s dequantised values (code / scale), rounded to out's
   // format as any op's output.
   virtual void load(int layer, Tensor out) = 0;
+  // Each layer's statistics of the recorded stores since the last take (amax, values that
+  // underflowed to zero), and they start afresh.
+  virtual std::vector<Fp8CastStats> take_stats() = 0;
 };
 
 // The store of a backend with no FP8 storage of its own (the CPU's): the dequantised values in
@@ -35,13 +41,15 @@ class EmulatedFp8ActivationStore final : public Fp8ActivationStore {
   ~EmulatedFp8ActivationStore() override;
   EmulatedFp8ActivationStore(const EmulatedFp8ActivationStore&) = delete;
   EmulatedFp8ActivationStore& operator=(const EmulatedFp8ActivationStore&) = delete;
-  void store(int layer, Tensor in) override;
+  void store(int layer, Tensor in, bool record) override;
   void load(int layer, Tensor out) override;
+  std::vector<Fp8CastStats> take_stats() override;
 
  private:
   Backend& backend_;
   Format format_;
   Tensor values_;  // (layers, rows, cols) f32
+  std::vector<Fp8CastStats> stats_;  // per layer
 };
 
 }  // namespace ptrain

@@ -279,8 +279,14 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     cursor += (e.slot->bytes() + 63) / 64 * 64;
   }
 
-  if (mlp_codes)  // E4M3, as DeepSeek-V3 stores it
+  if (mlp_codes) {  // E4M3, as DeepSeek-V3 stores it
     mlp_inputs_ = backend.make_fp8_activation_store(shape.n_layer, int64_t{B} * T, a_.fch.dim(-1), Format::e4m3);
+    const char* fc = shape.arch == Arch::llama ? ".gate_up" : ".fc";
+    for (int l = 0; l < shape.n_layer; ++l)
+      mlp_input_stats_.push_back(Fp8TensorState{"h" + std::to_string(l) + fc + ".output", Format::e4m3,
+                                                DelayedScaling(1, AmaxAlgo::max, format_max(Format::e4m3), 0), NAN,
+                                                Fp8CastStats{}});
+  }
   for (int l = 0; l < shape.n_layer; ++l) block_names_.push_back("block " + std::to_string(l));
 
   make_fp8_linears(policy);
@@ -494,6 +500,17 @@ std::vector<Fp8TensorState*> Transformer::fp8_tensors() {
   for (auto& f : fp8_)
     if (f)
       for (Fp8TensorState* t : f->tensors()) all.push_back(t);
+  return all;
+}
+
+std::vector<Fp8TensorState*> Transformer::numerics_tensors() {
+  std::vector<Fp8TensorState*> all = fp8_tensors();
+  if (!mlp_inputs_) return all;
+  const std::vector<Fp8CastStats> taken = mlp_inputs_->take_stats();
+  for (size_t l = 0; l < mlp_input_stats_.size(); ++l) {
+    mlp_input_stats_[l].stats.merge(taken[l]);
+    all.push_back(&mlp_input_stats_[l]);
+  }
   return all;
 }
 
@@ -812,7 +829,7 @@ void Transformer::mlp_hidden_forward(int l, int position, bool training) {
   if (mlp_inputs_) {
     // The activation reads the stored values, forward as backward (mlp_hidden_from_codes).
     PTRAIN_CHECK(position < 0, "decoding with the MLP's pre-activation stored as FP8 codes");
-    mlp_inputs_->store(l, fch);
+    mlp_inputs_->store(l, fch, training);
     mlp_inputs_->load(l, fch);
   }
   mlp_activation(at(a_.fch_gelu[hidden_slot(l)]), fch);

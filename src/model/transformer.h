@@ -241,6 +241,9 @@ class Transformer {
   std::string switch_fp8(const PrecisionPolicy& policy);
   // The FP8-cast tensors (empty unless the policy runs FP8 GEMMs).
   std::vector<Fp8TensorState*> fp8_tensors();
+  // fp8_tensors(), then with the MLP's input kept as FP8 codes each layer's store (its
+  // statistics only: block-scaled, no scale of its own), for the numerics log.
+  std::vector<Fp8TensorState*> numerics_tensors();
   // For the run log: how many FP8 linears run native FP8 GEMMs, and why the others emulate;
   // with primary FP8 weights, says so; empty without FP8.
   std::string fp8_gemm_summary() const;
@@ -438,6 +441,7 @@ class Transformer {
   Recompute recompute_;
   bool fp8_throughout_;  // every block FP8 for the whole run: see ln1_slot
   std::unique_ptr<Fp8ActivationStore> mlp_inputs_;  // the MLP's pre-activation as FP8 codes, per layer
+  std::vector<Fp8TensorState> mlp_input_stats_;     // its casts' statistics, per layer
   std::array<Format, 3> formats_;  // weights, activations, gradients: what switch_fp8 keeps
   bool has_master_ = false;
   bool primary_fp8_ = false;  // precision.fp8.primary_weights

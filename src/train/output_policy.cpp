@@ -67,6 +67,10 @@ fs::path resolved(const std::string& path) {
   return without_trailing(p);
 }
 
+void refuse_empty(const std::string& path, const std::string& flag, const char* kind) {
+  if (path.empty()) throw UserError(flag + ": an empty path; expected the " + kind + " to write");
+}
+
 }  // namespace
 
 std::string output_landing(const std::string& path) {
@@ -95,17 +99,24 @@ std::vector<OwnedDirectory> enclosing_owned_directories(const fs::path& path, bo
   }
 }
 
-void check_outside_owned_directories(const std::string& path, const std::string& flag) {
+static void check_outside_owned_directories(const std::string& path, const std::string& flag) {
   const std::vector<OwnedDirectory> owners = enclosing_owned_directories(path, true);
   if (!owners.empty())
     throw UserError(flag + " " + quoted(path) + " is inside " + owners[0].kind + " " + quoted(owners[0].dir.string()) +
                     ", which ptrain manages; expected a path outside ptrain's checkpoint, run and data directories");
 }
 
+std::string plan_outside_owned_directories(const std::string& path, const std::string& flag) {
+  refuse_empty(path, flag, "directory");
+  const std::string landing = output_landing(path);  // where the checks look is where it writes
+  check_outside_owned_directories(landing, flag);
+  return landing;
+}
+
 std::string plan_output(const std::string& path, const OutputRule& rule) {
   const std::string shown = rule.flag + " " + quoted(path);
   const char* expected_kind = rule.directory ? "directory" : "file";
-  if (path.empty()) throw UserError(rule.flag + ": an empty path; expected the " + expected_kind + " to write");
+  refuse_empty(path, rule.flag, expected_kind);
   // The last name as given, without the "/" or "/." that would make the system follow a link.
   const fs::path last = without_trailing(path);
   std::error_code ec;

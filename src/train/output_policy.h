@@ -37,8 +37,10 @@ std::string plan_output(const std::string& path, const OutputRule& rule);
 // directory make the system land elsewhere than the name says; then that place, resolved.
 std::string output_landing(const std::string& path);
 
-// The part of the rule that `data prepare --out` (new or empty, src/data/prepare.h) shares.
-void check_outside_owned_directories(const std::string& path, const std::string& flag);
+// The part of the rule that `data prepare --out` (new or empty, which src/data/prepare.h checks)
+// shares: refuses an empty path and one inside a directory ptrain manages; returns
+// output_landing(path), which the command must write.
+std::string plan_outside_owned_directories(const std::string& path, const std::string& flag);
 
 // Which ptrain directory `dir` is, in words ("the checkpoint", "the run directory", ...), or
 // nothing when it is none of them.

@@ -176,7 +176,7 @@ TrainResult Trainer::run() {
       continue;
     }
     if (step % cfg_.logging.numerics_every == 0 || step == steps)
-      report_.numerics(step, policy_.activation_grads, model_.fp8_tensors());
+      report_.numerics(step, policy_.activation_grads, model_.numerics_tensors());
     if (eval_every > 0 ? (step % eval_every == 0 || step == steps) : step == steps) evaluate(step);
     if (cfg_.logging.sample_every > 0 && step % cfg_.logging.sample_every == 0) {
       const std::vector<float> master = optimizer_.master_on_main();  // under ZeRO-1 every rank sends its shard

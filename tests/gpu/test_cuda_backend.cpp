@@ -800,9 +800,25 @@ TEST_CASE("gpu: the FP8 activation store gives back the CPU's emulated store's v
       auto on_gpu = gpu().make_fp8_activation_store(layers, s.rows, s.cols, Format::e4m3);
       for (int l = 0; l < layers; ++l) {
         Twin in({s.rows, s.cols}, room, wide_on_grid(n, 200 + l, room));
-        on_cpu->store(l, in.cpu_view());
-        on_gpu->store(l, in.device_view());
+        on_cpu->store(l, in.cpu_view(), true);
+        on_gpu->store(l, in.device_view(), true);
       }
+      // Each layer's statistics, counted on the device as on the CPU; a store not recorded (an
+      // evaluation's) counts nowhere, and a take starts them afresh.
+      {
+        Twin again({s.rows, s.cols}, room, wide_on_grid(n, 200, room));
+        on_cpu->store(0, again.cpu_view(), false);
+        on_gpu->store(0, again.device_view(), false);
+      }
+      const std::vector<Fp8CastStats> want = on_cpu->take_stats(), got = on_gpu->take_stats();
+      REQUIRE((want.size() == size_t(layers) && got.size() == want.size()));
+      for (int l = 0; l < layers; ++l) {
+        INFO("statistics of layer " << l);
+        expect_same_stats(got[l], want[l]);
+        CHECK(want[l].nonzero > 0);
+        if (n >= 1000) CHECK(want[l].underflow > 0);  // the inputs reach below E4M3's range in a tile
+      }
+      for (const Fp8CastStats& taken : on_gpu->take_stats()) CHECK(taken.nonzero == 0);
       for (int l = layers - 1; l >= 0; --l) {
         INFO("layer " << l);
         Twin out({s.rows, s.cols}, room, zeros(n));

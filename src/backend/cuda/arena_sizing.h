@@ -41,11 +41,14 @@ constexpr size_t kBackendFixedBytes =
     arena_block_bytes(kCublasLtWorkspaceBytes) + arena_block_bytes(kReduceScratchBytes) + kDeviceScalarsBytes;
 
 // An FP8 activation store (backend/fp8_activation_store.h) of `layers` x rows x cols: the codes
-// (a byte each), a factor per 1 x tile tile, and the quantiser's statistics (one block).
+// (a byte each), a factor per 1 x tile tile, and the statistics of each layer's casts and of
+// unrecorded ones, kFp8TallyBytes each.
+constexpr size_t kFp8TallyBytes = 64;
 constexpr size_t fp8_activation_store_bytes(int64_t layers, int64_t rows, int64_t cols, int64_t tile) {
   const int64_t tiles = layers * rows * ((cols + tile - 1) / tile);
   return arena_block_bytes(static_cast<size_t>(layers * rows * cols)) +
-         arena_block_bytes(static_cast<size_t>(tiles) * sizeof(float)) + kDeviceScalarsBytes;
+         arena_block_bytes(static_cast<size_t>(tiles) * sizeof(float)) +
+         arena_block_bytes(static_cast<size_t>(layers + 1) * kFp8TallyBytes);
 }
 
 // "79.1 GiB": how the backend's messages and the memory plan state sizes.

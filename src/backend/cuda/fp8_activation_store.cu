@@ -3,12 +3,17 @@
 // load are one kernel each on the backend's stream, so recorded micro-batches replay them.
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <cstring>
+#include <vector>
+
 #include "backend/cuda/arena_sizing.h"
 #include "backend/cuda/kernel_formats.h"
 #include "convert.cuh"
 #include "core/error.h"
 
 namespace ptrain::cuda_impl {
+
+static_assert(sizeof(DeviceScalars) <= kFp8TallyBytes && kFp8TallyBytes % alignof(DeviceScalars) == 0);
 
 class CudaBackend::CudaFp8ActivationStore final : public Fp8ActivationStore {
  public:
@@ -22,8 +27,7 @@ class CudaBackend::CudaFp8ActivationStore final : public Fp8ActivationStore {
     try {
       codes_ = static_cast<fp8*>(be_.allocate(static_cast<size_t>(layers * rows * cols)));
       factors_ = static_cast<float*>(be_.allocate(static_cast<size_t>(layers * tiles_) * sizeof(float)));
-      // The quantiser tallies amax and counts as every FP8 cast does; the store reads none of them.
-      tally_ = static_cast<DeviceScalars*>(be_.allocate(sizeof(DeviceScalars)));
+      tally_ = static_cast<char*>(be_.allocate(static_cast<size_t>(layers + 1) * kFp8TallyBytes));
     } catch (...) {
       release();
       throw;
@@ -33,14 +37,15 @@ class CudaBackend::CudaFp8ActivationStore final : public Fp8ActivationStore {
   CudaFp8ActivationStore(const CudaFp8ActivationStore&) = delete;
   CudaFp8ActivationStore& operator=(const CudaFp8ActivationStore&) = delete;
 
-  void store(int layer, Tensor in) override {
+  void store(int layer, Tensor in, bool record) override {
     const char* op = "fp8_activation_store.store";
     expect_floats(op, {{"in", &in}});
     PTRAIN_EXPECT(in.numel() == rows_ * cols_, op, "in " + in.shape_string() + " is not one layer of the store");
     PTRAIN_EXPECT(layer >= 0 && layer < layers_, op, "layer " + std::to_string(layer) + " is not in the store");
+    DeviceScalars* tally = tally_of(record ? layer : layers_);  // the last: unrecorded casts
     with_float_type(in.dtype, op, [&](auto tag) {
       PTRAIN_ELEMENT_TYPE(T, tag);
-      kernels::fp8_quantize_blocks<T>(layer_codes(layer), layer_factors(layer), &tally_->amax, &tally_->counts,
+      kernels::fp8_quantize_blocks<T>(layer_codes(layer), layer_factors(layer), &tally->amax, &tally->counts,
                                       in.as<T>(), static_cast<int>(rows_), static_cast<int>(cols_), 1, kFp8StoreTile,
                                       format_, be_.stream_);
     });
@@ -58,7 +63,25 @@ class CudaBackend::CudaFp8ActivationStore final : public Fp8ActivationStore {
     });
   }
 
+  // Read back (waiting for the stream), then zeroed in stream order.
+  std::vector<Fp8CastStats> take_stats() override {
+    std::vector<char> host(static_cast<size_t>(layers_) * kFp8TallyBytes);
+    PTRAIN_CUDA_CHECK(cudaMemcpyAsync(host.data(), tally_, host.size(), cudaMemcpyDeviceToHost, be_.stream_));
+    be_.sync();
+    PTRAIN_CUDA_CHECK(cudaMemsetAsync(tally_, 0, host.size(), be_.stream_));
+    std::vector<Fp8CastStats> taken;
+    for (int l = 0; l < layers_; ++l) {
+      DeviceScalars d;
+      std::memcpy(&d, host.data() + static_cast<size_t>(l) * kFp8TallyBytes, sizeof d);
+      taken.push_back(to_stats(d));
+    }
+    return taken;
+  }
+
  private:
+  DeviceScalars* tally_of(int slot) const {
+    return reinterpret_cast<DeviceScalars*>(tally_ + static_cast<size_t>(slot) * kFp8TallyBytes);
+  }
   fp8* layer_codes(int layer) const { return codes_ + static_cast<size_t>(layer) * rows_ * cols_; }
   float* layer_factors(int layer) const { return factors_ + static_cast<size_t>(layer) * tiles_; }
   void release() noexcept {
@@ -78,7 +101,7 @@ class CudaBackend::CudaFp8ActivationStore final : public Fp8ActivationStore {
   __nv_fp8_interpretation_t format_;
   fp8* codes_ = nullptr;
   float* factors_ = nullptr;
-  DeviceScalars* tally_ = nullptr;
+  char* tally_ = nullptr;  // DeviceScalars per layer, then the unrecorded casts', kFp8TallyBytes apart
 };
 
 std::unique_ptr<Fp8ActivationStore> CudaBackend::make_fp8_activation_store(int layers, int64_t rows, int64_t cols,
