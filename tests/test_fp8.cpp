@@ -308,8 +308,14 @@ TEST_CASE("the MLP's input kept as FP8 codes: one layer of room, gradients withi
     }
     ++m;
   }
-  // The numerics log sees each layer's store: what its training casts counted, once.
+  // The numerics log sees each layer's store: what its training casts counted, once; an
+  // evaluation's casts count nowhere.
   const std::vector<Fp8TensorState*> logged = coded->numerics_tensors();
+  std::vector<int64_t> counted;
+  for (int l = 0; l < shape.n_layer; ++l) counted.push_back(logged[logged.size() - shape.n_layer + l]->stats.nonzero);
+  coded->forward(inputs.data(), targets.data(), 0.0f);
+  CHECK(coded->numerics_tensors().size() == logged.size());
+  for (int l = 0; l < shape.n_layer; ++l) CHECK(logged[logged.size() - shape.n_layer + l]->stats.nonzero == counted[l]);
   REQUIRE(logged.size() == plain->fp8_tensors().size() + static_cast<size_t>(shape.n_layer));
   for (int l = 0; l < shape.n_layer; ++l) {
     const Fp8TensorState& t = *logged[logged.size() - static_cast<size_t>(shape.n_layer - l)];

@@ -44,12 +44,15 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
   // With primary FP8 weights the dropped step had cast them already: the resumed run casts again.
   // The evaluations between steps (an evaluation after step 6, before its checkpoint) leave the
   // scaling state as they find it.
-  for (const std::string precision : {"fp32", "fp8", "fp8+primary"}) {
+  // The MLP's input as FP8 codes keeps nothing across steps: its run resumes as any FP8 run.
+  for (const std::string precision : {"fp32", "fp8", "fp8+primary", "fp8+codes"}) {
     INFO("precision.mode " << precision);
     TempDir ws("stop");
     write_file(ws.dir / "run.yaml", kRun);
-    const bool primary = precision == "fp8+primary";
-    const std::string mode = primary ? "precision.fp8.primary_weights=true" : "precision.mode=" + precision;
+    const bool primary = precision == "fp8+primary", codes = precision == "fp8+codes";
+    const std::string mode = primary ? "precision.fp8.primary_weights=true"
+                             : codes ? "precision.fp8.mlp_input_codes=true"
+                                     : "precision.mode=" + precision;
     // The uninterrupted run, with a checkpoint at step 6 to hold the interrupted one's against.
     const std::string fp8 = precision == "fp32" ? "precision.mode=fp32" : "precision.mode=fp8";
     const std::string evaluate = "training.eval_every=3";
@@ -82,12 +85,13 @@ TEST_CASE("a stop request between micro-batches drops the step, keeps the last c
     const nlohmann::json whole_state = nlohmann::json::parse(read_file(whole6 / "state.json"));
     CHECK(cut_state["fp8"] == whole_state["fp8"]);
     if (precision != "fp32") CHECK(!cut_state["fp8"].empty());
-    CHECK(cut_state["precision"] == (primary ? "fp8:delayed+primary" : whole_state["precision"]));
+    CHECK(cut_state["precision"] == (primary ? "fp8:delayed+primary" : codes ? "fp8:delayed+codes" : whole_state["precision"]));
 
     const InProcessRun resumed =
         train_in_process(ws.dir, "run.yaml", {"run.name=cut", fp8, mode, evaluate, "checkpoint.resume=auto"});
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
+    CHECK(resumed.output.find("resumed from runs/cut/checkpoints/step_00000006 after step 6") != std::string::npos);
     const std::map<int64_t, double> whole = losses_by_step(ws.dir / "runs/whole/metrics.jsonl");
     const std::map<int64_t, double> joined = losses_by_step(cut_metrics);
     REQUIRE(joined.size() == 12);

@@ -7,6 +7,7 @@
 #include "core/sha256.h"
 #include "core/bits.h"
 #include "core/error.h"
+#include "precision/policy.h"
 
 namespace ptrain {
 namespace {
@@ -208,9 +209,7 @@ CheckpointState state_from_json(const json& j) {
   if (best.is_number()) s.best_val_loss = best.get<double>();
   else if (!best.is_null()) bad("best_val_loss", best, "a number or null");
   s.best_val_step = integer(j, "", "best_val_step", -1, s.step);
-  s.precision = text(j, "", "precision",
-                     {"fp32", "bf16", "fp16", "fp8:delayed", "fp8:current", "fp8:block", "fp8:delayed+primary",
-                      "fp8:current+primary", "fp8:block+primary"});  // PrecisionPolicy::label()
+  s.precision = text(j, "", "precision", precision_labels());
   // Checkpoints from before tokenizers were recorded have none: unknown.
   if (j.contains("tokenizer") && !j["tokenizer"].is_null()) {
     const auto& names = ChoiceNames<TokenizerChoice>::names;  // "auto" is a config value, not a tokenizer

@@ -33,10 +33,26 @@ PrecisionPolicy PrecisionPolicy::from_config(const PrecisionConfig& scheduled) {
   return p;
 }
 
+namespace {
+std::string fp8_label(Fp8Recipe recipe, bool primary_weights, bool mlp_input_codes) {
+  return std::string("fp8:") + choice_name(recipe) + (primary_weights ? "+primary" : "") +
+         (mlp_input_codes ? "+codes" : "");
+}
+}  // namespace
+
 std::string PrecisionPolicy::label() const {
   if (!fp8.enabled) return choice_name(mode);
-  return std::string(choice_name(mode)) + ":" + choice_name(fp8.recipe) + (fp8.primary_weights ? "+primary" : "") +
-         (fp8.mlp_input_codes ? "+codes" : "");
+  return fp8_label(fp8.recipe, fp8.primary_weights, fp8.mlp_input_codes);
+}
+
+std::vector<std::string> precision_labels() {
+  std::vector<std::string> labels;
+  for (const PrecisionMode mode : {PrecisionMode::fp32, PrecisionMode::bf16, PrecisionMode::fp16})
+    labels.push_back(choice_name(mode));
+  for (const Fp8Recipe recipe : {Fp8Recipe::delayed, Fp8Recipe::current, Fp8Recipe::block})
+    for (const bool primary : {false, true})
+      for (const bool codes : {false, true}) labels.push_back(fp8_label(recipe, primary, codes));
+  return labels;
 }
 
 PrecisionSchedule PrecisionSchedule::from_config(const PrecisionConfig& config, int64_t steps) {

@@ -59,9 +59,13 @@ struct PrecisionPolicy {
   bool fp8_block(int layer, int n_layer) const {
     return fp8.enabled && !(fp8.bf16_first_last && (layer == 0 || layer == n_layer - 1));
   }
-  // "fp8:delayed", "fp8:current+primary" (primary FP8 weights), "bf16", ... for logs.
+  // "fp8:delayed", "fp8:current+primary" (primary FP8 weights), "fp8:block+codes" (the MLP's
+  // input as FP8 codes), "bf16", ... for logs and checkpoints.
   std::string label() const;
 };
+
+// Every label() a policy can have: what a checkpoint's state.json may name.
+std::vector<std::string> precision_labels();
 
 // precision.schedule resolved against training.steps: phase i runs steps (last_step of phase
 // i - 1, last_step of phase i] under its policy. Without a schedule, one phase: the mode.

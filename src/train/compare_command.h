@@ -13,7 +13,7 @@ namespace ptrain {
 
 struct CompareOptions {
   // fp32, bf16, fp16, fp8 (the config's recipe), fp8:RECIPE, either with +primary (primary FP8
-  // weights), schedule, schedule:PRESET
+  // weights) and/or +codes (the MLP's input as FP8 codes), schedule, schedule:PRESET
   std::vector<std::string> modes;
   int64_t steps = 0;               // > 0: overrides training.steps
   std::string out_dir;             // the report's directory; the runs go to <out_dir>/runs
