@@ -158,7 +158,8 @@ void add_compare_command(CLI::App& app, std::vector<std::string>& overrides, Com
       "  ptrain compare runs/a runs/b --reference fp32 --out compare-ab --fail-on-regression");
   cmd->add_option("inputs", args.inputs, "A YAML run config, or two or more run directories")->required();
   cmd->add_option("--modes", args.modes,
-                  "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block, and precision "
+                  "With a config: modes to train, e.g. fp32,bf16,fp16,fp8:delayed,fp8:current,fp8:block, an fp8 mode "
+                  "with +primary (primary FP8 weights) and/or +codes (the MLP's input as FP8 codes), and precision "
                   "schedules: schedule (the config's own), schedule:fp8-then-bf16, schedule:bf16-then-fp8");
   cmd->add_option("--steps", args.options.steps, "With a config: override training.steps")
       ->check(whole_number(1, kMaxWhole));

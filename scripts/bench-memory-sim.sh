@@ -6,7 +6,7 @@
 # bytes are the CUDA backend's, so they are what a GPU run of this config would allocate; only
 # the device's own context and cuDNN's choice of kernels stay on the GPU.
 # A mode fp8:RECIPE+primary has precision.fp8.primary_weights, fp8:RECIPE+codes
-# precision.fp8.mlp_input_codes.
+# precision.fp8.mlp_input_codes, fp8:RECIPE+primary+codes both.
 #   scripts/bench-memory-sim.sh [MODES="fp32 bf16 fp16 fp8:delayed fp8:current fp8:block fp8:current+primary fp8:current+codes"] [ZERO="0 1 2 3"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,9 +23,12 @@ echo "2 ranks of the simulated device; GPT-2 blocks: 2 layers, n_embd 256, 4 hea
 printf '%-20s %4s %12s %14s %12s\n' mode zero "plan MiB" "arena peak MiB" "plan/peak"
 for mode in $modes; do
   case $mode in
-    fp8:*+primary) recipe=${mode#fp8:} precision="{mode: fp8, fp8: {recipe: ${recipe%+primary}, primary_weights: true}}" ;;
-    fp8:*+codes) recipe=${mode#fp8:} precision="{mode: fp8, fp8: {recipe: ${recipe%+codes}, mlp_input_codes: true}}" ;;
-    fp8:*) precision="{mode: fp8, fp8: {recipe: ${mode#fp8:}}}" ;;
+    fp8:*)  # fp8:RECIPE, then +primary and/or +codes in any order
+      recipe=${mode#fp8:} settings=""
+      recipe=${recipe%%+*}
+      [[ $mode == *+primary* ]] && settings+=", primary_weights: true"
+      [[ $mode == *+codes* ]] && settings+=", mlp_input_codes: true"
+      precision="{mode: fp8, fp8: {recipe: $recipe$settings}}" ;;
     *) precision="{mode: $mode}" ;;
   esac
   # FP32 activations have no fused attention: the fallback, as a GPU run would take.

@@ -238,6 +238,22 @@ TEST_CASE("a dry run plans FP8 activations at most 0.7 of bf16's with the MLP's 
   INFO("bf16 " << bf16 << " MiB, fp8 " << fp8 << " MiB, fp8 with the MLP's input as codes " << codes << " MiB");
   CHECK(fp8 < bf16);
   CHECK(codes <= 0.7 * bf16);
+  // Without recomputation bf16 does not fit an 80 GB H100; FP8 with the MLP's input as codes and
+  // primary FP8 weights does, with 10% of the arena free.
+  const std::string h100 = "an 80 GB H100 (79.6 GiB, arena at most 74.7 GiB): ";
+  const auto on_h100 = [&](const std::string& precision) {
+    const CommandResult r = run_ptrain("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 --set "
+                                       "precision.mode=" + precision, tmp.dir);
+    INFO(precision << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const size_t at = r.output.find(h100);
+    REQUIRE(at != std::string::npos);
+    return r.output.substr(at + h100.size(), r.output.find('\n', at) - at - h100.size());
+  };
+  CHECK(on_h100("bf16").rfind("does not fit", 0) == 0);
+  const std::string both = on_h100("fp8 --set precision.fp8.mlp_input_codes=true --set precision.fp8.primary_weights=true");
+  REQUIRE(both.rfind("fits, ", 0) == 0);
+  CHECK(std::stoi(both.substr(6)) <= 90);  // "N% of the arena"
   // --fit plans the recompute settings that keep one layer of the MLP's input without the key,
   // which they refuse, and says so.
   const CommandResult fit = run_ptrain("train 8b.yaml --dry-run --fit h100-80gb --set precision.mode=fp8 --set "

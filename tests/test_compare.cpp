@@ -15,6 +15,7 @@
 
 #include "metrics/comparison.h"
 #include "metrics/report.h"
+#include "metrics/svg_chart.h"
 #include "core/format.h"
 #include "train/compare_command.h"
 #include "test_util.h"
@@ -580,6 +581,14 @@ TEST_CASE("compare takes precision schedules as modes: a preset and the config's
   const std::string chart = read_file(ws.dir / "out/loss.svg");
   CHECK(chart.find(">fp8:current&gt;</text>") != std::string::npos);
   CHECK(chart.find(">bf16@5</text>") != std::string::npos);
+}
+
+// A mode with FP8 settings is too wide too: one line per setting.
+TEST_CASE("the charts' legend breaks a long mode before each FP8 setting", "[compare]") {
+  std::string svg;
+  svg::draw_legend(svg, {{"fp8:current+primary+codes", "#000000"}, {"bf16", "#111111"}});
+  for (const char* line : {">fp8:current</text>", ">+primary</text>", ">+codes</text>", ">bf16</text>"})
+    CHECK(svg.find(line) != std::string::npos);
 }
 
 }  // namespace

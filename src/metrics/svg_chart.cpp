@@ -127,13 +127,15 @@ void draw_axes(std::string& s, const Frame& f, const std::string& x_title, const
 
 namespace {
 // The legend column holds about 14 characters at the chart's 12 px font; a longer label (a
-// precision schedule such as "fp8:current>bf16@450") goes on one line per phase, broken after
-// each '>'.
+// precision schedule such as "fp8:current>bf16@450", a mode with FP8 settings such as
+// "fp8:current+primary+codes") goes on one line per phase and setting, broken after each '>'
+// and before each '+'.
 std::vector<std::string> legend_lines(const std::string& label) {
   constexpr size_t kLegendChars = 14;
   if (label.size() <= kLegendChars) return {label};
   std::vector<std::string> lines(1);
   for (const char ch : label) {
+    if (ch == '+' && !lines.back().empty()) lines.emplace_back();
     lines.back() += ch;
     if (ch == '>') lines.emplace_back();
   }
