@@ -401,6 +401,61 @@ __global__ void fixed_scale_kernel(float* scale, float* scale_inv, float value) 
   }
 }
 
+// A part of a weight cast on several ranks (primary FP8 weights under ZeRO): element i of `in` is
+// element first + i of a (., cols) row-major tensor, its block (r / block_rows, c / block_cols)
+// numbered row-major over ceil(cols / block_cols) block columns.
+__device__ __forceinline__ int64_t part_block(int64_t at, int64_t cols, int block_rows, int block_cols) {
+  const int64_t tile_cols = (cols + block_cols - 1) / block_cols;
+  return at / cols / block_rows * tile_cols + at % cols / block_cols;
+}
+
+// amaxes[b - base] = max(itself, |x|) over the part's elements of each block b (NaN skipped, as
+// the block cast's fmaxf skips it). Each thread takes a run of kFp8PartRun elements and issues
+// one atomicMax per block the run meets (bits order like values: the maxima are never negative).
+constexpr int kFp8PartRun = 64;
+template <typename T>
+__global__ void fp8_block_amax_part_kernel(float* amaxes, int64_t base, const T* in, size_t n, int64_t first,
+                                           int64_t cols, int block_rows, int block_cols) {
+  const size_t runs = ceil_div(n, static_cast<size_t>(kFp8PartRun));
+  for (size_t r = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < runs;
+       r += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t end = (r + 1) * kFp8PartRun < n ? (r + 1) * kFp8PartRun : n;
+    int64_t block = -1;
+    float m = 0.0f;
+    for (size_t i = r * kFp8PartRun; i < end; ++i) {
+      const int64_t b = part_block(first + static_cast<int64_t>(i), cols, block_rows, block_cols);
+      if (b != block) {
+        if (block >= 0) atomicMax(reinterpret_cast<unsigned*>(amaxes + (block - base)), __float_as_uint(m));
+        block = b;
+        m = 0.0f;
+      }
+      m = fmaxf(m, fabsf(to_float(in[i])));
+    }
+    if (block >= 0) atomicMax(reinterpret_cast<unsigned*>(amaxes + (block - base)), __float_as_uint(m));
+  }
+}
+
+// The part cast with scales[0] (scale_count 1) or its block's scale: its codes, or (codes null)
+// their dequantised values, code * (1 / scale) as fp8_dequantize writes them. Tallies as fp8_cast.
+template <typename T>
+__global__ void fp8_encode_part_kernel(fp8* codes, float* values, float* amax, Fp8Counts* counts, const T* in, size_t n,
+                                       int64_t first, int64_t cols, const float* scales, int scale_count,
+                                       int block_rows, int block_cols, __nv_fp8_interpretation_t format) {
+  PTRAIN_DYNAMIC_SHARED(unsigned, scratch);  // kFp8TallyWords
+  Fp8Tally tally;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float scale =
+        scale_count == 1 ? scales[0] : scales[part_block(first + static_cast<int64_t>(i), cols, block_rows, block_cols)];
+    const fp8 code = tally.cast(to_float(in[i]), scale, format);
+    if (codes)
+      codes[i] = code;
+    else
+      values[i] = fp8_to_float(code, format) * (1.0f / scale);
+  }
+  tally.commit(scratch, amax, counts);
+}
+
 // ---------------------------------------------------------------------------- launchers
 
 // Blocks for `items` work items of `per_block` each, capped at max_blocks (grids stride beyond).
@@ -498,6 +553,33 @@ void fp8_quantize_blocks_into(const Fp8BlockCodes& dst, float* amax, Fp8Counts* 
     PTRAIN_LAUNCH(fp8_quantize_blocks_kernel_instance, fp8_grid(tiles, 1, max_blocks), kFp8Threads, shared, stream, dst, amax, counts, in, rows,
                   cols, block_rows, block_cols, format);
   }
+}
+
+// A part of a weight cast on several ranks: `in` holds elements [first, first + n) of a
+// (., cols) tensor. fp8_block_amax_part: amaxes[b - base] = max(itself, max |x|) over the
+// part's elements of block b (numbered as part_block numbers them; base: the part's first
+// block row's first block), NaN skipped; zero them first. fp8_encode_part: its codes (or with
+// codes null the dequantised values) cast with scales[0] (scale_count 1) or each block's
+// scales[b], scales in device memory; *amax and *counts as in fp8_cast.
+template <typename T>
+void fp8_block_amax_part(float* amaxes, int64_t base, const T* in, size_t n, int64_t first, int64_t cols,
+                         int block_rows, int block_cols, cudaStream_t stream, int max_blocks = kFp8MaxBlocks) {
+  if (n == 0) return;
+  if (cols < 1 || block_rows < 1 || block_cols < 1) throw std::invalid_argument("fp8_block_amax_part: sizes must be positive");
+  const int blocks = fp8_grid(ceil_div(n, static_cast<size_t>(kFp8PartRun)), kFp8Threads, max_blocks);
+  PTRAIN_LAUNCH(fp8_block_amax_part_kernel<T>, blocks, kFp8Threads, 0, stream, amaxes, base, in, n, first, cols,
+                block_rows, block_cols);
+}
+template <typename T>
+void fp8_encode_part(fp8* codes, float* values, float* amax, Fp8Counts* counts, const T* in, size_t n, int64_t first,
+                     int64_t cols, const float* scales, int scale_count, int block_rows, int block_cols,
+                     __nv_fp8_interpretation_t format, cudaStream_t stream, int max_blocks = kFp8MaxBlocks) {
+  if (n == 0) return;
+  if (cols < 1 || block_rows < 1 || block_cols < 1 || scale_count < 1 || !codes == !values)
+    throw std::invalid_argument("fp8_encode_part: positive sizes, scales, and codes or values expected");
+  PTRAIN_LAUNCH(fp8_encode_part_kernel<T>, fp8_grid(n, kFp8Threads, max_blocks), kFp8Threads,
+                kFp8TallyWords * sizeof(unsigned), stream, codes, values, amax, counts, in, n, first, cols, scales,
+                scale_count, block_rows, block_cols, format);
 }
 
 // The row-major form: codes (rows, cols) and scale_inv (ceil(rows / block_rows),

@@ -63,6 +63,8 @@ void instantiate_launchers_for() {
   (void)&amax<T>;
   (void)&fp8_quantize_blocks<T>;
   (void)&fp8_quantize_blocks_into<T>;
+  (void)&fp8_block_amax_part<T>;
+  (void)&fp8_encode_part<T>;
   (void)&fp8_dequantize<T>;
   (void)&fp8_dequantize_blocks<T>;
   (void)&double_sum<T>;

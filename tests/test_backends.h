@@ -109,6 +109,13 @@ class ForwardingBackend : public Backend {
   Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format f, int br, int bc) override {
     return inner_.fp8_cast_blocks(out, in, f, br, bc);
   }
+  void fp8_block_amaxes(float* amaxes, Tensor part, int64_t first, int64_t cols, int br, int bc) override {
+    inner_.fp8_block_amaxes(amaxes, part, first, cols, br, bc);
+  }
+  Fp8CastStats fp8_encode(Tensor out, Tensor part, Format f, const std::vector<float>& scales, int64_t first,
+                          int64_t cols, int br, int bc) override {
+    return inner_.fp8_encode(out, part, f, scales, first, cols, br, bc);
+  }
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p, Tensor copy) override {
     inner_.adamw(param, grad, m, v, p, copy);
   }
@@ -147,6 +154,8 @@ class DeferredFp8Gemms final : public Fp8Gemms {
     slots_ = {};
     return taken;
   }
+  Tensor weight_codes() override { return view(q_, kWeight); }  // dequantised, as the CPU encodes
+  void set_weight_scales(Format, const std::vector<float>&) override {}
   void forward(Tensor out, Tensor bias) override {
     be_.matmul_forward(out, view(q_, kInput), view(q_, kWeight), bias);
   }

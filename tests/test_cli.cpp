@@ -180,8 +180,8 @@ TEST_CASE("a dry run plans bytes per parameter for 1 rank and, with --ranks 8, f
     CHECK(r.output.find("bytes per parameter (7,391,678,464): weights 0.11 + FP32 master 4.00 + FP32 grads 4.00 + "
                         "AdamW state 8.00 + FP8 weight codes 0.94 = 17.06 without activations") != std::string::npos);
   }
-  // On 8 ranks with ZeRO-1 too (the ranks gather the master into the gradient block to cast it):
-  // below bf16's 7.50.
+  // On 8 ranks with ZeRO-1 too (each rank casts its part of each layer, the ranks gather the
+  // codes): below bf16's 7.50.
   {
     const CommandResult r = run_ptrain("train 8b.yaml --dry-run --ranks 8 --set distributed.zero_stage=1 --set "
                                        "precision.mode=fp8 --set precision.fp8.primary_weights=true",

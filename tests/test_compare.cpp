@@ -549,6 +549,8 @@ TEST_CASE("compare's modes with and without the MLP's input as FP8 codes", "[com
     }
     CHECK_THROWS_WITH(config_for_mode(base, "bf16+codes", options),
                       Catch::Contains("+codes (precision.fp8.mlp_input_codes) goes with fp8 only"));
+    for (const char* twice : {"fp8:current+codes+codes", "fp8:current+codes+primary+codes"})
+      CHECK_THROWS_WITH(config_for_mode(base, twice, options), Catch::Contains("+codes is given twice"));
   }
 }
 

@@ -489,7 +489,7 @@ TEST_CASE("llama's settings are checked, and refused with gpt2", "[config][llama
 }
 
 // Primary FP8 weights keep no bf16 copy of the block linears' weights: whatever would run one
-// of them in bf16 is refused by name. ZeRO-1 takes them (its ranks gather the master to cast).
+// of them in bf16 is refused by name. ZeRO-1 takes them (its ranks cast a part each).
 TEST_CASE("precision.fp8.primary_weights: refused where a block would run in bf16", "[config]") {
   const std::vector<std::string> fp8 = {"precision.mode=fp8", "precision.fp8.primary_weights=true"};
   CHECK(problems_of(kMinimal, fp8).empty());

@@ -186,6 +186,15 @@ class RecordingBackend final : public ForwardingBackend {
     refuse("fp8_cast_blocks");
     return inner_.fp8_cast_blocks(out, in, f, br, bc);
   }
+  void fp8_block_amaxes(float* amaxes, Tensor part, int64_t first, int64_t cols, int br, int bc) override {
+    refuse("fp8_block_amaxes");
+    inner_.fp8_block_amaxes(amaxes, part, first, cols, br, bc);
+  }
+  Fp8CastStats fp8_encode(Tensor out, Tensor part, Format f, const std::vector<float>& scales, int64_t first,
+                          int64_t cols, int br, int bc) override {
+    refuse("fp8_encode");
+    return inner_.fp8_encode(out, part, f, scales, first, cols, br, bc);
+  }
   GradNumerics take_grad_numerics() override {
     refuse("take_grad_numerics");
     return inner_.take_grad_numerics();
@@ -234,6 +243,11 @@ class RecordedFp8Gemms final : public Fp8Gemms {
   std::array<OperandStats, 3> take_stats() override {
     be_.refuse("take_stats");
     return inner_->take_stats();
+  }
+  Tensor weight_codes() override { return inner_->weight_codes(); }
+  void set_weight_scales(Format format, const std::vector<float>& scales) override {
+    be_.refuse("set_weight_scales");  // a GPU copies block factors from pageable host memory
+    inner_->set_weight_scales(format, scales);
   }
   void forward(Tensor out, Tensor bias) override {
     be_.queue("fp8 forward", [=] { inner_->forward(out, bias); });

@@ -111,6 +111,14 @@ class Fp8Gemms {
   // any makes the end of a step wait for the device once, not once per layer.
   virtual void queue_stats_read() {}
 
+  // The weight's codes as the GEMMs read them, (OC, C) (u8 on a GPU; dequantised floats where
+  // the codes are emulated), and the scales they were cast with
+  // (one, or one per 128x128 block row-major): for codes written elsewhere than by a cast
+  // (primary FP8 weights' codes all-gathered under ZeRO, each rank casting its part:
+  // Backend::fp8_encode). Nothing is recorded in the statistics.
+  virtual Tensor weight_codes() = 0;
+  virtual void set_weight_scales(Format format, const std::vector<float>& scales) = 0;
+
   // out(rows, OC) = input weight^T + bias (bias may be empty).
   virtual void forward(Tensor out, Tensor bias) = 0;
   // dinp(rows, C) += grad weight; dweight(OC, C) += grad^T input. Either may be empty.
@@ -271,6 +279,19 @@ class Backend {
   // block_rows x block_cols (1x128 tiles, 128x128 blocks), each with scale fp8_max / amax(block).
   virtual Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows,
                                        int block_cols) = 0;
+  // A part of a weight cast on several ranks, each its own part, with scales the ranks agreed on
+  // (primary FP8 weights under ZeRO: Fp8Linear::encode_weight_part). `part` holds elements
+  // [first, first + part.numel()) of a (rows, cols) tensor in row-major order.
+  //   fp8_block_amaxes: amaxes[i * ceil(cols / block_cols) + j] = max(itself, max |x| over the
+  //   part's elements of block (i, j)), NaN skipped as fp8_cast_blocks skips it (host array).
+  virtual void fp8_block_amaxes(float* amaxes, Tensor part, int64_t first, int64_t cols, int block_rows,
+                                int block_cols) = 0;
+  //   fp8_encode: out = the part cast as fp8_cast casts it with scales[0], or as fp8_cast_blocks
+  //   casts it with scales[block] (blocks numbered as above) when there are more; out holds the
+  //   dequantised values (a float dtype), or on a GPU the FP8 codes themselves (u8). Returns the
+  //   part's counts and amax.
+  virtual Fp8CastStats fp8_encode(Tensor out, Tensor part, Format format, const std::vector<float>& scales,
+                                  int64_t first, int64_t cols, int block_rows, int block_cols) = 0;
 
   // The native FP8 GEMMs of a linear layer from C to OC features over `rows` tokens, with
   // `scaling`, input and weight in the `forward` format and the output gradient in `backward`;

@@ -20,14 +20,16 @@ enum class Format { fp32, bf16, fp16, e4m3, e5m2 };
 
 // How a tensor's elements are stored. f64 exists for the reference backend's gradient checks;
 // the CPU backend stores reduced precision as f32 values on the format's grid, a GPU backend as
-// bf16 / f16 themselves (Backend::storage_for). i32 holds token ids.
-enum class DType { f32, f64, i32, bf16, f16 };
+// bf16 / f16 themselves (Backend::storage_for). i32 holds token ids; u8 a GPU's FP8 codes
+// (Fp8Gemms::weight_codes).
+enum class DType { f32, f64, i32, bf16, f16, u8 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
     case DType::f64: return 8;
     case DType::bf16:
     case DType::f16: return 2;
+    case DType::u8: return 1;
     default: return 4;
   }
 }
@@ -38,6 +40,7 @@ inline const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::u8: return "u8";
   }
   return "?";
 }

@@ -242,9 +242,10 @@ class NcclCommunicator final : public Communicator {
       case DType::f32: return ncclFloat32;
       case DType::bf16: return ncclBfloat16;
       case DType::f16: return ncclFloat16;
+      case DType::u8: return ncclUint8;  // FP8 codes: gathered, never summed (sum_type)
       default: break;
     }
-    PTRAIN_CHECK(false, std::string("NCCL ") + op + ": f32, bf16 or f16 tensors only, not " + dtype_name(t.dtype));
+    PTRAIN_CHECK(false, std::string("NCCL ") + op + ": f32, bf16, f16 or u8 tensors only, not " + dtype_name(t.dtype));
     return ncclFloat32;
   }
 
@@ -254,6 +255,7 @@ class NcclCommunicator final : public Communicator {
   // stores those formats as bf16/f16 (Backend::storage_for). The check keeps it that way.
   static ncclDataType_t sum_type(const Tensor& t, const char* op) {
     const ncclDataType_t type = device_type(t, op);
+    PTRAIN_CHECK(t.dtype != DType::u8, std::string("NCCL ") + op + ": FP8 codes are gathered, not summed");
     PTRAIN_CHECK(t.dtype != DType::f32 || t.format == Format::fp32,
                  std::string("NCCL ") + op + ": an f32 tensor on a narrower format's grid would need its sum rounded; "
                  "store bf16/fp16 values as bf16/f16 on the GPU");

@@ -19,6 +19,8 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
     : policy_(policy),
       backend_(backend),
       weights_(C * OC),
+      C_(C),
+      OC_(OC),
       input_(make_state(name + ".input", policy.forward, policy)),
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)),
@@ -135,6 +137,61 @@ void Fp8Linear::cast_weight(Tensor master, bool training) {
   PTRAIN_CHECK(primary_weight_, weight_.name + ": cast_weight() is for primary FP8 weights");
   cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, training);
   weight_cast_ = weight_cast_ || training;
+}
+
+int64_t Fp8Linear::weight_amax_count() const {
+  const int64_t b = policy_.block;
+  return 1 + (policy_.recipe == Fp8Recipe::block ? (OC_ + b - 1) / b * ((C_ + b - 1) / b) : 0);
+}
+
+void Fp8Linear::weight_part_amaxes(Tensor part, int64_t first, float* amaxes) {
+  PTRAIN_CHECK(primary_weight_ && first >= 0 && first + part.numel() <= weights_,
+               weight_.name + ": weight_part_amaxes takes a part of a primary FP8 weight");
+  if (part.numel() == 0) return;
+  const float a = backend_.amax(part);
+  amaxes[0] = std::isnan(a) || std::isnan(amaxes[0]) ? NAN : std::max(amaxes[0], a);
+  if (policy_.recipe == Fp8Recipe::block)
+    backend_.fp8_block_amaxes(amaxes + 1, part, first, C_, policy_.block, policy_.block);
+}
+
+void Fp8Linear::agree_weight_scales(const float* amaxes, bool training) {
+  const float max = format_max(weight_.format);
+  weight_amax_ = amaxes[0];
+  switch (policy_.recipe) {
+    case Fp8Recipe::delayed:
+      weight_scales_ = {weight_.delayed.scale()};
+      if (training) weight_.delayed.record(amaxes[0]);
+      break;
+    case Fp8Recipe::current: weight_scales_ = {current_scale(amaxes[0], max)}; break;
+    case Fp8Recipe::block:
+      weight_scales_.resize(static_cast<size_t>(weight_amax_count() - 1));
+      for (size_t b = 0; b < weight_scales_.size(); ++b) weight_scales_[b] = current_scale(amaxes[b + 1], max);
+      break;
+  }
+  if (gemms_) gemms_->set_weight_scales(weight_.format, weight_scales_);
+}
+
+Tensor Fp8Linear::weight_codes() const {
+  const Tensor codes = gemms_ ? gemms_->weight_codes() : weight_q_;
+  return codes.range(0, weights_);
+}
+
+Fp8CastStats Fp8Linear::encode_weight_part(Tensor part, int64_t first) {
+  PTRAIN_CHECK(!weight_scales_.empty(), weight_.name + ": encode_weight_part needs agree_weight_scales first");
+  return backend_.fp8_encode(weight_codes().range(first, part.numel()), part, weight_.format, weight_scales_, first,
+                             C_, policy_.block, policy_.block);
+}
+
+void Fp8Linear::finish_weight_cast(const Fp8CastStats& all_parts, bool training) {
+  PTRAIN_CHECK(!weight_scales_.empty(), weight_.name + ": finish_weight_cast needs agree_weight_scales first");
+  if (training) {  // as cast() records a training cast
+    weight_.scale = policy_.recipe == Fp8Recipe::block ? NAN : weight_scales_[0];
+    Fp8CastStats s = all_parts;
+    s.amax = weight_amax_;
+    weight_.stats.merge(s);
+    weight_cast_ = true;
+  }
+  weight_scales_.clear();
 }
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight) {

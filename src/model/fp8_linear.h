@@ -67,6 +67,20 @@ class Fp8Linear {
   // statistics counting in that step's as a cast in forward() would; or (`training` false) an
   // evaluation's, which leaves the scaling state and telemetry untouched.
   void cast_weight(Tensor master, bool training);
+  // A primary weight's cast shared out over ranks (ZeRO-1 to 3), each casting its part of the
+  // FP32 master with the scales the ranks agree on, the codes then all-gathered into
+  // weight_codes(): the codes, scales and statistics cast_weight() of the whole would make. On
+  // every rank, in order: weight_part_amaxes for this rank's part (elements [first, first +
+  // part.numel()) of the (OC, C) weight) into weight_amax_count() zeroed floats, of which the
+  // caller takes the ranks' maxima (NaN winning); agree_weight_scales with those; then
+  // encode_weight_part into weight_codes(); once the codes are gathered, finish_weight_cast with
+  // the parts' statistics summed over ranks.
+  int64_t weight_amax_count() const;  // the tensor's amax, then with block scaling each block's
+  void weight_part_amaxes(Tensor part, int64_t first, float* amaxes);
+  void agree_weight_scales(const float* amaxes, bool training);
+  Tensor weight_codes() const;  // (OC * C): u8 codes, or dequantised values where emulated
+  Fp8CastStats encode_weight_part(Tensor part, int64_t first);
+  void finish_weight_cast(const Fp8CastStats& all_parts, bool training);
   // After each optimizer step: delayed scales move on, the weight is cast afresh next step (a
   // primary weight by cast_weight()).
   void end_step();
@@ -124,8 +138,10 @@ class Fp8Linear {
 
   Fp8Policy policy_;
   Backend& backend_;
-  int64_t weights_;
+  int64_t weights_, C_, OC_;
   Fp8TensorState input_, weight_, grad_;
+  std::vector<float> weight_scales_;  // agree_weight_scales's: one, or one per block
+  float weight_amax_ = 0;             // and the whole weight's amax
   Tensor input_q_, weight_q_, grad_q_;  // dequantised FP8 values, (rows, C), (OC, C), (rows, OC)
   Tensor input_qt_, grad_qt_;           // block recipe: 128x1 tiles for wgrad, (rows, C), (rows, OC)
   std::vector<void*> memory_;

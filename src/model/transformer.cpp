@@ -246,11 +246,10 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
         params_[spec.id] =
             Tensor(nullptr, params_flat_.dtype, spec.shape, backend.device()).with_format(policy.weights);
     } else if (primary_fp8(spec.id)) {
-      // ZeRO-1: where the gathered master is staged for the casts. ZeRO-2 stages it a bucket at
-      // a time (cast_primary_fp8_bucket): the tensor has its shape, no memory.
+      // The master the codes are cast from; a sharded master has no whole tensor (the ranks cast
+      // a part each): its shape, no memory.
       params_[spec.id] = !sharded_master_ ? master_flat_.range(offset, count).reshaped(spec.shape)
-                         : grad_buckets_  ? Tensor(nullptr, DType::f32, spec.shape, backend.device())
-                                          : grads_[spec.id];
+                                          : Tensor(nullptr, DType::f32, spec.shape, backend.device());
     } else {
       params_[spec.id] = params_flat_.range(copy_offset, count).reshaped(spec.shape);
       copy_offset += count;
@@ -360,7 +359,7 @@ void Transformer::load_weights(ParamId id, const float* host, int64_t begin, int
   const int64_t lo = std::max(at, master_begin_), hi = std::min(at + n, master_begin_ + shard);
   if (sharded_master_ && lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
   // The GEMMs' copy, rounded from FP32 values staged a piece at a time (primary FP8 weights
-  // keep none: their codes are cast from the gathered master before the next forward pass);
+  // keep none: the ranks cast their codes a part each before the next forward pass);
   // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves),
   // primary FP8 weights' included: the range is one run of the flat layout, gathered whole.
   if (primary_fp8(id) && !sharded_params_) return;
@@ -385,8 +384,10 @@ void Transformer::weights_loaded() {
   if (primary_fp8_) primary_cast_ = PrimaryCast::due;
   if (sharded_master_ || sharded_params_) {  // load_weights wrote the copies; the staging buffer is clean again
     backend_.zero(grad_buckets_ ? bucket_memory_ : grads_flat_);
-  } else if (primary_fp8_) {
-    copy_unprimary_weights(master_flat_);
+  } else if (primary_fp8_) {  // the other tensors' copies
+    for (const ParamSpec& spec : specs_)
+      if (!primary_fp8(spec.id))
+        backend_.copy(params_[spec.id], master_flat_.range(offsets_[spec.id], shape_numel(spec.shape)));
   } else if (has_master_) {
     backend_.copy(params_flat_, master_flat_);
   }
@@ -405,12 +406,6 @@ static LinearId linear_of(ParamId id) {
   return id == kQkvw ? kQkv : id == kAttnOutw ? kAttproj : id == kMlpUpw ? kFc : kFcproj;
 }
 
-void Transformer::copy_unprimary_weights(Tensor full_master) {
-  for (const ParamSpec& spec : specs_)
-    if (!primary_fp8(spec.id))
-      backend_.copy(params_[spec.id], full_master.range(offsets_[spec.id], shape_numel(spec.shape)));
-}
-
 void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
   PTRAIN_CHECK(primary_fp8_ && full_master.numel() == num_params(),
                "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
@@ -419,26 +414,18 @@ void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
     const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
     for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, linear_of(spec.id))->cast_weight(master[l], training);
   }
-  // ZeRO-1's update wrote each rank's range of the master only: the other copies come from here.
-  if (sharded_master_) copy_unprimary_weights(full_master);
   finish_primary_fp8_cast(training);
 }
 
-void Transformer::cast_primary_fp8_bucket(int bucket, Tensor staged, bool training) {
-  PTRAIN_CHECK(primary_fp8_ && grad_buckets_ && staged.numel() == grad_bucket(bucket).numel(),
-               "cast_primary_fp8_bucket: primary FP8 weights with grad buckets, one bucket's master staged");
-  const bool block = bucket >= 0 && bucket < shape_.n_layer;
-  int64_t at = 0;  // the staged values are the bucket's ranges, in order
+std::vector<Transformer::PrimaryFp8Layer> Transformer::primary_fp8_layers() const {
+  std::vector<PrimaryFp8Layer> layers;
   for (const ParamSpec& spec : specs_) {
-    if (!in_bucket(spec.id, bucket, shape_.n_layer)) continue;
-    const int64_t n = block ? shape_numel(spec.shape) / shape_.n_layer : shape_numel(spec.shape);
-    // ZeRO-3's copies are the rank's range, updated by AdamW and gathered by the passes.
-    if (primary_fp8(spec.id))
-      fp8_linear(bucket, linear_of(spec.id))->cast_weight(layer_of(staged, spec.id), training);
-    else if (!sharded_params_)
-      backend_.copy(block ? params_[spec.id][bucket] : params_[spec.id], staged.range(at, n));
-    at += n;
+    if (!primary_fp8(spec.id)) continue;
+    const int64_t per_layer = shape_numel(spec.shape) / shape_.n_layer;
+    for (int l = 0; l < shape_.n_layer; ++l)
+      layers.push_back({fp8_linear(l, linear_of(spec.id)), FlatRange{offsets_[spec.id] + l * per_layer, per_layer}});
   }
+  return layers;
 }
 
 void Transformer::finish_primary_fp8_cast(bool training) {
@@ -447,7 +434,7 @@ void Transformer::finish_primary_fp8_cast(bool training) {
 
 void Transformer::cast_due_primary_weights(bool training) {
   if (!primary_fp8_cast_due(training)) return;
-  PTRAIN_CHECK(!sharded_master_, "ZeRO-1's primary FP8 weights are cast from the gathered master "
+  PTRAIN_CHECK(!sharded_master_, "a sharded master's primary FP8 weights are cast a part per rank "
                                  "(AdamW::gather_primary_fp8_weights) before a forward pass");
   cast_primary_fp8_weights(master_flat_, training);
 }

@@ -110,8 +110,7 @@ struct GptActivations {
 // 2 one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
 // rest. A sharded model never allocates the whole master block, not even while it starts: a
 // load writes its range and stages the GEMMs' copy a piece at a time (load_weights), and the
-// ranks gather the master for primary FP8 weights' casts into the gradient buffer or buckets
-// (AdamW::gather_primary_fp8_weights).
+// ranks cast primary FP8 weights a part each, gathering the codes (AdamW::gather_primary_fp8_weights).
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
   // ZeRO-2: no parameter-sized gradient buffer. The backward pass writes each block's weight
@@ -257,13 +256,11 @@ class Transformer {
   const std::vector<ParamSpec>& specs() const { return specs_; }
   // The weights the GEMMs read: the copy in the policy's weight format, or with primary FP8
   // weights (precision.fp8.primary_weights) for the block linears the FP32 master their FP8
-  // codes are cast from (under ZeRO-1 the gradient buffer's part where the gathered master is
-  // staged for the cast: its shape holds between steps, not its values). Empty for a tensor this
-  // architecture lacks.
+  // codes are cast from (with a sharded master, whose ranks cast a part each, its shape with no
+  // memory). Empty for a tensor this architecture lacks.
   Tensor param(ParamId id) const { return params_[id]; }
   // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
-  // apart from the master, else empty (FP32 training, primary FP8 weights). Under ZeRO-1 with
-  // primary FP8 weights the optimizer writes none: cast_primary_fp8_weights refreshes them.
+  // apart from the master, else empty (FP32 training, primary FP8 weights).
   // Under ZeRO-3 the optimizer writes the rank's range of params_flat() instead, every tensor's.
   Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
@@ -304,23 +301,24 @@ class Transformer {
   // due after each step (end_step) and after new weights were written; and by an evaluation
   // that finds them stale, as an evaluation's cast that records nothing (so evaluations leave
   // the scaling state as they find it). Unsharded, forward() and train_micro_batch() cast from
-  // the master themselves; under ZeRO-1 the ranks first gather the master (AdamW::
-  // gather_primary_fp8_weights) and hand it to cast_primary_fp8_weights.
+  // the master themselves; under ZeRO-1 to 3 each rank casts its part of every layer and the
+  // ranks gather the codes (AdamW::gather_primary_fp8_weights, through primary_fp8_layers).
   bool primary_fp8_weights() const { return primary_fp8_; }
   // Whether a training forward pass (`training`), or an evaluation, must cast them first.
   bool primary_fp8_cast_due(bool training) const {
     return primary_fp8_ && (training ? primary_cast_ != PrimaryCast::done : primary_cast_ == PrimaryCast::due);
   }
   // Casts the block linears' weights (training or evaluation cast) from `full_master`, the whole
-  // FP32 master in the flat layout (under ZeRO-1 gathered into grads_flat()), and with a sharded
-  // master refreshes the other tensors' copies from it too.
+  // FP32 master in the flat layout.
   void cast_primary_fp8_weights(Tensor full_master, bool training);
-  // ZeRO-2's counterpart, a grad bucket at a time (AdamW::gather_primary_fp8_weights): `staged`
-  // holds the FP32 master of bucket b's elements (grad_bucket_ranges(b), in order, gathered into
-  // grad_bucket(b)); casts the block linears' weights among them and refreshes the other
-  // tensors' copies. Under ZeRO-3, whose passes gather the other tensors' copies, the blocks'
-  // buckets only. Once every bucket is cast, finish_primary_fp8_cast says so.
-  void cast_primary_fp8_bucket(int bucket, Tensor staged, bool training);
+  // Each block linear's FP8 layer with primary FP8 weights, and where its layer's weight lies in
+  // the flat layout: what the ranks cast a part each under ZeRO-1 to 3 (Fp8Linear::
+  // weight_part_amaxes and on), saying so with finish_primary_fp8_cast once all are cast.
+  struct PrimaryFp8Layer {
+    Fp8Linear* fp8;
+    FlatRange range;
+  };
+  std::vector<PrimaryFp8Layer> primary_fp8_layers() const;
   void finish_primary_fp8_cast(bool training);
   // Whether the FP32 master weights are kept apart from the copy the GEMMs read (bf16, fp16, fp8).
   bool has_master_weights() const { return has_master_; }
@@ -333,8 +331,8 @@ class Transformer {
 
  private:
 
-  // Whether tensor id's working weights are primary FP8 weights (param() is the master, or under
-  // ZeRO-1 the part of the gradient buffer where the gathered master is staged).
+  // Whether tensor id's working weights are primary FP8 weights (param() is the master, or with
+  // a sharded master the master's shape only).
   bool primary_fp8(ParamId id) const {
     return primary_fp8_ && is_block_linear(id);
   }
@@ -409,9 +407,6 @@ class Transformer {
   Fp8Linear* lm_head_fp8() const;
   void queue_fp8_settle();  // every FP8 layer's statistics on their way, for one wait
   void cast_due_primary_weights(bool training);  // unsharded: from the master, when primary_fp8_cast_due
-  // The copies in the weight format of the tensors that are not primary FP8 weights, from the
-  // whole FP32 master in the flat layout.
-  void copy_unprimary_weights(Tensor full_master);
   void linear_forward(Fp8Linear* fp8, Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training);
   void linear_backward(Fp8Linear* fp8, Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor inp,
                        Tensor weight);

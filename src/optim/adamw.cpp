@@ -251,9 +251,8 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
                                                  : model_.master_flat();
   const Tensor grads = sharded() ? grad_shard_ : model_.grads_flat();
   // Walk the parameter tensors that overlap the range: weight decay applies to 2-D weights only.
-  // The update also writes the GEMMs' copy where one is kept apart from the master (not under
-  // ZeRO-1 with primary FP8 weights: gather_primary_fp8_weights writes every copy).
-  const bool copies = !(sharded() && model_.primary_fp8_weights());
+  // The update also writes the GEMMs' copy where one is kept apart from the master (primary FP8
+  // weights keep none: gather_primary_fp8_weights casts them).
   int64_t offset = 0;
   for (const ParamSpec& spec : model_.specs()) {
     const int64_t n = shape_numel(spec.shape);
@@ -263,46 +262,81 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
       // ZeRO-3's copy is this rank's range of params_flat (primary FP8 weights' too, which the
       // passes gather with the rest but never read).
       const Tensor copy = own_range ? (model_.has_master_weights() ? params.range(local, len) : Tensor())
-                          : !copies || model_.weight_copy(spec.id).empty()
-                              ? Tensor()
-                              : model_.weight_copy(spec.id).range(lo - offset, len);
+                          : model_.weight_copy(spec.id).empty() ? Tensor()
+                                                                : model_.weight_copy(spec.id).range(lo - offset, len);
       p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
       backend_.adamw(master.range(local, len), grads.range(local, len), m_.range(local, len), v_.range(local, len),
                      p, copy);
     }
     offset += n;
   }
-  if (sharded() && copies && !own_range) comm_->all_gather(params, params.range(shard_.begin, shard_.count));
+  if (!sharded() || own_range) return;
+  // The ranks' updated copies, all-gathered: the whole flat layout at once, or with primary FP8
+  // weights (whose copies leave the block linears out) each other tensor's in place.
+  if (!model_.primary_fp8_weights()) {
+    comm_->all_gather(params, params.range(shard_.begin, shard_.count));
+    return;
+  }
+  offset = 0;
+  for (const ParamSpec& spec : model_.specs()) {
+    const int64_t n = shape_numel(spec.shape);
+    const Tensor copy = model_.weight_copy(spec.id);
+    if (!copy.empty()) {
+      const std::vector<Shard> parts = parts_of({FlatRange{offset, n}});
+      const Shard mine = parts[static_cast<size_t>(comm_->rank())];
+      comm_->all_gather(copy.range(0, n), copy.range(mine.begin, mine.count), parts);
+    }
+    offset += n;
+  }
 }
 
 void AdamW::gather_primary_fp8_weights(bool training) {
   if (!sharded() || !model_.primary_fp8_cast_due(training)) return;
-  if (model_.has_grad_buckets()) {
-    // ZeRO-2 has no parameter-sized buffer: each grad bucket's room stages the master of its
-    // elements, the way its gradients are summed there, reversed: this rank's pieces copied in,
-    // the ranks' parts all-gathered, and the bucket cast. The embeddings' bucket last. ZeRO-3's
-    // passes gather the other tensors' copies: only the blocks' buckets, which hold the linears.
-    const int L = model_.shape().n_layer;
-    const bool blocks_only = model_.has_sharded_params();
-    std::vector<int> order;
-    if (!blocks_only) order.push_back(L);
-    for (int l = L - 1; l >= 0; --l) order.push_back(l);
-    if (!blocks_only) order.push_back(-1);
-    for (const int bucket : order) {
-      gather_into(model_.grad_bucket(bucket), model_.grad_bucket_ranges(bucket), master_shard());
-      comm_->wait_gathers();
-      model_.cast_primary_fp8_bucket(bucket, model_.grad_bucket(bucket), training);
-    }
-    model_.finish_primary_fp8_cast(training);
-    return;
+  const Tensor master = master_shard();
+  // This rank's part of a run of the flat layout: its place in the run and in the shard.
+  struct Part {
+    int64_t in_run = 0, in_shard = 0, count = 0;
+  };
+  const auto part_of = [&](const FlatRange& f) {
+    const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
+    return lo < hi ? Part{lo - f.begin, lo - shard_.begin, hi - lo} : Part{};
+  };
+  // Each rank casts its part of every layer's weight with the scales the ranks agree on (one
+  // max over the ranks' amaxes for all layers), and the codes are all-gathered into each
+  // layer: 1 byte a parameter on a GPU where the FP32 master would be 4, and the codes,
+  // scales and statistics are the bits one rank's cast of the whole makes.
+  const std::vector<Transformer::PrimaryFp8Layer> layers = model_.primary_fp8_layers();
+  std::vector<size_t> first_amax;
+  std::vector<float> amaxes;
+  for (const auto& layer : layers) {
+    first_amax.push_back(amaxes.size());
+    amaxes.resize(amaxes.size() + static_cast<size_t>(layer.fp8->weight_amax_count()), 0.0f);
+    const Part p = part_of(layer.range);
+    if (p.count > 0)
+      layer.fp8->weight_part_amaxes(master.range(p.in_shard, p.count), p.in_run, amaxes.data() + first_amax.back());
   }
-  // Each rank's shard of the FP32 master, all-gathered into the gradient buffer (free between
-  // steps, as a load stages its weights there): every rank casts the whole master, so the FP8
-  // codes and their scales are the same bits on each, and as one rank's.
-  const Tensor staged = model_.grads_flat();
-  backend_.copy(staged.range(shard_.begin, shard_.count), master_shard());
-  comm_->all_gather(staged, staged.range(shard_.begin, shard_.count));
-  model_.cast_primary_fp8_weights(staged, training);
+  comm_->all_reduce_max(amaxes.data(), amaxes.size());
+  std::vector<double> counts;  // each layer's nonzero, underflow and saturated counts
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Fp8Linear& fp8 = *layers[i].fp8;
+    fp8.agree_weight_scales(amaxes.data() + first_amax[i], training);
+    const Part p = part_of(layers[i].range);
+    Fp8CastStats s;
+    if (p.count > 0) s = fp8.encode_weight_part(master.range(p.in_shard, p.count), p.in_run);
+    counts.insert(counts.end(), {static_cast<double>(s.nonzero), static_cast<double>(s.underflow),
+                                 static_cast<double>(s.saturated)});
+    const Tensor codes = fp8.weight_codes();
+    comm_->all_gather(codes, codes.range(p.in_run, p.count), parts_of({layers[i].range}));
+  }
+  comm_->all_reduce_sum(counts.data(), counts.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    Fp8CastStats all;
+    all.nonzero = static_cast<int64_t>(counts[3 * i]);
+    all.underflow = static_cast<int64_t>(counts[3 * i + 1]);
+    all.saturated = static_cast<int64_t>(counts[3 * i + 2]);
+    layers[i].fp8->finish_weight_cast(all, training);
+  }
+  model_.finish_primary_fp8_cast(training);
 }
 
 std::vector<float> AdamW::master_on_main() const {

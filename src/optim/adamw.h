@@ -78,12 +78,12 @@ class AdamW {
   // stored gradients still carry.
   void step(double lr, double grad_norm, double loss_scale = 1.0);
 
-  // ZeRO-1 or 2 with primary FP8 weights whose cast is due before a training forward pass
-  // (`training`) or an evaluation (Transformer::primary_fp8_cast_due): the ranks all-gather
-  // their shards of the FP32 master into the gradient buffer (ZeRO-2: a grad bucket at a time)
-  // and cast it; the buffer then holds the master until the next zero_grad() (or backward
-  // pass). Nothing otherwise (unsharded, the model casts from its own master). Every rank
-  // calls it, before such a forward pass.
+  // ZeRO-1 to 3 with primary FP8 weights whose cast is due before a training forward pass
+  // (`training`) or an evaluation (Transformer::primary_fp8_cast_due): each rank casts its
+  // shard's part of every block linear's weight, with scales the ranks agree on, and the ranks
+  // all-gather the FP8 codes (the other tensors' copies are gathered by step(), or under ZeRO-3
+  // by the passes). Nothing otherwise (unsharded, the model casts from its own master). Every
+  // rank calls it, before such a forward pass.
   void gather_primary_fp8_weights(bool training);
   // The whole FP32 master weights (or the FP32 parameters) in the flat layout on rank 0, gathered
   // from the ranks' shards under ZeRO-1 (every rank calls it then); empty on the other ranks.

@@ -61,6 +61,7 @@ std::vector<std::string> mode_overrides(const Config& base, const std::string& m
     for (Fp8Setting& f : settings) {
       const std::string suffix = f.suffix;
       if (mode.size() > suffix.size() && mode.compare(mode.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        if (f.asked) throw UserError("--modes: \"" + mode_given + "\": " + suffix + " is given twice");
         mode.resize(mode.size() - suffix.size());
         f.asked = stripped = true;
       }

@@ -47,7 +47,8 @@ struct Workspace : TempDir {
 // One run's config: a small GPT on a synthetic Markov corpus that it learns within a few steps.
 struct Run {
   std::string name;
-  std::string precision = "fp32";  // precision.mode; fp8 uses delayed scaling
+  std::string precision = "fp32";  // precision.mode
+  std::string fp8 = "recipe: delayed";  // fp8's keys
   int steps = 8;
   int64_t batch_tokens = 512;  // micro_batch 8 x seq_len 32 x accumulation x ranks
   int zero_stage = 1;
@@ -65,7 +66,7 @@ struct Run {
 
 std::string config_yaml(const Run& r) {
   const std::string precision =
-      r.precision == "fp8" ? std::string("{mode: fp8, fp8: {recipe: delayed") +
+      r.precision == "fp8" ? "{mode: fp8, fp8: {" + r.fp8 +
                                  (r.primary_weights ? ", primary_weights: true" : "") +
                                  (r.fp8_lm_head ? ", bf16_lm_head: false" : "") + "}}"
                            : "{mode: " + r.precision + "}";
@@ -95,7 +96,8 @@ CommandResult train(const fs::path& dir, int ranks, const Run& run, const std::s
 struct Trace {
   std::vector<int64_t> steps;
   std::vector<double> loss, grad_norm, val_loss;
-  std::map<int64_t, std::vector<double>> fp8_scales;  // per step, each FP8 tensor's scale (logging.numerics_every)
+  std::map<int64_t, std::vector<double>> fp8_scales;  // per step, each FP8 tensor's scale (logging.numerics_every), NaN for none
+  std::map<int64_t, std::string> numerics;            // per step, the whole numerics record
 };
 
 Trace read_trace(const fs::path& dir, const std::string& run_name) {
@@ -107,8 +109,10 @@ Trace read_trace(const fs::path& dir, const std::string& run_name) {
       t.grad_norm.push_back(m["grad_norm"].get<double>());
     }
     if (m.contains("val_loss")) t.val_loss.push_back(m["val_loss"].get<double>());
+    if (m.contains("numerics")) t.numerics[m["step"].get<int64_t>()] = m["numerics"].dump();
     if (m.contains("numerics") && m["numerics"].contains("fp8"))
-      for (const auto& tensor : m["numerics"]["fp8"]) t.fp8_scales[m["step"].get<int64_t>()].push_back(tensor["scale"].get<double>());
+      for (const auto& tensor : m["numerics"]["fp8"])  // block scaling has no one scale: null
+        t.fp8_scales[m["step"].get<int64_t>()].push_back(tensor["scale"].is_null() ? NAN : tensor["scale"].get<double>());
   }
   return t;
 }
@@ -431,11 +435,12 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 and ZeRO-2 equal ZeRO-0 bit for bit,
   }
 }
 
-// Primary FP8 weights under ZeRO-1, 2 and 3: each rank updates its shard of the FP32 master, the
-// ranks all-gather it and every rank casts the whole, so the FP8 codes and scales are the bits
-// one rank's cast makes: the same training as ZeRO-0, on 2 ranks and on 3 (shards of unequal
-// length), with evaluations and samples between the steps (each gathers the weights anew), and a
-// stop and resume changes nothing.
+// Primary FP8 weights under ZeRO-1, 2 and 3: each rank updates its shard of the FP32 master and
+// casts its part of each layer with the scales the ranks agree on, and the ranks all-gather the
+// codes, so the FP8 codes and scales are the bits one rank's cast of the whole makes: the same
+// training as ZeRO-0, on 2 ranks and on 3 (shards of unequal length, which cut layers), with
+// evaluations and samples between the steps (each gathers the weights anew), and a stop and
+// resume changes nothing.
 TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and resume exactly", "[mpi]") {
   Workspace ws("zero-primary");
   const std::string between = "--set training.eval_every=3 --set logging.sample_every=4 --set logging.sample_tokens=8";
@@ -447,8 +452,8 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
     z0.batch_tokens = 256 * ranks;
     z0.zero_stage = 0;
     z0.checkpoint = "{every: 4}";
+    z0.logging = "numerics_every: 1";
     const Trace a = train_ok(ws.dir, ranks, z0, between);
-    // ZeRO-2 and 3 gather the master a grad bucket at a time into the bucket's room.
     for (const int stage : {1, 2, 3}) {
       INFO(ranks << " ranks, ZeRO-" << stage);
       Run zs = z0;
@@ -466,14 +471,16 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
       CHECK(b.loss == a.loss);
       CHECK(b.grad_norm == a.grad_norm);
       CHECK(b.val_loss == a.val_loss);
+      CHECK(b.numerics == a.numerics);  // the weights' amaxes, scales and counts too
       CHECK(read_file(ws.run(zs.name) / "checkpoints/step_00000008/weights.safetensors") ==
             read_file(ws.run(z0.name) / "checkpoints/step_00000008/weights.safetensors"));
-      // Each step gathers the FP32 master once (4 bytes a parameter), and once more after an
-      // evaluation (at steps 0, 3 and 6), which casts the weights without recording a training
-      // cast; the gradients are reduce-scattered once (one micro-batch per rank). ZeRO-3 gathers
-      // only the blocks' master (the linears', with their norms), and the weights' copy too (4
-      // bytes an element on the CPU): every tensor for the forward pass (the evaluation's one
-      // round of batches too), the blocks' again for the backward pass.
+      // Each step gathers the block linears' codes (the CPU keeps them as 4-byte values) and the
+      // other tensors' updated copies once, and the codes once more after an evaluation (at
+      // steps 0, 3 and 6), which casts the weights without recording a training cast; the
+      // gradients are reduce-scattered once (one micro-batch per rank). ZeRO-3 gathers only the
+      // codes so, and the weights' copy (4 bytes an element on the CPU): every tensor for the
+      // forward pass (the evaluation's one round of batches too), the blocks' again for the
+      // backward pass.
       const int64_t n = parameter_count(out);
       std::vector<int64_t> gathered, scattered;
       for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
@@ -484,9 +491,10 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
       CHECK(scattered == std::vector<int64_t>(8, 4 * n));
       const int64_t C = 64, V = 128, T = 32;  // n_embd, padded vocabulary, seq_len
       const int64_t blocks = n - (V * C + T * C + 2 * C);
-      const int64_t master = stage == 3 ? blocks : n;
+      const int64_t linears = blocks / (12 * C * C + 13 * C) * 12 * C * C;  // a block: 12C^2 weights, 13C others
+      const int64_t per_step = stage == 3 ? linears : n;
       const int64_t pass = stage == 3 ? 4 * n + 4 * blocks : 0, evaluation = stage == 3 ? 4 * n : 0;
-      const int64_t with_eval = 8 * master + pass + evaluation, plain = 4 * master + pass;
+      const int64_t plain = 4 * per_step + pass, with_eval = plain + 4 * linears + evaluation;
       CHECK(gathered ==
             std::vector<int64_t>{with_eval, plain, plain, with_eval, plain, plain, with_eval, plain});
 
@@ -497,6 +505,31 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
       INFO("losses, stopped and resumed | straight:\n" << side_by_side(resumed.loss, b.loss));
       CHECK(resumed.loss == b.loss);
       CHECK(resumed.grad_norm == b.grad_norm);
+    }
+  }
+  // The other recipes' scales are agreed on too: current scaling's from the ranks' amaxes, and
+  // block scaling's per 128x128 block, some of which the 3 ranks' shards cut.
+  for (const std::string recipe : {"current", "block"}) {
+    Run z0{"primary-" + recipe + "-zero0"};
+    z0.precision = "fp8";
+    z0.fp8 = "recipe: " + recipe;
+    z0.n_embd = 128;  // the block recipe's multiple
+    z0.primary_weights = true;
+    z0.steps = 4;
+    z0.batch_tokens = 256 * 3;
+    z0.zero_stage = 0;
+    z0.logging = "numerics_every: 1";
+    const Trace a = train_ok(ws.dir, 3, z0);
+    for (const int stage : {1, 3}) {
+      INFO(recipe << ", ZeRO-" << stage);
+      Run zs = z0;
+      zs.name = "primary-" + recipe + "-zero" + std::to_string(stage);
+      zs.zero_stage = stage;
+      const Trace b = train_ok(ws.dir, 3, zs);
+      REQUIRE(a.loss.size() == 4);
+      CHECK(b.loss == a.loss);
+      CHECK(b.grad_norm == a.grad_norm);
+      CHECK(b.numerics == a.numerics);
     }
   }
 }

@@ -182,8 +182,9 @@ std::vector<double> train_losses(const fs::path& dir, const std::string& name, c
                                  const std::string& mode, const std::string& training_extra = "",
                                  std::string* output = nullptr, const std::string& model_extra = "",
                                  int steps = 10) {
-  // fp8:RECIPE+primary: with precision.fp8.primary_weights.
+  // fp8:RECIPE+primary: with precision.fp8.primary_weights (the only suffix these runs take).
   const size_t colon = mode.find(':'), plus = mode.find('+');
+  REQUIRE((plus == std::string::npos || mode.substr(plus) == "+primary"));
   const std::string primary = plus != std::string::npos ? ", primary_weights: true" : "";
   // fp16's loss scale starts at 1024, which cannot overflow these gradients: at 65536 a step could
   // overflow on one backend and not on the other, and the runs would part there.

@@ -366,5 +366,84 @@ TEMPLATE_TEST_CASE("fp8_quantize_blocks_into writes transposed codes and factors
     }
 }
 
+// A weight cast in parts, as ranks cast their shards' parts of a primary FP8 weight: the cuts
+// fall anywhere (inside rows and blocks). Each part's block amaxes (the kernel's and the CPU
+// backend's) merged by max, the scales from them, then each part encoded: the codes, the
+// dequantised values and the summed counts equal the whole tensor's block cast, bit for bit; with
+// one scale, the per-tensor cast's.
+TEMPLATE_TEST_CASE("a weight cast in parts with agreed scales equals the whole tensor's cast bit for bit",
+                   "[kernels][fp8]", float, bf16) {
+  constexpr Format storage = format_of<TestType>();
+  constexpr Format f = Format::e4m3;
+  const std::vector<Shape> shapes{{7, 19}, {129, 257}, {256, 160}};
+  const Shape block_shapes[] = {{4, 8}, {128, 128}};
+  for (const Shape b : block_shapes)
+    for (const Shape s : shapes) {
+      const size_t n = static_cast<size_t>(s.rows) * s.cols;
+      const std::vector<size_t> cuts{0, n / 3 + 5, n / 3 + 6, 2 * n / 3 + 1, n};  // one part of a single element
+      // A NaN, which the block amaxes skip and the per-tensor cast keeps.
+      std::vector<float> x = block_input(s, b.rows, b.cols, storage, /*with_nan=*/s.rows == 129);
+      std::vector<float> ref_out(n);
+      CpuReference cpu;
+      const Fp8CastStats stats =
+          cpu->fp8_cast_blocks(cpu.view(ref_out, {s.rows, s.cols}), cpu.view(x, {s.rows, s.cols}), f, b.rows, b.cols);
+      const BlockReference blocks = block_reference(x, s.rows, s.cols, b.rows, b.cols, f);
+      const CastReference tensor_ref = cast_reference(x, s.rows, s.cols, f, kCastScale);
+      const auto d_x = to_storage<TestType>(x);
+      const size_t block_count = blocks.scale_inv.size();
+      for (const auto& order : simt::test_orders()) {
+        simt::ScopedOptions use(order);
+        INFO("blocks " << b.rows << "x" << b.cols << " rows=" << s.rows << " cols=" << s.cols << " order " << order.name());
+        std::vector<float> amaxes(block_count, 0.0f), cpu_amaxes(block_count, 0.0f);
+        for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+          const int64_t first = static_cast<int64_t>(cuts[k]), len = static_cast<int64_t>(cuts[k + 1] - cuts[k]);
+          const int64_t base = first / s.cols / b.rows * blocks.tile_cols;
+          kernels::fp8_block_amax_part(amaxes.data() + base, base, d_x.data() + first, static_cast<size_t>(len), first,
+                                       s.cols, b.rows, b.cols, nullptr, 3);
+          cpu->fp8_block_amaxes(cpu_amaxes.data(), cpu.view(x, {s.rows, s.cols}).range(first, len), first, s.cols, b.rows,
+                                b.cols);
+        }
+        std::vector<float> scales, factors, cpu_factors;
+        for (const float a : amaxes) scales.push_back(current_scale(a, format_max(f)));
+        for (const float scale : scales) factors.push_back(1.0f / scale);
+        for (const float a : cpu_amaxes) cpu_factors.push_back(1.0f / current_scale(a, format_max(f)));
+        expect_identical("factors from the parts' amaxes", factors, blocks.scale_inv);
+        expect_identical("factors from the CPU's parts' amaxes", cpu_factors, blocks.scale_inv);
+        for (const bool one_scale : {false, true}) {
+          const std::vector<float> used = one_scale ? std::vector<float>{kCastScale} : scales;
+          auto codes = poisoned<fp8>(n);
+          auto values = poisoned<float>(n);
+          std::vector<float> cpu_values(n);
+          kernels::Fp8Counts counts{}, value_counts{};
+          Fp8CastStats cpu_stats;
+          float amax = 0.0f;
+          for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+            const int64_t first = static_cast<int64_t>(cuts[k]), len = static_cast<int64_t>(cuts[k + 1] - cuts[k]);
+            kernels::fp8_encode_part(codes.data() + first, nullptr, &amax, &counts, d_x.data() + first,
+                                     static_cast<size_t>(len), first, s.cols, used.data(), static_cast<int>(used.size()),
+                                     b.rows, b.cols, fp8_interpretation(f), nullptr, 3);
+            kernels::fp8_encode_part<TestType>(nullptr, values.data() + first, &amax, &value_counts, d_x.data() + first,
+                                               static_cast<size_t>(len), first, s.cols, used.data(),
+                                               static_cast<int>(used.size()), b.rows, b.cols, fp8_interpretation(f),
+                                               nullptr);
+            cpu_stats.merge(cpu->fp8_encode(cpu.view(cpu_values, {s.rows, s.cols}).range(first, len),
+                                            cpu.view(x, {s.rows, s.cols}).range(first, len), f, used, first, s.cols,
+                                            b.rows, b.cols));
+          }
+          INFO((one_scale ? "one scale" : "block scales"));
+          expect_identical("codes", codes, one_scale ? tensor_ref.codes : blocks.codes);
+          expect_identical("dequantised", values, one_scale ? tensor_ref.dequantised : ref_out);
+          expect_identical("the CPU's dequantised", cpu_values, one_scale ? tensor_ref.dequantised : ref_out);
+          const Fp8CastStats& whole = one_scale ? tensor_ref.stats : stats;
+          expect_same_counts(counts, whole);
+          expect_same_counts(value_counts, whole);
+          CHECK(cpu_stats.nonzero == whole.nonzero);
+          CHECK(cpu_stats.underflow == whole.underflow);
+          CHECK(cpu_stats.saturated == whole.saturated);
+        }
+      }
+    }
+}
+
 }  // namespace
 }  // namespace ptrain::test

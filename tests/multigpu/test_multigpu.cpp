@@ -103,13 +103,18 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   // FP8 layers under ZeRO-3: each casts its weight from the gathered room before each pass, into
   // codes and block factors the layers of its shape share, so block 0's backward pass reads the
   // codes it cast again after block 1 wrote its own there. Primary FP8 weights are cast once a
-  // step from the FP32 master, gathered a bucket at a time into the gradient rooms.
+  // step, each rank casting its part of every layer's FP32 master with the scales the ranks
+  // agree on (per tensor, or per 128x128 block, factors in both GEMMs' layouts), the codes
+  // gathered into each layer's.
   const Run fp8_run{"gpt2", 2, 8, 4, "{mode: fp8, fp8: {recipe: block}}"};
   const Run primary_run{"llama", 2, 8, 4, "{mode: fp8, fp8: {recipe: current, primary_weights: true}}"};
+  const Run primary_block_run{"gpt2", 2, 8, 4, "{mode: fp8, fp8: {recipe: block, primary_weights: true}}"};
   const auto fp8 = gpu_losses(dir, 2, "fp8", 0, fp8_run);
   const auto fp8_zero3 = gpu_losses(dir, 2, "fp8-zero3", 3, fp8_run);
   const auto primary = gpu_losses(dir, 2, "primary", 0, primary_run);
   const auto primary_zero3 = gpu_losses(dir, 2, "primary-zero3", 3, primary_run);
+  const auto primary_block = gpu_losses(dir, 2, "primary-block", 0, primary_block_run);
+  const auto primary_block_zero1 = gpu_losses(dir, 2, "primary-block-zero1", 1, primary_block_run);
   // The CPU's 2-rank bf16 bound (kBf16LayoutLossTolerance in tests/dist/test_distributed.cpp).
   expect_close(two, one, 2e-4);
 #ifdef PTRAIN_SIM_DEVICE
@@ -123,6 +128,7 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   CHECK(accumulating_zero3 == accumulating_zero2);
   CHECK(fp8_zero3 == fp8);
   CHECK(primary_zero3 == primary);
+  CHECK(primary_block_zero1 == primary_block);
 #else
   expect_close(two_zero1, two, 2e-4);
   expect_close(two_zero2, two, 2e-4);
@@ -132,6 +138,7 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-0 to ZeRO-3, 
   expect_close(accumulating_zero3, accumulating_zero2, 2e-4);
   expect_close(fp8_zero3, fp8, 2e-4);
   expect_close(primary_zero3, primary, 2e-4);
+  expect_close(primary_block_zero1, primary_block, 2e-4);
 #endif
   fs::remove_all(dir);
 }

@@ -67,6 +67,7 @@ size_t element_bytes(ncclDataType_t type) {
     case ncclFloat32: return 4;
     case ncclBfloat16:
     case ncclFloat16: return 2;
+    case ncclUint8: return 1;  // FP8 codes: gathered and broadcast, never summed (check_sum)
     default: return 0;  // types ptrain never sends: refused below
   }
 }
@@ -180,8 +181,14 @@ ncclResult_t check_call(const char* what, ncclComm_t comm, ncclDataType_t type) 
   if (!comm) return refuse(ncclInvalidArgument, std::string(what) + ": comm is null");
   if (element_bytes(type) == 0)
     return refuse(ncclInvalidArgument,
-                  std::string(what) + ": datatype " + std::to_string(int(type)) + " is not simulated (f32, bf16, f16)");
+                  std::string(what) + ": datatype " + std::to_string(int(type)) + " is not simulated (f32, bf16, f16, u8)");
   return ncclSuccess;
+}
+
+// The reductions' checks: a float type, which load() and store() read and write.
+ncclResult_t check_sum(const char* what, ncclComm_t comm, ncclDataType_t type) {
+  if (type == ncclUint8) return refuse(ncclInvalidArgument, std::string(what) + ": ncclUint8 sums are not simulated");
+  return check_call(what, comm, type);
 }
 
 ncclResult_t check_buffer(const char* what, const char* name, const void* p, size_t bytes) {
@@ -304,7 +311,7 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-  SIM_NCCL_TRY(check_call("ncclAllReduce", comm, type));
+  SIM_NCCL_TRY(check_sum("ncclAllReduce", comm, type));
   if (const int injected = ptrain::sim::injected_failure(__func__))
     return abandon_group(refuse(static_cast<ncclResult_t>(injected), "ncclAllReduce: injected failure"));
   if (op != ncclSum) return refuse(ncclInvalidArgument, "ncclAllReduce: only ncclSum is simulated");
@@ -318,7 +325,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, n
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  SIM_NCCL_TRY(check_call("ncclReduceScatter", comm, type));
+  SIM_NCCL_TRY(check_sum("ncclReduceScatter", comm, type));
   if (op != ncclSum) return refuse(ncclInvalidArgument, "ncclReduceScatter: only ncclSum is simulated");
   const size_t bytes = recvcount * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclReduceScatter", "sendbuff", sendbuff, bytes * comm->size));
@@ -342,7 +349,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t type, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-  SIM_NCCL_TRY(check_call("ncclReduce", comm, type));
+  SIM_NCCL_TRY(check_sum("ncclReduce", comm, type));
   if (op != ncclSum) return refuse(ncclInvalidArgument, "ncclReduce: only ncclSum is simulated");
   if (root < 0 || root >= comm->size) return refuse(ncclInvalidArgument, "ncclReduce: root out of range");
   const size_t bytes = count * element_bytes(type);

@@ -241,10 +241,13 @@ void check_run(const Axes& run) {
         CHECK(ran(ops, "ncclAllReduce") == 0);
         CHECK(ran(ops, "ncclBroadcast") > 0);
       } else {
+        // Primary FP8 weights' codes are gathered a layer at a time, from the ranks' parts of
+        // it (which the shards cut anywhere): one broadcast per owner, in place of ZeRO-1's
+        // all-gather of the updated weights.
         CHECK((ran(ops, "ncclReduceScatter") > 0) == (even || bf16_exchange));
-        CHECK((ran(ops, "ncclAllGather") > 0) == even);
+        CHECK((ran(ops, "ncclAllGather") > 0) == (even && !run.primary_weights));
         CHECK((ran(ops, "ncclReduce") > 0) == (!even && !bf16_exchange));
-        CHECK((ran(ops, "ncclBroadcast") > 0) == !even);
+        CHECK((ran(ops, "ncclBroadcast") > 0) == (!even || run.primary_weights));
       }
     } else {
       CHECK(ran_prefix(ops, "nccl") == 0);
@@ -322,12 +325,12 @@ const Axes kRuns[] = {
      true},
     {"llama-fp8-current-graphs-recompute-block-primary-weights", "fp8:current", "fallback", true, 1, 0, 64, "llama",
      "block", "fp32", true},
-    // ZeRO-1's ranks gather the FP32 master into the gradient block to cast it: no block of its own.
+    // ZeRO-1's ranks cast a part of each layer and gather the codes: no block of their own.
     {"fp8-block-2-ranks-zero1-graphs-primary-weights", "fp8:block", "fallback", true, 2, 1, 64, "gpt2", "none", "fp32",
      true},
     // ZeRO-2: grad buckets in place of the gradient block, and a gradient shard per rank; two
     // micro-batches per rank add into it. Its micro-batches hand buckets on, so run as called.
-    // Primary FP8 weights gather the master into the buckets' rooms to cast it; a bf16 exchange
+    // Primary FP8 weights' codes are gathered straight into each layer's; a bf16 exchange
     // stages at most a bucket.
     {"bf16-2-ranks-fused-zero2-bf16-exchange", "bf16", "cudnn", false, 2, 2, 64, "gpt2", "none", "bf16"},
     {"fp8-current-3-ranks-zero2-uneven-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 2, 32,
@@ -338,8 +341,8 @@ const Axes kRuns[] = {
     {"llama-bf16-2-ranks-zero3", "bf16", "fallback", false, 2, 3, 64, "llama"},
     {"fp16-3-ranks-zero3-uneven-recompute-block", "fp16", "fallback", false, 3, 3, 32, "gpt2", "block"},
     // FP8 layers under ZeRO-3 cast their weights from the gathered room before each pass, into
-    // codes the layers of a shape share; primary FP8 weights from the master, gathered into the
-    // gradient buckets' rooms as under ZeRO-2, into codes of their own.
+    // codes the layers of a shape share; primary FP8 weights are cast a part per rank and their
+    // codes gathered, as under ZeRO-1 and 2, into codes of their own.
     {"fp8-delayed-2-ranks-fused-zero3", "fp8:delayed", "cudnn", false, 2, 3},
     {"fp8-block-2-ranks-zero3-recompute-block", "fp8:block", "fallback", false, 2, 3, 64, "gpt2", "block"},
     {"llama-fp8-current-3-ranks-zero3-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 3, 32,

@@ -582,6 +582,43 @@ class CpuBackend final : public Backend {
     return stats;
   }
 
+  void fp8_block_amaxes(float* amaxes, Tensor part, int64_t first, int64_t cols, int block_rows,
+                        int block_cols) override {
+    const OpScope scope(profile_, OpFamily::fp8_casts);
+    expect(part.dtype == DType::f32 && first >= 0 && cols > 0 && block_rows > 0 && block_cols > 0, "fp8_block_amaxes",
+           "f32 storage, a place in the tensor and positive block sizes expected");
+    const int64_t bcols = (cols + block_cols - 1) / block_cols;
+    const float* x = part.as<float>();
+    for (int64_t i = 0; i < part.numel(); ++i) {
+      const int64_t at = first + i;
+      float& a = amaxes[at / cols / block_rows * bcols + at % cols / block_cols];
+      a = std::max(a, std::fabs(x[i]));  // skips NaN, as fp8_cast_blocks does
+    }
+  }
+
+  Fp8CastStats fp8_encode(Tensor out, Tensor part, Format format, const std::vector<float>& scales, int64_t first,
+                          int64_t cols, int block_rows, int block_cols) override {
+    const OpScope scope(profile_, OpFamily::fp8_casts);
+    expect(part.dtype == DType::f32 && out.dtype == DType::f32 && out.numel() == part.numel() && is_fp8(format) &&
+               !scales.empty() && first >= 0 && cols > 0 && block_rows > 0 && block_cols > 0,
+           "fp8_encode", "f32 storage of equal size, an fp8 format, scales and positive block sizes expected");
+    const int64_t n = part.numel(), bcols = (cols + block_cols - 1) / block_cols;
+    const float* x = part.as<float>();
+    float* y = out.as<float>();
+    Fp8CastStats stats;
+    // Runs of elements that share a scale: a whole part per tensor, a row's stretch of a block.
+    for (int64_t i = 0; i < n;) {
+      const int64_t at = first + i, col = at % cols;
+      const int64_t len =
+          scales.size() == 1 ? n : std::min({n - i, block_cols - col % block_cols, cols - col});
+      const float scale = scales.size() == 1 ? scales[0] : scales.at(at / cols / block_rows * bcols + col / block_cols);
+      cpu::fp8_cast_run(y + i, x + i, len, format, scale, stats);
+      i += len;
+    }
+    stats.amax = cpu::amax(x, n);
+    return stats;
+  }
+
   void adamw(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p, Tensor param_copy) override {
     const OpScope scope(profile_, OpFamily::adamw);
     expect_same_float_dtype("adamw", {&param, &grad, &m, &v, &param_copy});

@@ -189,6 +189,10 @@ class CudaBackend final : public Backend {
   // fp8_casts.cu
   Fp8CastStats fp8_cast(Tensor out, Tensor in, Format format, float scale) override;
   Fp8CastStats fp8_cast_blocks(Tensor out, Tensor in, Format format, int block_rows, int block_cols) override;
+  void fp8_block_amaxes(float* amaxes, Tensor part, int64_t first, int64_t cols, int block_rows,
+                        int block_cols) override;
+  Fp8CastStats fp8_encode(Tensor out, Tensor part, Format format, const std::vector<float>& scales, int64_t first,
+                          int64_t cols, int block_rows, int block_cols) override;
 
   // fp8_gemms.cu
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,

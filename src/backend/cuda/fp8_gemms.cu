@@ -186,6 +186,36 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     return out;
   }
 
+  Tensor weight_codes() override { return Tensor(codes_[kWeight], DType::u8, {OC_, C_}, Device::cuda); }
+
+  // The factors of codes written into weight_codes(): 1 / scale, per tensor through the discard
+  // slot (nothing recorded), per 128x128 block in both GEMMs' layouts as cast_blocks writes them.
+  void set_weight_scales(Format format, const std::vector<float>& scales) override {
+    const char* op = "fp8 weight scales";
+    PTRAIN_EXPECT(is_fp8(format), op, std::string("the format must be e4m3 or e5m2, got ") + format_name(format));
+    formats_[kWeight] = format;
+    if (scaling_ == Scaling::tensor) {
+      PTRAIN_EXPECT(scales.size() == 1, op, "one scale per tensor expected");
+      kernels::set_scale(&stats_slot(kWeight, false)->scale, factors_[kWeight], scales[0], be_.stream_);
+      return;
+    }
+    constexpr int64_t kB = 128;
+    const int64_t tile_rows = (OC_ + kB - 1) / kB, tile_cols = (C_ + kB - 1) / kB;
+    PTRAIN_EXPECT(static_cast<int64_t>(scales.size()) == tile_rows * tile_cols, op,
+                  "one scale per 128x128 block expected");
+    for (const bool transposed : {false, true}) {
+      const kernels::BlockScaleLayout layout = factor_layout(kWeight, transposed);
+      std::vector<float> factors(static_cast<size_t>(factor_count(kWeight, transposed)), 0.0f);
+      for (int64_t i = 0; i < tile_rows; ++i)
+        for (int64_t j = 0; j < tile_cols; ++j)
+          factors.at(static_cast<size_t>(i * layout.row_stride + j * layout.col_stride)) =
+              1.0f / scales[static_cast<size_t>(i * tile_cols + j)];
+      // From pageable memory: staged before cudaMemcpyAsync returns, so `factors` may go.
+      PTRAIN_CUDA_CHECK(cudaMemcpyAsync(this->factors(kWeight, transposed), factors.data(),
+                                        factors.size() * sizeof(float), cudaMemcpyHostToDevice, be_.stream_));
+    }
+  }
+
   void forward(Tensor out, Tensor bias) override {
     const char* op = "fp8 forward GEMM";
     expect_float(op, "out", out);
