@@ -143,6 +143,14 @@ mutate mlp-codes-down-recast-removed src/model/transformer.cpp \
   '  down->recast_input(a_.fch_gelu[hidden_slot(l)]);' \
   '' \
   "MLP's input stored as FP8 codes"
+
+# 11. Primary FP8 weights under ZeRO-1: the compute stream no longer waits for the codes' gathers,
+#     so the forward pass reads layers whose other ranks' parts NCCL has not written yet.
+mutate primary-codes-gather-wait-removed src/optim/adamw.cpp \
+  '  comm_->wait_gathers();
+  comm_->all_reduce_sum(counts.data(), counts.size());' \
+  '  comm_->all_reduce_sum(counts.data(), counts.size());' \
+  'GPUs follow 1 GPU'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -325,9 +325,11 @@ void AdamW::gather_primary_fp8_weights(bool training) {
     if (p.count > 0) s = fp8.encode_weight_part(master.range(p.in_shard, p.count), p.in_run);
     counts.insert(counts.end(), {static_cast<double>(s.nonzero), static_cast<double>(s.underflow),
                                  static_cast<double>(s.saturated)});
+    // On GPUs each layer's gather runs beside the next layer's cast.
     const Tensor codes = fp8.weight_codes();
-    comm_->all_gather(codes, codes.range(p.in_run, p.count), parts_of({layers[i].range}));
+    comm_->all_gather_async(codes, codes.range(p.in_run, p.count), parts_of({layers[i].range}));
   }
+  comm_->wait_gathers();
   comm_->all_reduce_sum(counts.data(), counts.size());
   for (size_t i = 0; i < layers.size(); ++i) {
     Fp8CastStats all;
