@@ -201,8 +201,8 @@ class RecordingBackend final : public ForwardingBackend {
   }
 
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                           Format forward, Format backward, int input_slot, bool shared_weight,
-                                           std::string* why) override;
+                                           Format forward, Format backward, int input_slot,
+                                           Fp8Gemms::WeightCodes weight_codes, std::string* why) override;
 
  private:
   using Calls = std::vector<std::function<void()>>;
@@ -263,9 +263,14 @@ class RecordedFp8Gemms final : public Fp8Gemms {
 
 std::unique_ptr<Fp8Gemms> RecordingBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC,
                                                            Fp8Gemms::Scaling scaling, Format forward, Format backward,
-                                                           int input_slot, bool shared_weight, std::string* why) {
+                                                           int input_slot, Fp8Gemms::WeightCodes weight_codes,
+                                                           std::string* why) {
   if (!native_fp8_)
-    return ForwardingBackend::make_fp8_gemms(rows, C, OC, scaling, forward, backward, input_slot, shared_weight, why);
+    return ForwardingBackend::make_fp8_gemms(rows, C, OC, scaling, forward, backward, input_slot, weight_codes, why);
+  if (weight_codes == Fp8Gemms::WeightCodes::handed) {  // the layer emulates, reading the codes it is handed
+    *why = "these test GEMMs keep their weight's codes";
+    return nullptr;
+  }
   return std::make_unique<RecordedFp8Gemms>(*this, std::make_unique<DeferredFp8Gemms>(inner_, rows, C, OC, scaling));
 }
 

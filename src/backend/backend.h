@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config/choices.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "backend/fp8_activation_store.h"
 #include "backend/op_profile.h"
@@ -84,6 +85,12 @@ class Fp8Gemms {
   // How the factors are given: one per tensor (delayed and current recipes), or one per 1x128
   // tile / 128x128 block (the block recipe: Hopper's block-scaled GEMMs).
   enum class Scaling { tensor, blocks };
+  // Where the weight's codes live: the layer's own, cast once a step; shared with the other
+  // layers of its shape, each casting its weight right before each forward() and backward()
+  // (ZeRO-3's, gathered into a room for each pass); or handed to the GEMMs before each pass
+  // (bind_weight_codes: ZeRO-3's primary FP8 weights, gathered as codes). The factors are the
+  // layer's own but when shared.
+  enum class WeightCodes { own, shared, handed };
   // What an operand's recorded casts did, and the scale of the latest one: NaN with block
   // scaling, 0 if there was none since the last take_stats().
   struct OperandStats {
@@ -118,6 +125,12 @@ class Fp8Gemms {
   // Backend::fp8_encode). Nothing is recorded in the statistics.
   virtual Tensor weight_codes() = 0;
   virtual void set_weight_scales(Format format, const std::vector<float>& scales) = 0;
+  // WeightCodes::handed: the codes the next forward() and backward() read, (OC, C) u8, cast
+  // with the scales set_weight_scales gave.
+  virtual void bind_weight_codes(Tensor codes) {
+    (void)codes;
+    PTRAIN_CHECK(false, "bind_weight_codes: these FP8 GEMMs keep their weight's codes themselves");
+  }
 
   // out(rows, OC) = input weight^T + bias (bias may be empty).
   virtual void forward(Tensor out, Tensor bias) = 0;
@@ -158,7 +171,8 @@ class Backend {
   virtual void upload(Tensor dst, const float* src) = 0;
   virtual void download(float* dst, Tensor src) = 0;
   virtual void upload_tokens(Tensor dst, const int32_t* src) = 0;
-  // dst = src rounded to dst.format (e.g. the bf16 copy of FP32 master weights).
+  // dst = src rounded to dst.format (e.g. the bf16 copy of FP32 master weights); u8 (FP8 codes)
+  // to u8 byte for byte.
   virtual void copy(Tensor dst, Tensor src) = 0;
 
   // out(B,T,C) = wte[tokens] + wpe[t]; tokens (B,T) i32. An empty wpe (dwpe): no position
@@ -301,12 +315,11 @@ class Backend {
   // of that slot too: only for layers whose input is cast again right before their backward pass,
   // with no layer of the slot in between (fp8_input_slot in src/model/transformer.h says which);
   // -1 keeps them the layer's own.
-  // `shared_weight` shares the weight's codes and factors with the other such layers of its
-  // shape: only for layers that cast the weight right before each forward() and backward().
+  // `weight_codes` says where the weight's codes live (Fp8Gemms::WeightCodes).
   virtual std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                                   Format forward, Format backward, int input_slot, bool shared_weight,
-                                                   std::string* why) {
-    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward, (void)input_slot, (void)shared_weight;
+                                                   Format forward, Format backward, int input_slot,
+                                                   Fp8Gemms::WeightCodes weight_codes, std::string* why) {
+    (void)rows, (void)C, (void)OC, (void)scaling, (void)forward, (void)backward, (void)input_slot, (void)weight_codes;
     *why = "the " + name() + " backend emulates FP8 (dequantised values through its GEMMs)";
     return nullptr;
   }

@@ -15,7 +15,7 @@ static Fp8TensorState make_state(const std::string& name, Format format, const F
 }
 
 Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-                     int64_t OC, int input_slot, bool primary_weight, bool recast_weight)
+                     int64_t OC, int input_slot, Weight weight)
     : policy_(policy),
       backend_(backend),
       weights_(C * OC),
@@ -25,19 +25,23 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)),
       input_slot_(input_slot),
-      primary_weight_(primary_weight),
-      recast_weight_(recast_weight) {
-  PTRAIN_CHECK(!(primary_weight && recast_weight), name + ": a primary FP8 weight is cast from the master, once a step");
+      primary_weight_(weight == Weight::primary || weight == Weight::primary_handed),
+      recast_weight_(weight == Weight::recast),
+      handed_weight_(weight == Weight::primary_handed) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   if (blocks && policy.block != kNativeBlock)
     why_emulated_ = "block size " + std::to_string(policy.block) + ": block-scaled GEMMs take " +
                     std::to_string(kNativeBlock) + " only";
   else
     gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
-                                    policy.forward, policy.backward, input_slot, recast_weight, &why_emulated_);
+                                    policy.forward, policy.backward, input_slot,
+                                    recast_weight_   ? Fp8Gemms::WeightCodes::shared
+                                    : handed_weight_ ? Fp8Gemms::WeightCodes::handed
+                                                     : Fp8Gemms::WeightCodes::own,
+                                    &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
-  allocate_like(weight_q_, {OC, C});
+  if (!handed_weight_) allocate_like(weight_q_, {OC, C});
   allocate_like(grad_q_, {rows, OC});
   if (blocks) {
     allocate_like(input_qt_, {rows, C});
@@ -109,10 +113,21 @@ void Fp8Linear::settle() {
   }
 }
 
+void Fp8Linear::take_handed_codes(Tensor codes) {
+  PTRAIN_CHECK(codes.numel() == weights_ && codes.dtype == weight_code_dtype(),
+               weight_.name + ": expected the weight's " + std::to_string(weights_) + " codes as " +
+                   dtype_name(weight_code_dtype()) + ", got " + codes.shape_string());
+  if (gemms_)
+    gemms_->bind_weight_codes(codes.reshaped({OC_, C_}));
+  else
+    weight_q_ = codes.reshaped({OC_, C_});
+}
+
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   const int block = policy_.block;
   PTRAIN_CHECK(!primary_weight_ || weight_cast_ || !training,
                weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
+  if (handed_weight_) take_handed_codes(weight);
   if (recast_weight_ || (!weight_cast_ && !primary_weight_)) {
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
@@ -134,7 +149,8 @@ void Fp8Linear::recast_input(Tensor inp) {
 }
 
 void Fp8Linear::cast_weight(Tensor master, bool training) {
-  PTRAIN_CHECK(primary_weight_, weight_.name + ": cast_weight() is for primary FP8 weights");
+  PTRAIN_CHECK(primary_weight_ && !handed_weight_,
+               weight_.name + ": cast_weight() is for primary FP8 weights whose codes the layer keeps");
   cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, training);
   weight_cast_ = weight_cast_ || training;
 }
@@ -172,14 +188,20 @@ void Fp8Linear::agree_weight_scales(const float* amaxes, bool training) {
 }
 
 Tensor Fp8Linear::weight_codes() const {
+  PTRAIN_CHECK(!handed_weight_, weight_.name + ": the layer is handed its weight's codes and keeps none");
   const Tensor codes = gemms_ ? gemms_->weight_codes() : weight_q_;
   return codes.range(0, weights_);
 }
 
 Fp8CastStats Fp8Linear::encode_weight_part(Tensor part, int64_t first) {
+  return encode_weight_part(part, first, weight_codes().range(first, part.numel()));
+}
+
+Fp8CastStats Fp8Linear::encode_weight_part(Tensor part, int64_t first, Tensor codes) {
   PTRAIN_CHECK(!weight_scales_.empty(), weight_.name + ": encode_weight_part needs agree_weight_scales first");
-  return backend_.fp8_encode(weight_codes().range(first, part.numel()), part, weight_.format, weight_scales_, first,
-                             C_, policy_.block, policy_.block);
+  PTRAIN_CHECK(codes.numel() == part.numel() && codes.dtype == weight_code_dtype(),
+               weight_.name + ": encode_weight_part writes one code per element, as " + dtype_name(weight_code_dtype()));
+  return backend_.fp8_encode(codes, part, weight_.format, weight_scales_, first, C_, policy_.block, policy_.block);
 }
 
 void Fp8Linear::finish_weight_cast(const Fp8CastStats& all_parts, bool training) {
@@ -197,6 +219,7 @@ void Fp8Linear::finish_weight_cast(const Fp8CastStats& all_parts, bool training)
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight) {
   const int block = policy_.block;
   if (recast_weight_) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);
+  if (handed_weight_) take_handed_codes(weight);
   cast(grad_, Fp8Gemms::kGrad, grad_q_, dout, 1, block, /*training=*/true);
   const bool blocks = policy_.recipe == Fp8Recipe::block;
   if (blocks) cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);

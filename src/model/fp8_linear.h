@@ -39,13 +39,23 @@ class Fp8Linear {
   // >= 0: native FP8 GEMMs may share the cast input with the other layers of the slot
   // (Backend::make_fp8_gemms), for a layer whose input is cast again before its backward pass
   // (by its forward pass run again, or by recast_input).
-  // `primary_weight`: the weight is a primary FP8 weight (precision.fp8.primary_weights), cast by
-  // cast_weight() from the FP32 master, never by forward(). `recast_weight`: the weight is cast
-  // afresh by every forward() and backward(), from the weight each is handed, into codes the
-  // native GEMMs share with the other such layers of its shape (ZeRO-3, whose rooms hold a
-  // block's weights only while its passes run): one block's codes instead of every layer's.
+  // `weight` says where the weight's codes come from (Weight).
+  enum class Weight {
+    cast_once,  // cast from the weight forward() is handed, once a step, into codes of its own
+    // cast afresh by every forward() and backward(), from the weight each is handed, into codes
+    // the native GEMMs share with the other such layers of its shape (ZeRO-3, whose rooms hold a
+    // block's weights only while its passes run): one block's codes instead of every layer's
+    recast,
+    // a primary FP8 weight (precision.fp8.primary_weights), cast from the FP32 master by
+    // cast_weight() or in parts (encode_weight_part), never by forward()
+    primary,
+    // a primary FP8 weight whose codes the layer does not keep: the ranks encode their parts
+    // elsewhere (ZeRO-3, each rank keeping its part's codes), and forward() and backward() are
+    // handed the whole layer's codes (gathered into a room), weight_code_dtype() elements
+    primary_handed,
+  };
   Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& backend, int64_t rows, int64_t C,
-            int64_t OC, int input_slot = -1, bool primary_weight = false, bool recast_weight = false);
+            int64_t OC, int input_slot = -1, Weight weight = Weight::cast_once);
   ~Fp8Linear();
   Fp8Linear(const Fp8Linear&) = delete;
   Fp8Linear& operator=(const Fp8Linear&) = delete;
@@ -60,8 +70,8 @@ class Fp8Linear {
   void recast_input(Tensor inp);
   bool shares_input_codes() const { return gemms_ && input_slot_ >= 0; }
   // Gradients of the latest forward(): dinp += fp8(dout) fp8(weight); dweight += fp8(dout)^T
-  // fp8(inp); dbias += column sums of dout. `weight` is read only by a layer that recasts it,
-  // and must be what forward() was handed.
+  // fp8(inp); dbias += column sums of dout. `weight` is read only by a layer that recasts it or
+  // is handed its codes, and must be what forward() was handed.
   void backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight);
   // A primary weight's cast from `master` (OC, C): the training cast of the step to come, its
   // statistics counting in that step's as a cast in forward() would; or (`training` false) an
@@ -69,17 +79,23 @@ class Fp8Linear {
   void cast_weight(Tensor master, bool training);
   // A primary weight's cast shared out over ranks (ZeRO-1 to 3), each casting its part of the
   // FP32 master with the scales the ranks agree on, the codes then all-gathered into
-  // weight_codes(): the codes, scales and statistics cast_weight() of the whole would make. On
-  // every rank, in order: weight_part_amaxes for this rank's part (elements [first, first +
+  // weight_codes() (or, for a layer handed its codes, kept by each rank and gathered by the
+  // passes): the codes, scales and statistics cast_weight() of the whole would make. On every
+  // rank, in order: weight_part_amaxes for this rank's part (elements [first, first +
   // part.numel()) of the (OC, C) weight) into weight_amax_count() zeroed floats, of which the
   // caller takes the ranks' maxima (NaN winning); agree_weight_scales with those; then
-  // encode_weight_part into weight_codes(); once the codes are gathered, finish_weight_cast with
-  // the parts' statistics summed over ranks.
+  // encode_weight_part; once the codes are cast (and gathered), finish_weight_cast with the
+  // parts' statistics summed over ranks.
   int64_t weight_amax_count() const;  // the tensor's amax, then with block scaling each block's
   void weight_part_amaxes(Tensor part, int64_t first, float* amaxes);
   void agree_weight_scales(const float* amaxes, bool training);
   Tensor weight_codes() const;  // (OC * C): u8 codes, or dequantised values where emulated
   Fp8CastStats encode_weight_part(Tensor part, int64_t first);
+  // The same, into `codes` (part.numel() elements of weight_code_dtype()) where the layer is
+  // handed its codes (Weight::primary_handed).
+  Fp8CastStats encode_weight_part(Tensor part, int64_t first, Tensor codes);
+  // What its weight's codes are stored as: u8 for native GEMMs, else dequantised f32 values.
+  DType weight_code_dtype() const { return gemms_ ? DType::u8 : DType::f32; }
   void finish_weight_cast(const Fp8CastStats& all_parts, bool training);
   // After each optimizer step: delayed scales move on, the weight is cast afresh next step (a
   // primary weight by cast_weight()).
@@ -132,6 +148,7 @@ class Fp8Linear {
   // The input's casts: for the forward GEMM, and with block scaling for wgrad when `wgrad`.
   void cast_input(Tensor inp, bool training, bool wgrad);
   void* allocate_like(Tensor& slot, const std::vector<int64_t>& shape);
+  void take_handed_codes(Tensor codes);  // Weight::primary_handed: what the GEMMs read next
   // Native casts gather their statistics on the device (no wait per cast); this reads them into
   // the states (telemetry, and the delayed recipe's amax history) once they are needed.
   void settle();
@@ -148,7 +165,7 @@ class Fp8Linear {
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
   int input_slot_;
-  bool primary_weight_, recast_weight_;
+  bool primary_weight_, recast_weight_, handed_weight_;
   bool weight_cast_ = false;
   bool unsettled_ = false;  // native casts recorded statistics on the device since settle()
 };

@@ -128,13 +128,15 @@ std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const M
   return {{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}};
 }
 
-int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T) {
+int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T, bool sharded_params) {
   if (!policy.fp8.enabled) return 0;
   const int64_t rows = int64_t{B} * T;
+  const bool handed = sharded_params && policy.fp8.primary_weights;  // Fp8Linear::Weight::primary_handed
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [C, OC] : block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC);
+      for (const auto& [C, OC] : block_linear_shapes(s))
+        bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC) - (handed ? C * OC * int64_t(sizeof(float)) : 0);
   if (!policy.fp8.bf16_lm_head) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
@@ -150,11 +152,56 @@ bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params) {
   return policy.fp8.enabled && sharded_params && !policy.fp8.primary_weights;
 }
 
+// The linear of a block whose weight tensor id is (is_block_linear).
+static LinearId linear_of(ParamId id) {
+  return id == kQkvw ? kQkv : id == kAttnOutw ? kAttproj : id == kMlpUpw ? kFc : kFcproj;
+}
+
+std::array<FlatRange, kLinearsPerBlock> block_linear_ranges(const ModelShape& s) {
+  std::array<FlatRange, kLinearsPerBlock> out{};
+  int64_t offset = 0;
+  for (const ParamSpec& spec : param_specs(s)) {
+    const int64_t n = shape_numel(spec.shape);
+    if (is_block_linear(spec.id)) out[linear_of(spec.id)] = {offset, n};
+    offset += n;
+  }
+  return out;
+}
+
+std::array<int64_t, kLinearsPerBlock> block_linear_elements(const ModelShape& s, int64_t begin, int64_t count) {
+  std::array<int64_t, kLinearsPerBlock> out{};
+  const std::array<FlatRange, kLinearsPerBlock> linears = block_linear_ranges(s);
+  for (int k = 0; k < kLinearsPerBlock; ++k) out[k] = overlap(linears[k], begin, count);
+  return out;
+}
+
 int fp8_input_slot(Recompute recompute, int linear, bool mlp_input_codes) {
   const bool recast = recompute == Recompute::block || linear == kAttproj ||
                       (recompute == Recompute::mlp && (linear == kFc || linear == kFcproj)) ||
                       (mlp_input_codes && linear == kFcproj);
   return recast ? linear : -1;
+}
+
+Zero3Weights zero3_weights(const ModelShape& s, bool primary_fp8, int64_t begin, int64_t count) {
+  Zero3Weights z;
+  const GradBucketSizes buckets = grad_bucket_sizes(s);
+  z.range = count;
+  z.block_weights = buckets.block;
+  if (primary_fp8) {
+    z.code_range = block_linear_elements(s, begin, count);
+    const auto linears = block_linear_shapes(s);
+    for (int k = 0; k < kLinearsPerBlock; ++k) {
+      z.range -= z.code_range[k];
+      z.block_weights -= linears[k][0] * linears[k][1];
+      z.code_rooms[k] = GradBucketSizes::kBlockRooms * linears[k][0] * linears[k][1];
+    }
+  }
+  z.in_block_rooms = buckets.in_block_rooms && !primary_fp8;
+  z.block_room = z.in_block_rooms ? buckets.block : z.block_weights;
+  GradBucketSizes heads = buckets;  // the head's and embeddings' rooms, where they are apart
+  heads.in_block_rooms = z.in_block_rooms;
+  z.rooms = GradBucketSizes::kBlockRooms * z.block_room + heads.rest();
+  return z;
 }
 
 int64_t rope_table_bytes(const ModelShape& s, int T) {
@@ -185,17 +232,19 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
         .with_format(f);
   };
   // Primary FP8 weights: the block linears' FP8 codes are cast from the FP32 master, so they
-  // keep no copy in the weight format (but for ZeRO-3's range and rooms, laid out over every
-  // tensor); every block must then be FP8.
+  // keep no copy in the weight format; every block must then be FP8.
   const int64_t primary = primary_fp8_weight_count(shape, policy);
   primary_fp8_ = primary > 0;
   primary_cast_ = PrimaryCast::due;
   // ZeRO-3 keeps only this rank's range of the GEMMs' copy, and gathers each block's (and the
-  // other tensors') into a room a block before the forward or backward pass reads it.
+  // other tensors') into a room a block before the forward or backward pass reads it; with
+  // primary FP8 weights the range's block linears are kept as codes apart (allocate_code_rooms).
   sharded_params_ = master_range.sharded_params;
   PTRAIN_CHECK(!sharded_params_ || (master_range.count >= 0 && master_range.grad_buckets),
                "sharded parameters need this rank's range and grad buckets");
-  params_flat_ = flat(policy.weights, sharded_params_ ? master_range.count : n - primary);
+  codes_in_rooms_ = sharded_params_ && primary_fp8_;
+  const Zero3Weights zero3 = zero3_weights(shape, codes_in_rooms_, master_range.begin, master_range.count);
+  params_flat_ = flat(policy.weights, sharded_params_ ? zero3.range : n - primary);
   // The main gradients: FP32 in every mode, the backward ops adding into them directly; with
   // grad buckets one block's and the other tensors' at a time.
   num_params_ = n;
@@ -221,31 +270,43 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   if (master_range.count >= 0) master_begin_ = master_range.begin;
   const GradBucketSizes& sizes = bucket_sizes_;
   // Weight rooms (ZeRO-3): laid out as the grad buckets are, a bucket's weights where its
-  // gradients go (grad_bucket_at).
-  if (sharded_params_) weight_rooms_ = flat(policy.weights, sizes.total());
-  // Grad buckets: the head's and the embeddings' tensors where grad_bucket_at puts them.
-  int64_t offset = 0, copy_offset = 0, block_offset = 0, embedding_offset = grad_bucket_at(-1),
-          head_offset = grad_bucket_at(shape.n_layer);
+  // gradients go; a block's room leaves out the linears kept as codes, unless the head's and
+  // the embeddings' weights take their turns in the block rooms.
+  block_room_weights_ = zero3.block_weights;
+  room_block_ = zero3.block_room;
+  weights_in_block_rooms_ = zero3.in_block_rooms;
+  linear_ranges_ = block_linear_ranges(shape);
+  if (sharded_params_) weight_rooms_ = flat(policy.weights, zero3.rooms);
+  // Grad buckets: the head's and the embeddings' tensors where grad_bucket_at puts them (their
+  // weights where weight_room_at does).
+  int64_t offset = 0, copy_offset = 0, block_offset = 0, room_offset = 0;
+  std::array<int64_t, 2> embedding_at = {grad_bucket_at(-1), weight_room_at(-1)},
+                         head_at = {grad_bucket_at(shape.n_layer), weight_room_at(shape.n_layer)};
   for (const ParamSpec& spec : specs_) {
     const int64_t count = shape_numel(spec.shape);
     offsets_[spec.id] = offset;
+    if (is_block_param(spec.id) && !(codes_in_rooms_ && is_primary_fp8(spec.id))) {
+      room_offsets_[spec.id] = room_offset;
+      room_offset += count / shape.n_layer;
+    }
     if (!grad_buckets_) {
       grads_[spec.id] = grads_flat_.range(offset, count).reshaped(spec.shape);
     } else if (is_block_param(spec.id)) {  // grad(id) stays empty: block_grad finds the slice
       bucket_offsets_[spec.id] = block_offset;
       block_offset += count / shape.n_layer;
     } else {
-      int64_t& at = is_head_param(spec.id) ? head_offset : embedding_offset;
-      grads_[spec.id] = bucket_memory_.range(at, count).reshaped(spec.shape);
-      if (sharded_params_) params_[spec.id] = weight_rooms_.range(at, count).reshaped(spec.shape);
-      at += count;
+      std::array<int64_t, 2>& at = is_head_param(spec.id) ? head_at : embedding_at;
+      grads_[spec.id] = bucket_memory_.range(at[0], count).reshaped(spec.shape);
+      if (sharded_params_) params_[spec.id] = weight_rooms_.range(at[1], count).reshaped(spec.shape);
+      at[0] += count;
+      at[1] += count;
     }
     present_[spec.id] = true;
     if (sharded_params_) {  // a block tensor's layers are in the rooms in turn: block_param
       if (is_block_param(spec.id))
         params_[spec.id] =
             Tensor(nullptr, params_flat_.dtype, spec.shape, backend.device()).with_format(policy.weights);
-    } else if (primary_fp8(spec.id)) {
+    } else if (is_primary_fp8(spec.id)) {
       // The master the codes are cast from; a sharded master has no whole tensor (the ranks cast
       // a part each): its shape, no memory.
       params_[spec.id] = !sharded_master_ ? master_flat_.range(offset, count).reshaped(spec.shape)
@@ -289,6 +350,24 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
   for (int l = 0; l < shape.n_layer; ++l) block_names_.push_back("block " + std::to_string(l));
 
   make_fp8_linears(policy);
+  if (codes_in_rooms_) allocate_code_rooms(zero3);
+}
+
+void Transformer::allocate_code_rooms(const Zero3Weights& zero3) {
+  for (int k = 0; k < kLinearsPerBlock; ++k) {
+    // The layers of a linear run alike (native GEMMs, or the emulation) and read the same codes.
+    const DType dtype = fp8_linear(0, static_cast<LinearId>(k))->weight_code_dtype();
+    for (int l = 1; l < shape_.n_layer; ++l)
+      PTRAIN_CHECK(fp8_linear(l, static_cast<LinearId>(k))->weight_code_dtype() == dtype,
+                   "primary FP8 weights under ZeRO-3: the layers of one linear must all run native FP8 GEMMs or all "
+                   "emulate them");
+    const auto make = [&](int64_t count) {
+      return Tensor(backend_.allocate(static_cast<size_t>(std::max<int64_t>(count, 1)) * dtype_size(dtype)), dtype,
+                    {count}, backend_.device());
+    };
+    code_ranges_[k] = make(zero3.code_range[k]);
+    code_rooms_[k] = make(zero3.code_rooms[k]);
+  }
 }
 
 void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
@@ -301,16 +380,21 @@ void Transformer::make_fp8_linears(const PrecisionPolicy& policy) {
       shape_.arch == Arch::llama ? std::array<const char*, kLinearsPerBlock>{"qkv", "o_proj", "gate_up", "down"}
                                  : std::array<const char*, kLinearsPerBlock>{"qkv", "attproj", "fc", "fcproj"};
   // Layers share input codes by slot (fp8_input_slot) and, under ZeRO-3, weight codes by shape
-  // (fp8_weights_recast). An FP8 LM head keeps its own weight codes, cast once a step, under
+  // (fp8_weights_recast), or are handed them from code rooms (primary FP8 weights under ZeRO-3).
+  // An FP8 LM head keeps its own weight codes, cast once a step, under
   // every stage.
-  const bool recast_weights = fp8_weights_recast(policy, sharded_params_);
+  using Weight = Fp8Linear::Weight;
+  const Weight weight = fp8_weights_recast(policy, sharded_params_) ? Weight::recast
+                        : !primary_fp8_                             ? Weight::cast_once
+                        : codes_in_rooms_                           ? Weight::primary_handed
+                                                                    : Weight::primary;
   for (int l = 0; l < shape_.n_layer; ++l)
     for (int k = 0; k < kLinearsPerBlock; ++k)
       fp8_.push_back(policy.fp8_block(l, shape_.n_layer)
                          ? std::make_unique<Fp8Linear>("h" + std::to_string(l) + "." + linear_names[k], policy.fp8,
                                                        backend_, rows, linear_shapes[k][0], linear_shapes[k][1],
                                                        fp8_input_slot(recompute_, k, mlp_inputs_ != nullptr),
-                                                       primary_fp8_, recast_weights)
+                                                       weight)
                          : nullptr);
   fp8_.push_back(policy.fp8.bf16_lm_head ? nullptr
                                          : std::make_unique<Fp8Linear>("lm_head", policy.fp8, backend_, rows,
@@ -336,6 +420,10 @@ Transformer::~Transformer() {
   backend_.release(act_memory_);
   backend_.release(grads_flat_.empty() ? bucket_memory_.data : grads_flat_.data);
   if (!weight_rooms_.empty()) backend_.release(weight_rooms_.data);
+  for (const Tensor& t : code_ranges_)
+    if (!t.empty()) backend_.release(t.data);
+  for (const Tensor& t : code_rooms_)
+    if (!t.empty()) backend_.release(t.data);
   backend_.release(params_flat_.data);
   if (!master_flat_.empty()) backend_.release(master_flat_.data);
 }
@@ -355,14 +443,13 @@ void Transformer::load_weights(ParamId id, const float* host, int64_t begin, int
     return;
   }
   // This rank's range of the FP32 values, straight into its master shard.
-  const int64_t shard = sharded_params_ ? params_flat_.numel() : master_flat_.numel();
+  const int64_t shard = sharded_master_ ? master_flat_.numel() : params_flat_.numel();  // fp32 ZeRO-3: the values
   const int64_t lo = std::max(at, master_begin_), hi = std::min(at + n, master_begin_ + shard);
   if (sharded_master_ && lo < hi) backend_.upload(master_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
   // The GEMMs' copy, rounded from FP32 values staged a piece at a time (primary FP8 weights
   // keep none: the ranks cast their codes a part each before the next forward pass);
-  // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves),
-  // primary FP8 weights' included: the range is one run of the flat layout, gathered whole.
-  if (primary_fp8(id) && !sharded_params_) return;
+  // under ZeRO-3 this rank's range of it only (in fp32 the copy is the values themselves).
+  if (is_primary_fp8(id)) return;
   const Tensor staging = grad_buckets_ ? bucket_memory_ : grads_flat_;
   const auto stage = [&](Tensor dst, const float* src) {
     for (int64_t done = 0; done < dst.numel(); done += staging.numel()) {
@@ -374,9 +461,9 @@ void Transformer::load_weights(ParamId id, const float* host, int64_t begin, int
   if (!sharded_params_)
     stage(params_[id].range(begin, n), host);
   else if (lo < hi && has_master_)
-    stage(params_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
+    stage(range_copy({lo, hi - lo}), host + (lo - at));
   else if (lo < hi)
-    backend_.upload(params_flat_.range(lo - master_begin_, hi - lo), host + (lo - at));
+    backend_.upload(range_copy({lo, hi - lo}), host + (lo - at));
 }
 
 void Transformer::weights_loaded() {
@@ -386,7 +473,7 @@ void Transformer::weights_loaded() {
     backend_.zero(grad_buckets_ ? bucket_memory_ : grads_flat_);
   } else if (primary_fp8_) {  // the other tensors' copies
     for (const ParamSpec& spec : specs_)
-      if (!primary_fp8(spec.id))
+      if (!is_primary_fp8(spec.id))
         backend_.copy(params_[spec.id], master_flat_.range(offsets_[spec.id], shape_numel(spec.shape)));
   } else if (has_master_) {
     backend_.copy(params_flat_, master_flat_);
@@ -401,16 +488,11 @@ static bool in_bucket(ParamId id, int bucket, int n_layer) {
   return is_block_param(id);
 }
 
-// The linear of a block whose weight tensor id is (is_block_linear).
-static LinearId linear_of(ParamId id) {
-  return id == kQkvw ? kQkv : id == kAttnOutw ? kAttproj : id == kMlpUpw ? kFc : kFcproj;
-}
-
 void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
   PTRAIN_CHECK(primary_fp8_ && full_master.numel() == num_params(),
                "cast_primary_fp8_weights: primary FP8 weights, cast from the whole FP32 master in the flat layout");
   for (const ParamSpec& spec : specs_) {
-    if (!primary_fp8(spec.id)) continue;
+    if (!is_primary_fp8(spec.id)) continue;
     const Tensor master = full_master.range(offsets_[spec.id], shape_numel(spec.shape)).reshaped(spec.shape);
     for (int l = 0; l < shape_.n_layer; ++l) fp8_linear(l, linear_of(spec.id))->cast_weight(master[l], training);
   }
@@ -420,7 +502,7 @@ void Transformer::cast_primary_fp8_weights(Tensor full_master, bool training) {
 std::vector<Transformer::PrimaryFp8Layer> Transformer::primary_fp8_layers() const {
   std::vector<PrimaryFp8Layer> layers;
   for (const ParamSpec& spec : specs_) {
-    if (!primary_fp8(spec.id)) continue;
+    if (!is_primary_fp8(spec.id)) continue;
     const int64_t per_layer = shape_numel(spec.shape) / shape_.n_layer;
     for (int l = 0; l < shape_.n_layer; ++l)
       layers.push_back({fp8_linear(l, linear_of(spec.id)), FlatRange{offsets_[spec.id] + l * per_layer, per_layer}});
@@ -907,17 +989,74 @@ std::vector<Tensor> Transformer::block_grads(int block) const {
 
 Tensor Transformer::block_grad(ParamId id, int layer) const {
   if (!grad_buckets_) return grads_[id].empty() ? Tensor() : grads_[id][layer];
-  return present_[id] ? layer_of(grad_bucket(layer), id) : Tensor();
+  return present_[id] ? layer_of(grad_bucket(layer), id, bucket_offsets_) : Tensor();
 }
 
 Tensor Transformer::block_param(ParamId id, int layer) const {
   if (!sharded_params_) return params_[id].empty() ? Tensor() : params_[id][layer];
-  return present_[id] ? layer_of(weight_room(layer), id) : Tensor();
+  if (!present_[id]) return Tensor();
+  if (codes_in_rooms_ && is_primary_fp8(id)) return code_room(layer, linear_of(id));  // what its Fp8Linear is handed
+  return layer_of(weight_room(layer), id, room_offsets_);
 }
 
 Tensor Transformer::weight_room(int bucket) const {
   PTRAIN_CHECK(sharded_params_, "weight_room: this model keeps the whole weights");
-  return weight_rooms_.range(grad_bucket_at(bucket), bucket_numel(bucket));
+  const bool block = bucket >= 0 && bucket < shape_.n_layer;
+  return weight_rooms_.range(weight_room_at(bucket), block ? block_room_weights_ : bucket_numel(bucket));
+}
+
+std::vector<FlatRange> Transformer::weight_room_ranges(int bucket) const {
+  std::vector<FlatRange> out;
+  for (const ParamSpec& spec : specs_) {
+    if (!in_bucket(spec.id, bucket, shape_.n_layer) || (codes_in_rooms_ && is_primary_fp8(spec.id))) continue;
+    const int64_t n = shape_numel(spec.shape);
+    out.push_back(is_block_param(spec.id) ? FlatRange{offsets_[spec.id] + bucket * (n / shape_.n_layer), n / shape_.n_layer}
+                                          : FlatRange{offsets_[spec.id], n});
+  }
+  return out;
+}
+
+Tensor Transformer::code_room(int layer, int linear) const {
+  const Tensor& room = code_rooms_[static_cast<size_t>(linear)];
+  if (room.empty()) return Tensor();
+  const int64_t per_layer = room.numel() / GradBucketSizes::kBlockRooms;
+  constexpr int rooms = GradBucketSizes::kBlockRooms;
+  return room.range(layer % rooms * per_layer, per_layer);
+}
+
+FlatRange Transformer::primary_layer_range(int layer, int linear) const {
+  for (const ParamSpec& spec : specs_)
+    if (is_primary_fp8(spec.id) && linear_of(spec.id) == linear) {
+      const int64_t per_layer = shape_numel(spec.shape) / shape_.n_layer;
+      return {offsets_[spec.id] + layer * per_layer, per_layer};
+    }
+  PTRAIN_CHECK(false, "primary_layer_range: this model keeps no primary FP8 weights");
+  return {};
+}
+
+int64_t Transformer::primary_before(int64_t at) const {
+  if (!codes_in_rooms_) return 0;
+  int64_t before = 0;
+  for (const FlatRange& linear : linear_ranges_) before += overlap(linear, master_begin_, at - master_begin_);
+  return before;
+}
+
+Tensor Transformer::range_copy(FlatRange f) const {
+  PTRAIN_CHECK(sharded_params_ && f.begin >= master_begin_ && f.count >= 0,
+               "range_copy: ZeRO-3's elements of this rank's range");
+  return params_flat_.range(f.begin - master_begin_ - primary_before(f.begin), f.count);
+}
+
+Tensor Transformer::range_codes(FlatRange f) const {
+  for (const ParamSpec& spec : specs_) {
+    const int64_t n = shape_numel(spec.shape);
+    if (!is_primary_fp8(spec.id) || f.begin < offsets_[spec.id] || f.begin >= offsets_[spec.id] + n) continue;
+    PTRAIN_CHECK(codes_in_rooms_ && f.begin >= master_begin_ && f.begin + f.count <= offsets_[spec.id] + n,
+                 "range_codes: the elements are not this rank's codes of one primary FP8 weight");
+    return code_ranges_[linear_of(spec.id)].range(f.begin - std::max(offsets_[spec.id], master_begin_), f.count);
+  }
+  PTRAIN_CHECK(false, "range_codes: the elements are not a primary FP8 weight's");
+  return {};
 }
 
 void Transformer::start_weights(int bucket) {
@@ -931,9 +1070,9 @@ void Transformer::await_weights() {
   if (sharded_params_) weight_gather_.wait();
 }
 
-Tensor Transformer::layer_of(Tensor bucket, ParamId id) const {
+Tensor Transformer::layer_of(Tensor bucket, ParamId id, const std::array<int64_t, kNumParams>& offsets) const {
   const Tensor& p = params_[id];
-  return bucket.range(bucket_offsets_[id], p.numel() / p.shape[0])
+  return bucket.range(offsets[id], p.numel() / p.shape[0])
       .reshaped(std::vector<int64_t>(p.shape.begin() + 1, p.shape.begin() + p.ndim));
 }
 
@@ -947,19 +1086,15 @@ int64_t Transformer::bucket_numel(int bucket) const {
   return bucket == shape_.n_layer ? sizes.head : bucket < 0 ? sizes.embedding : sizes.block;
 }
 
-int64_t Transformer::grad_bucket_at(int bucket) const {
+int64_t Transformer::bucket_at(int bucket, int64_t block_room, bool in_block_rooms) const {
   const GradBucketSizes& sizes = bucket_sizes_;
   const bool block = bucket >= 0 && bucket < shape_.n_layer;
   // The head (L) and the embeddings (-1) take the block rooms' turns after block L-1 and before
   // block 0 (GradBucketSizes::in_block_rooms).
-  if (block || sizes.in_block_rooms) return block_room_at(bucket);
-  const int64_t rest_at = GradBucketSizes::kBlockRooms * sizes.block;
-  return bucket < 0 || sizes.shared ? rest_at : rest_at + sizes.embedding;
-}
-
-int64_t Transformer::block_room_at(int turn) const {
   constexpr int rooms = GradBucketSizes::kBlockRooms;
-  return (turn % rooms + rooms) % rooms * bucket_sizes_.block;
+  if (block || in_block_rooms) return (bucket % rooms + rooms) % rooms * block_room;
+  const int64_t rest_at = rooms * block_room;
+  return bucket < 0 || sizes.shared ? rest_at : rest_at + sizes.embedding;
 }
 
 std::vector<FlatRange> Transformer::grad_bucket_ranges(int bucket) const {

@@ -8,6 +8,7 @@
 // layout (under ZeRO-2 grad buckets instead: MasterRange), activations in a third.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
@@ -57,8 +58,10 @@ enum LinearId { kQkv, kAttproj, kFc, kFcproj, kLinearsPerBlock };
 
 // (C, OC) of a block's linears, in LinearId order.
 std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const ModelShape& s);
-// Bytes of the FP8 cast copies a model allocates under `policy` (0 without FP8).
-int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T);
+// Bytes of the FP8 cast copies a model allocates under `policy` (0 without FP8) on the CPU;
+// under ZeRO-3 (`sharded_params`) primary FP8 weights' layers keep no weight copy.
+int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T,
+                             bool sharded_params = false);
 // Bytes of the RoPE angle table a llama model keeps for sequence length T (0 for GPT-2).
 int64_t rope_table_bytes(const ModelShape& s, int T);
 // The parameters that keep no copy in the policy's weight format: with
@@ -68,8 +71,37 @@ int64_t primary_fp8_weight_count(const ModelShape& s, const PrecisionPolicy& pol
 // Whether the FP8 block linears cast their weights from the room before every pass, into codes
 // the layers of a shape share: under ZeRO-3 (`sharded_params`), whose rooms hold a block's
 // weights only while a pass runs, unless they are primary FP8 weights (cast from the master
-// once a step, each layer keeping its own codes).
+// once a step, each rank keeping its part's codes, gathered into code rooms for each pass).
 bool fp8_weights_recast(const PrecisionPolicy& policy, bool sharded_params);
+// A run of the flat parameter layout, [begin, begin + count).
+struct FlatRange {
+  int64_t begin = 0, count = 0;
+};
+// How many of f's elements lie in [begin, begin + count).
+inline int64_t overlap(FlatRange f, int64_t begin, int64_t count) {
+  return std::max<int64_t>(0, std::min(f.begin + f.count, begin + count) - std::max(f.begin, begin));
+}
+// Where each block linear's weight (stacked over the layers) lies in the flat layout, in
+// LinearId order.
+std::array<FlatRange, kLinearsPerBlock> block_linear_ranges(const ModelShape& s);
+// How many of the flat layout's elements [begin, begin + count) are block linears' weights,
+// per linear (LinearId order): with primary FP8 weights under ZeRO-3, the part of a rank's range
+// kept as FP8 codes, the rest in the weight format.
+std::array<int64_t, kLinearsPerBlock> block_linear_elements(const ModelShape& s, int64_t begin, int64_t count);
+// ZeRO-3's weights on the rank whose range of the flat layout is [begin, begin + count): the
+// elements it keeps in the weight format (`range`, then the `rooms` every bucket's weights are
+// gathered into: two block rooms of `block_room` each, a block's weights in the first
+// `block_weights`, then the head's and embeddings' unless they take the block rooms' turns,
+// `in_block_rooms`, as their gradients do), and with primary FP8 weights (`primary_fp8`), per
+// linear, the codes of its part of the range and of two rooms' layers: a block's room then
+// holds its few other weights, and the head's and embeddings' take rooms of their own. The
+// model allocates these; the memory plans count them.
+struct Zero3Weights {
+  int64_t range = 0, rooms = 0, block_room = 0, block_weights = 0;
+  bool in_block_rooms = false;
+  std::array<int64_t, kLinearsPerBlock> code_range{}, code_rooms{};
+};
+Zero3Weights zero3_weights(const ModelShape& s, bool primary_fp8, int64_t begin, int64_t count);
 // The slot whose FP8 input codes a block linear shares with the other layers' (make_fp8_gemms'
 // input_slot), or -1 for codes of its own: a linear whose input is cast again right before its
 // backward pass can share them. Every linear of a recomputed block does; under recompute: mlp
@@ -110,7 +142,7 @@ struct GptActivations {
 // 2 one contiguous range of the flat layout, [begin, begin + count), the other ranks keeping the
 // rest. A sharded model never allocates the whole master block, not even while it starts: a
 // load writes its range and stages the GEMMs' copy a piece at a time (load_weights), and the
-// ranks cast primary FP8 weights a part each, gathering the codes (AdamW::gather_primary_fp8_weights).
+// ranks cast primary FP8 weights a part each (AdamW::gather_primary_fp8_weights).
 struct MasterRange {
   int64_t begin = 0, count = -1;  // count < 0: all of them
   // ZeRO-2: no parameter-sized gradient buffer. The backward pass writes each block's weight
@@ -121,16 +153,13 @@ struct MasterRange {
   bool grad_buckets = false;
   // ZeRO-3 (with grad buckets): the GEMMs' copy of the weights is kept for this range only; the
   // forward and backward passes ask for each block's weights (set_weight_gather) a block
-  // before they read them, gathered into rooms laid out as the grad buckets: a block's into one
-  // of two block-sized rooms; the embeddings' (with block 0's) and the head's (final norm, LM
-  // head; beside the last block) into theirs, once per forward pass.
+  // before they read them, gathered into rooms laid out as the grad buckets (zero3_weights): a
+  // block's into one of two rooms; the embeddings' (with block 0's) and the head's (final norm,
+  // LM head; beside the last block) into theirs, once per forward pass. With primary FP8
+  // weights the range's block linears are kept as FP8 codes, gathered into code rooms.
   bool sharded_params = false;
 };
 
-// A run of the flat parameter layout, [begin, begin + count).
-struct FlatRange {
-  int64_t begin = 0, count = 0;
-};
 
 class Transformer {
  public:
@@ -209,8 +238,8 @@ class Transformer {
   void zero_grad();
   bool has_grad_buckets() const { return grad_buckets_; }
   // ZeRO-3 (MasterRange::sharded_params): `start(b)` begins filling weight_room(b) with the
-  // weights of grad_bucket_ranges(b) (a block l, the head L, the embeddings -1), in the weight
-  // format; after `wait()`, what the model queues next sees every gather started so far. Every
+  // weights of weight_room_ranges(b) (a block l, the head L, the embeddings -1), in the weight
+  // format, and a block's code rooms with its primary FP8 weights' codes; after `wait()`, what the model queues next sees every gather started so far. Every
   // rank's model calls them at the same points of its forward and backward passes, one block
   // ahead: the next block's gather starts before this block computes and runs beside it on GPUs.
   struct WeightGather {
@@ -219,13 +248,24 @@ class Transformer {
   };
   bool has_sharded_params() const { return sharded_params_; }
   void set_weight_gather(WeightGather gather) { weight_gather_ = std::move(gather); }
+  // Where bucket b's weights are gathered, in the weight format: the flat layout's
+  // weight_room_ranges(b), in that order (grad_bucket_ranges(b) but for primary FP8 weights).
   Tensor weight_room(int bucket) const;
+  std::vector<FlatRange> weight_room_ranges(int bucket) const;
+  // With primary FP8 weights under ZeRO-3, block `layer`'s linear `linear` (LinearId) gathers
+  // its weight's FP8 codes into code_room(layer, linear) (one of two rooms per linear, used by
+  // the blocks in turn) from the ranks' codes of primary_layer_range(layer, linear); empty
+  // otherwise.
+  Tensor code_room(int layer, int linear) const;
+  FlatRange primary_layer_range(int layer, int linear) const;
+  // This rank's copy (weight format) and, with primary FP8 weights, codes of flat elements
+  // `f`, a run inside this rank's range and inside one tensor (ZeRO-3: params_flat() keeps
+  // the rest of the range, its other tensors', in order, and each linear's codes are apart).
+  Tensor range_copy(FlatRange f) const;
+  Tensor range_codes(FlatRange f) const;
   // With grad buckets: bucket b (grads_done's), FP32, its elements the flat layout's
   // grad_bucket_ranges(b), in that order (ascending).
   Tensor grad_bucket(int bucket) const;
-  int64_t grad_bucket_at(int bucket) const;  // where grad_bucket(bucket) begins in its memory
-  int64_t bucket_numel(int bucket) const;
-  int64_t block_room_at(int turn) const;      // block rooms, weights' or gradients': turn's offset
   std::vector<FlatRange> grad_bucket_ranges(int bucket) const;
   // After each optimizer step: FP8 delayed scales move on and weights are cast afresh.
   void end_step();
@@ -261,8 +301,8 @@ class Transformer {
   Tensor param(ParamId id) const { return params_[id]; }
   // The copy the optimizer writes after updating the FP32 master: param(id) where it is kept
   // apart from the master, else empty (FP32 training, primary FP8 weights).
-  // Under ZeRO-3 the optimizer writes the rank's range of params_flat() instead, every tensor's.
-  Tensor weight_copy(ParamId id) const { return has_master_ && !primary_fp8(id) ? params_[id] : Tensor(); }
+  // Under ZeRO-3 the optimizer writes the rank's range of params_flat() instead (range_copy).
+  Tensor weight_copy(ParamId id) const { return has_master_ && !is_primary_fp8(id) ? params_[id] : Tensor(); }
   // The gradients the optimizer reads, summed over the micro-batches since zero_grad(): FP32 in
   // every mode (Megatron's main_grad), one parameter-sized buffer (with grad buckets only the
   // embeddings' and head's tensors are here, each micro-batch's own). The backward ops add each
@@ -301,9 +341,13 @@ class Transformer {
   // due after each step (end_step) and after new weights were written; and by an evaluation
   // that finds them stale, as an evaluation's cast that records nothing (so evaluations leave
   // the scaling state as they find it). Unsharded, forward() and train_micro_batch() cast from
-  // the master themselves; under ZeRO-1 to 3 each rank casts its part of every layer and the
-  // ranks gather the codes (AdamW::gather_primary_fp8_weights, through primary_fp8_layers).
+  // the master themselves; under ZeRO-1 to 3 each rank casts its part of every layer, and the
+  // ranks gather the codes (ZeRO-1 and 2) or each keeps its part's for the passes to gather
+  // (ZeRO-3) (AdamW::gather_primary_fp8_weights, through primary_fp8_layers).
   bool primary_fp8_weights() const { return primary_fp8_; }
+  // Whether tensor id's working weights are primary FP8 weights (param() is the master, or with
+  // a sharded master the master's shape only).
+  bool is_primary_fp8(ParamId id) const { return primary_fp8_ && is_block_linear(id); }
   // Whether a training forward pass (`training`), or an evaluation, must cast them first.
   bool primary_fp8_cast_due(bool training) const {
     return primary_fp8_ && (training ? primary_cast_ != PrimaryCast::done : primary_cast_ == PrimaryCast::due);
@@ -331,11 +375,19 @@ class Transformer {
 
  private:
 
-  // Whether tensor id's working weights are primary FP8 weights (param() is the master, or with
-  // a sharded master the master's shape only).
-  bool primary_fp8(ParamId id) const {
-    return primary_fp8_ && is_block_linear(id);
+  // Bucket b's place in the grad buckets' memory, or (with the block rooms' size) the weight
+  // rooms'; its elements; turn's block room's offset.
+  int64_t bucket_at(int bucket, int64_t block_room, bool in_block_rooms) const;
+  int64_t grad_bucket_at(int bucket) const {
+    return bucket_at(bucket, bucket_sizes_.block, bucket_sizes_.in_block_rooms);
   }
+  int64_t weight_room_at(int bucket) const { return bucket_at(bucket, room_block_, weights_in_block_rooms_); }
+  int64_t bucket_numel(int bucket) const;
+  // Elements of the primary FP8 weights in this rank's range before flat element `at`.
+  int64_t primary_before(int64_t at) const;
+  // After the FP8 linears are made: ZeRO-3's codes of primary FP8 weights, each linear's
+  // (this rank's part, and two rooms), in the dtype its layers' GEMMs read.
+  void allocate_code_rooms(const Zero3Weights& zero3);
   Tensor residual_in(int layer) const;
   Tensor saved_attention(int layer) const;  // what attention keeps for its backward: (B,NH,T,T) or (B,NH,T)
   void load_batch(const int32_t* inputs, const int32_t* targets);
@@ -373,8 +425,8 @@ class Transformer {
   // Block `layer`'s gradient of tensor id: its slice of grad(id), or its place in the bucket.
   Tensor block_grad(ParamId id, int layer) const;
   // Block tensor id's place in a block bucket's room (or in values staged the same way), shaped
-  // as one layer of it.
-  Tensor layer_of(Tensor bucket, ParamId id) const;
+  // as one layer of it, at `offsets` (bucket_offsets_, or room_offsets_ for weight rooms).
+  Tensor layer_of(Tensor bucket, ParamId id, const std::array<int64_t, kNumParams>& offsets) const;
   // Block `layer`'s weights of tensor id: param(id)'s slice, or under ZeRO-3 its place in the
   // weight room that holds the layer.
   Tensor block_param(ParamId id, int layer) const;
@@ -426,10 +478,18 @@ class Transformer {
   bool grad_buckets_ = false;
   GradBucketSizes bucket_sizes_;  // grad_bucket_sizes(shape_), read on every bucket access
   Tensor bucket_memory_;
-  bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only
-  Tensor weight_rooms_;          // laid out as bucket_memory_: grad_bucket_at
+  bool sharded_params_ = false;  // ZeRO-3: params_flat_ holds master_begin_.. of the copy only (range_copy)
+  // ZeRO-3 with primary FP8 weights: the range's block linears are kept as codes (code_ranges_)
+  // and gathered into code_rooms_, so params_flat_ and the weight rooms leave them out.
+  bool codes_in_rooms_ = false;
+  Tensor weight_rooms_;          // laid out as bucket_memory_ (weight_room_at), blocks' rooms room_block_ long
+  int64_t block_room_weights_ = 0;  // a block's weights in its room: bucket_sizes_.block less linears kept as codes
+  int64_t room_block_ = 0;  // a block room's length: that, or a grad bucket's where the head's and embeddings' take turns
+  bool weights_in_block_rooms_ = false;  // ... as they do then (Zero3Weights::in_block_rooms)
+  std::array<FlatRange, kLinearsPerBlock> linear_ranges_{};  // block_linear_ranges(shape_)
+  std::array<Tensor, kLinearsPerBlock> code_ranges_, code_rooms_;
   WeightGather weight_gather_;
-  std::array<int64_t, kNumParams> bucket_offsets_{};
+  std::array<int64_t, kNumParams> bucket_offsets_{}, room_offsets_{};
   std::vector<std::unique_ptr<Fp8Linear>> fp8_;  // [layer * kLinearsPerBlock + LinearId], then the LM head
   AttentionPath attention_;
   bool fused_gelu_;

@@ -128,21 +128,28 @@ std::vector<Shard> AdamW::parts_of(const std::vector<FlatRange>& ranges) const {
   return parts;
 }
 
-void AdamW::gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tensor shard_values) {
+void AdamW::gather_into(Tensor room, const std::vector<FlatRange>& ranges,
+                        const std::function<Tensor(FlatRange)>& kept) {
   const std::vector<Shard> parts = parts_of(ranges);
   const Shard mine = parts[static_cast<size_t>(comm_->rank())];
   int64_t at = mine.begin;
   for (const FlatRange& f : ranges) {
     const int64_t lo = std::max(f.begin, shard_.begin), hi = std::min(f.begin + f.count, shard_.begin + shard_.count);
     if (lo >= hi) continue;
-    backend_.copy(room.range(at, hi - lo), shard_values.range(lo - shard_.begin, hi - lo));
+    backend_.copy(room.range(at, hi - lo), kept({lo, hi - lo}));
     at += hi - lo;
   }
   comm_->all_gather_async(room, room.range(mine.begin, mine.count), parts);
 }
 
 void AdamW::start_weight_gather(int bucket) {
-  gather_into(model_.weight_room(bucket), model_.grad_bucket_ranges(bucket), model_.params_flat());
+  gather_into(model_.weight_room(bucket), model_.weight_room_ranges(bucket),
+              [&](FlatRange f) { return model_.range_copy(f); });
+  // A block's primary FP8 weights: the ranks' codes, a byte a parameter on a GPU.
+  if (bucket < 0 || bucket >= model_.shape().n_layer) return;
+  for (int k = 0; k < kLinearsPerBlock; ++k)
+    if (const Tensor room = model_.code_room(bucket, k); !room.empty())
+      gather_into(room, {model_.primary_layer_range(bucket, k)}, [&](FlatRange f) { return model_.range_codes(f); });
 }
 
 void AdamW::wait_weight_gathers() { comm_->wait_gathers(); }
@@ -259,9 +266,11 @@ void AdamW::step(double lr, double grad_norm, double loss_scale) {
     const int64_t lo = std::max(offset, shard_.begin), hi = std::min(offset + n, shard_.begin + shard_.count);
     if (lo < hi) {
       const int64_t local = lo - shard_.begin, len = hi - lo;
-      // ZeRO-3's copy is this rank's range of params_flat (primary FP8 weights' too, which the
-      // passes gather with the rest but never read).
-      const Tensor copy = own_range ? (model_.has_master_weights() ? params.range(local, len) : Tensor())
+      // ZeRO-3's copy is this rank's range of params_flat (but for primary FP8 weights, whose
+      // codes gather_primary_fp8_weights casts).
+      const Tensor copy = own_range ? (model_.has_master_weights() && !model_.is_primary_fp8(spec.id)
+                                           ? model_.range_copy({lo, len})
+                                           : Tensor())
                           : model_.weight_copy(spec.id).empty() ? Tensor()
                                                                 : model_.weight_copy(spec.id).range(lo - offset, len);
       p.weight_decay = spec.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
@@ -303,8 +312,9 @@ void AdamW::gather_primary_fp8_weights(bool training) {
   };
   // Each rank casts its part of every layer's weight with the scales the ranks agree on (one
   // max over the ranks' amaxes for all layers), and the codes are all-gathered into each
-  // layer: 1 byte a parameter on a GPU where the FP32 master would be 4, and the codes,
-  // scales and statistics are the bits one rank's cast of the whole makes.
+  // layer (under ZeRO-3 each rank keeps its part's, and the passes gather them): 1 byte a
+  // parameter on a GPU where the FP32 master would be 4, and the codes, scales and statistics
+  // are the bits one rank's cast of the whole makes.
   const std::vector<Transformer::PrimaryFp8Layer> layers = model_.primary_fp8_layers();
   std::vector<size_t> first_amax;
   std::vector<float> amaxes;
@@ -321,13 +331,17 @@ void AdamW::gather_primary_fp8_weights(bool training) {
     Fp8Linear& fp8 = *layers[i].fp8;
     fp8.agree_weight_scales(amaxes.data() + first_amax[i], training);
     const Part p = part_of(layers[i].range);
+    const Tensor part = master.range(p.in_shard, p.count);
     Fp8CastStats s;
-    if (p.count > 0) s = fp8.encode_weight_part(master.range(p.in_shard, p.count), p.in_run);
+    if (model_.has_sharded_params()) {  // ZeRO-3: each rank keeps its part's codes, the passes gather them
+      if (p.count > 0) s = fp8.encode_weight_part(part, p.in_run, model_.range_codes({shard_.begin + p.in_shard, p.count}));
+    } else {  // into the layer's codes, gathered beside the next layer's cast on GPUs
+      if (p.count > 0) s = fp8.encode_weight_part(part, p.in_run);
+      const Tensor codes = fp8.weight_codes();
+      comm_->all_gather_async(codes, codes.range(p.in_run, p.count), parts_of({layers[i].range}));
+    }
     counts.insert(counts.end(), {static_cast<double>(s.nonzero), static_cast<double>(s.underflow),
                                  static_cast<double>(s.saturated)});
-    // On GPUs each layer's gather runs beside the next layer's cast.
-    const Tensor codes = fp8.weight_codes();
-    comm_->all_gather_async(codes, codes.range(p.in_run, p.count), parts_of({layers[i].range}));
   }
   comm_->wait_gathers();
   comm_->all_reduce_sum(counts.data(), counts.size());

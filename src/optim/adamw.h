@@ -14,7 +14,9 @@
 // bit for bit; with more, ZeRO-0 adds a rank's micro-batches before the ranks' sums and ZeRO-2
 // after, the same additions in another order (FP32 rounding apart). Stage 3 (ZeRO-3) shards the
 // GEMMs' copy of the weights too: the update writes this rank's range of it, and the model's
-// passes gather each block's weights a block before reading them (start_weight_gather).
+// passes gather each block's weights a block before reading them (start_weight_gather). With
+// primary FP8 weights each rank keeps its range's block linears as FP8 codes only, cast from its
+// master shard once a step (gather_primary_fp8_weights), and the passes gather those codes.
 //
 // distributed.grad_reduce_dtype: bf16 halves the gradient exchange's bytes: a chunk at a time
 // (wire_chunk() elements), each rank's FP32 sums are rounded to bf16 into a staging block, the
@@ -25,6 +27,7 @@
 // exchanges each grad bucket so, a chunk at a time, after the backward pass has finished it.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -67,7 +70,8 @@ class AdamW {
   // on (its room is then about to be reused); the embeddings' bucket, the last, lands at once.
   void reduce_grad_bucket(int bucket, bool first_micro_batch);
   // ZeRO-3 (Transformer::set_weight_gather's two calls): starts gathering the weights of the
-  // model's weight bucket `bucket` into its weight room from the ranks' ranges; after
+  // model's weight bucket `bucket` into its weight room from the ranks' ranges (and a block's
+  // primary FP8 weights' codes into its code rooms); after
   // wait_weight_gathers(), what the model queues next sees every gather started so far. On a
   // communicator that overlaps_compute() the gather runs beside the compute queued meanwhile.
   // Every rank calls them alike.
@@ -81,9 +85,10 @@ class AdamW {
   // ZeRO-1 to 3 with primary FP8 weights whose cast is due before a training forward pass
   // (`training`) or an evaluation (Transformer::primary_fp8_cast_due): each rank casts its
   // shard's part of every block linear's weight, with scales the ranks agree on, and the ranks
-  // all-gather the FP8 codes (the other tensors' copies are gathered by step(), or under ZeRO-3
-  // by the passes). Nothing otherwise (unsharded, the model casts from its own master). Every
-  // rank calls it, before such a forward pass.
+  // all-gather the FP8 codes into each layer's (the other tensors' copies are gathered by
+  // step()); under ZeRO-3 each rank keeps its part's codes, which the passes gather with the
+  // other tensors' copies a block at a time. Nothing otherwise (unsharded, the model casts from
+  // its own master). Every rank calls it, before such a forward pass.
   void gather_primary_fp8_weights(bool training);
   // The whole FP32 master weights (or the FP32 parameters) in the flat layout on rank 0, gathered
   // from the ranks' shards under ZeRO-1 (every rank calls it then); empty on the other ranks.
@@ -152,9 +157,9 @@ class AdamW {
   // reduce-scatter or all-gather of it takes).
   std::vector<Shard> parts_of(const std::vector<FlatRange>& ranges) const;
   // Fills `room` (the flat layout's `ranges`, in order) from every rank's shard: this rank's
-  // pieces copied from `shard_values` (its shard's values), then the parts all-gathered: started
+  // pieces copied from where `kept` says it keeps them, then the parts all-gathered: started
   // only; the room is read after the communicator's wait_gathers().
-  void gather_into(Tensor room, const std::vector<FlatRange>& ranges, Tensor shard_values);
+  void gather_into(Tensor room, const std::vector<FlatRange>& ranges, const std::function<Tensor(FlatRange)>& kept);
   Tensor wire_send_, wire_receive_;  // bf16 exchange: the staged chunk, and (ZeRO-1) its summed piece
   std::vector<void*> memory_;
   int64_t t_ = 0;

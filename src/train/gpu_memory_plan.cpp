@@ -42,24 +42,30 @@ struct SharedFp8Blocks {
   std::map<std::tuple<char, int64_t, int64_t>, int64_t> operands;
 };
 
+// Whether a linear layer's FP8 GEMMs run native on the CUDA backend (else Fp8Linear emulates).
+bool native_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
+  return fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
+         (policy.recipe != Fp8Recipe::block || policy.block == Fp8Linear::kNativeBlock);
+}
+
 // One FP8 linear layer's memory on the CUDA backend. Native FP8 GEMMs (CudaFp8Gemms) keep the
 // codes of input (rows, C), weight (OC, C) and grad (rows, OC), one byte an element, with the
 // transposes of input and grad, and their factors: one per tensor, or for block scaling one per
 // 1x128 tile each way (the weight's: one per 128x128 block each way), and a few statistics
-// blocks. The weight's transpose is shared by the layers of its shape (with `shared_weight`,
-// its whole set), the grad's set by the layers of its width, the input's codes by the layers of
+// blocks. The weight's transpose is shared by the layers of its shape (with WeightCodes::shared
+// its whole set; WeightCodes::handed keeps no codes, only factors), the grad's set by the layers of its width, the input's codes by the layers of
 // its width, and with `input_slot` >= 0 the input's whole set by the layers of that slot
 // (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
 // 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's code, factor and FP32
 // product scratch.
-void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot, bool shared_weight,
-                    SharedFp8Blocks& shared, Fp8Bytes& bytes) {
+void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
+                    Fp8Gemms::WeightCodes weight, SharedFp8Blocks& shared, Fp8Bytes& bytes) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
-  const bool native = fp8_layer_problem(rows, C, OC, policy.recipe).empty() &&
-                      (!blocks || policy.block == Fp8Linear::kNativeBlock);
+  const bool native = native_fp8_linear(policy, rows, C, OC);
   const int64_t f32 = sizeof(float);
-  if (!native) {  // Fp8Linear's dequantised copies: the weight, then input and grad (twice for blocks)
-    bytes.weights += block(OC * C * f32);
+  const bool handed = weight == Fp8Gemms::WeightCodes::handed;
+  if (!native) {  // Fp8Linear's dequantised copies: the weight (unless handed), then input and grad (twice for blocks)
+    if (!handed) bytes.weights += block(OC * C * f32);
     bytes.operands += (blocks ? 2 : 1) * (block(rows * C * f32) + block(rows * OC * f32)) +
                       block(rows * std::max(C, OC)) + block(rows * OC * f32);
     return;
@@ -76,12 +82,12 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
   const auto operand = [&](int64_t r, int64_t c) { return 2 * block(r * c) + factors(r, c, false); };
   shared.operands[{'g', OC, 0}] = operand(rows, OC);
   const int64_t weight_codes = block(OC * C) + factors(OC, C, true);
-  if (shared_weight) {
+  if (weight == Fp8Gemms::WeightCodes::shared) {
     shared.weights[{OC, C}] = weight_codes;
     shared.operands[{'T', OC, C}] = block(OC * C);
   } else {
     shared.operands[{'w', OC, C}] = block(OC * C);
-    bytes.weights += weight_codes;
+    bytes.weights += handed ? factors(OC, C, true) : weight_codes;
   }
   bytes.weights += block(4 * 64) + block(f32);  // the statistics, the current amax
   if (input_slot >= 0) {
@@ -92,23 +98,56 @@ void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC
   }
 }
 
+// ZeRO-3's weights on the rank that keeps the most (zero3_weights): its range and rooms in the
+// weight format, and with primary FP8 weights each linear's codes (a byte each where its GEMMs
+// are native, else dequantised floats).
+int64_t zero3_weight_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, int world) {
+  const bool primary = policy.fp8.enabled && policy.fp8.primary_weights;
+  const auto linears = block_linear_shapes(s);
+  std::array<int64_t, kLinearsPerBlock> code_bytes{};
+  for (int k = 0; k < kLinearsPerBlock; ++k)
+    code_bytes[k] = native_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1]) ? 1 : int64_t(sizeof(float));
+  // The rooms are every rank's; the ranges differ in what they keep as codes (rank 0's is the
+  // longest, and all that counts without codes).
+  const Zero3Weights z = zero3_weights(s, primary, 0, 0);
+  int64_t rooms = block_of(z.rooms, policy.weights);
+  for (int k = 0; k < kLinearsPerBlock && primary; ++k) rooms += block(z.code_rooms[k] * code_bytes[k]);
+  const std::array<FlatRange, kLinearsPerBlock> kept_as_codes = block_linear_ranges(s);
+  int64_t most = 0;
+  for (int r = 0; r < (primary ? world : 1); ++r) {
+    const Shard range = shard_of(param_count(s), r, world);
+    int64_t copy = range.count, codes = 0;
+    for (int k = 0; k < kLinearsPerBlock && primary; ++k) {
+      const int64_t c = overlap(kept_as_codes[k], range.begin, range.count);
+      copy -= c;
+      codes += block(c * code_bytes[k]);
+    }
+    most = std::max(most, block_of(copy, policy.weights) + codes);
+  }
+  return rooms + most;
+}
+
 // `sharded_params`: ZeRO-3, whose block linears cast their weights before each pass into codes
-// they share (unless the weights are primary FP8 weights).
+// they share, or with primary FP8 weights are handed their codes from the code rooms (counted
+// with the weights: zero3_weight_bytes).
 Fp8Bytes fp8_bytes(const ModelShape& s, const PrecisionPolicy& policy, int64_t rows, Recompute recompute,
                    bool fp8_throughout, bool sharded_params) {
   Fp8Bytes bytes;
   if (!policy.fp8.enabled) return bytes;
   SharedFp8Blocks shared;
   const auto linears = block_linear_shapes(s);
-  const bool recast_weights = fp8_weights_recast(policy, sharded_params);
+  using WeightCodes = Fp8Gemms::WeightCodes;
+  const WeightCodes weight = fp8_weights_recast(policy, sharded_params)           ? WeightCodes::shared
+                             : sharded_params && policy.fp8.primary_weights ? WeightCodes::handed
+                                                                            : WeightCodes::own;
   const bool mlp_codes = keeps_mlp_input_codes(policy, recompute, fp8_throughout);
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
       for (int k = 0; k < static_cast<int>(linears.size()); ++k)
-        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], fp8_input_slot(recompute, k, mlp_codes), recast_weights,
-                       shared, bytes);
+        add_fp8_linear(policy.fp8, rows, linears[k][0], linears[k][1], fp8_input_slot(recompute, k, mlp_codes), weight, shared,
+                       bytes);
   if (!policy.fp8.bf16_lm_head)
-    add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, false, shared, bytes);
+    add_fp8_linear(policy.fp8, rows, s.n_embd, s.padded_vocab, -1, WeightCodes::own, shared, bytes);
   for (const auto& [shape, shared_bytes] : shared.weights) bytes.weights += shared_bytes;
   for (const auto& [what, shared_bytes] : shared.operands) bytes.operands += shared_bytes;
   return bytes;
@@ -162,8 +201,8 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   if (sharded && zero_stage >= 2)
     p.grads = block_of(buckets.total(), Format::fp32) + block_of(shard, Format::fp32);
   // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into (laid out as
-  // the grad buckets).
-  if (sharded && zero_stage == 3) p.params = block_of(shard, policy.weights) + block_of(buckets.total(), policy.weights);
+  // the grad buckets), at the rank that keeps the most.
+  if (sharded && zero_stage == 3) p.params = zero3_weight_bytes(s, policy, B * int64_t{T}, world_size);
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.
   const AdamW::WireStaging wire = AdamW::wire_staging(s, zero_stage, world_size, distributed.grad_reduce_dtype);

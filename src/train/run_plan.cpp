@@ -476,16 +476,19 @@ MemoryPlan plan_memory(const RunSpec& spec, const DistributedConfig& distributed
   const GradBucketSizes buckets = grad_bucket_sizes(s);
   const int64_t grads = sharded && zero_stage >= 2 ? buckets.total() * static_cast<int64_t>(sizeof(float)) + shard : n;
   // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into (laid out
-  // as the grad buckets).
-  const int64_t rooms = buckets.total();
-  const int64_t params = sharded && zero_stage == 3
+  // as the grad buckets; with primary FP8 weights the block linears' codes apart, as floats).
+  const bool zero3 = sharded && zero_stage == 3;
+  const Zero3Weights z = zero3_weights(s, policy.fp8.enabled && policy.fp8.primary_weights, 0, 0);
+  int64_t rooms = z.rooms;
+  for (const int64_t c : z.code_rooms) rooms += c;
+  const int64_t params = zero3
                              ? shard + rooms * static_cast<int64_t>(sizeof(float))
                              : n - primary_fp8_weight_count(s, policy) * static_cast<int64_t>(sizeof(float));
   // A precision schedule's FP8 cast copies are made at its switches: the plan holds the most any
   // phase has, so that every phase fits where the first did.
   int64_t widest_fp8 = 0;
   for (const auto& phase : spec.precision.phases)
-    widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T));
+    widest_fp8 = std::max(widest_fp8, gpt_fp8_buffer_bytes(s, phase.policy, B, T, zero3));
   const AdamW::WireStaging wire =
       AdamW::wire_staging(s, zero_stage, world, distributed.grad_reduce_dtype);
   // The CPU keeps the MLP's pre-activation stored as FP8 codes as their values, in floats.

@@ -437,7 +437,8 @@ TEST_CASE("a bf16 gradient exchange: ZeRO-1 and ZeRO-2 equal ZeRO-0 bit for bit,
 
 // Primary FP8 weights under ZeRO-1, 2 and 3: each rank updates its shard of the FP32 master and
 // casts its part of each layer with the scales the ranks agree on, and the ranks all-gather the
-// codes, so the FP8 codes and scales are the bits one rank's cast of the whole makes: the same
+// codes (under ZeRO-3 each rank keeps its part's, which the passes gather into code rooms with
+// the other weights), so the FP8 codes and scales are the bits one rank's cast of the whole makes: the same
 // training as ZeRO-0, on 2 ranks and on 3 (shards of unequal length, which cut layers), with
 // evaluations and samples between the steps (each gathers the weights anew), and a stop and
 // resume changes nothing.
@@ -477,10 +478,10 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
       // Each step gathers the block linears' codes (the CPU keeps them as 4-byte values) and the
       // other tensors' updated copies once, and the codes once more after an evaluation (at
       // steps 0, 3 and 6), which casts the weights without recording a training cast; the
-      // gradients are reduce-scattered once (one micro-batch per rank). ZeRO-3 gathers only the
-      // codes so, and the weights' copy (4 bytes an element on the CPU): every tensor for the
-      // forward pass (the evaluation's one round of batches too), the blocks' again for the
-      // backward pass.
+      // gradients are reduce-scattered once (one micro-batch per rank). Under ZeRO-3 each rank
+      // keeps its part's codes, and the passes gather them with the other tensors' copies (4
+      // bytes an element on the CPU): every tensor for the forward pass (the evaluation's one
+      // round of batches too), the blocks' again for the backward pass.
       const int64_t n = parameter_count(out);
       std::vector<int64_t> gathered, scattered;
       for (const auto& m : read_metrics(ws.run(zs.name) / "metrics.jsonl"))
@@ -492,9 +493,9 @@ TEST_CASE("ZeRO-1, 2 and 3 with primary FP8 weights equal ZeRO-0 bit for bit and
       const int64_t C = 64, V = 128, T = 32;  // n_embd, padded vocabulary, seq_len
       const int64_t blocks = n - (V * C + T * C + 2 * C);
       const int64_t linears = blocks / (12 * C * C + 13 * C) * 12 * C * C;  // a block: 12C^2 weights, 13C others
-      const int64_t per_step = stage == 3 ? linears : n;
+      const int64_t per_step = stage == 3 ? 0 : n, evaluation_cast = stage == 3 ? 0 : 4 * linears;
       const int64_t pass = stage == 3 ? 4 * n + 4 * blocks : 0, evaluation = stage == 3 ? 4 * n : 0;
-      const int64_t plain = 4 * per_step + pass, with_eval = plain + 4 * linears + evaluation;
+      const int64_t plain = 4 * per_step + pass, with_eval = plain + evaluation_cast + evaluation;
       CHECK(gathered ==
             std::vector<int64_t>{with_eval, plain, plain, with_eval, plain, plain, with_eval, plain});
 

@@ -856,7 +856,8 @@ TEST_CASE("gpu: native FP8 GEMMs match the CPU's FP8 emulation", "[gpu]") {
         INFO((blocks ? "block" : "per-tensor") << " scaling, rows " << s.rows << " C " << s.C << " OC " << s.OC
                                                << ", grads " << format_name(grad_format));
         std::string why;
-        const std::unique_ptr<Fp8Gemms> gemms = gpu().make_fp8_gemms(s.rows, s.C, s.OC, scaling, Format::e4m3, grad_format, -1, false, &why);
+        const std::unique_ptr<Fp8Gemms> gemms = gpu().make_fp8_gemms(s.rows, s.C, s.OC, scaling, Format::e4m3, grad_format,
+                                                                     -1, Fp8Gemms::WeightCodes::own, &why);
         INFO(why);
         if (blocks && s.rows % 128 != 0) {  // refused, saying why
           CHECK_FALSE(gemms);

@@ -154,6 +154,11 @@ ncclResult_t launch(cudaStream_t stream, const char* what, size_t payload, const
   return ncclSuccess;
 }
 
+// The report counts the bytes gathered or broadcast as u8 too: FP8 codes, a byte each.
+void count_codes(ncclDataType_t type, size_t bytes) {
+  if (type == ncclUint8) ptrain::sim::add_to_report("nccl u8 bytes gathered", bytes);
+}
+
 // A call that fails inside a group ends the group: ptrain throws, and nothing it collected
 // must be launched later with another group's operations.
 ncclResult_t abandon_group(ncclResult_t status) {
@@ -343,6 +348,7 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
   const size_t bytes = sendcount * element_bytes(type);
   SIM_NCCL_TRY(check_buffer("ncclAllGather", "sendbuff", sendbuff, bytes));
   SIM_NCCL_TRY(check_buffer("ncclAllGather", "recvbuff", recvbuff, bytes * comm->size));
+  count_codes(type, bytes * comm->size);
   return submit(stream, "ncclAllGather", bytes * comm->size,
                 [=]() { return write(recvbuff, gather_all(comm, sendbuff, bytes)); });
 }
@@ -369,6 +375,7 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, n
   const size_t bytes = count * element_bytes(type);
   if (comm->rank == root) SIM_NCCL_TRY(check_buffer("ncclBroadcast", "sendbuff", sendbuff, bytes));
   SIM_NCCL_TRY(check_buffer("ncclBroadcast", "recvbuff", recvbuff, bytes));
+  count_codes(type, bytes);
   return submit(stream, "ncclBroadcast", bytes, [=]() {
     const std::vector<char> all = gather_all(comm, comm->rank == root ? sendbuff : recvbuff, bytes);
     return write(recvbuff, std::vector<char>(all.begin() + root * bytes, all.begin() + (root + 1) * bytes));

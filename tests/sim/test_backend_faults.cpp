@@ -247,17 +247,18 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
           "[sim]") {
   const auto be = make_cuda_backend(0, 512 * kMiB);
   using Scaling = Fp8Gemms::Scaling;
+  constexpr auto kOwn = Fp8Gemms::WeightCodes::own;
   std::string why;
-  CHECK(be->make_fp8_gemms(64, 40, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, false, &why) == nullptr);
+  CHECK(be->make_fp8_gemms(64, 40, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, kOwn, &why) == nullptr);
   CHECK_THAT(why, Contains("this layer's shape does not suit cuBLASLt's FP8 GEMMs"));
-  CHECK(be->make_fp8_gemms(128, 192, 128, Scaling::blocks, Format::e4m3, Format::e4m3, -1, false, &why) == nullptr);
+  CHECK(be->make_fp8_gemms(128, 192, 128, Scaling::blocks, Format::e4m3, Format::e4m3, -1, kOwn, &why) == nullptr);
   CHECK_THAT(why, Contains("this layer's shape does not suit cuBLASLt's FP8 GEMMs"));
-  CHECK(be->make_fp8_gemms(64, 64, 64, Scaling::tensor, Format::e5m2, Format::e5m2, -1, false, &why) == nullptr);
+  CHECK(be->make_fp8_gemms(64, 64, 64, Scaling::tensor, Format::e5m2, Format::e5m2, -1, kOwn, &why) == nullptr);
   CHECK_THAT(why, Contains("e5m2"));
 
   const size_t before = be->memory_use().in_use;
   sim::fail_call("cublasLtMatmulAlgoGetHeuristic", 1, CUBLAS_STATUS_NOT_SUPPORTED);
-  CHECK(be->make_fp8_gemms(64, 64, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, false, &why) == nullptr);
+  CHECK(be->make_fp8_gemms(64, 64, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, kOwn, &why) == nullptr);
   CHECK_THAT(why, Contains("cuBLASLt on this GPU cannot run the forward GEMM: cuBLASLt has no algorithm"));
   CHECK(be->memory_use().in_use == before);  // the refused layer's buffers were given back
 
@@ -266,7 +267,7 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
   // Shapes not asked before: a refusal by the heuristic is remembered per shape.
   for (const auto& [nth, gemm, C] : {std::tuple{1, "forward", 128}, std::tuple{3, "wgrad", 160}}) {
     sim::fail_call("cublasLtMatmul", nth, CUBLAS_STATUS_NOT_SUPPORTED);
-    CHECK(be->make_fp8_gemms(64, C, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, false, &why) == nullptr);
+    CHECK(be->make_fp8_gemms(64, C, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, kOwn, &why) == nullptr);
     CHECK_THAT(why, Contains(std::string("cuBLASLt on this GPU cannot run the ") + gemm + " GEMM: cuBLASLt refused "
                                                                                           "to launch") &&
                         Contains("which its heuristic had offered (CUBLAS_STATUS_NOT_SUPPORTED)"));
@@ -274,7 +275,7 @@ TEST_CASE("simulated device: a layer whose FP8 GEMMs cuBLASLt cannot run is left
     sim::clear_faults();
   }
 
-  CHECK(be->make_fp8_gemms(64, 96, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, false, &why) != nullptr);
+  CHECK(be->make_fp8_gemms(64, 96, 64, Scaling::tensor, Format::e4m3, Format::e5m2, -1, kOwn, &why) != nullptr);
 }
 
 TEST_CASE("simulated device: cuDNN 9.15.0 and older keep a sequence length that is not a multiple of 128 off "

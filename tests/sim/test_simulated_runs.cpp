@@ -225,6 +225,8 @@ void check_run(const Axes& run) {
       CHECK(counted["reduce_scatter"].get<long>() == ran(ops, "ncclReduceScatter bytes") + ran(ops, "ncclReduce bytes"));
       CHECK(counted["all_gather"].get<long>() == ran(ops, "ncclAllGather bytes") + ran(ops, "ncclBroadcast bytes"));
       CHECK(counted["all_reduce"].get<long>() + counted["reduce_scatter"].get<long>() > 0);
+      // Primary FP8 weights' codes are gathered as bytes, as nothing else is.
+      CHECK((ran(ops, "nccl u8 bytes gathered") > 0) == (run.primary_weights && run.zero_stage > 0));
       if (run.zero_stage == 0) {
         CHECK(ran(ops, "ncclAllReduce") > 0);
       } else if (run.zero_stage == 2) {
@@ -236,7 +238,8 @@ void check_run(const Axes& run) {
         CHECK((ran(ops, "ncclBroadcast") > 0) == !even);
       } else if (run.zero_stage == 3) {
         // As ZeRO-2's gradients, each block's weights are gathered from the ranks' parts of it,
-        // one broadcast per owner; nothing is all-gathered whole.
+        // one broadcast per owner (a block's primary FP8 weights as their codes, each linear's
+        // apart); nothing is all-gathered whole.
         CHECK(ran(ops, "ncclReduce") > 0);
         CHECK(ran(ops, "ncclAllReduce") == 0);
         CHECK(ran(ops, "ncclBroadcast") > 0);
@@ -341,8 +344,8 @@ const Axes kRuns[] = {
     {"llama-bf16-2-ranks-zero3", "bf16", "fallback", false, 2, 3, 64, "llama"},
     {"fp16-3-ranks-zero3-uneven-recompute-block", "fp16", "fallback", false, 3, 3, 32, "gpt2", "block"},
     // FP8 layers under ZeRO-3 cast their weights from the gathered room before each pass, into
-    // codes the layers of a shape share; primary FP8 weights are cast a part per rank and their
-    // codes gathered, as under ZeRO-1 and 2, into codes of their own.
+    // codes the layers of a shape share; primary FP8 weights are cast a part per rank into codes
+    // each rank keeps for its part, which the passes gather into code rooms.
     {"fp8-delayed-2-ranks-fused-zero3", "fp8:delayed", "cudnn", false, 2, 3},
     {"fp8-block-2-ranks-zero3-recompute-block", "fp8:block", "fallback", false, 2, 3, 64, "gpt2", "block"},
     {"llama-fp8-current-3-ranks-zero3-recompute-block-primary-weights", "fp8:current", "fallback", false, 3, 3, 32,

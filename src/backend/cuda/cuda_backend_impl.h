@@ -196,8 +196,8 @@ class CudaBackend final : public Backend {
 
   // fp8_gemms.cu
   std::unique_ptr<Fp8Gemms> make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
-                                           Format forward, Format backward, int input_slot, bool shared_weight,
-                                           std::string* why) override;
+                                           Format forward, Format backward, int input_slot,
+                                           Fp8Gemms::WeightCodes weight_codes, std::string* why) override;
 
   // fp8_activation_store.cu
   std::unique_ptr<Fp8ActivationStore> make_fp8_activation_store(int layers, int64_t rows, int64_t cols,

@@ -27,8 +27,10 @@ namespace ptrain::cuda_impl {
 //    made from the codes by each backward() (a byte transpose, so the GEMM reads the same
 //    codes), into a block shared by the layers of its shape. So a model keeps one byte per
 //    parameter of FP8 weights, as TransformerEngine's weight cache does on one layout. A
-//    layer whose weight is cast right before each forward() and backward() (`shared_weight`:
-//    ZeRO-3's, gathered into a room for each pass) shares codes and factors too.
+//    layer whose weight is cast right before each forward() and backward() (WeightCodes::
+//    shared: ZeRO-3's, gathered into a room for each pass) shares codes and factors too; one
+//    whose codes are handed to it (WeightCodes::handed: ZeRO-3's primary FP8 weights, gathered
+//    as codes) keeps only its factors.
 //  - the grad's are shared by every layer of the same shape: backward() reads what the cast
 //    just before it wrote.
 //  - the input's transpose and factors are the layer's own (kept from the forward pass for the
@@ -44,9 +46,9 @@ namespace ptrain::cuda_impl {
 class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
  public:
   CudaFp8Gemms(CudaBackend& be, int64_t rows, int64_t C, int64_t OC, Scaling scaling, int input_slot,
-               bool shared_weight)
+               WeightCodes weight_codes)
       : be_(be), rows_(rows), C_(C), OC_(OC), scaling_(scaling), input_slot_(input_slot),
-        shared_weight_(shared_weight) {
+        shared_weight_(weight_codes == WeightCodes::shared), handed_weight_(weight_codes == WeightCodes::handed) {
     const std::array<int64_t, 3> sizes = {rows * C, OC * C, rows * OC};
     try {
       for (int i = 0; i < 3; ++i) acquire_operand(static_cast<Operand>(i), static_cast<size_t>(sizes[i]));
@@ -93,6 +95,19 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
       void* p;
       ~Scratch() { be.release(p); }
     } scratch{be_, be_.allocate(outputs * dtype_size(DType::f32))};
+    // Handed weight codes: the probe reads codes of its own, given back with it.
+    struct HandedProbe {
+      CudaBackend& be;
+      fp8*& codes;
+      void* p;
+      ~HandedProbe() {
+        if (p) {
+          codes = nullptr;
+          be.release(p);
+        }
+      }
+    } handed{be_, codes_[kWeight], handed_weight_ ? be_.allocate(static_cast<size_t>(OC_ * C_)) : nullptr};
+    if (handed.p) codes_[kWeight] = static_cast<fp8*>(handed.p);
     const std::pair<const char*, std::pair<GemmSpec, GemmArgs>> gemms[] = {
         {"forward", {forward_spec(rows_, C_, OC_, forward, forward, DType::bf16, scaling_), forward_args(scratch.p)}},
         {"dgrad", {dgrad_spec(rows_, C_, OC_, backward, forward, DType::bf16, scaling_), dgrad_args(scratch.p)}},
@@ -186,7 +201,19 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     return out;
   }
 
-  Tensor weight_codes() override { return Tensor(codes_[kWeight], DType::u8, {OC_, C_}, Device::cuda); }
+  Tensor weight_codes() override {
+    PTRAIN_CHECK(!handed_weight_, "fp8 weight codes: this layer's codes are handed to it (bind_weight_codes)");
+    return Tensor(codes_[kWeight], DType::u8, {OC_, C_}, Device::cuda);
+  }
+
+  void bind_weight_codes(Tensor codes) override {
+    const char* op = "fp8 weight codes";
+    PTRAIN_CHECK(handed_weight_, "fp8 weight codes: this layer keeps its own (bind_weight_codes is for handed ones)");
+    PTRAIN_EXPECT(codes.dtype == DType::u8 && codes.numel() == OC_ * C_ && codes.device == Device::cuda, op,
+                  "expected " + std::to_string(OC_) + " x " + std::to_string(C_) + " u8 codes on the device, got " +
+                      codes.shape_string());
+    codes_[kWeight] = static_cast<fp8*>(codes.data);
+  }
 
   // The factors of codes written into weight_codes(): 1 / scale, per tensor through the discard
   // slot (nothing recorded), per 128x128 block in both GEMMs' layouts as cast_blocks writes them.
@@ -376,7 +403,8 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
     const SharedParts parts = shared_parts(which);
     CudaBackend::SharedFp8Operand& shared = be_.shared_fp8_operands_[shared_key(which)];
     const bool first = shared.users == 0;
-    if (first || !parts.codes) codes_[which] = static_cast<fp8*>(be_.allocate(bytes));
+    const bool handed = which == kWeight && handed_weight_;  // bind_weight_codes points at them
+    if ((first || !parts.codes) && !handed) codes_[which] = static_cast<fp8*>(be_.allocate(bytes));
     if (first || !parts.transposed) transposed_[which] = static_cast<fp8*>(be_.allocate(bytes));
     if (first || !parts.factors) {
       factors_[which] =
@@ -422,6 +450,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 
   void release() noexcept {
     for (const Operand which : {kInput, kWeight, kGrad}) release_shared(which);
+    if (handed_weight_) codes_[kWeight] = nullptr;  // a room's, not this layer's
     for (fp8*& p : codes_) free_quietly(p);
     for (fp8*& p : transposed_) free_quietly(p);
     for (float*& p : factors_) free_quietly(p);
@@ -451,6 +480,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
   float* current_amax_ = nullptr;   // current scaling: the tensor's amax, read by the scale kernel
   int input_slot_;                         // -1: the input's codes are the layer's own
   bool shared_weight_;                     // the weight's codes and factors shared too
+  bool handed_weight_;                     // the weight's codes bound before each pass, not allocated
   std::array<bool, 3> holds_shared_{};     // counted among the users of the operand's shared set
 };
 
@@ -461,7 +491,7 @@ class CudaBackend::CudaFp8Gemms final : public Fp8Gemms {
 // validated here, then asked of cuBLASLt on the layer's own buffers, once.
 std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, int64_t OC, Fp8Gemms::Scaling scaling,
                                                       Format forward, Format backward, int input_slot,
-                                                      bool shared_weight, std::string* why) {
+                                                      Fp8Gemms::WeightCodes weight_codes, std::string* why) {
   // The recipes' shape rule first (the one the config and the memory plan apply), then cuBLASLt's
   // own rules for each GEMM as ptrain knows them.
   const Fp8Recipe rule = scaling == Fp8Gemms::Scaling::blocks ? Fp8Recipe::block : Fp8Recipe::current;
@@ -476,7 +506,7 @@ std::unique_ptr<Fp8Gemms> CudaBackend::make_fp8_gemms(int64_t rows, int64_t C, i
       *why = "this layer's shape does not suit cuBLASLt's FP8 GEMMs: " + problem;
       return nullptr;
     }
-  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling, input_slot, shared_weight);
+  auto gemms = std::make_unique<CudaFp8Gemms>(*this, rows, C, OC, scaling, input_slot, weight_codes);
   if (!gemms->runs_here(forward, backward, why)) return nullptr;
   return gemms;
 }

@@ -73,11 +73,12 @@ void CudaBackend::upload_tokens(Tensor dst, const int32_t* src) {
 
 void CudaBackend::copy(Tensor dst, Tensor src) {
   const char* op = "copy";
-  expect_floats(op, {{"dst", &dst}, {"src", &src}});
+  const bool codes = dst.dtype == DType::u8 && src.dtype == DType::u8;  // FP8 codes, byte for byte
+  if (!codes) expect_floats(op, {{"dst", &dst}, {"src", &src}});
   PTRAIN_EXPECT(dst.numel() == src.numel(), op,
                 "shape mismatch: dst " + dst.shape_string() + " src " + src.shape_string());
   if (dst.numel() == 0) return;
-  if (dst.dtype == src.dtype && !needs_rounding(dst)) {
+  if (codes || (dst.dtype == src.dtype && !needs_rounding(dst))) {
     if (dst.data != src.data)
       PTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, dst.bytes(), cudaMemcpyDeviceToDevice, stream_));
     return;
