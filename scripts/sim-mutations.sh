@@ -151,6 +151,13 @@ mutate primary-codes-gather-wait-removed src/optim/adamw.cpp \
   comm_->all_reduce_sum(counts.data(), counts.size());' \
   '  comm_->all_reduce_sum(counts.data(), counts.size());' \
   'GPUs follow 1 GPU'
+
+# 12. Primary FP8 weights under ZeRO-3: every block's codes gathered into one code room, so the
+#     next block's gather, running beside this block's GEMMs, overwrites the codes they read.
+mutate primary-codes-one-room src/model/transformer.cpp \
+  '  return room.range(layer % rooms * per_layer, per_layer);' \
+  '  return room.range(0, per_layer);' \
+  'GPUs follow 1 GPU'
 echo
 [ "$missed" -eq 0 ] && echo "every mutation was caught" || echo "$missed mutation(s) missed"
 [ "$missed" -eq 0 ]

@@ -268,10 +268,9 @@ Transformer::Transformer(const ModelShape& shape, Backend& backend, DType dtype,
     master_flat_ = flat(Format::fp32, n);
   }
   if (master_range.count >= 0) master_begin_ = master_range.begin;
-  const GradBucketSizes& sizes = bucket_sizes_;
   // Weight rooms (ZeRO-3): laid out as the grad buckets are, a bucket's weights where its
-  // gradients go; a block's room leaves out the linears kept as codes, unless the head's and
-  // the embeddings' weights take their turns in the block rooms.
+  // gradients go; a block's room leaves out the linears kept as codes, and the head's and the
+  // embeddings' weights then take a room of their own (zero3_weights).
   block_room_weights_ = zero3.block_weights;
   room_block_ = zero3.block_room;
   weights_in_block_rooms_ = zero3.in_block_rooms;

@@ -130,7 +130,9 @@ TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-2 and 3 on Ll
 TEST_CASE("2 GPUs follow 1 GPU on the same global batch, with ZeRO-1 and 3 on FP8 layers", "[multigpu]") {
   const fs::path dir = make_temp_dir("multigpu-fp8");
   const Run fp8_run{"gpt2", 2, 8, 4, "{mode: fp8, fp8: {recipe: block}}"};
-  const Run primary_run{"llama", 2, 8, 4, "{mode: fp8, fp8: {recipe: current, primary_weights: true}}"};
+  // 3 blocks: under ZeRO-3 block 0's backward pass reads its code room after block 2's codes
+  // were gathered there.
+  const Run primary_run{"llama", 3, 8, 4, "{mode: fp8, fp8: {recipe: current, primary_weights: true}}"};
   const Run primary_block_run{"gpt2", 2, 8, 4, "{mode: fp8, fp8: {recipe: block, primary_weights: true}}"};
   const auto fp8 = gpu_losses(dir, 2, "fp8", 0, fp8_run);
   expect_follows(gpu_losses(dir, 2, "fp8-zero3", 3, fp8_run), fp8);
