@@ -934,6 +934,75 @@ TEST_CASE("gpu: native FP8 GEMMs match the CPU's FP8 emulation", "[gpu]") {
       }
 }
 
+// GEMMs handed their weight's codes (Fp8Gemms::WeightCodes::handed: ZeRO-3's primary FP8
+// weights, gathered into a room) keep no codes of their own: bound to a copy of the codes that
+// another layer's cast of the weight made, and given that cast's scales (one per tensor, or one
+// per 128x128 block), they compute what that layer computes, bit for bit.
+TEST_CASE("gpu: FP8 GEMMs handed their weight's codes compute what their own cast gives", "[gpu]") {
+  constexpr int rows = 256, C = 256, OC = 384, kBlock = 128;
+  const Format f = Format::bf16;
+  using Scaling = Fp8Gemms::Scaling;
+  for (const Scaling scaling : {Scaling::tensor, Scaling::blocks}) {
+    const bool blocks = scaling == Scaling::blocks;
+    INFO((blocks ? "block" : "per-tensor") << " scaling");
+    std::string why;
+    const std::unique_ptr<Fp8Gemms> own = gpu().make_fp8_gemms(rows, C, OC, scaling, Format::e4m3, Format::e5m2, -1,
+                                                               Fp8Gemms::WeightCodes::own, &why);
+    const std::unique_ptr<Fp8Gemms> handed = gpu().make_fp8_gemms(rows, C, OC, scaling, Format::e4m3, Format::e5m2, -1,
+                                                                  Fp8Gemms::WeightCodes::handed, &why);
+    INFO(why);
+    REQUIRE(own);
+    REQUIRE(handed);
+    CHECK_THROWS(handed->weight_codes());
+    Twin inp({rows, C}, f, on_grid(size_t(rows) * C, 141, 3.0f, f));
+    Twin weight({OC, C}, f, on_grid(size_t(OC) * C, 142, 0.05f, f));
+    Twin dout({rows, OC}, f, on_grid(size_t(rows) * OC, 143, 1e-3f, f));
+    // The scales of one cast of the whole weight: fp8_max / amax, of the tensor or of each block.
+    const float max = format_max(Format::e4m3);
+    std::vector<float> scales;
+    if (blocks) {
+      std::vector<float> amaxes(size_t(OC / kBlock) * (C / kBlock), 0.0f);
+      cpu().fp8_block_amaxes(amaxes.data(), weight.cpu_view(), 0, C, kBlock, kBlock);
+      for (const float a : amaxes) scales.push_back(current_scale(a, max));
+      own->cast_blocks(Fp8Gemms::kWeight, weight.device_view(), Format::e4m3, kBlock, kBlock, true);
+    } else {
+      scales = {current_scale(cpu().amax(weight.cpu_view()), max)};
+      own->cast(Fp8Gemms::kWeight, weight.device_view(), Format::e4m3, scales[0], true);
+    }
+    void* room = gpu().allocate(size_t(OC) * C);
+    const Tensor codes(room, DType::u8, {OC, C}, Device::cuda);
+    gpu().copy(codes, own->weight_codes());
+    handed->set_weight_scales(Format::e4m3, scales);
+    handed->bind_weight_codes(codes);
+    // Each runs the three GEMMs on the same input and output gradient (whose codes the two share
+    // by shape, so one after the other).
+    struct Outputs {
+      std::vector<float> out, dinp, dweight;
+    };
+    const auto run = [&](Fp8Gemms& g) {
+      if (blocks) {
+        g.cast_blocks(Fp8Gemms::kInput, inp.device_view(), Format::e4m3, 1, kBlock, true);
+        g.cast_blocks(Fp8Gemms::kInput, inp.device_view(), Format::e4m3, kBlock, 1, true);
+        g.cast_blocks(Fp8Gemms::kGrad, dout.device_view(), Format::e5m2, 1, kBlock, true);
+        g.cast_blocks(Fp8Gemms::kGrad, dout.device_view(), Format::e5m2, kBlock, 1, true);
+      } else {
+        g.cast_current(Fp8Gemms::kInput, inp.device_view(), Format::e4m3, true);
+        g.cast_current(Fp8Gemms::kGrad, dout.device_view(), Format::e5m2, true);
+      }
+      Twin out({rows, OC}, f, zeros(size_t(rows) * OC)), dinp({rows, C}, f, zeros(size_t(rows) * C));
+      Twin dweight({OC, C}, Format::fp32, zeros(size_t(OC) * C));
+      g.forward(out.device_view(), Tensor());
+      g.backward(dinp.device_view(), dweight.device_view());
+      return Outputs{out.from_device(), dinp.from_device(), dweight.from_device()};
+    };
+    const Outputs want = run(*own), got = run(*handed);
+    gpu().release(room);
+    CHECK(got.out == want.out);
+    CHECK(got.dinp == want.dinp);
+    CHECK(got.dweight == want.dweight);
+  }
+}
+
 // ---------------------------------------------------------------------------- optimizer
 
 TEST_CASE("gpu: adamw matches the CPU backend and writes the low-precision copy", "[gpu]") {
