@@ -281,7 +281,7 @@ TEST_CASE("flags out of their range are refused", "[hardening]") {
   expect_refused(ws, before, ws.ptrain("data prepare --input run.yaml --out '' --tokenizer bytes"), 2,
                  {"--out: an empty path", "expected the directory to write"});
   // A --vocab the checkpoint's data takes no use of (token ids without a tokenizer), never ignored.
-  for (const std::string command : {"sample --checkpoint " + ck, "export --checkpoint " + ck + " --format hf --out x"})
+  for (const std::string& command : {"sample --checkpoint " + ck, "export --checkpoint " + ck + " --format hf --out x"})
     expect_refused(ws, before, ws.ptrain(command + " --vocab nowhere.json"), 2,
                    {"--vocab nowhere.json", "without a tokenizer", "expected no --vocab"});
   expect_refused(ws, before, ws.train("--set run.name=s --stop-at 0"), 2, {"--stop-at"});
