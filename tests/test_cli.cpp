@@ -282,8 +282,8 @@ TEST_CASE("a dry run plans FP8 activations at most 0.7 of bf16's with the MLP's 
 // keeping its range's block linears as codes (a byte each) and the rest of its range in bf16, and
 // the passes gather the codes into two rooms of one block's (218,103,808 bytes) beside bf16 rooms
 // of a block's few other weights, the head and embeddings taking a room of their own (206,049,280
-// bf16 values): 0.27 bytes per parameter of weights, below bf16's 0.37, as at every stage (the
-// FP8 weight codes left are the layers' scales). And a Llama-3-70B-shaped model with Llama 3's vocabulary
+// bf16 values): 0.27 bytes per parameter of weights, below bf16's 0.37, as at every stage (what
+// the plan then calls FP8 weight scales are the layers' scales alone). And a Llama-3-70B-shaped model with Llama 3's vocabulary
 // at T 4096, micro-batch 1, recompute block: with ZeRO-3 it fits 32 80 GB H100s with at least
 // 10% of the arena free, and the 8B shape fits 4.
 TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, FP8 codes, and a 70B model on 32 H100s",
@@ -304,7 +304,7 @@ TEST_CASE("a dry run plans ZeRO-2's and ZeRO-3's shards, buckets and rooms, FP8 
              "weights 0.37 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 + FP8 weight codes 0.03 = 2.63 "
              "without activations"},
         Case{3, "fp8 --set precision.fp8.primary_weights=true",
-             "weights 0.27 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 + FP8 weight codes 0.00 = 2.50 "
+             "weights 0.27 + FP32 master 0.50 + FP32 grads 0.74 + AdamW state 1.00 + FP8 weight scales 0.00 = 2.50 "
              "without activations"}}) {
     const std::string args = std::string("train 8b.yaml --dry-run --ranks 8 --set precision.mode=") + c.precision +
                              " --set distributed.zero_stage=" + std::to_string(c.stage);

@@ -25,9 +25,7 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
       weight_(make_state(name + ".weight", policy.forward, policy)),
       grad_(make_state(name + ".grad", policy.backward, policy)),
       input_slot_(input_slot),
-      primary_weight_(weight == Weight::primary || weight == Weight::primary_handed),
-      recast_weight_(weight == Weight::recast),
-      handed_weight_(weight == Weight::primary_handed) {
+      weight_mode_(weight) {
   const bool blocks = policy.recipe == Fp8Recipe::block;
   if (blocks && policy.block != kNativeBlock)
     why_emulated_ = "block size " + std::to_string(policy.block) + ": block-scaled GEMMs take " +
@@ -35,13 +33,13 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
   else
     gemms_ = backend.make_fp8_gemms(rows, C, OC, blocks ? Fp8Gemms::Scaling::blocks : Fp8Gemms::Scaling::tensor,
                                     policy.forward, policy.backward, input_slot,
-                                    recast_weight_   ? Fp8Gemms::WeightCodes::shared
-                                    : handed_weight_ ? Fp8Gemms::WeightCodes::handed
-                                                     : Fp8Gemms::WeightCodes::own,
+                                    weight_mode_ == Weight::recast           ? Fp8Gemms::WeightCodes::shared
+                                    : weight_mode_ == Weight::primary_handed ? Fp8Gemms::WeightCodes::handed
+                                                                             : Fp8Gemms::WeightCodes::own,
                                     &why_emulated_);
   if (gemms_) return;  // the backend keeps the FP8 codes itself
   allocate_like(input_q_, {rows, C});
-  if (!handed_weight_) allocate_like(weight_q_, {OC, C});
+  if (weight_mode_ != Weight::primary_handed) allocate_like(weight_q_, {OC, C});
   allocate_like(grad_q_, {rows, OC});
   if (blocks) {
     allocate_like(input_qt_, {rows, C});
@@ -49,10 +47,11 @@ Fp8Linear::Fp8Linear(const std::string& name, const Fp8Policy& policy, Backend& 
   }
 }
 
-int64_t Fp8Linear::buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC) {
+int64_t Fp8Linear::buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, Weight weight) {
   const int64_t per_copy = rows * C + rows * OC;  // input and gradient
   const int64_t copies = policy.recipe == Fp8Recipe::block ? 2 : 1;
-  return static_cast<int64_t>(sizeof(float)) * (copies * per_copy + OC * C);
+  const int64_t weight_codes = weight == Weight::primary_handed ? 0 : OC * C;
+  return static_cast<int64_t>(sizeof(float)) * (copies * per_copy + weight_codes);
 }
 
 Fp8Linear::~Fp8Linear() {
@@ -125,10 +124,10 @@ void Fp8Linear::take_handed_codes(Tensor codes) {
 
 void Fp8Linear::forward(Tensor out, Tensor inp, Tensor weight, Tensor bias, bool training) {
   const int block = policy_.block;
-  PTRAIN_CHECK(!primary_weight_ || weight_cast_ || !training,
+  PTRAIN_CHECK(!primary_weight() || weight_cast_ || !training,
                weight_.name + ": a primary FP8 weight is cast by cast_weight(), not forward()");
-  if (handed_weight_) take_handed_codes(weight);
-  if (recast_weight_ || (!weight_cast_ && !primary_weight_)) {
+  if (weight_mode_ == Weight::primary_handed) take_handed_codes(weight);
+  if (weight_mode_ == Weight::recast || (!weight_cast_ && !primary_weight())) {
     cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, training);
     weight_cast_ = training;  // an evaluation's cast is not the training step's
   }
@@ -149,7 +148,7 @@ void Fp8Linear::recast_input(Tensor inp) {
 }
 
 void Fp8Linear::cast_weight(Tensor master, bool training) {
-  PTRAIN_CHECK(primary_weight_ && !handed_weight_,
+  PTRAIN_CHECK(weight_mode_ == Weight::primary,
                weight_.name + ": cast_weight() is for primary FP8 weights whose codes the layer keeps");
   cast(weight_, Fp8Gemms::kWeight, weight_q_, master, policy_.block, policy_.block, training);
   weight_cast_ = weight_cast_ || training;
@@ -161,7 +160,7 @@ int64_t Fp8Linear::weight_amax_count() const {
 }
 
 void Fp8Linear::weight_part_amaxes(Tensor part, int64_t first, float* amaxes) {
-  PTRAIN_CHECK(primary_weight_ && first >= 0 && first + part.numel() <= weights_,
+  PTRAIN_CHECK(primary_weight() && first >= 0 && first + part.numel() <= weights_,
                weight_.name + ": weight_part_amaxes takes a part of a primary FP8 weight");
   if (part.numel() == 0) return;
   const float a = backend_.amax(part);
@@ -188,7 +187,7 @@ void Fp8Linear::agree_weight_scales(const float* amaxes, bool training) {
 }
 
 Tensor Fp8Linear::weight_codes() const {
-  PTRAIN_CHECK(!handed_weight_, weight_.name + ": the layer is handed its weight's codes and keeps none");
+  PTRAIN_CHECK(weight_mode_ != Weight::primary_handed, weight_.name + ": the layer is handed its weight's codes and keeps none");
   const Tensor codes = gemms_ ? gemms_->weight_codes() : weight_q_;
   return codes.range(0, weights_);
 }
@@ -218,8 +217,8 @@ void Fp8Linear::finish_weight_cast(const Fp8CastStats& all_parts, bool training)
 
 void Fp8Linear::backward(Tensor dinp, Tensor dweight, Tensor dbias, Tensor dout, Tensor weight) {
   const int block = policy_.block;
-  if (recast_weight_) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);
-  if (handed_weight_) take_handed_codes(weight);
+  if (weight_mode_ == Weight::recast) cast(weight_, Fp8Gemms::kWeight, weight_q_, weight, block, block, /*training=*/true);
+  if (weight_mode_ == Weight::primary_handed) take_handed_codes(weight);
   cast(grad_, Fp8Gemms::kGrad, grad_q_, dout, 1, block, /*training=*/true);
   const bool blocks = policy_.recipe == Fp8Recipe::block;
   if (blocks) cast(grad_, Fp8Gemms::kGrad, grad_qt_, dout, block, 1, /*training=*/true);

@@ -138,7 +138,8 @@ class Fp8Linear {
   std::string unrecordable() const;
 
   // Bytes of the cast copies one such layer allocates.
-  static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC);
+  static int64_t buffer_bytes(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC,
+                              Weight weight = Weight::cast_once);
   // The only block size block-scaled GEMMs take (cuBLASLt's VEC128 / BLK128x128 modes).
   static constexpr int kNativeBlock = 128;
 
@@ -165,7 +166,8 @@ class Fp8Linear {
   std::unique_ptr<Fp8Gemms> gemms_;  // native FP8 GEMMs, or null: emulated through the q buffers
   std::string why_emulated_;
   int input_slot_;
-  bool primary_weight_, recast_weight_, handed_weight_;
+  Weight weight_mode_;
+  bool primary_weight() const { return weight_mode_ == Weight::primary || weight_mode_ == Weight::primary_handed; }
   bool weight_cast_ = false;
   bool unsettled_ = false;  // native casts recorded statistics on the device since settle()
 };

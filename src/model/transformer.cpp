@@ -131,12 +131,12 @@ std::array<std::array<int64_t, 2>, kLinearsPerBlock> block_linear_shapes(const M
 int64_t gpt_fp8_buffer_bytes(const ModelShape& s, const PrecisionPolicy& policy, int B, int T, bool sharded_params) {
   if (!policy.fp8.enabled) return 0;
   const int64_t rows = int64_t{B} * T;
-  const bool handed = sharded_params && policy.fp8.primary_weights;  // Fp8Linear::Weight::primary_handed
+  const Fp8Linear::Weight block_weight = sharded_params && policy.fp8.primary_weights ? Fp8Linear::Weight::primary_handed
+                                                                                     : Fp8Linear::Weight::cast_once;
   int64_t bytes = 0;
   for (int l = 0; l < s.n_layer; ++l)
     if (policy.fp8_block(l, s.n_layer))
-      for (const auto& [C, OC] : block_linear_shapes(s))
-        bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC) - (handed ? C * OC * int64_t(sizeof(float)) : 0);
+      for (const auto& [C, OC] : block_linear_shapes(s)) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, C, OC, block_weight);
   if (!policy.fp8.bf16_lm_head) bytes += Fp8Linear::buffer_bytes(policy.fp8, rows, s.n_embd, s.padded_vocab);
   return bytes;
 }
@@ -1024,13 +1024,10 @@ Tensor Transformer::code_room(int layer, int linear) const {
 }
 
 FlatRange Transformer::primary_layer_range(int layer, int linear) const {
-  for (const ParamSpec& spec : specs_)
-    if (is_primary_fp8(spec.id) && linear_of(spec.id) == linear) {
-      const int64_t per_layer = shape_numel(spec.shape) / shape_.n_layer;
-      return {offsets_[spec.id] + layer * per_layer, per_layer};
-    }
-  PTRAIN_CHECK(false, "primary_layer_range: this model keeps no primary FP8 weights");
-  return {};
+  PTRAIN_CHECK(codes_in_rooms_, "primary_layer_range: this model keeps no primary FP8 weights in parts");
+  const FlatRange every_layer = linear_ranges_[static_cast<size_t>(linear)];
+  const int64_t per_layer = every_layer.count / shape_.n_layer;
+  return {every_layer.begin + layer * per_layer, per_layer};
 }
 
 int64_t Transformer::primary_before(int64_t at) const {
@@ -1047,12 +1044,12 @@ Tensor Transformer::range_copy(FlatRange f) const {
 }
 
 Tensor Transformer::range_codes(FlatRange f) const {
-  for (const ParamSpec& spec : specs_) {
-    const int64_t n = shape_numel(spec.shape);
-    if (!is_primary_fp8(spec.id) || f.begin < offsets_[spec.id] || f.begin >= offsets_[spec.id] + n) continue;
-    PTRAIN_CHECK(codes_in_rooms_ && f.begin >= master_begin_ && f.begin + f.count <= offsets_[spec.id] + n,
+  for (int k = 0; k < kLinearsPerBlock; ++k) {
+    const FlatRange& every_layer = linear_ranges_[static_cast<size_t>(k)];
+    if (f.begin < every_layer.begin || f.begin >= every_layer.begin + every_layer.count) continue;
+    PTRAIN_CHECK(codes_in_rooms_ && f.begin >= master_begin_ && f.begin + f.count <= every_layer.begin + every_layer.count,
                  "range_codes: the elements are not this rank's codes of one primary FP8 weight");
-    return code_ranges_[linear_of(spec.id)].range(f.begin - std::max(offsets_[spec.id], master_begin_), f.count);
+    return code_ranges_[static_cast<size_t>(k)].range(f.begin - std::max(every_layer.begin, master_begin_), f.count);
   }
   PTRAIN_CHECK(false, "range_codes: the elements are not a primary FP8 weight's");
   return {};

@@ -202,7 +202,10 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
     p.grads = block_of(buckets.total(), Format::fp32) + block_of(shard, Format::fp32);
   // ZeRO-3: this rank's range of the weights, and the rooms they are gathered into (laid out as
   // the grad buckets), at the rank that keeps the most.
-  if (sharded && zero_stage == 3) p.params = zero3_weight_bytes(s, policy, B * int64_t{T}, world_size);
+  if (sharded && zero_stage == 3) {
+    p.params = zero3_weight_bytes(s, policy, B * int64_t{T}, world_size);
+    p.fp8_codes_in_weights = policy.fp8.enabled && policy.fp8.primary_weights;
+  }
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.
   const AdamW::WireStaging wire = AdamW::wire_staging(s, zero_stage, world_size, distributed.grad_reduce_dtype);
@@ -241,7 +244,7 @@ std::string GpuMemoryPlan::describe() const {
   add(master, "FP32 master weights");
   add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
-  add(fp8_weights, "FP8 weight codes");
+  add(fp8_weights, fp8_codes_in_weights ? "FP8 weight scales" : "FP8 weight codes");
   add(activations, "activations");
   add(fp8_operands, "FP8 operand codes");
   add(backend, "backend workspace and scratch");
@@ -259,7 +262,7 @@ std::string GpuMemoryPlan::describe_per_parameter() const {
   add(master, "FP32 master");
   add(grads, "FP32 grads");
   add(optimizer, "AdamW state");
-  add(fp8_weights, "FP8 weight codes");
+  add(fp8_weights, fp8_codes_in_weights ? "FP8 weight scales" : "FP8 weight codes");
   text += " = " + per(model_state()) + " without activations";
   add(activations, "activations");
   add(fp8_operands, "FP8 operand codes");
