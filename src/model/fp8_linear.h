@@ -120,6 +120,7 @@ class Fp8Linear {
   bool native() const { return gemms_ != nullptr; }
   const std::string& native_fp8_absent() const { return why_emulated_; }
   int64_t weights() const { return weights_; }  // OC x C
+  const std::string& weight_name() const { return weight_.name; }
 
   // What the host keeps between a layer's calls: whether this step's weight cast is done and
   // whether native casts left statistics on the device. A recorded micro-batch (CUDA graph)

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -28,6 +29,7 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
                "AdamW: a model under ZeRO-1 keeps its shard of the master weights (AdamW::master_range), and only then");
   PTRAIN_CHECK(model.master_shard().empty() || model.master_shard().numel() == shard_.count,
                "AdamW: the model's master shard is not this rank's");
+  if (sharded() && model.primary_fp8_weights()) check_weight_codes_agree();
   m_ = allocate(shard_.count, g.dtype, Format::fp32);
   v_ = allocate(shard_.count, g.dtype, Format::fp32);
   // ZeRO-1 sums the gradients into this rank's shard of the main-gradient buffer itself (an
@@ -40,6 +42,38 @@ AdamW::AdamW(Transformer& model, Backend& backend, const AdamWConfig& config, Co
   const DType bf16 = backend.storage_for(Format::bf16, g.dtype);
   if (staging.send > 0) wire_send_ = allocate(staging.send, bf16, Format::bf16);
   if (staging.receive > 0) wire_receive_ = allocate(staging.receive, bf16, Format::bf16);
+}
+
+void AdamW::check_weight_codes_agree() {
+  const std::vector<Transformer::PrimaryFp8Layer> layers = model_.primary_fp8_layers();
+  // Which layers run native GEMMs: a bit per layer, 52 layers to a double (exactly), each
+  // gathered from every rank.
+  constexpr size_t kLayersPerWord = 52;
+  for (size_t first = 0; first < layers.size(); first += kLayersPerWord) {
+    uint64_t mine = 0;
+    for (size_t i = first; i < std::min(layers.size(), first + kLayersPerWord); ++i)
+      if (layers[i].fp8->native()) mine |= uint64_t{1} << (i - first);
+    const std::vector<double> ranks = comm_->all_gather(static_cast<double>(mine));
+    const uint64_t rank0 = static_cast<uint64_t>(ranks[0]);
+    for (size_t r = 1; r < ranks.size(); ++r) {
+      const uint64_t differ = static_cast<uint64_t>(ranks[r]) ^ rank0;
+      if (differ == 0) continue;
+      const int bit = __builtin_ctzll(differ);
+      const Fp8Linear& layer = *layers[first + static_cast<size_t>(bit)].fp8;
+      const auto runs = [&](uint64_t word) {
+        return (word >> bit) & 1 ? "runs its FP8 GEMMs natively (a byte per code)"
+                                 : "emulates its FP8 GEMMs (a float per code)";
+      };
+      const std::string here = layer.native() ? "" : " (rank " + std::to_string(comm_->rank()) + ": " +
+                                                         layer.native_fp8_absent() + ")";
+      throw EnvironmentError(
+          "precision.fp8.primary_weights: the ranks keep the codes of " + layer.weight_name() +
+          " unlike: on rank 0 it " + runs(rank0) + ", on rank " + std::to_string(r) + " it " +
+          runs(static_cast<uint64_t>(ranks[r])) + here + "; under ZeRO-" + std::to_string(zero_stage_) +
+          " the ranks gather one another's codes, so every rank needs the same GPU and libraries (or set "
+          "precision.fp8.primary_weights: false)");
+    }
+  }
 }
 
 int64_t AdamW::wire_chunk() {

@@ -130,6 +130,11 @@ class AdamW {
  private:
   Tensor allocate(int64_t n, DType dtype, Format format);
   void reduce_in_bf16();
+  // Primary FP8 weights under ZeRO-1 to 3: the ranks gather one another's codes, a byte each
+  // where a layer's GEMMs are native and a dequantised float where it emulates them, so each
+  // layer must be alike on every rank (ranks on unlike GPUs or libraries may differ): refused
+  // with an EnvironmentError naming the first layer that is not, before any gather mixes them.
+  void check_weight_codes_agree();
 
   Transformer& model_;
   Backend& backend_;

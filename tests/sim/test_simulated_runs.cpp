@@ -393,6 +393,41 @@ TEST_CASE("simulated device: a run whose NCCL fails stops on every rank with NCC
   }
 }
 
+// Primary FP8 weights under ZeRO-1 and 3, on two ranks of which one finds no cuBLASLt algorithm
+// for the QKV layers' FP8 GEMMs (injected on rank 1 only: the first heuristic a run with the
+// fallback attention asks for is the first QKV layer's forward GEMM) and emulates them: its codes
+// would be floats where rank 0's are bytes, and the ranks gather one another's. The run stops
+// before training, naming the layer, what each rank runs and why rank 1 emulates.
+TEST_CASE("simulated device: ranks that would keep a primary FP8 weight's codes unlike refuse to train", "[sim]") {
+  const TempDir tmp("sim-run-unlike-codes");
+  write_file(tmp.dir / "run.yaml",
+             "run: {name: r, out_dir: runs, seed: 3, device: cuda}\n"
+             "model: {n_layer: 2, n_head: 4, n_embd: 128, seq_len: 64, vocab_size: 256, attention: fallback}\n"
+             "data: {synthetic: {vocab: 256, order: 2, branching: 4, tokens: 50000, seed: 5}}\n"
+             "training: {steps: 1, batch_tokens: 1024, micro_batch: 8, eval_every: 0, eval_batches: 1}\n"
+             "precision: {mode: fp8, fp8: {recipe: current, primary_weights: true}}\n"
+             "checkpoint: {save_final: false}\n");
+  for (const int stage : {1, 3}) {
+    const std::string args = "train run.yaml --set distributed.zero_stage=" + std::to_string(stage) +
+                             " --set run.name=zero" + std::to_string(stage);
+    // One rank as usual, and after ':' (a second application context) one with the fault.
+    const std::string rank1 = " : -np 1 env PTRAIN_SIM_FAIL=cublasLtMatmulAlgoGetHeuristic:1:15 '" +
+                              ptrain_binary() + "' " + args;
+    const CommandResult r =
+        run_shell("cd '" + tmp.dir.string() + "' && PTRAIN_SIM_DEVICES=2 " + mpi_command(1, args + rank1));
+    INFO(r.output);
+    CHECK(r.exit_code != 0);
+    CHECK(r.output.find("precision.fp8.primary_weights: the ranks keep the codes of h0.qkv.weight unlike: on rank 0 "
+                        "it runs its FP8 GEMMs natively (a byte per code), on rank 1 it emulates its FP8 GEMMs (a "
+                        "float per code) (rank 1: cuBLASLt on this GPU cannot run the forward GEMM") != std::string::npos);
+    CHECK(r.output.find("under ZeRO-" + std::to_string(stage) + " the ranks gather one another's codes") !=
+          std::string::npos);
+    const fs::path metrics = tmp.dir / "runs" / ("zero" + std::to_string(stage)) / "metrics.jsonl";
+    if (fs::exists(metrics))
+      for (const auto& m : read_metrics(metrics)) CHECK(!m.contains("loss"));  // no step trained
+  }
+}
+
 // precision.schedule on the GPU path: 4 steps with CUDA graphs, the switch after step 2. The
 // switch drops or makes the FP8 layers inside the arena the run started with (sized for its
 // widest phase), so the run calls cudaMalloc exactly as often as the plain run of its first
