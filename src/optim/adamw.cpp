@@ -55,24 +55,26 @@ void AdamW::check_weight_codes_agree() {
       if (layers[i].fp8->native()) mine |= uint64_t{1} << (i - first);
     const std::vector<double> ranks = comm_->all_gather(static_cast<double>(mine));
     const uint64_t rank0 = static_cast<uint64_t>(ranks[0]);
-    for (size_t r = 1; r < ranks.size(); ++r) {
-      const uint64_t differ = static_cast<uint64_t>(ranks[r]) ^ rank0;
-      if (differ == 0) continue;
-      const int bit = __builtin_ctzll(differ);
-      const Fp8Linear& layer = *layers[first + static_cast<size_t>(bit)].fp8;
-      const auto runs = [&](uint64_t word) {
-        return (word >> bit) & 1 ? "runs its FP8 GEMMs natively (a byte per code)"
-                                 : "emulates its FP8 GEMMs (a float per code)";
-      };
-      const std::string here = layer.native() ? "" : " (rank " + std::to_string(comm_->rank()) + ": " +
-                                                         layer.native_fp8_absent() + ")";
-      throw EnvironmentError(
-          "precision.fp8.primary_weights: the ranks keep the codes of " + layer.weight_name() +
-          " unlike: on rank 0 it " + runs(rank0) + ", on rank " + std::to_string(r) + " it " +
-          runs(static_cast<uint64_t>(ranks[r])) + here + "; under ZeRO-" + std::to_string(zero_stage_) +
-          " the ranks gather one another's codes, so every rank needs the same GPU and libraries (or set "
-          "precision.fp8.primary_weights: false)");
-    }
+    uint64_t differ = 0;  // the layers some rank runs otherwise than rank 0
+    for (const double word : ranks) differ |= static_cast<uint64_t>(word) ^ rank0;
+    if (differ == 0) continue;
+    // The first such layer, and the first rank that runs it otherwise: every rank says the same.
+    const int bit = __builtin_ctzll(differ);
+    size_t other = 1;
+    while (((static_cast<uint64_t>(ranks[other]) ^ rank0) >> bit & 1) == 0) ++other;
+    const Fp8Linear& layer = *layers[first + static_cast<size_t>(bit)].fp8;
+    const auto runs = [&](uint64_t word) {
+      return (word >> bit) & 1 ? "runs its FP8 GEMMs natively (a byte per code)"
+                               : "emulates its FP8 GEMMs (a float per code)";
+    };
+    std::string message = "precision.fp8.primary_weights: the ranks keep the codes of " + layer.weight_name() +
+                          " unlike: on rank 0 it " + runs(rank0) + ", on rank " + std::to_string(other) + " it " +
+                          runs(static_cast<uint64_t>(ranks[other])) + "; under ZeRO-" + std::to_string(zero_stage_) +
+                          " the ranks gather one another's codes, so every rank needs the same GPU and libraries "
+                          "(or set precision.fp8.primary_weights: false)";
+    if (!layer.native())
+      message += ". This rank (" + std::to_string(comm_->rank()) + ") emulates it: " + layer.native_fp8_absent();
+    throw EnvironmentError(message);
   }
 }
 

@@ -132,8 +132,9 @@ class AdamW {
   void reduce_in_bf16();
   // Primary FP8 weights under ZeRO-1 to 3: the ranks gather one another's codes, a byte each
   // where a layer's GEMMs are native and a dequantised float where it emulates them, so each
-  // layer must be alike on every rank (ranks on unlike GPUs or libraries may differ): refused
-  // with an EnvironmentError naming the first layer that is not, before any gather mixes them.
+  // layer must be alike on every rank (ranks on unlike GPUs or libraries may differ): refused,
+  // before any gather mixes them, with an EnvironmentError naming the first layer that is not
+  // and the first rank that differs from rank 0 (and, on a rank that emulates it, why).
   void check_weight_codes_agree();
 
   Transformer& model_;

@@ -204,7 +204,8 @@ GpuMemoryPlan plan_gpu_memory(const RunSpec& spec, const DistributedConfig& dist
   // the grad buckets), at the rank that keeps the most.
   if (sharded && zero_stage == 3) {
     p.params = zero3_weight_bytes(s, policy, B * int64_t{T}, world_size);
-    p.fp8_codes_in_weights = policy.fp8.enabled && policy.fp8.primary_weights;
+    // (an FP8 LM head's codes are its own, and keep the class's name)
+    p.fp8_codes_in_weights = policy.fp8.enabled && policy.fp8.primary_weights && policy.fp8.bf16_lm_head;
   }
   // The backend's own blocks, the trainer's per-micro-batch loss sums and a bf16 gradient
   // exchange's staging blocks.

@@ -21,8 +21,8 @@ struct GpuMemoryPlan {
   // layer that emulates keeps an FP32 dequantised copy instead) and the operands' (inputs,
   // output gradients and the weights' transposes, mostly shared).
   int64_t fp8_weights = 0, fp8_operands = 0;
-  // ZeRO-3 with primary FP8 weights: the codes are counted with the weights (the rank's range and
-  // rooms), and fp8_weights holds the layers' scales alone.
+  // ZeRO-3 with primary FP8 weights and a bf16 LM head: the codes are counted with the weights
+  // (the rank's range and rooms), and fp8_weights holds the layers' scales alone.
   bool fp8_codes_in_weights = false;
   int64_t backend = 0;  // the backend's own blocks: cuBLASLt workspace, the ops' scratch
   bool cudnn_workspace_unknown = false;  // fused attention: cuDNN sizes its workspace on the GPU

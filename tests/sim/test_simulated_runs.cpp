@@ -397,7 +397,8 @@ TEST_CASE("simulated device: a run whose NCCL fails stops on every rank with NCC
 // for the QKV layers' FP8 GEMMs (injected on rank 1 only: the first heuristic a run with the
 // fallback attention asks for is the first QKV layer's forward GEMM) and emulates them: its codes
 // would be floats where rank 0's are bytes, and the ranks gather one another's. The run stops
-// before training, naming the layer, what each rank runs and why rank 1 emulates.
+// before training, every rank naming the layer and what each rank runs (rank 1 says why it
+// emulates too).
 TEST_CASE("simulated device: ranks that would keep a primary FP8 weight's codes unlike refuse to train", "[sim]") {
   const TempDir tmp("sim-run-unlike-codes");
   write_file(tmp.dir / "run.yaml",
@@ -417,11 +418,11 @@ TEST_CASE("simulated device: ranks that would keep a primary FP8 weight's codes 
         run_shell("cd '" + tmp.dir.string() + "' && PTRAIN_SIM_DEVICES=2 " + mpi_command(1, args + rank1));
     INFO(r.output);
     CHECK(r.exit_code != 0);
+    // Either rank's error may be the one printed before mpirun stops the other: what both say.
     CHECK(r.output.find("precision.fp8.primary_weights: the ranks keep the codes of h0.qkv.weight unlike: on rank 0 "
                         "it runs its FP8 GEMMs natively (a byte per code), on rank 1 it emulates its FP8 GEMMs (a "
-                        "float per code) (rank 1: cuBLASLt on this GPU cannot run the forward GEMM") != std::string::npos);
-    CHECK(r.output.find("under ZeRO-" + std::to_string(stage) + " the ranks gather one another's codes") !=
-          std::string::npos);
+                        "float per code); under ZeRO-" +
+                        std::to_string(stage) + " the ranks gather one another's codes") != std::string::npos);
     const fs::path metrics = tmp.dir / "runs" / ("zero" + std::to_string(stage)) / "metrics.jsonl";
     if (fs::exists(metrics))
       for (const auto& m : read_metrics(metrics)) CHECK(!m.contains("loss"));  // no step trained
