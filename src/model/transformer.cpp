@@ -1005,21 +1005,14 @@ Tensor Transformer::weight_room(int bucket) const {
 }
 
 std::vector<FlatRange> Transformer::weight_room_ranges(int bucket) const {
-  std::vector<FlatRange> out;
-  for (const ParamSpec& spec : specs_) {
-    if (!in_bucket(spec.id, bucket, shape_.n_layer) || (codes_in_rooms_ && is_primary_fp8(spec.id))) continue;
-    const int64_t n = shape_numel(spec.shape);
-    out.push_back(is_block_param(spec.id) ? FlatRange{offsets_[spec.id] + bucket * (n / shape_.n_layer), n / shape_.n_layer}
-                                          : FlatRange{offsets_[spec.id], n});
-  }
-  return out;
+  return bucket_ranges(bucket, /*without_codes=*/codes_in_rooms_);
 }
 
 Tensor Transformer::code_room(int layer, int linear) const {
   const Tensor& room = code_rooms_[static_cast<size_t>(linear)];
   if (room.empty()) return Tensor();
-  const int64_t per_layer = room.numel() / GradBucketSizes::kBlockRooms;
   constexpr int rooms = GradBucketSizes::kBlockRooms;
+  const int64_t per_layer = room.numel() / rooms;
   return room.range(layer % rooms * per_layer, per_layer);
 }
 
@@ -1094,9 +1087,13 @@ int64_t Transformer::bucket_at(int bucket, int64_t block_room, bool in_block_roo
 }
 
 std::vector<FlatRange> Transformer::grad_bucket_ranges(int bucket) const {
+  return bucket_ranges(bucket, /*without_codes=*/false);
+}
+
+std::vector<FlatRange> Transformer::bucket_ranges(int bucket, bool without_codes) const {
   std::vector<FlatRange> out;
   for (const ParamSpec& spec : specs_) {
-    if (!in_bucket(spec.id, bucket, shape_.n_layer)) continue;
+    if (!in_bucket(spec.id, bucket, shape_.n_layer) || (without_codes && is_primary_fp8(spec.id))) continue;
     const int64_t n = shape_numel(spec.shape);
     if (is_block_param(spec.id))
       out.push_back({offsets_[spec.id] + bucket * (n / shape_.n_layer), n / shape_.n_layer});

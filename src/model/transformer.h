@@ -383,6 +383,9 @@ class Transformer {
   }
   int64_t weight_room_at(int bucket) const { return bucket_at(bucket, room_block_, weights_in_block_rooms_); }
   int64_t bucket_numel(int bucket) const;
+  // The flat layout's ranges of bucket b's tensors, in order; `without_codes`: but for the
+  // primary FP8 weights (grad_bucket_ranges, weight_room_ranges).
+  std::vector<FlatRange> bucket_ranges(int bucket, bool without_codes) const;
   // Elements of the primary FP8 weights in this rank's range before flat element `at`.
   int64_t primary_before(int64_t at) const;
   // After the FP8 linears are made: ZeRO-3's codes of primary FP8 weights, each linear's

@@ -53,9 +53,9 @@ bool native_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t
 // transposes of input and grad, and their factors: one per tensor, or for block scaling one per
 // 1x128 tile each way (the weight's: one per 128x128 block each way), and a few statistics
 // blocks. The weight's transpose is shared by the layers of its shape (with WeightCodes::shared
-// its whole set; WeightCodes::handed keeps no codes, only factors), the grad's set by the layers of its width, the input's codes by the layers of
-// its width, and with `input_slot` >= 0 the input's whole set by the layers of that slot
-// (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
+// its whole set; with WeightCodes::handed the layer keeps no codes, only factors), the grad's
+// set by the layers of its width, the input's codes by the layers of its width, and with
+// `input_slot` >= 0 the input's whole set by the layers of that slot (`shared`). A layer cuBLASLt cannot take (dimensions off 16 elements, or blocks other than
 // 128) emulates: FP32 copies in the model (Fp8Linear) and the backend's code, factor and FP32
 // product scratch.
 void add_fp8_linear(const Fp8Policy& policy, int64_t rows, int64_t C, int64_t OC, int input_slot,
